@@ -1,0 +1,37 @@
+# Every target creates .venv/ in the repo root on first use and installs the project into it,
+# so a fresh clone needs nothing but Python 3.11+ (and Java 17 for the Spark parts).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## run: the main job on the embedded defaults
+run: $(STAMP)
+	$(BIN)/dcpkv demo
+
+## test: lint + the whole test suite
+test: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+## bench: every benchmark under bench/
+bench: $(STAMP)
+	$(BIN)/python bench/codec.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

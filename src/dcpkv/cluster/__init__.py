@@ -1,0 +1,1 @@
+"""Replicas fed by DCP, failover and rebalance."""

@@ -1,0 +1,1 @@
+"""The DCP producer: connections and per-vbucket stream state machines."""

@@ -1,0 +1,1 @@
+"""The data engine: vbuckets, the failover table, the rollback rules, checkpoints, storage."""

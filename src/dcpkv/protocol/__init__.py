@@ -1,0 +1,1 @@
+"""The memcached binary protocol and DCP, as a sans-I/O codec (no sockets in here)."""
