@@ -21,13 +21,13 @@ run: $(STAMP)
 
 ## test: lint + the whole test suite
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
 
 ## bench: every benchmark under bench/
 bench: $(STAMP)
