@@ -1,0 +1,53 @@
+"""The cluster map a client bootstraps from (GetClusterConfig, and NotMyVbucket answers).
+
+The official SDKs connect to the addresses the map names and route each key to the node the
+``vBucketMap`` says is active for it, so the map must carry the host and port clients really
+reach. A one-node server is active for every vbucket and has no replicas; the cluster layer
+(later) supplies real maps through the same function.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+
+def cluster_map(
+    *,
+    bucket: str,
+    host: str,
+    port: int,
+    num_vbuckets: int,
+    rev: int = 1,
+    vbucket_map: Sequence[Sequence[int]] | None = None,
+    server_list: Sequence[str] | None = None,
+    num_replicas: int = 0,
+) -> dict:
+    servers = list(server_list or [f"{host}:{port}"])
+    vb_map = [list(row) for row in vbucket_map] if vbucket_map else [[0]] * num_vbuckets
+    return {
+        "rev": rev,
+        "name": bucket,
+        "uri": f"/pools/default/buckets/{bucket}",
+        "nodeLocator": "vbucket",
+        "bucketCapabilities": ["couchapi", "dcp", "cbhello", "touch", "cccp", "xattr", "nodesExt"],
+        "nodes": [{"hostname": s, "ports": {"direct": int(s.rsplit(":", 1)[1])}} for s in servers],
+        "nodesExt": [
+            {
+                "hostname": s.rsplit(":", 1)[0],
+                "services": {"kv": int(s.rsplit(":", 1)[1])},
+                **({"thisNode": True} if s == f"{host}:{port}" else {}),
+            }
+            for s in servers
+        ],
+        "vBucketServerMap": {
+            "hashAlgorithm": "CRC",
+            "numReplicas": num_replicas,
+            "serverList": servers,
+            "vBucketMap": vb_map,
+        },
+    }
+
+
+def cluster_map_json(**kwargs: object) -> bytes:
+    return json.dumps(cluster_map(**kwargs), separators=(",", ":")).encode()  # type: ignore[arg-type]

@@ -1,0 +1,112 @@
+"""The data server's settings: embedded defaults, a TOML config file, command-line overrides.
+
+Precedence, lowest first: the defaults below, then the config file, then flags. A config file
+looks like::
+
+    host = "127.0.0.1"
+    port = 11210
+    data_dir = "./dcpkv-data"
+
+    [users]
+    Administrator = "password"
+
+    [buckets.default]
+    vbuckets = 1024
+    memory_quota_mb = 256
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PORT = 11210
+DEFAULT_VBUCKETS = 1024
+
+
+class ConfigError(ValueError):
+    """A config file or flag value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class BucketConfig:
+    name: str = "default"
+    vbuckets: int = DEFAULT_VBUCKETS
+    memory_quota_mb: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.vbuckets <= 1024:
+            raise ConfigError(
+                f"bucket {self.name!r}: vbuckets must be 1..1024, not {self.vbuckets}"
+            )
+        if self.memory_quota_mb < 1:
+            raise ConfigError(f"bucket {self.name!r}: memory_quota_mb must be at least 1")
+        if not self.name or len(self.name) > 100 or not self.name.replace("-", "_").isidentifier():
+            raise ConfigError(f"bucket name {self.name!r}: use letters, digits, '_' and '-'")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    data_dir: Path = Path("./dcpkv-data")
+    buckets: tuple[BucketConfig, ...] = (BucketConfig(),)
+    users: dict[str, str] = field(default_factory=lambda: {"Administrator": "password"})
+    flush_interval_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, not {self.port}")
+        if not self.buckets:
+            raise ConfigError("at least one bucket is needed")
+
+    def bucket(self, name: str) -> BucketConfig | None:
+        return next((b for b in self.buckets if b.name == name), None)
+
+    def with_overrides(self, **flags: Any) -> ServerConfig:
+        """Apply the flags a user actually gave (None means "not given")."""
+        given = {k: v for k, v in flags.items() if v is not None}
+        if "data_dir" in given:
+            given["data_dir"] = Path(given["data_dir"])
+        return replace(self, **given)
+
+
+def load_config(path: Path | None) -> ServerConfig:
+    """The defaults, overlaid with ``path`` when given."""
+    if path is None:
+        return ServerConfig()
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return _from_doc(doc, path)
+
+
+def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
+    known = {"host", "port", "data_dir", "users", "buckets", "flush_interval_s"}
+    unknown = set(doc) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
+    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", "port", "flush_interval_s") if k in doc}
+    if "data_dir" in doc:
+        kwargs["data_dir"] = Path(doc["data_dir"])
+    if "users" in doc:
+        users = doc["users"]
+        if not isinstance(users, dict) or not all(isinstance(v, str) for v in users.values()):
+            raise ConfigError(f"{path}: [users] maps user names to password strings")
+        kwargs["users"] = dict(users)
+    if "buckets" in doc:
+        try:
+            kwargs["buckets"] = tuple(
+                BucketConfig(name=name, **settings) for name, settings in doc["buckets"].items()
+            )
+        except TypeError as exc:
+            raise ConfigError(f"{path}: bad bucket settings: {exc}") from None
+    try:
+        return ServerConfig(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
