@@ -45,7 +45,9 @@ What a cursor sees
     cursor in the middle of a checkpoint     seqno of the first item sent     no
     ======================================= ================================ ==========
 
-    ``snap_end`` is the last checkpoint's ``snap_end``.
+    ``snap_end`` is the last checkpoint's ``snap_end``. When that lies above the last seqno read
+    (a replica's snapshot still arriving), ``snap_start`` is at most the marker's start: the
+    reader is inside that snapshot, not at a consistent point.
 
     A cursor asked for a seqno older than anything in memory is refused (``None``): its owner
     must backfill from disk first and register again at the backfill's end.
@@ -357,7 +359,7 @@ class CheckpointManager:
             while True:
                 _collect(collected, ckpt.items[cursor.pos :])
                 cursor.pos = len(ckpt)
-                end, high = ckpt.snap_end, ckpt.seqnos[-1]
+                end, high, last_start = ckpt.snap_end, ckpt.seqnos[-1], ckpt.snap_start
                 if ckpt.is_open or not self._advance(cursor) or len(collected) >= max_items:
                     break
                 ckpt = cursor.checkpoint
@@ -374,6 +376,10 @@ class CheckpointManager:
                 start = ckpt_snap_start
             else:
                 start = items[0].by_seqno
+            if high < end:
+                # Part of a replica snapshot still arriving: the state is only consistent at
+                # ``end``, so the range must reach back to the marker's start.
+                start = min(start, last_start)
             return Snapshot(start, end, items, at_start, high)
 
     def _skip_read_checkpoints(self, cursor: Cursor) -> None:
