@@ -111,7 +111,7 @@ def test_compaction_purges_tombstones_and_raises_purge_seqno(storage: Storage) -
 def test_corrupt_file_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad.sqlite3"
     bad.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(CorruptDatabaseError, match="bad.sqlite3"):
+    with pytest.raises(CorruptDatabaseError, match=r"bad\.sqlite3"):
         Storage(bad)
 
 

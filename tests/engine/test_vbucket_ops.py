@@ -161,9 +161,7 @@ def test_expiry_rule(exptime: int, expected: int) -> None:
     assert absolute_expiry(exptime, 1_700_000_000.5) == expected
 
 
-def test_expired_items_vanish_and_queue_an_expiration(
-    vbucket: VBucket, clock: ManualClock
-) -> None:
+def test_expired_items_vanish_and_queue_an_expiration(vbucket: VBucket, clock: ManualClock) -> None:
     vbucket.set(b"rel", b"v", expiry=10)
     vbucket.set(b"abs", b"v", expiry=int(clock.now) + 20)
     vbucket.set(b"past", b"v", expiry=2_592_001)

@@ -262,6 +262,8 @@ class Bucket:
     def reclaim(self, target: int) -> int:
         """Free memory down to ``target`` bytes: drop slow cursors, then eject values."""
         for vbucket in list(self.vbuckets.values()):
+            # Closing lets a fully-read open checkpoint go; cursors behind are dropped.
+            vbucket.checkpoints.close_open_checkpoint()
             vbucket.checkpoints.drop_slow_cursors(0)
         used = self.memory_used
         for vbucket in list(self.vbuckets.values()):
