@@ -32,6 +32,7 @@ lint: $(STAMP)
 ## bench: every benchmark under bench/
 bench: $(STAMP)
 	$(BIN)/python bench/codec.py
+	$(BIN)/python bench/engine.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

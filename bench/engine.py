@@ -1,0 +1,100 @@
+"""Engine throughput: front-end sets into a vbucket, and flushes of 100k items to SQLite.
+
+Run: ``.venv/bin/python bench/engine.py [N]`` (default N = 100,000; ``BENCH_DIR`` picks the
+filesystem, default the temp dir, often tmpfs where fsync is free). Prints items/s for:
+
+* ``set``: ``VBucket.set`` of N distinct keys (100-byte values) into one active vbucket;
+* ``flush 1 vb``: one ``Bucket.flush_once`` of those N items, synchronous=FULL and NORMAL;
+* the storage layout choice: N items spread over 64 vbuckets, flushed as one transaction
+  in one file (the design), one transaction per vbucket in one file, and one file per vbucket.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.item import Item
+from dcpkv.engine.storage import Storage, VBState
+from dcpkv.engine.vbucket import VBucketState
+
+VALUE = b"x" * 100
+
+
+def _rate(n: int, seconds: float) -> str:
+    return f"{n / seconds:>12,.0f} items/s  ({seconds:.3f} s)"
+
+
+def bench_bucket(n: int, synchronous: str) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        bucket = Bucket(
+            "bench", Path(tmp), num_vbuckets=1, rng=random.Random(1), synchronous=synchronous,
+            memory_quota=1 << 34,
+        )  # fmt: skip
+        vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+        keys = [b"key-%08d" % i for i in range(n)]
+        start = time.perf_counter()
+        for key in keys:
+            vb.set(key, VALUE)
+        set_time = time.perf_counter() - start
+        start = time.perf_counter()
+        flushed = bucket.flush_once()
+        flush_time = time.perf_counter() - start
+        assert flushed == n
+        bucket.shutdown()
+        return set_time, flush_time
+
+
+def _items(n: int, vbs: int) -> dict[int, list[Item]]:
+    per_vb: dict[int, list[Item]] = {vb: [] for vb in range(vbs)}
+    for i in range(n):
+        vb = i % vbs
+        seqno = len(per_vb[vb]) + 1
+        per_vb[vb].append(Item(b"key-%08d" % i, VALUE, cas=i + 1, by_seqno=seqno, rev_seqno=1))
+    return per_vb
+
+
+def _state(items: list[Item]) -> VBState:
+    high = items[-1].by_seqno
+    return VBState("active", "[]", high, 0, high)
+
+
+def bench_layout(n: int, vbs: int, layout: str) -> float:
+    per_vb = _items(n, vbs)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        if layout == "file per vb":
+            stores = {vb: Storage(Path(tmp) / f"vb{vb}.sqlite3") for vb in per_vb}
+        else:
+            one = Storage(Path(tmp) / "bucket.sqlite3")
+            stores = dict.fromkeys(per_vb, one)
+        start = time.perf_counter()
+        if layout == "one txn":
+            one.persist((vb, items, _state(items)) for vb, items in per_vb.items())
+        else:
+            for vb, items in per_vb.items():
+                stores[vb].persist_snapshot(vb, items, _state(items))
+        elapsed = time.perf_counter() - start
+        for store in set(stores.values()):
+            store.close()
+        return elapsed
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    print(f"engine benchmark, {n:,} items of {len(VALUE)} bytes")
+    for sync in ("FULL", "NORMAL"):
+        set_time, flush_time = bench_bucket(n, sync)
+        if sync == "FULL":
+            print(f"  set into one vbucket        {_rate(n, set_time)}")
+        print(f"  flush 1 vb, sync={sync:<7}    {_rate(n, flush_time)}")
+    for layout in ("one txn", "txn per vb", "file per vb"):
+        print(f"  64 vbs, {layout:<12}        {_rate(n, bench_layout(n, 64, layout))}")
+
+
+if __name__ == "__main__":
+    main()

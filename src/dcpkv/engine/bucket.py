@@ -1,0 +1,285 @@
+"""A bucket: its vbuckets, its storage, the flusher, warm-up, shutdown, memory quota.
+
+Theory of operation
+-------------------
+Keys map to vbuckets with :func:`vbucket_for_key` (CRC32, as the SDKs compute it). A bucket
+holds the vbuckets this node has been given (:meth:`Bucket.set_vbucket_state` creates them;
+others answer NotMyVbucket) and one :class:`Storage`.
+
+Life cycle
+    ========================= ======================================================
+    open (``Bucket(...)``)     warm-up, then mark the shutdown *unclean* on disk
+    ``flush_once()``           persist what each vbucket's persistence cursor holds
+    ``shutdown()``             flush everything, mark the shutdown *clean*, close
+    ========================= ======================================================
+
+Warm-up reads each vbucket's state, failover table (sanitised) and documents. After an
+unclean shutdown (the flag is still 0: the process died without :meth:`Bucket.shutdown`)
+every *active* vbucket cuts a new history branch at the end of its last persisted snapshot:
+clients may have seen mutations that never reached the disk, and the new uuid tells their
+consumers to roll back past them. A replica needs no new entry: its history is its producer's.
+The new failover entries are persisted before warm-up returns.
+
+The flusher (:meth:`Bucket.flush_once`) takes, for every vbucket with something unpersisted,
+the snapshots its persistence cursor has not read, and writes them all, with the vbucket states
+and failover tables, in ONE transaction; only then does it advance the persisted seqnos and
+drop persisted tombstones from the hash tables. If the write fails, the batches are kept and
+written again by the next flush.
+
+Memory: a write is admitted while the bucket's memory use is under its quota. Over it, the
+bucket first drops DCP cursors that pin old checkpoints (their streams fall back to a backfill),
+then ejects persisted values down to a low watermark; if still over quota, the write fails
+with TempFail (the flusher must catch up first).
+
+Threads: the storage connection for writes belongs to whoever calls :meth:`flush_once`,
+:meth:`compact`, :meth:`rollback`, :meth:`delete_vbucket` and :meth:`shutdown`; a lock
+serialises them, so the server may run them in an executor thread while the event loop calls
+the vbuckets' in-memory operations (which only take the vbucket's own short lock).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import zlib
+from pathlib import Path
+from types import TracebackType
+
+from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
+from dcpkv.engine.failover_table import FailoverTable
+from dcpkv.engine.hlc import Clock, SystemClock
+from dcpkv.engine.item import Item, NotMyVbucket, TempFail
+from dcpkv.engine.storage import DEFAULT_HISTORY_WINDOW, CompactResult, Storage, VBState
+from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket, VBucketState
+
+DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
+LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
+WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
+_ADMIT_RECHECK = 256  # recount memory every N writes, or sooner when close to the quota
+
+
+def vbucket_for_key(key: bytes, num_vbuckets: int) -> int:
+    return ((zlib.crc32(key) >> 16) & 0x7FFF) % num_vbuckets
+
+
+class Bucket:
+    """A bucket's vbuckets and storage (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        path: str | Path,
+        *,
+        num_vbuckets: int = 1024,
+        memory_quota: int = DEFAULT_MEMORY_QUOTA,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        checkpoint_max_items: int = DEFAULT_CHECKPOINT_MAX_ITEMS,
+        history_window: int = DEFAULT_HISTORY_WINDOW,
+        max_item_size: int = DEFAULT_MAX_ITEM_SIZE,
+        synchronous: str = "FULL",
+    ) -> None:
+        self.name = name
+        self.path = Path(path)
+        self.num_vbuckets = num_vbuckets
+        self.memory_quota = memory_quota
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.SystemRandom()
+        self.checkpoint_max_items = checkpoint_max_items
+        self.max_item_size = max_item_size
+        self.vbuckets: dict[int, VBucket] = {}
+        self.storage = Storage(
+            self.path / f"{name}.sqlite3", history_window=history_window, synchronous=synchronous
+        )
+        self._io_lock = threading.RLock()
+        self._writes = 0
+        self._memory_estimate = 0
+        self.closed = False
+        self.warmed_up_after_clean_shutdown = self.warmup()
+
+    def __enter__(self) -> Bucket:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.closed:
+            self.shutdown()
+
+    # -- vbuckets --------------------------------------------------------------------------
+
+    def vbucket_for(self, key: bytes) -> int:
+        return vbucket_for_key(key, self.num_vbuckets)
+
+    def get_vbucket(self, vb: int) -> VBucket:
+        vbucket = self.vbuckets.get(vb)
+        if vbucket is None:
+            raise NotMyVbucket(f"vbucket {vb} does not exist here")
+        return vbucket
+
+    def set_vbucket_state(self, vb: int, state: VBucketState | str) -> VBucket:
+        """Create the vbucket (fresh failover table at 0) or change its state."""
+        if not 0 <= vb < self.num_vbuckets:
+            raise NotMyVbucket(f"vbucket {vb} is outside 0..{self.num_vbuckets - 1}")
+        state = VBucketState(state)
+        vbucket = self.vbuckets.get(vb)
+        if vbucket is None:
+            vbucket = self._make(vb, state, FailoverTable.fresh(0, rng=self.rng), None)
+            self.vbuckets[vb] = vbucket
+        else:
+            vbucket.set_state(state)
+        return vbucket
+
+    def delete_vbucket(self, vb: int) -> None:
+        with self._io_lock:
+            vbucket = self.vbuckets.pop(vb, None)
+            if vbucket is not None:
+                vbucket.set_state(VBucketState.DEAD)
+                vbucket.checkpoints.reset(0)
+            self.storage.delete_vbucket(vb)
+
+    def _make(
+        self, vb: int, state: VBucketState, failover: FailoverTable, s: VBState | None
+    ) -> VBucket:
+        return VBucket(
+            vb,
+            state,
+            clock=self.clock,
+            failover=failover,
+            high_seqno=s.high_seqno if s else 0,
+            max_cas=s.max_cas if s else 0,
+            purge_seqno=s.purge_seqno if s else 0,
+            persisted_snapshot=(s.snap_start, s.snap_end) if s else (0, 0),
+            checkpoint_max_items=self.checkpoint_max_items,
+            max_item_size=self.max_item_size,
+            fetch=self.storage.get,
+            admit=self._admit,
+        )
+
+    # -- warm-up and shutdown ------------------------------------------------------------------
+
+    def warmup(self) -> bool:
+        """Load every vbucket from storage; returns whether the last shutdown was clean."""
+        with self._io_lock:
+            clean = self.storage.was_clean_shutdown()
+            for vb, s in self.storage.vbucket_states().items():
+                failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
+                state = VBucketState(s.state)
+                if not clean and state == VBucketState.ACTIVE:
+                    failover.create_entry(s.snap_end)
+                vbucket = self._make(vb, state, failover, s)
+                self.vbuckets[vb] = vbucket
+                with_values = self.memory_used < self.memory_quota * WARMUP_VALUE_FRACTION
+                vbucket.load(self.storage.load_items(vb, values=with_values))
+            self.storage.set_clean_shutdown(False)
+            self.flush_once()  # the new failover entries must be durable before anyone sees them
+            return clean
+
+    def shutdown(self) -> None:
+        """Flush everything, record a clean shutdown, close storage."""
+        with self._io_lock:
+            while self.flush_once():
+                pass
+            self.storage.set_clean_shutdown(True)
+            self.storage.close()
+            self.closed = True
+
+    # -- flusher ---------------------------------------------------------------------------
+
+    def flush_once(self) -> int:
+        """Persist every vbucket's unpersisted snapshots in one transaction; items written."""
+        with self._io_lock:
+            batches: list[FlushBatch] = []
+            for vbucket in list(self.vbuckets.values()):
+                if vbucket.has_unpersisted() and (batch := vbucket.take_flush_batch()):
+                    batches.append(batch)
+            if not batches:
+                return 0
+            try:
+                self.storage.persist((b.vb, b.items, b.vbstate) for b in batches)
+            except BaseException:
+                for b in batches:
+                    if (vbucket := self.vbuckets.get(b.vb)) is not None:
+                        vbucket.flush_failed()
+                raise
+            for b in batches:
+                if (vbucket := self.vbuckets.get(b.vb)) is not None:
+                    vbucket.mark_persisted(b)
+            return sum(len(b.items) for b in batches)
+
+    # -- replica rollback, compaction, expiry --------------------------------------------------
+
+    def rollback(self, vb: int, seqno: int) -> int:
+        """Roll a replica/pending vbucket back to (at most) ``seqno``; returns where it went."""
+        vbucket = self.get_vbucket(vb)
+        if vbucket.state not in (VBucketState.REPLICA, VBucketState.PENDING):
+            raise NotMyVbucket(f"vbucket {vb} is {vbucket.state}: only replicas roll back")
+        with self._io_lock:
+            self.flush_once()
+            point = self.storage.rollback(vb, seqno)
+            s = self.storage.vbucket_state(vb)
+            assert s is not None
+            failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
+            vbucket.reset(s, failover, self.storage.load_items(vb))
+            self.flush_once()
+            return point
+
+    def compact(
+        self,
+        vb: int | None = None,
+        *,
+        purge_before_seqno: int | None = None,
+        purge_older_than_secs: float | None = None,
+    ) -> dict[int, CompactResult]:
+        """Purge tombstones of one or every vbucket; raises their purge seqnos."""
+        results: dict[int, CompactResult] = {}
+        with self._io_lock:
+            for vbid in [vb] if vb is not None else list(self.vbuckets):
+                vbucket = self.get_vbucket(vbid)
+                result = self.storage.compact(
+                    vbid,
+                    purge_before_seqno=purge_before_seqno,
+                    purge_older_than_secs=purge_older_than_secs,
+                    now=self.clock.time(),
+                )
+                with vbucket.lock:
+                    vbucket.purge_seqno = max(vbucket.purge_seqno, result.purge_seqno)
+                results[vbid] = result
+        return results
+
+    def expiry_pager(self) -> int:
+        return sum(vb.expiry_pager() for vb in list(self.vbuckets.values()))
+
+    def get_from_storage(self, vb: int, key: bytes) -> Item | None:
+        return self.storage.get(vb, key)
+
+    # -- memory ----------------------------------------------------------------------------
+
+    @property
+    def memory_used(self) -> int:
+        return sum(vb.memory_used for vb in list(self.vbuckets.values()))
+
+    def reclaim(self, target: int) -> int:
+        """Free memory down to ``target`` bytes: drop slow cursors, then eject values."""
+        for vbucket in list(self.vbuckets.values()):
+            # Closing lets a fully-read open checkpoint go; cursors behind are dropped.
+            vbucket.checkpoints.close_open_checkpoint()
+            vbucket.checkpoints.drop_slow_cursors(0)
+        used = self.memory_used
+        for vbucket in list(self.vbuckets.values()):
+            if used <= target:
+                break
+            used -= vbucket.eject(used - target)
+        self._memory_estimate = self.memory_used
+        return self._memory_estimate
+
+    def _admit(self, size: int) -> None:
+        self._writes += 1
+        self._memory_estimate += size
+        near = self._memory_estimate + size > self.memory_quota * LOW_WATERMARK
+        if near or self._writes % _ADMIT_RECHECK == 0:
+            self._memory_estimate = self.memory_used
+        if self._memory_estimate + size <= self.memory_quota:
+            return
+        if self.reclaim(int(self.memory_quota * LOW_WATERMARK)) + size > self.memory_quota:
+            raise TempFail("memory quota reached; retry after the flusher has caught up")

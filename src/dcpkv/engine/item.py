@@ -1,0 +1,115 @@
+"""Items (documents and tombstones) and the errors an engine operation can end in.
+
+Theory of operation
+-------------------
+An :class:`Item` is one *version* of a document: the key, the value and the metadata that
+travel with it on the wire (flags, expiry, CAS, rev seqno, by seqno, datatype) and on disk.
+A deletion is an item too, a *tombstone*: ``deleted`` is set, the value is empty and
+``delete_time`` says when it happened (compaction purges tombstones by age or seqno).
+``expired`` marks a tombstone created by expiry, so a DCP producer can send an Expiration
+rather than a Deletion.
+
+Items are treated as immutable once they have been given a seqno: the hash table, the write
+queue (checkpoints) and a DCP snapshot may all hold the same object, so a change makes a new
+item (:meth:`Item.evolve`) rather than editing one in place. The only exception is the value
+of an item that is already persisted: ejecting it builds a copy with ``value=None`` for the
+hash table and leaves the write queue's copy alone.
+
+Every failure of an engine operation is an :class:`EngineError` whose ``status`` is the name of
+the memcached status the server answers with (see ``PROTOCOL.md``); the server maps that name to
+the wire code in one table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# Fixed per-item overhead in the memory accounting: object header, slots and dict entry.
+ITEM_OVERHEAD = 96
+
+
+@dataclass(slots=True)
+class Item:
+    """One version of a document (or a tombstone when ``deleted``)."""
+
+    key: bytes
+    value: bytes | None = b""  # None: ejected, not resident in memory (read it from storage)
+    flags: int = 0
+    expiry: int = 0  # absolute unix seconds, 0 = never
+    cas: int = 0
+    rev_seqno: int = 0
+    by_seqno: int = 0
+    datatype: int = 0
+    deleted: bool = False
+    delete_time: int = 0
+    expired: bool = False  # a tombstone made by expiry (DCP Expiration rather than Deletion)
+
+    @property
+    def resident(self) -> bool:
+        return self.value is not None
+
+    def size(self) -> int:
+        """Bytes this item is charged for in the memory accounting."""
+        return ITEM_OVERHEAD + len(self.key) + (len(self.value) if self.value is not None else 0)
+
+    def evolve(self, **changes: object) -> Item:
+        """A copy with some fields changed (items are never changed in place)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def is_expired(self, now: int) -> bool:
+        return not self.deleted and self.expiry != 0 and self.expiry <= now
+
+
+class EngineError(Exception):
+    """An operation the engine refused; ``status`` names the memcached status to answer."""
+
+    status = "Einternal"
+
+
+class KeyNotFound(EngineError):
+    status = "KeyEnoent"
+
+
+class KeyExists(EngineError):
+    """CAS mismatch, or Add on a key that exists."""
+
+    status = "KeyEexists"
+
+
+class NotStored(EngineError):
+    status = "NotStored"
+
+
+class DeltaBadval(EngineError):
+    status = "DeltaBadval"
+
+
+class NotMyVbucket(EngineError):
+    status = "NotMyVbucket"
+
+
+class TempFail(EngineError):
+    """Memory is full and nothing could be freed; the client should retry later."""
+
+    status = "Etmpfail"
+
+
+class TooBig(EngineError):
+    status = "E2big"
+
+
+class Einval(EngineError):
+    status = "Einval"
+
+
+ERRORS: tuple[type[EngineError], ...] = (
+    KeyNotFound,
+    KeyExists,
+    NotStored,
+    DeltaBadval,
+    NotMyVbucket,
+    TempFail,
+    TooBig,
+    Einval,
+)

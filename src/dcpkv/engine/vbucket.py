@@ -1,0 +1,562 @@
+"""A vbucket: the hash table, the memcached operations, the write queue, the vbucket state.
+
+Theory of operation
+-------------------
+A vbucket owns the in-memory state of one partition:
+
+* ``state`` - which operations it accepts (table below);
+* the *hash table* (``key -> Item``): the newest version of every key. A deleted key stays as a
+  tombstone until the deletion is persisted (so the flusher and DCP can send it), then goes;
+  a value already persisted may be *ejected* (``value=None``) and read back from storage;
+* ``high_seqno`` - every accepted mutation gets the next seqno, a new CAS from the vbucket's
+  hybrid logical clock, and rev seqno + 1, and is queued in the :class:`CheckpointManager`;
+* the failover table, the persisted seqno and snapshot, the purge seqno.
+
+A replica's mutations arrive with their seqno, CAS and rev seqno already set by the active
+vbucket (:meth:`VBucket.set_with_meta`, :meth:`VBucket.delete_with_meta`) inside snapshot
+markers (:meth:`VBucket.replica_snapshot_marker`); they are stored as they are.
+
+========== ================= ============================ =====================================
+state      front-end ops     replica ops (with_meta)      on becoming active
+========== ================= ============================ =====================================
+active     yes               NotMyVbucket                 -
+replica    NotMyVbucket      yes                          new failover entry at the high seqno
+pending    NotMyVbucket      yes                          new failover entry at the high seqno
+dead       NotMyVbucket      NotMyVbucket                 new failover entry at the high seqno
+========== ================= ============================ =====================================
+
+Every state may move to every other; refusals raise :class:`NotMyVbucket`.
+
+Expiry follows memcached: an expiry of 0 never expires, up to 30 days (2,592,000 s) is relative
+to now, anything larger is absolute unix time. An expired item is gone when next touched (and
+an expiration is queued as a deletion, so DCP sends it) or when :meth:`VBucket.expiry_pager`
+walks the table. Only an active vbucket expires items: a replica waits for the active's
+expiration to arrive.
+
+Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
+the flusher thread can take and acknowledge batches while the event loop serves requests. No
+storage call is made under the lock: a value fetch for an ejected item happens between two
+short critical sections.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager, Snapshot
+from dcpkv.engine.failover_table import FailoverTable
+from dcpkv.engine.hlc import Clock, HybridLogicalClock
+from dcpkv.engine.item import (
+    DeltaBadval,
+    Einval,
+    Item,
+    KeyExists,
+    KeyNotFound,
+    NotMyVbucket,
+    NotStored,
+    TempFail,
+    TooBig,
+)
+from dcpkv.engine.storage import VBState
+
+RELATIVE_EXPIRY_LIMIT = 30 * 24 * 3600
+NO_CREATE = 0xFFFFFFFF  # incr/decr expiry meaning "do not create a missing counter"
+MAX_KEY_LENGTH = 250
+DEFAULT_MAX_ITEM_SIZE = 20 * 1024 * 1024
+U64 = 1 << 64
+_FLUSH_ALL = 1 << 62
+
+
+class VBucketState(StrEnum):
+    ACTIVE = "active"
+    REPLICA = "replica"
+    PENDING = "pending"
+    DEAD = "dead"
+
+
+_REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
+
+Fetcher = Callable[[int, bytes], Item | None]
+Admitter = Callable[[int], None]
+
+
+def absolute_expiry(exptime: int, now: float) -> int:
+    """memcached's rule: 0 never, <= 30 days relative to now, otherwise absolute."""
+    if exptime == 0:
+        return 0
+    if exptime <= RELATIVE_EXPIRY_LIMIT:
+        return int(now) + exptime
+    return exptime
+
+
+def parse_counter(value: bytes) -> int:
+    if not value or len(value) > 20 or not value.isdigit():
+        raise DeltaBadval("value is not an unsigned 64-bit decimal number")
+    number = int(value)
+    if number >= U64:
+        raise DeltaBadval("value is not an unsigned 64-bit decimal number")
+    return number
+
+
+@dataclass(slots=True)
+class FlushBatch:
+    """What the flusher writes for one vbucket: items and the state to write with them."""
+
+    vb: int
+    items: list[Item]
+    vbstate: VBState
+    snapshots: list[Snapshot] = field(default_factory=list)
+
+
+class VBucket:
+    """One partition's in-memory state and operations (see the module docstring)."""
+
+    def __init__(
+        self,
+        vbid: int,
+        state: VBucketState,
+        *,
+        clock: Clock,
+        failover: FailoverTable,
+        high_seqno: int = 0,
+        max_cas: int = 0,
+        purge_seqno: int = 0,
+        persisted_snapshot: tuple[int, int] = (0, 0),
+        checkpoint_max_items: int = DEFAULT_CHECKPOINT_MAX_ITEMS,
+        max_item_size: int = DEFAULT_MAX_ITEM_SIZE,
+        fetch: Fetcher | None = None,
+        admit: Admitter | None = None,
+    ) -> None:
+        self.id = vbid
+        self.state = VBucketState(state)
+        self.lock = threading.RLock()
+        self.clock = clock
+        self.hlc = HybridLogicalClock(clock, max_cas)
+        self.failover = failover
+        self.checkpoints = CheckpointManager(
+            high_seqno, max_items=checkpoint_max_items, lock=self.lock
+        )
+        self.persisted_seqno = high_seqno
+        self.persisted_snapshot = persisted_snapshot
+        self.replica_snapshot = persisted_snapshot
+        self.purge_seqno = purge_seqno
+        self.max_item_size = max_item_size
+        self._fetch = fetch
+        self._admit = admit
+        self._ht: dict[bytes, Item] = {}
+        self._ht_memory = 0
+        self._max_deleted_rev = 0
+        self._state_dirty = True
+        self._unacked: FlushBatch | None = None
+
+    # -- reading the state ----------------------------------------------------------------
+
+    @property
+    def high_seqno(self) -> int:
+        return self.checkpoints.high_seqno
+
+    @property
+    def uuid(self) -> int:
+        return self.failover.latest_uuid
+
+    @property
+    def memory_used(self) -> int:
+        return self._ht_memory + self.checkpoints.memory_used
+
+    def __len__(self) -> int:
+        """Live (not deleted) keys in the hash table."""
+        return sum(1 for i in self._ht.values() if not i.deleted)
+
+    def peek(self, key: bytes) -> Item | None:
+        """The hash table's entry for a key, whatever the state, tombstones included."""
+        with self.lock:
+            return self._ht.get(key)
+
+    def items(self) -> list[Item]:
+        with self.lock:
+            return list(self._ht.values())
+
+    def has_unpersisted(self) -> bool:
+        return (
+            self._state_dirty
+            or self._unacked is not None
+            or self.high_seqno > (self.persisted_seqno)
+        )
+
+    # -- front-end operations (active only) ---------------------------------------------------
+
+    def get(self, key: bytes) -> Item:
+        self._ensure_resident(key)
+        with self.lock:
+            self._require_active()
+            return self._resident_or_fail(self._live_or_fail(key))
+
+    def set(
+        self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
+        datatype: int = 0,
+    ) -> Item:  # fmt: skip
+        with self.lock:
+            self._check_write(key, value)
+            current = self._live(key)
+            _check_cas(current, cas)
+            return self._mutate(key, value, flags, self._expiry(expiry), datatype)
+
+    def add(
+        self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0
+    ) -> Item:
+        with self.lock:
+            self._check_write(key, value)
+            if self._live(key) is not None:
+                raise KeyExists("key exists")
+            return self._mutate(key, value, flags, self._expiry(expiry), datatype)
+
+    def replace(
+        self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
+        datatype: int = 0,
+    ) -> Item:  # fmt: skip
+        with self.lock:
+            self._check_write(key, value)
+            current = self._live_or_fail(key)
+            _check_cas(current, cas)
+            return self._mutate(key, value, flags, self._expiry(expiry), datatype)
+
+    def delete(self, key: bytes, *, cas: int = 0) -> Item:
+        with self.lock:
+            self._check_write(key, b"")
+            current = self._live_or_fail(key)
+            _check_cas(current, cas)
+            return self._tombstone(current, expired=False)
+
+    def append(self, key: bytes, value: bytes, *, cas: int = 0) -> Item:
+        return self._concat(key, value, cas, append=True)
+
+    def prepend(self, key: bytes, value: bytes, *, cas: int = 0) -> Item:
+        return self._concat(key, value, cas, append=False)
+
+    def _concat(self, key: bytes, value: bytes, cas: int, *, append: bool) -> Item:
+        self._ensure_resident(key)
+        with self.lock:
+            self._check_write(key, value)
+            current = self._live(key)
+            if current is None:
+                raise NotStored("append/prepend to a missing key")
+            _check_cas(current, cas)
+            old = self._resident_or_fail(current).value or b""
+            joined = old + value if append else value + old
+            if len(joined) > self.max_item_size:
+                raise TooBig(f"value of {len(joined)} bytes is over {self.max_item_size}")
+            return self._mutate(key, joined, current.flags, current.expiry, current.datatype)
+
+    def incr(
+        self, key: bytes, delta: int, *, initial: int = 0, expiry: int = 0, cas: int = 0
+    ) -> tuple[int, Item]:
+        return self._arith(key, delta, initial, expiry, cas, incr=True)
+
+    def decr(
+        self, key: bytes, delta: int, *, initial: int = 0, expiry: int = 0, cas: int = 0
+    ) -> tuple[int, Item]:
+        return self._arith(key, delta, initial, expiry, cas, incr=False)
+
+    def _arith(
+        self, key: bytes, delta: int, initial: int, expiry: int, cas: int, *, incr: bool
+    ) -> tuple[int, Item]:
+        self._ensure_resident(key)
+        with self.lock:
+            self._check_write(key, b"")
+            current = self._live(key)
+            if current is None:
+                if expiry == NO_CREATE:
+                    raise KeyNotFound("counter does not exist")
+                if cas:
+                    raise KeyNotFound("counter does not exist")
+                value = initial % U64
+                item = self._mutate(key, b"%d" % value, 0, self._expiry(expiry), 0)
+                return value, item
+            _check_cas(current, cas)
+            number = parse_counter(self._resident_or_fail(current).value or b"")
+            number = (number + delta) % U64 if incr else max(number - delta, 0)
+            item = self._mutate(key, b"%d" % number, current.flags, current.expiry, 0)
+            return number, item
+
+    def touch(self, key: bytes, expiry: int) -> Item:
+        """Set a new expiry; returns the item (with its value: get-and-touch)."""
+        self._ensure_resident(key)
+        with self.lock:
+            self._check_write(key, b"")
+            current = self._resident_or_fail(self._live_or_fail(key))
+            return self._mutate(
+                key, current.value or b"", current.flags, self._expiry(expiry), current.datatype
+            )
+
+    get_and_touch = touch
+
+    def expiry_pager(self) -> int:
+        """Queue an expiration for every expired item; returns how many."""
+        with self.lock:
+            if self.state != VBucketState.ACTIVE:
+                return 0
+            now = int(self.clock.time())
+            expired = [i for i in self._ht.values() if i.is_expired(now)]
+            for item in expired:
+                self._tombstone(item, expired=True)
+            return len(expired)
+
+    # -- replica operations -----------------------------------------------------------------
+
+    def replica_snapshot_marker(self, start: int, end: int) -> None:
+        with self.lock:
+            self._require_replica_path()
+            if not start <= end or end < self.high_seqno:
+                raise Einval(f"bad snapshot marker {start}..{end} at high seqno {self.high_seqno}")
+            self.checkpoints.snapshot_marker(start, end)
+            self.replica_snapshot = (start, end)
+
+    def set_with_meta(self, item: Item) -> Item:
+        """Store a mutation as the active vbucket made it (seqno, CAS, rev seqno kept)."""
+        return self._with_meta(item.evolve(deleted=False, delete_time=0, expired=False))
+
+    def delete_with_meta(self, item: Item) -> Item:
+        return self._with_meta(item.evolve(deleted=True, value=b""))
+
+    def _with_meta(self, item: Item) -> Item:
+        with self.lock:
+            self._require_replica_path()
+            if item.by_seqno <= self.high_seqno:
+                raise Einval(f"seqno {item.by_seqno} is not above {self.high_seqno}")
+            self._check_size(item.key, item.value or b"")
+            self._store(item)
+            self.hlc.observe(item.cas)
+            return item
+
+    # -- state ------------------------------------------------------------------------------
+
+    def set_state(self, state: VBucketState) -> None:
+        """Move to ``state``; becoming active cuts a new history branch at the high seqno."""
+        state = VBucketState(state)
+        with self.lock:
+            if state == self.state:
+                return
+            if state == VBucketState.ACTIVE:
+                self.failover.create_entry(self.high_seqno)
+                # New active items form their own checkpoints, apart from a replica snapshot.
+                self.checkpoints.close_open_checkpoint()
+                self.replica_snapshot = (self.high_seqno, self.high_seqno)
+            self.state = state
+            self._state_dirty = True
+
+    def vbstate(self, snapshot: tuple[int, int], high_seqno: int) -> VBState:
+        return VBState(
+            state=self.state.value,
+            failover_json=self.failover.to_json(),
+            high_seqno=high_seqno,
+            snap_start=snapshot[0],
+            snap_end=snapshot[1],
+            purge_seqno=self.purge_seqno,
+            max_cas=self.hlc.max_cas,
+        )
+
+    # -- flusher ----------------------------------------------------------------------------
+
+    def take_flush_batch(self) -> FlushBatch | None:
+        """Everything the flusher has not persisted yet (a failed batch is taken again)."""
+        with self.lock:
+            batch = self._unacked
+            snapshots: list[Snapshot] = []
+            while snap := self.checkpoints.persistence_cursor.next_snapshot(_FLUSH_ALL):
+                snapshots.append(snap)
+            if batch is None and not snapshots and not self._state_dirty:
+                return None
+            items = batch.items if batch else []
+            snap_range, high = self.persisted_snapshot, self.persisted_seqno
+            if batch:
+                snap_range = (batch.vbstate.snap_start, batch.vbstate.snap_end)
+                high = batch.vbstate.high_seqno
+            for snap in snapshots:
+                items = items + snap.items
+                snap_range, high = (snap.start, snap.end), snap.high_seqno
+            self._state_dirty = False
+            self._unacked = FlushBatch(self.id, items, self.vbstate(snap_range, high), snapshots)
+            return self._unacked
+
+    def flush_failed(self) -> None:
+        with self.lock:
+            self._state_dirty = True
+
+    def mark_persisted(self, batch: FlushBatch) -> None:
+        """The batch is durable: advance the persisted seqno, forget persisted tombstones."""
+        with self.lock:
+            if self._unacked is batch:
+                self._unacked = None
+            self.persisted_seqno = max(self.persisted_seqno, batch.vbstate.high_seqno)
+            self.persisted_snapshot = (batch.vbstate.snap_start, batch.vbstate.snap_end)
+            for item in batch.items:
+                if item.deleted and self._ht.get(item.key) is item:
+                    self._remove(item.key)
+
+    # -- memory -----------------------------------------------------------------------------
+
+    def eject(self, target_bytes: int | None = None) -> int:
+        """Drop persisted values from the hash table (until ``target_bytes`` are freed)."""
+        freed = 0
+        with self.lock:
+            for key, item in list(self._ht.items()):
+                if target_bytes is not None and freed >= target_bytes:
+                    break
+                if item.deleted or item.value is None or item.by_seqno > self.persisted_seqno:
+                    continue
+                freed += len(item.value)
+                self._replace_in_table(key, item.evolve(value=None))
+        return freed
+
+    # -- loading (warm-up, rollback) -------------------------------------------------------
+
+    def load(self, items: Iterable[Item]) -> None:
+        """Fill the hash table from storage (items are persisted: nothing is queued)."""
+        with self.lock:
+            for item in items:
+                self._replace_in_table(item.key, item)
+                self.hlc.observe(item.cas)
+
+    def reset(self, vbstate: VBState, failover: FailoverTable, items: Iterable[Item]) -> None:
+        """Replace the whole in-memory state by what storage holds (after a rollback)."""
+        with self.lock:
+            self._ht.clear()
+            self._ht_memory = 0
+            self._unacked = None
+            self.checkpoints.reset(vbstate.high_seqno)
+            self.persisted_seqno = vbstate.high_seqno
+            self.persisted_snapshot = (vbstate.snap_start, vbstate.snap_end)
+            self.replica_snapshot = self.persisted_snapshot
+            self.purge_seqno = vbstate.purge_seqno
+            self.failover = failover
+            self._state_dirty = True
+            self.load(items)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _require_active(self) -> None:
+        if self.state != VBucketState.ACTIVE:
+            raise NotMyVbucket(f"vbucket {self.id} is {self.state}")
+
+    def _require_replica_path(self) -> None:
+        if self.state not in _REPLICA_PATH:
+            raise NotMyVbucket(f"vbucket {self.id} is {self.state}, not replica/pending")
+
+    def _check_write(self, key: bytes, value: bytes) -> None:
+        self._require_active()
+        self._check_size(key, value)
+        if self._admit is not None:
+            self._admit(len(key) + len(value))
+
+    def _check_size(self, key: bytes, value: bytes) -> None:
+        if not key or len(key) > MAX_KEY_LENGTH:
+            raise Einval(f"key length {len(key)} is not 1..{MAX_KEY_LENGTH}")
+        if len(value) > self.max_item_size:
+            raise TooBig(f"value of {len(value)} bytes is over {self.max_item_size}")
+
+    def _expiry(self, exptime: int) -> int:
+        return absolute_expiry(exptime, self.clock.time())
+
+    def _live(self, key: bytes) -> Item | None:
+        """The live item, or None (missing, deleted, or expired now: then expire it)."""
+        item = self._ht.get(key)
+        if item is None or item.deleted:
+            return None
+        if item.is_expired(int(self.clock.time())):
+            if self.state == VBucketState.ACTIVE:
+                self._tombstone(item, expired=True)
+            return None
+        return item
+
+    def _live_or_fail(self, key: bytes) -> Item:
+        item = self._live(key)
+        if item is None:
+            raise KeyNotFound("no such key")
+        return item
+
+    def _resident_or_fail(self, item: Item) -> Item:
+        if item.value is None:
+            # Ejected again between the fetch and now: the client retries.
+            raise TempFail("value not resident, retry")
+        return item
+
+    def _ensure_resident(self, key: bytes) -> None:
+        with self.lock:
+            item = self._ht.get(key)
+            if item is None or item.deleted or item.value is not None or self._fetch is None:
+                return
+            seqno = item.by_seqno
+        stored = self._fetch(self.id, key)
+        with self.lock:
+            current = self._ht.get(key)
+            if (
+                stored is not None
+                and current is not None
+                and current.value is None
+                and current.by_seqno == seqno == stored.by_seqno
+            ):
+                self._replace_in_table(key, current.evolve(value=stored.value))
+
+    def _next_rev(self, key: bytes) -> int:
+        previous = self._ht.get(key)
+        return (previous.rev_seqno if previous else self._max_deleted_rev) + 1
+
+    def _mutate(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int) -> Item:
+        item = Item(
+            key=key,
+            value=value,
+            flags=flags,
+            expiry=expiry,
+            cas=self.hlc.next_cas(),
+            rev_seqno=self._next_rev(key),
+            by_seqno=self.high_seqno + 1,
+            datatype=datatype,
+        )
+        self._store(item)
+        return item
+
+    def _tombstone(self, current: Item, *, expired: bool) -> Item:
+        now = int(self.clock.time())
+        item = Item(
+            key=current.key,
+            value=b"",
+            flags=current.flags,
+            cas=self.hlc.next_cas(),
+            rev_seqno=current.rev_seqno + 1,
+            by_seqno=self.high_seqno + 1,
+            deleted=True,
+            delete_time=now,
+            expired=expired,
+        )
+        self._store(item)
+        return item
+
+    def _store(self, item: Item) -> None:
+        self._replace_in_table(item.key, item)
+        if item.deleted:
+            self._max_deleted_rev = max(self._max_deleted_rev, item.rev_seqno)
+        self.checkpoints.queue(item)
+
+    def _replace_in_table(self, key: bytes, item: Item) -> None:
+        old = self._ht.get(key)
+        if old is not None:
+            self._ht_memory -= old.size()
+        self._ht[key] = item
+        self._ht_memory += item.size()
+
+    def _remove(self, key: bytes) -> None:
+        old = self._ht.pop(key, None)
+        if old is not None:
+            self._ht_memory -= old.size()
+
+
+def _check_cas(current: Item | None, cas: int) -> None:
+    if cas == 0:
+        return
+    if current is None:
+        raise KeyNotFound("no such key")
+    if current.cas != cas:
+        raise KeyExists("CAS mismatch")

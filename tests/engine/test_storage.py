@@ -1,0 +1,121 @@
+"""SQLite storage: backfill scans, rollback history, compaction, corrupt files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dcpkv.engine.failover_table import FailoverTable
+from dcpkv.engine.item import Item
+from dcpkv.engine.storage import CorruptDatabaseError, Storage, VBState
+
+FAILOVER = '[{"id":7,"seq":5},{"id":3,"seq":0}]'
+
+
+def _state(high: int) -> VBState:
+    return VBState("replica", FAILOVER, high_seqno=high, snap_start=high, snap_end=high)
+
+
+def _put(storage: Storage, *versions: tuple[int, bytes, bytes | None]) -> None:
+    """Persist one snapshot; value None is a tombstone."""
+    items = [
+        Item(key, value or b"", by_seqno=seqno, cas=seqno, rev_seqno=seqno, deleted=value is None)
+        for seqno, key, value in versions
+    ]
+    storage.persist_snapshot(0, items, _state(versions[-1][0]))
+
+
+def _docs(storage: Storage) -> dict[bytes, tuple[int, bytes, bool]]:
+    return {i.key: (i.by_seqno, i.value, i.deleted) for i in storage.scan_by_seqno(0, 0)}
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Storage:
+    return Storage(tmp_path / "b.sqlite3", history_window=10)
+
+
+def test_scan_by_seqno_latest_version_per_key_with_tombstones(storage: Storage) -> None:
+    _put(storage, (1, b"a", b"1"), (2, b"b", b"1"), (3, b"c", b"1"))
+    _put(storage, (4, b"a", b"2"), (5, b"b", None))
+    scanned = [(i.by_seqno, i.key, i.deleted) for i in storage.scan_by_seqno(0, 0)]
+    assert scanned == [(3, b"c", False), (4, b"a", False), (5, b"b", True)]
+    assert [i.by_seqno for i in storage.scan_by_seqno(0, 3, 4)] == [4]
+    backfill = storage.backfill(0, 3)
+    assert (backfill.start, backfill.end) == (3, 5)
+    assert [i.key for i in backfill.items] == [b"a", b"b"]
+
+
+def test_values_and_meta_round_trip(storage: Storage) -> None:
+    item = Item(b"k", b"v", flags=0xDEADBEEF, expiry=99, cas=(1 << 64) - 1, rev_seqno=3,
+                by_seqno=1, datatype=1)  # fmt: skip
+    storage.persist_snapshot(0, [item], _state(1))
+    assert storage.get(0, b"k") == item
+    assert storage.vbucket_state(0) == VBState("replica", FAILOVER, 1, 1, 1, 0, 0, 0)
+
+
+def test_rollback_within_window_restores_old_versions(storage: Storage) -> None:
+    _put(storage, (1, b"a", b"1"), (2, b"b", b"1"))
+    _put(storage, (3, b"a", b"2"), (4, b"c", b"1"))
+    _put(storage, (5, b"b", None), (6, b"a", b"3"))
+    assert storage.rollback(0, 5) == 4  # the newest flush point at or below 5
+    assert _docs(storage) == {
+        b"a": (3, b"2", False), b"b": (2, b"1", False), b"c": (4, b"1", False),
+    }  # fmt: skip
+    state = storage.vbucket_state(0)
+    assert state is not None and (state.high_seqno, state.snap_start, state.snap_end) == (4, 4, 4)
+    # the branch 7 began at 5, above the rollback point: forgotten
+    assert [e.uuid for e in FailoverTable.from_json(state.failover_json, 4)] == [3]
+    assert storage.rollback(0, 2) == 2
+    assert _docs(storage) == {b"a": (1, b"1", False), b"b": (2, b"1", False)}
+    pruned = FailoverTable.from_json(storage.vbucket_state(0).failover_json, 2)  # type: ignore[union-attr]
+    assert [e.uuid for e in pruned] == [3]
+
+
+def test_rollback_past_window_empties_the_vbucket(storage: Storage) -> None:
+    for seqno in range(1, 31, 2):
+        _put(storage, (seqno, b"a", b"%d" % seqno), (seqno + 1, b"b", b"%d" % seqno))
+    assert storage.rollback(0, 25) == 24  # inside the window of 10
+    assert _docs(storage)[b"a"] == (23, b"23", False)
+    assert storage.rollback(0, 5) == 0
+    assert _docs(storage) == {}
+    assert storage.vbucket_state(0).high_seqno == 0  # type: ignore[union-attr]
+
+
+def test_rollback_to_or_above_high_is_a_no_op(storage: Storage) -> None:
+    _put(storage, (1, b"a", b"1"))
+    assert storage.rollback(0, 9) == 1
+    assert _docs(storage) == {b"a": (1, b"1", False)}
+
+
+def test_rollback_restores_a_key_whose_tombstone_was_purged(storage: Storage) -> None:
+    _put(storage, (1, b"a", b"1"))
+    _put(storage, (2, b"a", None), (3, b"b", b"1"))
+    storage.compact(0, purge_before_seqno=3)
+    assert storage.rollback(0, 1) == 1
+    assert _docs(storage) == {b"a": (1, b"1", False)}
+
+
+def test_compaction_purges_tombstones_and_raises_purge_seqno(storage: Storage) -> None:
+    _put(storage, (1, b"a", b"1"), (2, b"b", None), (3, b"c", None), (4, b"d", b"1"))
+    result = storage.compact(0, purge_before_seqno=3)
+    assert (result.purged, result.purge_seqno) == (1, 2)
+    assert set(_docs(storage)) == {b"a", b"c", b"d"}
+    result = storage.compact(0, purge_older_than_secs=0, now=10**10)
+    assert (result.purged, result.purge_seqno) == (1, 3)
+    # a later flush never lowers the purge seqno
+    _put(storage, (5, b"e", b"1"))
+    assert storage.vbucket_state(0).purge_seqno == 3  # type: ignore[union-attr]
+
+
+def test_corrupt_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sqlite3"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(CorruptDatabaseError, match=r"bad\.sqlite3"):
+        Storage(bad)
+
+
+def test_clean_shutdown_flag(storage: Storage) -> None:
+    assert storage.was_clean_shutdown()
+    storage.set_clean_shutdown(False)
+    assert not storage.was_clean_shutdown()
