@@ -227,9 +227,15 @@ class FrameParser:
         return self._frames()
 
     def _frames(self) -> Iterator[Frame]:
-        next_frame = self.next_frame
-        while (frame := next_frame()) is not None:
-            yield frame
+        if self._error is not None:
+            raise CodecError(self._error.status, self._error.message)
+        next_frame = self._next_frame  # one error check for the loop, not one per frame
+        try:
+            while (frame := next_frame()) is not None:
+                yield frame
+        except CodecError as exc:
+            self._error = exc
+            raise
 
     def next_frame(self) -> Frame | None:
         """The next whole frame, or None until more bytes arrive."""
