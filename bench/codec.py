@@ -1,0 +1,97 @@
+"""Codec throughput: encode and decode rates for DCP mutations.
+
+Theory of operation
+-------------------
+Builds ``--count`` DCP Mutation messages (16-byte key, 100-byte value, the shape of a small
+document change), then times three things with ``time.perf_counter``:
+
+* encode: ``Mutation.encode()`` for every message;
+* parse: ``FrameParser.feed`` over one big buffer of all the encoded frames;
+* decode: parse plus ``Mutation.decode`` of each frame into the typed message (what a
+  consumer pays per change).
+
+Rates are printed as a rich table, in messages/s and MB/s of wire bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dcpkv.protocol import FrameParser
+from dcpkv.protocol.dcp import Mutation
+
+KEY_LEN = 16
+VALUE_LEN = 100
+
+
+def _mutations(count: int) -> list[Mutation]:
+    value = b"v" * VALUE_LEN
+    return [
+        Mutation(
+            key=b"key-%012d" % i,
+            value=value,
+            by_seqno=i + 1,
+            rev_seqno=1,
+            opaque=7,
+            vbucket=i & 1023,
+        )
+        for i in range(count)
+    ]
+
+
+def _timed(fn: Callable[[], int]) -> tuple[float, int]:
+    start = time.perf_counter()
+    n = fn()
+    return time.perf_counter() - start, n
+
+
+def run(count: int = typer.Option(1_000_000, "--count", help="mutations per run")) -> None:
+    messages = _mutations(count)
+    encoded: list[bytes] = []
+
+    def encode() -> int:
+        encoded[:] = [m.encode() for m in messages]
+        return len(encoded)
+
+    enc_s, _ = _timed(encode)
+    buffer = b"".join(encoded)
+    assert len(encoded[0]) == 24 + 31 + KEY_LEN + VALUE_LEN
+
+    def parse() -> int:
+        return sum(1 for _ in FrameParser().feed(buffer))
+
+    def decode() -> int:
+        # each message is dropped after decoding, as a consumer applying changes would;
+        # keeping a million of them alive measures the garbage collector instead
+        decode_one = Mutation.decode
+        n = 0
+        for frame in FrameParser().feed(buffer):
+            decode_one(frame)
+            n += 1
+        return n
+
+    parse_s, parsed = _timed(parse)
+    dec_s, decoded = _timed(decode)
+    assert parsed == decoded == count
+
+    table = Table(title=f"DCP Mutation codec, {count:,} messages of {len(encoded[0])} bytes")
+    for column in ("operation", "seconds", "messages/s", "MB/s", "µs/message"):
+        table.add_column(column, justify="right")
+    for name, seconds in (("encode", enc_s), ("parse frames", parse_s), ("parse + decode", dec_s)):
+        table.add_row(
+            name,
+            f"{seconds:.3f}",
+            f"{count / seconds:,.0f}",
+            f"{len(buffer) / seconds / 1e6:,.1f}",
+            f"{seconds / count * 1e6:.3f}",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    typer.run(run)

@@ -1,0 +1,330 @@
+"""Frames: the 24-byte header plus body, and an incremental, zero-copy frame parser.
+
+Theory of operation
+-------------------
+Every message on the wire is a 24-byte header followed by ``total body length`` bytes, laid out
+as framing extras, extras, key, value. Classic magics (0x80-0x83) have a two-byte key length and
+no framing extras; the "flex" magics (0x08 request, 0x18 response) split that field into a
+one-byte framing-extras length and a one-byte key length.
+
+Framing extras are a sequence of items. Each starts with a byte whose high nibble is the id and
+low nibble the length; a nibble of 15 means "read one more byte and add 15". We understand
+request id 2 (DCP stream id, 2 bytes) and response id 0 (server duration, 2 bytes, kept raw);
+other ids are checked for shape and kept in ``Frame.framing_extras`` untouched.
+
+:class:`FrameParser` is sans-I/O: hand it whatever chunks arrive and iterate the frames it
+returns. It validates each header *before* waiting for the body, so a hostile length never
+makes it buffer more than one legal frame (24 + 255 + 255 + 250 + ``max_value_len`` bytes).
+
+Copies: immutable ``bytes`` fed in are never copied when a frame lies inside one chunk; the
+``extras``, ``key`` and ``value`` of a frame are read-only memoryview slices of that chunk.
+Mutable input (``bytearray``, writable memoryview) is copied once on entry, because the caller
+may reuse it. A frame that straddles chunks is assembled once with one join. Holding a frame's
+slices keeps its whole chunk alive: call ``bytes()`` on anything kept for long.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dcpkv.protocol.constants import (
+    DEFAULT_MAX_VALUE_LEN,
+    HEADER_LEN,
+    MAX_KEY_LEN,
+    FramingId,
+    Magic,
+    Status,
+)
+from dcpkv.protocol.errors import CodecError
+
+Bytes = bytes | memoryview
+
+# magic, opcode, key length, extras length, datatype, vbucket/status, body, opaque, cas
+HEADER = struct.Struct(">BBHBBHIIQ")
+# the flex form: framing-extras length and key length are one byte each
+FLEX_HEADER = struct.Struct(">BBBBBBHIIQ")
+_U16 = struct.Struct(">H")
+
+_REQUESTS = frozenset({Magic.ClientRequest, Magic.ServerRequest, Magic.AltClientRequest})
+_FLEX_OF = {
+    Magic.ClientRequest: Magic.AltClientRequest,
+    Magic.ClientResponse: Magic.AltClientResponse,
+}
+# index by magic byte: 0 unknown, 1 classic, 2 flex (a list beats a dict on the hot path)
+_MAGIC_KIND = [0] * 256
+for _m in (Magic.ClientRequest, Magic.ClientResponse, Magic.ServerRequest, Magic.ServerResponse):
+    _MAGIC_KIND[_m] = 1
+_MAGIC_KIND[Magic.AltClientRequest] = 2
+_MAGIC_KIND[Magic.AltClientResponse] = 2
+_EMPTY = memoryview(b"")
+
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded frame. ``vbucket`` is set for requests, ``status`` for responses."""
+
+    magic: int
+    opcode: int
+    datatype: int
+    vbucket: int
+    status: int
+    opaque: int
+    cas: int
+    framing_extras: Bytes
+    extras: Bytes
+    key: Bytes
+    value: Bytes
+    stream_id: int | None = None
+    server_duration: int | None = None  # raw encoded form, responses only
+
+    @property
+    def is_request(self) -> bool:
+        return self.magic in _REQUESTS
+
+    @property
+    def size(self) -> int:
+        return (
+            HEADER_LEN
+            + len(self.framing_extras)
+            + len(self.extras)
+            + len(self.key)
+            + len(self.value)
+        )
+
+
+def encode_framing_item(item_id: int, data: bytes) -> bytes:
+    """One framing-extras item (ids and lengths of 15 or more use the escape byte)."""
+    if not 0 <= item_id <= 15 + 255 or len(data) > 15 + 255:
+        raise CodecError(Status.Einval, f"framing item id {item_id} / length {len(data)} too big")
+    head = bytearray(1)
+    id_nibble = item_id if item_id < 15 else 15
+    len_nibble = len(data) if len(data) < 15 else 15
+    head[0] = id_nibble << 4 | len_nibble
+    if item_id >= 15:
+        head.append(item_id - 15)
+    if len(data) >= 15:
+        head.append(len(data) - 15)
+    return bytes(head) + data
+
+
+def encode_stream_id(stream_id: int) -> bytes:
+    if not 0 <= stream_id <= 0xFFFF:
+        raise CodecError(Status.Einval, f"stream_id {stream_id} is not an unsigned 16-bit value")
+    return encode_framing_item(FramingId.RequestDcpStreamId, _U16.pack(stream_id))
+
+
+def encode_frame(
+    magic: int,
+    opcode: int,
+    *,
+    key: Bytes = b"",
+    extras: Bytes = b"",
+    value: Bytes = b"",
+    vbucket: int = 0,
+    status: int = 0,
+    opaque: int = 0,
+    cas: int = 0,
+    datatype: int = 0,
+    framing_extras: Bytes = b"",
+) -> bytes:
+    """Bytes of one frame. With framing extras a classic magic becomes its flex twin."""
+    if _MAGIC_KIND[magic & 0xFF] == 0 or magic > 0xFF:
+        raise CodecError(Status.Einval, f"magic 0x{magic:02x} is not a known magic")
+    if len(key) > MAX_KEY_LEN:
+        raise CodecError(Status.Einval, f"key of {len(key)} bytes exceeds {MAX_KEY_LEN}")
+    if len(extras) > 0xFF:
+        raise CodecError(Status.Einval, f"extras of {len(extras)} bytes exceed 255")
+    vb_or_status = vbucket if magic in _REQUESTS else status
+    body = len(framing_extras) + len(extras) + len(key) + len(value)
+    try:
+        if framing_extras or _MAGIC_KIND[magic] == 2:
+            if len(framing_extras) > 0xFF:
+                raise CodecError(Status.Einval, "framing extras exceed 255 bytes")
+            magic = _FLEX_OF.get(magic, magic)  # type: ignore[call-overload]
+            if _MAGIC_KIND[magic] != 2:
+                raise CodecError(Status.Einval, f"magic 0x{magic:02x} cannot carry framing extras")
+            header = FLEX_HEADER.pack(
+                magic, opcode, len(framing_extras), len(key), len(extras), datatype,
+                vb_or_status, body, opaque, cas,
+            )  # fmt: skip
+        else:
+            header = HEADER.pack(
+                magic, opcode, len(key), len(extras), datatype, vb_or_status, body, opaque, cas
+            )
+    except struct.error as exc:
+        raise CodecError(Status.Einval, f"header field out of range: {exc}") from None
+    return b"".join((header, framing_extras, extras, key, value))
+
+
+def _parse_framing(framing: memoryview, request: bool) -> tuple[int | None, int | None]:
+    """(stream id, server duration) from framing extras, checking every item's shape."""
+    stream_id = duration = None
+    pos, end = 0, len(framing)
+    while pos < end:
+        tag = framing[pos]
+        pos += 1
+        item_id, length = tag >> 4, tag & 0x0F
+        if item_id == 15:
+            if pos >= end:
+                raise CodecError(Status.Einval, "framing extras: escaped id is truncated")
+            item_id += framing[pos]
+            pos += 1
+        if length == 15:
+            if pos >= end:
+                raise CodecError(Status.Einval, "framing extras: escaped length is truncated")
+            length += framing[pos]
+            pos += 1
+        if pos + length > end:
+            raise CodecError(Status.Einval, f"framing extras: item {item_id} overruns the frame")
+        if request and item_id == FramingId.RequestDcpStreamId:
+            if length != 2:
+                raise CodecError(Status.Einval, f"framing extras: stream id of {length} bytes")
+            stream_id = _U16.unpack_from(framing, pos)[0]
+        elif not request and item_id == FramingId.ResponseServerDuration:
+            if length != 2:
+                raise CodecError(Status.Einval, f"framing extras: duration of {length} bytes")
+            duration = _U16.unpack_from(framing, pos)[0]
+        pos += length
+    return stream_id, duration
+
+
+class FrameParser:
+    """Incremental parser: ``for frame in parser.feed(chunk): ...``.
+
+    ``feed`` buffers its argument at once and returns an iterator that parses lazily; frames
+    not taken from one iterator are produced by the next. After a :class:`CodecError` the byte
+    stream cannot be resynchronised: the parser keeps raising and the connection should close.
+    """
+
+    __slots__ = ("_buf", "_error", "_max_value", "_need", "_pos", "_tail", "_tail_len")
+
+    def __init__(self, max_value_len: int = DEFAULT_MAX_VALUE_LEN) -> None:
+        self._max_value = max_value_len
+        self._buf: memoryview = _EMPTY  # the chunk being parsed
+        self._pos = 0
+        self._tail: list[bytes | memoryview] = []  # chunks after _buf, not yet joined
+        self._tail_len = 0
+        self._need = HEADER_LEN  # bytes from _pos needed before the next frame can be parsed
+        self._error: CodecError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf) - self._pos + self._tail_len
+
+    def feed(self, data: bytes | bytearray | memoryview) -> Iterator[Frame]:
+        if self._error is not None:
+            raise CodecError(self._error.status, self._error.message)
+        if data:
+            chunk = data if type(data) is bytes else bytes(data)
+            if self._pos == len(self._buf) and not self._tail:
+                self._buf, self._pos = memoryview(chunk), 0
+            else:
+                self._tail.append(chunk)
+                self._tail_len += len(chunk)
+        return self._frames()
+
+    def _frames(self) -> Iterator[Frame]:
+        if self._error is not None:
+            raise CodecError(self._error.status, self._error.message)
+        next_frame = self._next_frame  # one error check for the loop, not one per frame
+        try:
+            while (frame := next_frame()) is not None:
+                yield frame
+        except CodecError as exc:
+            self._error = exc
+            raise
+
+    def next_frame(self) -> Frame | None:
+        """The next whole frame, or None until more bytes arrive."""
+        if self._error is not None:
+            raise CodecError(self._error.status, self._error.message)
+        try:
+            return self._next_frame()
+        except CodecError as exc:
+            self._error = exc
+            raise
+
+    def _next_frame(self) -> Frame | None:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < self._need:
+            if len(buf) - pos + self._tail_len < self._need:
+                return None
+            buf, pos = self._join()
+        frame, size = self._parse(buf, pos)
+        if frame is None:
+            self._need = size
+            if len(buf) - pos + self._tail_len < size:
+                return None
+            buf, pos = self._join()
+            frame, size = self._parse(buf, pos)
+            assert frame is not None
+        self._pos = pos + size
+        self._need = HEADER_LEN
+        if self._pos == len(buf) and self._tail:
+            # the next chunk starts exactly at a frame boundary: use it as is, no copy
+            self._buf, self._pos = memoryview(self._tail.pop(0)), 0
+            self._tail_len -= len(self._buf)
+        return frame
+
+    def _join(self) -> tuple[memoryview, int]:
+        joined = b"".join([self._buf[self._pos :], *self._tail])
+        self._buf, self._pos = memoryview(joined), 0
+        self._tail, self._tail_len = [], 0
+        return self._buf, 0
+
+    def _parse(self, buf: memoryview, pos: int) -> tuple[Frame | None, int]:
+        """(frame, its size), or (None, size needed) when the body is not all here yet."""
+        magic, opcode, keylen, extlen, datatype, vbs, bodylen, opaque, cas = HEADER.unpack_from(
+            buf, pos
+        )
+        kind = _MAGIC_KIND[magic]
+        if kind == 1:
+            framelen = 0
+        elif kind == 2:
+            framelen, keylen = keylen >> 8, keylen & 0xFF
+        else:
+            raise CodecError(Status.Einval, f"magic 0x{magic:02x} is not a known magic")
+        if keylen > MAX_KEY_LEN:
+            raise CodecError(Status.Einval, f"key length {keylen} exceeds {MAX_KEY_LEN}")
+        valuelen = bodylen - framelen - extlen - keylen
+        if valuelen < 0:
+            raise CodecError(
+                Status.Einval,
+                f"total body length {bodylen} is less than framing extras {framelen} + "
+                f"extras {extlen} + key {keylen}",
+            )
+        if valuelen > self._max_value:
+            raise CodecError(
+                Status.E2big, f"value length {valuelen} exceeds the limit {self._max_value}"
+            )
+        size = HEADER_LEN + bodylen
+        if len(buf) - pos < size:
+            return None, size
+        p = pos + HEADER_LEN
+        request = magic in _REQUESTS
+        stream_id = duration = None
+        if framelen:
+            framing = buf[p : p + framelen]
+            stream_id, duration = _parse_framing(framing, request)
+            p += framelen
+        else:
+            framing = _EMPTY
+        extras = buf[p : p + extlen]
+        p += extlen
+        key = buf[p : p + keylen]
+        p += keylen
+        value = buf[p : pos + size]
+        if request:
+            frame = Frame(
+                magic, opcode, datatype, vbs, 0, opaque, cas, framing, extras, key, value,
+                stream_id, duration,
+            )  # fmt: skip
+        else:
+            frame = Frame(
+                magic, opcode, datatype, 0, vbs, opaque, cas, framing, extras, key, value,
+                stream_id, duration,
+            )  # fmt: skip
+        return frame, size

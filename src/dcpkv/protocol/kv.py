@@ -1,0 +1,656 @@
+"""Typed messages of the key-value (memcached binary) protocol.
+
+Theory of operation
+-------------------
+One request type per opcode listed in ``PROTOCOL.md``, and one response type per opcode whose
+successful answer has a body worth typing (Get's flags, Increment's counter, Hello's features,
+...). Quiet variants (GetQ, SetQ, ...) are subclasses that change only ``OPCODE``, so
+``isinstance(msg, Get)`` holds for a GetQ too while equality stays exact.
+
+Responses with an empty body (Noop, Flush, Quit, SelectBucket, SetVbucket, DelVbucket) and
+every error answer are :class:`~dcpkv.protocol.base.GenericResponse`; the dispatcher in
+``messages.py`` chooses. Layouts are declared with the tables described in ``base.py``; only
+variable layouts (optional 16-byte MutationSeqno extras, feature lists, seqno tables) have
+code of their own.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from dcpkv.protocol.base import (
+    Part,
+    Request,
+    Response,
+    einval,
+    generic_fields,
+    generic_parts,
+    key_field,
+    no_extras,
+    pack,
+    unpack_exact,
+    value_field,
+)
+from dcpkv.protocol.constants import HelloFeature, Opcode, Status, VbucketState
+from dcpkv.protocol.frame import Bytes, Frame
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_FLAGS_EXPIRY = struct.Struct(">II")
+_ARITH = struct.Struct(">QQI")
+_SEQNO_EXTRAS = struct.Struct(">QQ")  # MutationSeqno: vbucket uuid, seqno
+_VB_SEQNO = struct.Struct(">HQ")
+_OBSERVE_0 = struct.Struct(">BHQQQ")
+_OBSERVE_1 = struct.Struct(">BHQQQQQ")
+_FEATURE_BY_VALUE = {f.value: f for f in HelloFeature}
+
+
+def _vbucket_state(value: int, what: str) -> VbucketState:
+    try:
+        return VbucketState(value)
+    except ValueError:
+        raise einval(what, f"{value} is not a vbucket state (1-4)") from None
+
+
+# -- Get family ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class Get(Request):
+    OPCODE = Opcode.Get
+    KEY = Part.REQUIRED
+    key: Bytes
+
+
+class GetQ(Get):
+    __slots__ = ()
+    OPCODE = Opcode.GetQ
+
+
+class GetK(Get):
+    __slots__ = ()
+    OPCODE = Opcode.GetK
+
+
+class GetKQ(Get):
+    __slots__ = ()
+    OPCODE = Opcode.GetKQ
+
+
+@dataclass(slots=True, kw_only=True)
+class GetResponse(Response):
+    """A hit: 4-byte flags extras, the value, and the key for GetK/GetKQ."""
+
+    OPCODE = Opcode.Get
+    EXTRAS = _U32
+    EXTRAS_FIELDS = ("flags",)
+    KEY = Part.OPTIONAL
+    VALUE = Part.OPTIONAL
+    flags: int = 0
+    key: Bytes = b""
+    value: Bytes = b""
+
+
+class GetQResponse(GetResponse):
+    __slots__ = ()
+    OPCODE = Opcode.GetQ
+
+
+class GetKResponse(GetResponse):
+    __slots__ = ()
+    OPCODE = Opcode.GetK
+
+
+class GetKQResponse(GetResponse):
+    __slots__ = ()
+    OPCODE = Opcode.GetKQ
+
+
+class GATResponse(GetResponse):
+    __slots__ = ()
+    OPCODE = Opcode.GAT
+
+
+# -- storage ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class Set(Request):
+    OPCODE = Opcode.Set
+    EXTRAS = _FLAGS_EXPIRY
+    EXTRAS_FIELDS = ("flags", "expiration")
+    KEY = Part.REQUIRED
+    VALUE = Part.OPTIONAL
+    key: Bytes
+    value: Bytes = b""
+    flags: int = 0
+    expiration: int = 0
+
+
+class SetQ(Set):
+    __slots__ = ()
+    OPCODE = Opcode.SetQ
+
+
+class Add(Set):
+    __slots__ = ()
+    OPCODE = Opcode.Add
+
+
+class AddQ(Set):
+    __slots__ = ()
+    OPCODE = Opcode.AddQ
+
+
+class Replace(Set):
+    __slots__ = ()
+    OPCODE = Opcode.Replace
+
+
+class ReplaceQ(Set):
+    __slots__ = ()
+    OPCODE = Opcode.ReplaceQ
+
+
+@dataclass(slots=True, kw_only=True)
+class Delete(Request):
+    OPCODE = Opcode.Delete
+    KEY = Part.REQUIRED
+    key: Bytes
+
+
+class DeleteQ(Delete):
+    __slots__ = ()
+    OPCODE = Opcode.DeleteQ
+
+
+@dataclass(slots=True, kw_only=True)
+class Append(Request):
+    OPCODE = Opcode.Append
+    KEY = Part.REQUIRED
+    VALUE = Part.OPTIONAL
+    key: Bytes
+    value: Bytes = b""
+
+
+class Prepend(Append):
+    __slots__ = ()
+    OPCODE = Opcode.Prepend
+
+
+@dataclass(slots=True, kw_only=True)
+class Touch(Request):
+    OPCODE = Opcode.Touch
+    EXTRAS = _U32
+    EXTRAS_FIELDS = ("expiration",)
+    KEY = Part.REQUIRED
+    key: Bytes
+    expiration: int = 0
+
+
+class GAT(Touch):
+    """Get-and-touch: answered by a :class:`GATResponse`."""
+
+    __slots__ = ()
+    OPCODE = Opcode.GAT
+
+
+def _seqno_parts(msg: Any, value: Bytes) -> tuple[Bytes, Bytes, Bytes]:
+    if (msg.vbucket_uuid is None) != (msg.seqno is None):
+        raise einval(f"{type(msg).__name__} vbucket_uuid/seqno", "set both or neither")
+    extras: Bytes = b""
+    if msg.seqno is not None:
+        extras = pack(_SEQNO_EXTRAS, f"{type(msg).__name__} extras", msg.vbucket_uuid, msg.seqno)
+    return extras, b"", value
+
+
+def _seqno_fields(cls: type, frame: Frame) -> dict[str, Any]:
+    if not frame.extras:
+        return {"vbucket_uuid": None, "seqno": None}
+    uuid, seqno = unpack_exact(_SEQNO_EXTRAS, frame.extras, f"{cls.__name__} extras")
+    return {"vbucket_uuid": uuid, "seqno": seqno}
+
+
+@dataclass(slots=True, kw_only=True)
+class MutationResponse(Response):
+    """Success of Set/Add/Replace/Delete/Append/Prepend/Touch (and quiet forms). With the
+    MutationSeqno feature the extras carry (vbucket uuid, seqno); otherwise none."""
+
+    OPCODE = Opcode.Set
+    vbucket_uuid: int | None = None
+    seqno: int | None = None
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        return _seqno_parts(self, b"")
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        key_field(cls, frame.key)
+        value_field(cls, frame.value)
+        return _seqno_fields(cls, frame)
+
+
+def _mutation_response(name: str, opcode: Opcode) -> type[MutationResponse]:
+    return type(name, (MutationResponse,), {"__slots__": (), "OPCODE": opcode})
+
+
+SetQResponse = _mutation_response("SetQResponse", Opcode.SetQ)
+AddResponse = _mutation_response("AddResponse", Opcode.Add)
+AddQResponse = _mutation_response("AddQResponse", Opcode.AddQ)
+ReplaceResponse = _mutation_response("ReplaceResponse", Opcode.Replace)
+ReplaceQResponse = _mutation_response("ReplaceQResponse", Opcode.ReplaceQ)
+DeleteResponse = _mutation_response("DeleteResponse", Opcode.Delete)
+DeleteQResponse = _mutation_response("DeleteQResponse", Opcode.DeleteQ)
+AppendResponse = _mutation_response("AppendResponse", Opcode.Append)
+PrependResponse = _mutation_response("PrependResponse", Opcode.Prepend)
+TouchResponse = _mutation_response("TouchResponse", Opcode.Touch)
+
+
+# -- arithmetic ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class Increment(Request):
+    OPCODE = Opcode.Increment
+    EXTRAS = _ARITH
+    EXTRAS_FIELDS = ("delta", "initial", "expiration")
+    KEY = Part.REQUIRED
+    key: Bytes
+    delta: int = 1
+    initial: int = 0
+    expiration: int = 0
+
+
+class Decrement(Increment):
+    __slots__ = ()
+    OPCODE = Opcode.Decrement
+
+
+@dataclass(slots=True, kw_only=True)
+class IncrementResponse(Response):
+    """The new counter (value u64), plus MutationSeqno extras when negotiated."""
+
+    OPCODE = Opcode.Increment
+    counter: int = 0
+    vbucket_uuid: int | None = None
+    seqno: int | None = None
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        value = pack(_U64, f"{type(self).__name__} counter", self.counter)
+        return _seqno_parts(self, value)
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        key_field(cls, frame.key)
+        (counter,) = unpack_exact(_U64, frame.value, f"{cls.__name__} value")
+        return {"counter": counter, **_seqno_fields(cls, frame)}
+
+
+class DecrementResponse(IncrementResponse):
+    __slots__ = ()
+    OPCODE = Opcode.Decrement
+
+
+# -- connection and administration -----------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class Quit(Request):
+    OPCODE = Opcode.Quit
+
+
+@dataclass(slots=True, kw_only=True)
+class Flush(Request):
+    OPCODE = Opcode.Flush
+
+
+@dataclass(slots=True, kw_only=True)
+class Noop(Request):
+    OPCODE = Opcode.Noop
+
+
+@dataclass(slots=True, kw_only=True)
+class Version(Request):
+    OPCODE = Opcode.Version
+
+
+@dataclass(slots=True, kw_only=True)
+class VersionResponse(Response):
+    OPCODE = Opcode.Version
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "version"
+    VALUE_TEXT = True
+    version: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class Stat(Request):
+    """Key = stat group (empty for the default group), e.g. ``vbucket-seqno``."""
+
+    OPCODE = Opcode.Stat
+    KEY = Part.OPTIONAL
+    KEY_FIELD = "group"
+    KEY_TEXT = True
+    group: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class StatResponse(Response):
+    """One stat; the answer ends with one whose name is empty."""
+
+    OPCODE = Opcode.Stat
+    KEY = Part.OPTIONAL
+    KEY_FIELD = "name"
+    KEY_TEXT = True
+    VALUE = Part.OPTIONAL
+    VALUE_TEXT = True
+    name: str = ""
+    value: str = ""
+
+
+def _features_value(features: tuple[int, ...], what: str) -> bytes:
+    return b"".join(pack(_U16, what, f) for f in features)
+
+
+def _features(value: Bytes, what: str) -> tuple[int, ...]:
+    if len(value) % 2:
+        raise einval(what, f"feature list of {len(value)} bytes is not a list of u16")
+    return tuple(_FEATURE_BY_VALUE.get(f, f) for (f,) in _U16.iter_unpack(value))
+
+
+@dataclass(slots=True, kw_only=True)
+class Hello(Request):
+    """Key = user agent (often JSON), value = the features asked for (u16 each)."""
+
+    OPCODE = Opcode.Hello
+    KEY = Part.OPTIONAL
+    KEY_FIELD = "agent"
+    KEY_TEXT = True
+    agent: str = ""
+    features: tuple[int, ...] = ()
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        extras, key, _ = generic_parts(self)
+        return extras, key, _features_value(self.features, "Hello features")
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        no_extras(cls, frame)
+        return {**key_field(cls, frame.key), "features": _features(frame.value, "Hello features")}
+
+
+@dataclass(slots=True, kw_only=True)
+class HelloResponse(Response):
+    OPCODE = Opcode.Hello
+    features: tuple[int, ...] = ()
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        return b"", b"", _features_value(self.features, "HelloResponse features")
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        no_extras(cls, frame)
+        key_field(cls, frame.key)
+        return {"features": _features(frame.value, "HelloResponse features")}
+
+
+@dataclass(slots=True, kw_only=True)
+class SaslListMechs(Request):
+    OPCODE = Opcode.SaslListMechs
+
+
+@dataclass(slots=True, kw_only=True)
+class SaslListMechsResponse(Response):
+    """Value = mechanism names separated by spaces."""
+
+    OPCODE = Opcode.SaslListMechs
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "mechanisms"
+    VALUE_TEXT = True
+    mechanisms: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class SaslAuth(Request):
+    """Key = mechanism (e.g. PLAIN), value = its data (``\\0user\\0password`` for PLAIN)."""
+
+    OPCODE = Opcode.SaslAuth
+    KEY = Part.REQUIRED
+    KEY_FIELD = "mechanism"
+    KEY_TEXT = True
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "data"
+    mechanism: str
+    data: Bytes = b""
+
+
+class SaslStep(SaslAuth):
+    __slots__ = ()
+    OPCODE = Opcode.SaslStep
+
+
+@dataclass(slots=True, kw_only=True)
+class SaslAuthResponse(Response):
+    """Success, or AuthContinue with the server's challenge in ``data``."""
+
+    OPCODE = Opcode.SaslAuth
+    STATUSES = frozenset({Status.Success, Status.AuthContinue})
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "data"
+    data: Bytes = b""
+
+
+class SaslStepResponse(SaslAuthResponse):
+    __slots__ = ()
+    OPCODE = Opcode.SaslStep
+
+
+@dataclass(slots=True, kw_only=True)
+class SelectBucket(Request):
+    OPCODE = Opcode.SelectBucket
+    KEY = Part.REQUIRED
+    KEY_FIELD = "bucket"
+    KEY_TEXT = True
+    bucket: str
+
+
+# -- vbuckets --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class SetVbucket(Request):
+    OPCODE = Opcode.SetVbucket
+    EXTRAS = _U32
+    EXTRAS_FIELDS = ("state",)
+    state: int = VbucketState.Active
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        fields = generic_fields(cls, frame)
+        fields["state"] = _vbucket_state(fields["state"], "SetVbucket state")
+        return fields
+
+
+@dataclass(slots=True, kw_only=True)
+class GetVbucket(Request):
+    OPCODE = Opcode.GetVbucket
+
+
+@dataclass(slots=True, kw_only=True)
+class GetVbucketResponse(Response):
+    OPCODE = Opcode.GetVbucket
+    VALUE_STRUCT = _U32
+    VALUE_FIELDS = ("state",)
+    state: int = VbucketState.Active
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        fields = generic_fields(cls, frame)
+        fields["state"] = _vbucket_state(fields["state"], "GetVbucketResponse state")
+        return fields
+
+
+@dataclass(slots=True, kw_only=True)
+class DelVbucket(Request):
+    OPCODE = Opcode.DelVbucket
+
+
+@dataclass(slots=True, kw_only=True)
+class GetAllVbSeqnos(Request):
+    """Optional 4-byte extras: only vbuckets in this state (absent = every state)."""
+
+    OPCODE = Opcode.GetAllVbSeqnos
+    state: int | None = None
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        if self.state is None:
+            return b"", b"", b""
+        return pack(_U32, "GetAllVbSeqnos state", self.state), b"", b""
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        key_field(cls, frame.key)
+        value_field(cls, frame.value)
+        if not frame.extras:
+            return {"state": None}
+        (state,) = unpack_exact(_U32, frame.extras, "GetAllVbSeqnos extras")
+        return {"state": _vbucket_state(state, "GetAllVbSeqnos state")}
+
+
+@dataclass(slots=True, kw_only=True)
+class GetAllVbSeqnosResponse(Response):
+    """Value = (vbucket u16, high seqno u64) pairs."""
+
+    OPCODE = Opcode.GetAllVbSeqnos
+    seqnos: tuple[tuple[int, int], ...] = ()
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        what = "GetAllVbSeqnosResponse seqnos"
+        return b"", b"", b"".join(pack(_VB_SEQNO, what, vb, s) for vb, s in self.seqnos)
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        no_extras(cls, frame)
+        key_field(cls, frame.key)
+        if len(frame.value) % _VB_SEQNO.size:
+            raise einval("GetAllVbSeqnosResponse value", f"{len(frame.value)} bytes is not n*10")
+        return {"seqnos": tuple(_VB_SEQNO.iter_unpack(frame.value))}
+
+
+@dataclass(slots=True, kw_only=True)
+class ObserveSeqno(Request):
+    """Vbucket in the header, value = the vbucket uuid the client knows."""
+
+    OPCODE = Opcode.ObserveSeqno
+    VALUE_STRUCT = _U64
+    VALUE_FIELDS = ("vbucket_uuid",)
+    vbucket_uuid: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class ObserveSeqnoResponse(Response):
+    """Format 0: no failover since that uuid; format 1 (hard failover) adds the old uuid and
+    the last seqno received on it, present exactly when ``old_vbucket_uuid`` is set."""
+
+    OPCODE = Opcode.ObserveSeqno
+    vbucket: int = 0
+    vbucket_uuid: int = 0
+    last_persisted_seqno: int = 0
+    current_seqno: int = 0
+    old_vbucket_uuid: int | None = None
+    last_received_seqno: int | None = None
+
+    @property
+    def failed_over(self) -> bool:
+        return self.old_vbucket_uuid is not None
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        what = "ObserveSeqnoResponse"
+        base = (self.vbucket, self.vbucket_uuid, self.last_persisted_seqno, self.current_seqno)
+        if (self.old_vbucket_uuid is None) != (self.last_received_seqno is None):
+            raise einval(f"{what} old_vbucket_uuid/last_received_seqno", "set both or neither")
+        if self.old_vbucket_uuid is None:
+            return b"", b"", pack(_OBSERVE_0, what, 0, *base)
+        extra = (self.old_vbucket_uuid, self.last_received_seqno)
+        return b"", b"", pack(_OBSERVE_1, what, 1, *base, *extra)
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        key_field(cls, frame.key)
+        no_extras(cls, frame)
+        value = frame.value
+        fmt = value[0] if value else None
+        if fmt == 0:
+            _, vb, uuid, persisted, current = unpack_exact(_OBSERVE_0, value, "ObserveSeqno value")
+            old = received = None
+        elif fmt == 1:
+            _, vb, uuid, persisted, current, old, received = unpack_exact(
+                _OBSERVE_1, value, "ObserveSeqnoResponse value"
+            )
+        else:
+            raise einval("ObserveSeqnoResponse format", f"{fmt} is not 0 or 1")
+        return {
+            "vbucket": vb,
+            "vbucket_uuid": uuid,
+            "last_persisted_seqno": persisted,
+            "current_seqno": current,
+            "old_vbucket_uuid": old,
+            "last_received_seqno": received,
+        }
+
+
+# -- cluster ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class GetClusterConfig(Request):
+    OPCODE = Opcode.GetClusterConfig
+
+
+@dataclass(slots=True, kw_only=True)
+class GetClusterConfigResponse(Response):
+    """Value = the cluster map JSON, raw."""
+
+    OPCODE = Opcode.GetClusterConfig
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "config"
+    config: Bytes = b""
+
+
+@dataclass(slots=True, kw_only=True)
+class GetErrorMap(Request):
+    OPCODE = Opcode.GetErrorMap
+    VALUE_STRUCT = _U16
+    VALUE_FIELDS = ("version",)
+    version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class GetErrorMapResponse(Response):
+    """Value = the error map JSON, raw."""
+
+    OPCODE = Opcode.GetErrorMap
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "error_map"
+    error_map: Bytes = b""
+
+
+REQUEST_TYPES: tuple[type[Request], ...] = (
+    Get, GetQ, GetK, GetKQ, Set, SetQ, Add, AddQ, Replace, ReplaceQ, Delete, DeleteQ,
+    Append, Prepend, Touch, GAT, Increment, Decrement, Quit, Flush, Noop, Version, Stat,
+    Hello, SaslListMechs, SaslAuth, SaslStep, SelectBucket, SetVbucket, GetVbucket, DelVbucket,
+    GetAllVbSeqnos, ObserveSeqno, GetClusterConfig, GetErrorMap,
+)  # fmt: skip
+
+RESPONSE_TYPES: tuple[type[Response], ...] = (
+    GetResponse, GetQResponse, GetKResponse, GetKQResponse, GATResponse,
+    MutationResponse, SetQResponse, AddResponse, AddQResponse, ReplaceResponse,
+    ReplaceQResponse, DeleteResponse, DeleteQResponse, AppendResponse, PrependResponse,
+    TouchResponse, IncrementResponse, DecrementResponse, VersionResponse, StatResponse,
+    HelloResponse, SaslListMechsResponse, SaslAuthResponse, SaslStepResponse,
+    GetVbucketResponse, GetAllVbSeqnosResponse, ObserveSeqnoResponse,
+    GetClusterConfigResponse, GetErrorMapResponse,
+)  # fmt: skip
