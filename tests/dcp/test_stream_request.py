@@ -14,7 +14,8 @@ from dcpkv.dcp.stream_request import (
 )
 from dcpkv.engine.failover_table import FailoverEntry, FailoverTable
 from dcpkv.engine.rollback import REASON_NO_COMMON_HISTORY, reason_ahead, reason_purged
-from dcpkv.protocol.constants import Status, StreamRequestFlag as F, VbucketState
+from dcpkv.protocol.constants import Status, VbucketState
+from dcpkv.protocol.constants import StreamRequestFlag as F
 
 TABLE = FailoverTable([FailoverEntry(2222, 3), FailoverEntry(1111, 0)])
 ACTIVE = VBucketView(
@@ -29,7 +30,7 @@ def req(start=0, end=MAX, uuid=0, snap=None, flags: int = 0, purge=None) -> Stre
 
 
 @pytest.mark.parametrize(
-    ("name", "request", "vb", "exists", "answer"),
+    ("name", "stream_req", "vb", "exists", "answer"),
     [
         ("from zero", req(), ACTIVE, False, Accept(0, MAX, 0, 0, 0)),
         ("absent vbucket", req(), None, False, Refuse(Status.NotMyVbucket, "")),
@@ -134,8 +135,8 @@ def req(start=0, end=MAX, uuid=0, snap=None, flags: int = 0, purge=None) -> Stre
         ),
     ],
 )
-def test_order_of_checks(name, request, vb, exists, answer) -> None:
-    got = decide_stream_request(request, vb, stream_exists=exists)
+def test_order_of_checks(name, stream_req, vb, exists, answer) -> None:
+    got = decide_stream_request(stream_req, vb, stream_exists=exists)
     if isinstance(answer, Refuse):
         assert isinstance(got, Refuse) and got.status == answer.status and got.message
     else:

@@ -34,7 +34,9 @@ def conn() -> Connection:
 
 
 def login(conn: Connection) -> None:
-    got = answer(conn.handle(request(Opcode.SaslAuth, key=b"PLAIN", value=b"\0Administrator\0password")))
+    got = answer(
+        conn.handle(request(Opcode.SaslAuth, key=b"PLAIN", value=b"\0Administrator\0password"))
+    )
     assert got.status == Status.Success
 
 
@@ -51,7 +53,9 @@ def test_data_needs_authentication_then_a_bucket(conn: Connection) -> None:
     login(conn)
     assert answer(conn.handle(request(Opcode.GetClusterConfig))).status == Status.NoBucket
     assert answer(conn.handle(request(Opcode.SelectBucket, key=b"nope"))).status == Status.KeyEnoent
-    assert answer(conn.handle(request(Opcode.SelectBucket, key=b"default"))).status == Status.Success
+    assert (
+        answer(conn.handle(request(Opcode.SelectBucket, key=b"default"))).status == Status.Success
+    )
     got = answer(conn.handle(request(Opcode.GetClusterConfig)))
     doc = json.loads(bytes(got.value))
     assert doc["vBucketServerMap"]["serverList"] == ["127.0.0.1:12000"]
@@ -66,10 +70,18 @@ def test_wrong_password_answers_auth_error(conn: Connection) -> None:
 
 def test_scram_sha512_exchange(conn: Connection) -> None:
     client = scramp.ScramClient(["SCRAM-SHA-512"], "Administrator", "password")
-    first = answer(conn.handle(request(Opcode.SaslAuth, key=b"SCRAM-SHA512", value=client.get_client_first().encode())))
+    first = answer(
+        conn.handle(
+            request(Opcode.SaslAuth, key=b"SCRAM-SHA512", value=client.get_client_first().encode())
+        )
+    )
     assert first.status == Status.AuthContinue
     client.set_server_first(bytes(first.value).decode())
-    final = answer(conn.handle(request(Opcode.SaslStep, key=b"SCRAM-SHA512", value=client.get_client_final().encode())))
+    final = answer(
+        conn.handle(
+            request(Opcode.SaslStep, key=b"SCRAM-SHA512", value=client.get_client_final().encode())
+        )
+    )
     assert final.status == Status.Success
     client.set_server_final(bytes(final.value).decode())
     assert conn.user == "Administrator"

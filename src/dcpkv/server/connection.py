@@ -86,7 +86,9 @@ Handler = Callable[["Connection", Frame], bytes | None]
 HANDLERS: dict[int, tuple[Handler, bool, bool]] = {}
 
 
-def handler(*opcodes: Opcode, auth: bool = True, bucket: bool = True) -> Callable[[Handler], Handler]:
+def handler(
+    *opcodes: Opcode, auth: bool = True, bucket: bool = True
+) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         for op in opcodes:
             HANDLERS[op] = (fn, auth, bucket)
@@ -168,7 +170,9 @@ def _sasl_list(conn: Connection, frame: Frame) -> bytes:
 def _sasl_auth(conn: Connection, frame: Frame) -> bytes:
     conn.sasl = SaslSession(conn.server.users)
     try:
-        done, answer = conn.sasl.start(bytes(frame.key).decode("ascii", "replace"), bytes(frame.value))
+        done, answer = conn.sasl.start(
+            bytes(frame.key).decode("ascii", "replace"), bytes(frame.value)
+        )
     except AuthFailed as exc:
         conn.server.log.info("auth failed from %s: %s", conn.peer, exc)
         conn.user = None
