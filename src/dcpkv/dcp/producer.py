@@ -42,6 +42,16 @@ Barriers
     target (or at once, when there is nothing to wait for). Cookies are echoed in arrival
     order.
 
+Driving it (the server's side)
+    On DcpOpen with the Producer flag: ``DcpProducer(bucket, name, flags, clock=...)`` (a
+    second Open with the same name must ``disconnect()`` the first: cursor names are per
+    connection name). For every decoded frame from the consumer: ``answer = handle(msg)``
+    and write ``answer`` when not None. Whenever the socket is writable, and after every
+    handled frame and every engine write to a streamed vbucket: write ``next_messages()``.
+    On a timer: write ``noop_due(now)`` if any, close when ``is_dead(now)``. After a
+    vbucket state change: ``vbucket_state_changed(vb)``. On close: ``disconnect()``.
+    Nothing here blocks except the SQLite reads of a backfill batch (``BATCH_ITEMS`` rows).
+
 Liveness
     With ``enable_noop``, a connection that has sent nothing for an interval sends a Noop;
     a Noop unanswered for one more interval makes :meth:`is_dead` true.
