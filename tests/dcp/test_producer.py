@@ -1,0 +1,541 @@
+"""The DCP producer, driven like the server will: a real Bucket on disk, and a consumer made of
+nothing but the codec (FrameParser + decode_message) reading the producer's bytes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dcpkv.dcp.producer import BATCH_ITEMS, DcpProducer, ProducerError
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.hlc import ManualClock
+from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.protocol import dcp
+from dcpkv.protocol.base import U64_MAX, GenericResponse, Message
+from dcpkv.protocol.constants import (
+    Opcode,
+    OpenFlag,
+    SnapshotFlag,
+    Status,
+    StreamEndReason,
+)
+from dcpkv.protocol.frame import FrameParser
+from dcpkv.protocol.messages import decode_message
+
+NAME = "replica:node2"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000.0)
+
+
+@pytest.fixture
+def open_bucket(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., Bucket]]:
+    opened: list[Bucket] = []
+
+    def factory(**kwargs: object) -> Bucket:
+        kwargs.setdefault("num_vbuckets", 8)
+        kwargs.setdefault("clock", clock)
+        kwargs.setdefault("rng", random.Random(len(opened) + 3))
+        kwargs.setdefault("checkpoint_max_items", 5)
+        kwargs.setdefault("synchronous", "NORMAL")
+        bucket = Bucket("default", tmp_path / "data", **kwargs)  # type: ignore[arg-type]
+        opened.append(bucket)
+        return bucket
+
+    yield factory
+    for bucket in opened:
+        if not bucket.closed:
+            bucket.storage.close()
+
+
+@pytest.fixture
+def bucket(open_bucket: Callable[..., Bucket]) -> Bucket:
+    b = open_bucket()
+    b.set_vbucket_state(0, VBucketState.ACTIVE)
+    b.set_vbucket_state(1, VBucketState.ACTIVE)
+    return b
+
+
+def decode_all(chunks: list[bytes]) -> list[Message]:
+    parser = FrameParser()
+    return [decode_message(f) for c in chunks for f in parser.feed(c)]
+
+
+def decode_one(data: bytes) -> Message:
+    (msg,) = decode_all([data])
+    return msg
+
+
+@dataclass
+class Consumer:
+    """A consumer that knows only the codec: applies what it receives by key."""
+
+    docs: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
+    seqno: dict[int, int] = field(default_factory=dict)
+    snapshot: dict[int, tuple[int, int]] = field(default_factory=dict)
+    messages: list[Message] = field(default_factory=list)
+    nbytes: int = 0
+
+    def receive(self, chunks: list[bytes]) -> list[Message]:
+        self.nbytes += sum(len(c) for c in chunks)
+        msgs = decode_all(chunks)
+        for m in msgs:
+            self.apply(m)
+        self.messages.extend(msgs)
+        return msgs
+
+    def apply(self, m: Message) -> None:
+        if isinstance(m, dcp.SnapshotMarker):
+            self.snapshot[m.vbucket] = (m.start_seqno, m.end_seqno)
+        elif isinstance(m, dcp.Mutation):
+            assert m.by_seqno > self.seqno.get(m.vbucket, 0)
+            self.docs.setdefault(m.vbucket, {})[bytes(m.key)] = bytes(m.value)
+            self.seqno[m.vbucket] = m.by_seqno
+        elif isinstance(m, dcp.Deletion | dcp.DeletionV2 | dcp.Expiration):
+            assert m.by_seqno > self.seqno.get(m.vbucket, 0)
+            self.docs.setdefault(m.vbucket, {}).pop(bytes(m.key), None)
+            self.seqno[m.vbucket] = m.by_seqno
+
+    def drain(self, producer: DcpProducer, max_rounds: int = 1000) -> list[Message]:
+        got: list[Message] = []
+        for _ in range(max_rounds):
+            chunks = producer.next_messages()
+            if not chunks:
+                return got
+            got += self.receive(chunks)
+        raise AssertionError("producer never ran dry")
+
+    def of(self, kind: type[Message]) -> list[Message]:
+        return [m for m in self.messages if isinstance(m, kind)]
+
+
+def live(vb: VBucket) -> dict[bytes, bytes]:
+    return {i.key: i.value or b"" for i in vb.items() if not i.deleted}
+
+
+def producer(bucket: Bucket, clock: ManualClock, flags: int = OpenFlag.Producer) -> DcpProducer:
+    return DcpProducer(bucket, NAME, flags, clock=clock)
+
+
+def request(
+    p: DcpProducer,
+    vb: int = 0,
+    *,
+    start: int = 0,
+    end: int = U64_MAX,
+    uuid: int = 0,
+    snap: tuple[int, int] | None = None,
+    flags: int = 0,
+    opaque: int = 0xBEEF,
+    value: bytes = b"",
+) -> Message:
+    snap_start, snap_end = snap if snap is not None else (start, start)
+    msg = dcp.StreamRequest(
+        opaque=opaque, vbucket=vb, flags=flags, start_seqno=start, end_seqno=end,
+        vbucket_uuid=uuid, snap_start_seqno=snap_start, snap_end_seqno=snap_end, value=value,
+    )  # fmt: skip
+    return decode_one(p.stream_request(msg))
+
+
+def write(vb: VBucket, n: int, prefix: str = "k") -> None:
+    for i in range(n):
+        vb.set(f"{prefix}{i}".encode(), f"v{i}-{vb.high_seqno}".encode())
+
+
+# -- following a bucket ----------------------------------------------------------------------
+
+
+def test_consumer_follows_bucket_from_zero_disk_then_memory(
+    bucket: Bucket, clock: ManualClock
+) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 30)
+    vb.delete(b"k3")
+    bucket.flush_once()
+    assert vb.checkpoints.lowest_seqno_in_memory > 1  # memory no longer covers seqno 1
+    p, c = producer(bucket, clock), Consumer()
+    ok = request(p)
+    assert isinstance(ok, dcp.StreamRequestOk)
+    assert ok.opaque == 0xBEEF and ok.failover_log == vb.failover.entries
+    c.drain(p)
+    first = c.of(dcp.SnapshotMarker)[0]
+    assert first.flags == SnapshotFlag.Disk and first.start_seqno == 0
+    assert first.end_seqno == vb.persisted_seqno == vb.high_seqno
+    assert c.docs[0] == live(vb)
+    # live changes: memory snapshots
+    vb.set(b"ttl", b"x", expiry=10)
+    write(vb, 7, prefix="m")
+    vb.delete(b"k4")
+    clock.advance(11)
+    assert bucket.expiry_pager() == 1
+    c.drain(p)
+    later = c.of(dcp.SnapshotMarker)[1:]
+    assert later and all(m.flags & SnapshotFlag.Memory for m in later)
+    assert c.docs[0] == live(vb) and b"ttl" not in c.docs[0]
+    assert c.seqno[0] == vb.high_seqno
+    assert all(m.opaque == 0xBEEF and m.vbucket == 0 for m in c.messages)
+    assert not c.of(dcp.StreamEnd)
+
+
+def test_memory_snapshot_is_deduplicated(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    p, c = producer(bucket, clock), Consumer()
+    assert isinstance(request(p), dcp.StreamRequestOk)
+    assert p.next_messages() == []  # registers the cursor at 0
+    vb.set(b"A", b"1")
+    vb.set(b"B", b"2")
+    vb.set(b"A", b"3")
+    c.drain(p)
+    (marker,) = c.of(dcp.SnapshotMarker)
+    assert marker.flags & SnapshotFlag.Memory and marker.end_seqno == 3
+    assert [(bytes(m.key), m.by_seqno) for m in c.of(dcp.Mutation)] == [(b"B", 2), (b"A", 3)]
+    # a later snapshot starts at its first item (spec 004, memory notes)
+    vb.set(b"C", b"4")
+    c.drain(p)
+    assert c.of(dcp.SnapshotMarker)[-1].start_seqno == 4
+
+
+def test_cursor_dropped_falls_back_to_disk(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    p, c = producer(bucket, clock), Consumer()
+    request(p)
+    write(vb, 3)
+    c.drain(p)
+    write(vb, 40, prefix="x")
+    bucket.flush_once()
+    assert vb.checkpoints.drop_cursor(f"dcp:{NAME}:0")
+    c.drain(p)
+    disk = [m for m in c.of(dcp.SnapshotMarker) if m.flags & SnapshotFlag.Disk]
+    assert disk and disk[0].start_seqno == 3  # a later backfill starts where the stream was
+    assert c.docs[0] == live(vb) and c.seqno[0] == vb.high_seqno
+    assert not c.of(dcp.StreamEnd)
+
+
+def test_stream_with_end_stops_with_stream_end_ok(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 12)
+    bucket.flush_once()
+    p, c = producer(bucket, clock), Consumer()
+    request(p, end=7)
+    c.drain(p)
+    assert max(m.by_seqno for m in c.of(dcp.Mutation)) == 7
+    (end,) = c.of(dcp.StreamEnd)
+    assert end.reason == StreamEndReason.OK and c.messages[-1] is end
+    assert p.stats()[f"num_streams:{NAME}"] == "0"
+
+
+@pytest.mark.parametrize("start", [0, 4])
+def test_end_equal_start_answers_ok_then_stream_end(
+    bucket: Bucket, clock: ManualClock, start: int
+) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, start)
+    p, c = producer(bucket, clock), Consumer()
+    assert isinstance(request(p, start=start, end=start, uuid=vb.uuid), dcp.StreamRequestOk)
+    c.drain(p)
+    assert [type(m) for m in c.messages] == [dcp.StreamEnd]
+    assert c.messages[0].reason == StreamEndReason.OK and c.messages[0].opaque == 0xBEEF
+
+
+# -- stream request answers (spec 000) ---------------------------------------------------------
+
+
+def test_stream_request_errors(bucket: Bucket, clock: ManualClock) -> None:
+    write(bucket.get_vbucket(0), 10)
+    p = producer(bucket, clock)
+
+    def status(**kw: object) -> int:
+        return request(p, **kw).status  # type: ignore[arg-type]
+
+    assert status(vb=5) == Status.NotMyVbucket
+    assert status(start=5, end=4) == Status.Erange
+    assert status(start=5, snap=(6, 8)) == Status.Erange
+    uuid = bucket.get_vbucket(0).uuid
+    assert status(start=11, snap=(11, 11), uuid=uuid) == Status.Rollback  # checked before range
+    assert status(start=0) == Status.Success
+    assert status(start=0) == Status.KeyEexists
+    assert status(vb=1, value=b'{"purge_seqno":"x"}') == Status.Einval
+
+
+def test_rollback_answers(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 10)
+    p = producer(bucket, clock)
+    uuid = vb.uuid
+
+    def rollback(**kw: object) -> int:
+        msg = request(p, **kw)
+        assert isinstance(msg, dcp.StreamRequestRollback), msg
+        return msg.rollback_seqno
+
+    assert rollback(start=5, uuid=12345) == 0  # unknown branch: no common history
+    assert rollback(start=15, snap=(15, 15), uuid=uuid) == 10  # consumer ahead
+    assert rollback(start=12, snap=(8, 15), uuid=uuid) == 8  # snapshot mismatch
+    assert isinstance(request(p, start=10, uuid=uuid), dcp.StreamRequestOk)  # lagging: fine
+
+
+def test_rollback_after_purge(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 6)
+    vb.delete(b"k1")
+    write(vb, 3, prefix="z")
+    bucket.flush_once()
+    bucket.compact(0, purge_before_seqno=vb.high_seqno)
+    assert vb.purge_seqno == 7
+    p = producer(bucket, clock)
+    msg = request(p, start=3, uuid=vb.uuid)
+    assert isinstance(msg, dcp.StreamRequestRollback) and msg.rollback_seqno == 0
+    # a consumer that learnt the purge seqno (V2.2 markers) may resume
+    ok = request(p, start=3, uuid=vb.uuid, value=dcp.stream_request_value(purge_seqno=7))
+    assert isinstance(ok, dcp.StreamRequestOk)
+
+
+def test_unclean_restart_branch_rolls_consumer_back(
+    open_bucket: Callable[..., Bucket], clock: ManualClock
+) -> None:
+    bucket = open_bucket()
+    vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    write(vb, 10)
+    bucket.flush_once()
+    write(vb, 5, prefix="lost")  # seen by the consumer, never persisted
+    p, c = producer(bucket, clock), Consumer()
+    request(p)
+    c.drain(p)
+    assert c.seqno[0] == 15
+    old_uuid = vb.uuid
+    p.disconnect()
+    bucket.storage.close()  # dropped without shutdown()
+    again = open_bucket()
+    vb2 = again.get_vbucket(0)
+    assert vb2.high_seqno == 10 and vb2.uuid != old_uuid
+    snap = c.snapshot[0]
+    msg = request(producer(again, clock), start=c.seqno[0], snap=snap, uuid=old_uuid)
+    assert isinstance(msg, dcp.StreamRequestRollback) and msg.rollback_seqno == 10
+
+
+# -- flow control, markers, opcodes --------------------------------------------------------------
+
+
+def test_flow_control_bounds_bytes_in_flight(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 200)
+    bucket.flush_once()
+    p, c = producer(bucket, clock), Consumer()
+    p.control("connection_buffer_size", "1000")
+    request(p)
+    biggest, in_flight, rounds = 0, 0, 0
+    while True:
+        chunks = p.next_messages()
+        if not chunks:
+            assert p.next_messages() == []  # stuck until acknowledged
+            if in_flight == 0:
+                break
+            p.buffer_ack(in_flight)
+            in_flight = 0
+            rounds += 1
+            continue
+        biggest = max(biggest, *map(len, chunks))
+        in_flight += sum(map(len, chunks))
+        assert in_flight <= 1000 + biggest
+        c.receive(chunks)
+        # never more than one bounded batch held per stream
+        assert int(p.stats()[f"ready_queue_items:0:{NAME}"]) <= BATCH_ITEMS + 2
+    assert rounds > 5 and c.docs[0] == live(vb)
+    assert p.stats()[f"unacked_bytes:{NAME}"] == "0"
+
+
+def test_noop_is_not_flow_controlled_and_liveness(bucket: Bucket, clock: ManualClock) -> None:
+    p = producer(bucket, clock)
+    now = clock.time()
+    assert p.noop_due(now + 1000) is None  # only after enable_noop
+    p.control("enable_noop", "true")
+    p.control("set_noop_interval", "5")
+    assert p.noop_due(now + 4) is None
+    noop = decode_one(p.noop_due(now + 5) or b"")
+    assert isinstance(noop, dcp.DcpNoop)
+    assert p.noop_due(now + 6) is None and not p.is_dead(now + 9)
+    assert p.is_dead(now + 10)
+    reply = GenericResponse(opcode=Opcode.DcpNoop, opaque=noop.opaque).encode()
+    assert p.handle(decode_one(reply)) is None
+    assert not p.is_dead(now + 10) and p.unacked_bytes == 0
+
+
+def test_v2_2_markers_when_asked(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 8)
+    vb.delete(b"k0")
+    vb.set(b"k1", b"again")
+    bucket.flush_once()
+    bucket.compact(0, purge_before_seqno=vb.high_seqno)
+    write(vb, 2, prefix="n")
+    p, c = producer(bucket, clock), Consumer()
+    p.control("max_marker_version", "2.2")
+    request(p)
+    c.drain(p)
+    markers = c.of(dcp.SnapshotMarker)
+    assert markers and all(isinstance(m, dcp.SnapshotMarkerV2_2) for m in markers)
+    assert vb.purge_seqno > 0
+    assert [m.purge_seqno for m in markers] == [vb.purge_seqno] * len(markers)
+    assert markers[-1].max_visible_seqno == vb.high_seqno
+    p2, c2 = producer(bucket, clock), Consumer()
+    request(p2)
+    c2.drain(p2)
+    assert all(type(m) is dcp.SnapshotMarker for m in c2.of(dcp.SnapshotMarker))
+
+
+@pytest.mark.parametrize(
+    ("flags", "expiry_opcode", "kind"),
+    [
+        (OpenFlag.Producer, False, dcp.Deletion),
+        (OpenFlag.Producer, True, dcp.Expiration),
+        (OpenFlag.Producer | OpenFlag.IncludeDeleteTimes, False, dcp.DeletionV2),
+    ],
+)
+def test_expiry_opcode_only_when_enabled(
+    bucket: Bucket, clock: ManualClock, flags: int, expiry_opcode: bool, kind: type
+) -> None:
+    vb = bucket.get_vbucket(0)
+    vb.set(b"e", b"v", expiry=5)
+    clock.advance(6)
+    bucket.expiry_pager()
+    p, c = producer(bucket, clock, flags), Consumer()
+    if expiry_opcode:
+        p.control("enable_expiry_opcode", "true")
+    request(p)
+    c.drain(p)
+    last = c.messages[-1]
+    assert type(last) is kind and last.by_seqno == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("no_such_thing", "1"),
+        ("connection_buffer_size", "-1"),
+        ("connection_buffer_size", "lots"),
+        ("enable_noop", "yes"),
+        ("set_noop_interval", "0"),
+        ("set_noop_interval", "soon"),
+        ("send_stream_end_on_client_close_stream", "1"),
+        ("enable_expiry_opcode", ""),
+        ("set_priority", "urgent"),
+        ("max_marker_version", "2.1"),
+    ],
+)
+def test_control_errors_are_einval(
+    bucket: Bucket, clock: ManualClock, key: str, value: str
+) -> None:
+    p = producer(bucket, clock)
+    with pytest.raises(ProducerError) as err:
+        p.control(key, value)
+    assert err.value.status == Status.Einval
+    answer = decode_one(p.handle(dcp.DcpControl(key=key, value=value, opaque=9)) or b"")
+    assert answer.status == Status.Einval and answer.opaque == 9
+
+
+def test_controls_accepted(bucket: Bucket, clock: ManualClock) -> None:
+    p = producer(bucket, clock)
+    for key, value in [
+        ("connection_buffer_size", "0"), ("enable_noop", "false"), ("set_noop_interval", "20"),
+        ("send_stream_end_on_client_close_stream", "true"), ("enable_expiry_opcode", "true"),
+        ("set_priority", "high"), ("max_marker_version", "2.0"),
+    ]:  # fmt: skip
+        answer = decode_one(p.handle(dcp.DcpControl(key=key, value=value, opaque=3)) or b"")
+        assert answer.status == Status.Success
+
+
+# -- closing, state changes, barriers, stats ----------------------------------------------
+
+
+@pytest.mark.parametrize("stream_end", [True, False])
+def test_close_stream(bucket: Bucket, clock: ManualClock, stream_end: bool) -> None:
+    p, c = producer(bucket, clock), Consumer()
+    if stream_end:
+        p.control("send_stream_end_on_client_close_stream", "true")
+    request(p)
+    write(bucket.get_vbucket(0), 2)
+    c.drain(p)
+    assert decode_one(p.close_stream(0, 4)).status == Status.Success
+    got = c.drain(p)
+    if stream_end:
+        assert [(type(m), m.reason) for m in got] == [(dcp.StreamEnd, StreamEndReason.Closed)]
+    else:
+        assert got == []
+    assert decode_one(p.close_stream(0, 4)).status == Status.KeyEnoent
+    assert f"dcp:{NAME}:0" not in bucket.get_vbucket(0).checkpoints.cursors
+
+
+def test_state_change_ends_stream(bucket: Bucket, clock: ManualClock) -> None:
+    p, c = producer(bucket, clock), Consumer()
+    request(p)
+    request(p, vb=1)
+    bucket.set_vbucket_state(0, VBucketState.REPLICA)
+    p.vbucket_state_changed(0)
+    p.vbucket_state_changed(1)  # still active: nothing happens
+    c.drain(p)
+    (end,) = c.of(dcp.StreamEnd)
+    assert end.vbucket == 0 and end.reason == StreamEndReason.StateChanged
+
+
+def test_barrier_echo_follows_everything_before_it(bucket: Bucket, clock: ManualClock) -> None:
+    p, c = producer(bucket, clock), Consumer()
+    p.handle(dcp.DcpBarrier(cookie=b"early", opaque=1))
+    assert decode_all(p.next_messages()) == [dcp.DcpBarrier(cookie=b"early", opaque=1, echo=True)]
+    request(p, vb=0, opaque=10)
+    request(p, vb=1, opaque=11)
+    write(bucket.get_vbucket(0), 30)
+    write(bucket.get_vbucket(1), 3)
+    p.barrier(b"cookie-1", 77)
+    write(bucket.get_vbucket(1), 20, prefix="after")
+    p.control("connection_buffer_size", "2000")
+    while True:
+        chunks = p.next_messages()
+        if not chunks:
+            if p.unacked_bytes == 0:
+                break
+            p.buffer_ack(p.unacked_bytes)
+        c.receive(chunks)
+    idx = next(i for i, m in enumerate(c.messages) if isinstance(m, dcp.DcpBarrier))
+    echo = c.messages[idx]
+    assert echo.echo and bytes(echo.cookie) == b"cookie-1" and echo.opaque == 77
+    before = [m for m in c.messages[:idx] if isinstance(m, dcp.Mutation)]
+    assert max(m.by_seqno for m in before if m.vbucket == 0) == 30
+    assert max(m.by_seqno for m in before if m.vbucket == 1) >= 3
+    # round-robin: the streams take turns rather than one draining first
+    vbs = [m.vbucket for m in c.messages if isinstance(m, dcp.Mutation)]
+    assert vbs.index(1) < vbs.index(0) + 3
+    assert c.docs[0] == live(bucket.get_vbucket(0)) and c.docs[1] == live(bucket.get_vbucket(1))
+
+
+def test_stats_naming(bucket: Bucket, clock: ManualClock) -> None:
+    bucket.set_vbucket_state(5, VBucketState.ACTIVE)
+    write(bucket.get_vbucket(5), 4)
+    p, c = producer(bucket, clock), Consumer()
+    request(p, vb=5)
+    c.drain(p)
+    stats = p.stats()
+    assert stats[f"items_sent:5:{NAME}"] == "4"
+    assert stats[f"items_sent:{NAME}"] == "4"
+    assert stats[f"total_bytes_sent:{NAME}"] == str(c.nbytes)
+    assert stats[f"backfill_remaining:5:{NAME}"] == "0"
+    assert stats[f"state:5:{NAME}"] == "in_memory"
+    assert all(isinstance(v, str) for v in stats.values())
+
+
+def test_disconnect_releases_cursors(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 20)
+    bucket.flush_once()
+    p = producer(bucket, clock)
+    p.control("connection_buffer_size", "100")
+    request(p)
+    p.next_messages()  # mid-backfill
+    p.disconnect()
+    assert f"dcp:{NAME}:0" not in vb.checkpoints.cursors
+    assert p.next_messages() == []
