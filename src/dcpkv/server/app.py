@@ -36,6 +36,7 @@ import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.vbucket import VBucketState
@@ -67,12 +68,14 @@ class KVProtocol(asyncio.Protocol):
         self.closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports do not subclass asyncio.Transport, but have its interface.
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Answers are small and latency-bound; Nagle would hold them back.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.conn = Connection(
             self.server.state,
