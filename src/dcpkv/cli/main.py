@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -27,3 +30,62 @@ def demo() -> None:
 @app.callback()
 def _root() -> None:
     """dcpkv: a partitioned key-value store with a correct, resumable change stream (DCP)."""
+
+
+@app.command()
+def server(
+    host: Annotated[
+        str | None, typer.Option(help="Address to listen on [default: 127.0.0.1].")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port; 0 picks a free one [default: 11210].")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Where buckets live [default: ./dcpkv-data].")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="A TOML config file (flags override it).")
+    ] = None,
+    bucket: Annotated[
+        str | None, typer.Option(help="Name of the (first) bucket [default: default].")
+    ] = None,
+    vbuckets: Annotated[
+        int | None, typer.Option(help="vbuckets of that bucket [default: 1024].")
+    ] = None,
+    memory_quota_mb: Annotated[
+        int | None, typer.Option(help="Its memory quota [default: 256].")
+    ] = None,
+    user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
+    password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
+    port_file: Annotated[
+        Path | None, typer.Option(help="Write the bound port here once listening.")
+    ] = None,
+) -> None:
+    """Run the key-value data server until SIGINT/SIGTERM."""
+    from dcpkv.server.app import run
+    from dcpkv.server.config import ConfigError, load_config, with_cli_flags
+
+    try:
+        settings = with_cli_flags(
+            load_config(config),
+            host=host,
+            port=port,
+            data_dir=data_dir,
+            bucket=bucket,
+            vbuckets=vbuckets,
+            memory_quota_mb=memory_quota_mb,
+            user=user,
+            password=password,
+        )
+    except ConfigError as exc:
+        typer.echo(f"dcpkv server: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        run(settings, port_file)
+    except OSError as exc:
+        typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+if __name__ == "__main__":
+    app()

@@ -214,6 +214,15 @@ class FrameParser:
         """Bytes received but not yet returned as frames."""
         return len(self._buf) - self._pos + self._tail_len
 
+    def peek(self, n: int = HEADER_LEN) -> bytes:
+        """Up to ``n`` bytes received but not yet returned as a frame (e.g. a bad header)."""
+        head = bytes(self._buf[self._pos : self._pos + n])
+        for chunk in self._tail:
+            if len(head) >= n:
+                break
+            head += bytes(chunk[: n - len(head)])
+        return head
+
     def feed(self, data: bytes | bytearray | memoryview) -> Iterator[Frame]:
         if self._error is not None:
             raise CodecError(self._error.status, self._error.message)

@@ -110,3 +110,27 @@ def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
         return ServerConfig(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def with_cli_flags(
+    config: ServerConfig,
+    *,
+    bucket: str | None = None,
+    vbuckets: int | None = None,
+    memory_quota_mb: int | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    **flags: Any,
+) -> ServerConfig:
+    """The ``dcpkv server`` flags over ``config``: bucket flags change the first bucket, and
+    ``--user``/``--password`` make that the one user (None means "flag not given")."""
+    first = config.buckets[0]
+    changes = {"name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb}
+    given = {k: v for k, v in changes.items() if v is not None}
+    if given:
+        flags["buckets"] = (replace(first, **given), *config.buckets[1:])
+    if user is not None or password is not None:
+        name = user if user is not None else next(iter(config.users), "Administrator")
+        secret = password if password is not None else config.users.get(name, "password")
+        flags["users"] = {name: secret}
+    return config.with_overrides(**flags)

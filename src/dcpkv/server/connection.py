@@ -108,6 +108,18 @@ class Connection:
     agent: str = ""
     # DCP state, set by Open (see dcpkv.server.dcp_handlers)
     dcp: Any = None
+    # Bucket selected on login when the client never sends SelectBucket (plain memcached
+    # clients); a bucket named like the user wins, as in Couchbase.
+    initial_bucket: str | None = None
+
+    def authenticated(self, user: str | None) -> None:
+        self.user = user
+        if user is None or self.bucket_name is not None:
+            return
+        for name in (user, self.initial_bucket):
+            if name is not None and name in self.server.buckets:
+                self.bucket_name = name
+                return
 
     @property
     def bucket(self) -> Any:
@@ -179,7 +191,7 @@ def _sasl_auth(conn: Connection, frame: Frame) -> bytes:
         raise Reply(Status.AuthError, b"Authentication failed") from None
     if not done:
         return response(frame, Status.AuthContinue, value=answer)
-    conn.user = conn.sasl.user
+    conn.authenticated(conn.sasl.user)
     return response(frame, value=b"Authenticated")
 
 
@@ -193,7 +205,7 @@ def _sasl_step(conn: Connection, frame: Frame) -> bytes:
         conn.server.log.info("auth failed from %s: %s", conn.peer, exc)
         conn.user = None
         raise Reply(Status.AuthError, b"Authentication failed") from None
-    conn.user = conn.sasl.user
+    conn.authenticated(conn.sasl.user)
     return response(frame, value=answer)
 
 

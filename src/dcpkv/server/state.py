@@ -19,6 +19,7 @@ class ServerState:
     # The port actually bound (the config may ask for 0, "any free port").
     port: int | None = None
     cluster_rev: int = 1
+    connections: int = 0  # open client connections (the shell keeps it current)
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users))

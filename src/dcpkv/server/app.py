@@ -1,0 +1,280 @@
+"""The asyncio shell of the data server: sockets, the flusher, the expiry pager, signals.
+
+Theory of operation
+-------------------
+:class:`DataServer` opens the buckets (warm-up happens in ``Bucket.__init__``; a fresh bucket
+is given every vbucket as active, since one node is the whole cluster), then listens.
+
+Each connection is one :class:`KVProtocol` (an ``asyncio.Protocol``, cheaper than streams).
+``data_received`` feeds the bytes to a :class:`FrameParser` and each whole frame to the
+sans-I/O :class:`Connection`; the answers of one read are joined into ONE ``transport.write``,
+in request order, so pipelined requests are answered in order with one syscall. A malformed
+frame cannot be skipped (the byte stream has lost its framing): the client gets the codec's
+status with the bad header's opaque, then the connection closes. A handler that raises
+anything unexpected is a bug: the client gets Einternal, the log gets the traceback, and the
+connection keeps going. When the transport's write buffer passes its high-water mark, reading
+pauses until it drains (a client that pipelines without reading cannot grow our memory).
+
+Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
+blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
+The flusher persists every ``flush_interval_s``; the expiry pager walks the hash tables every
+``expiry_pager_interval_s``.
+
+SIGINT/SIGTERM: stop listening, close every connection, then a final flush and
+``Bucket.shutdown()`` in the executor thread, which records the clean shutdown (so the next
+warm-up does not cut new failover entries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import cast
+
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.vbucket import VBucketState
+from dcpkv.protocol.constants import HEADER_LEN, Magic, Status
+from dcpkv.protocol.errors import CodecError
+from dcpkv.protocol.frame import FrameParser, encode_frame
+from dcpkv.server import kv_handlers  # noqa: F401  (registers the key-value opcodes)
+from dcpkv.server.config import ServerConfig
+from dcpkv.server.connection import CloseConnection, Connection, response
+from dcpkv.server.state import ServerState
+
+log = logging.getLogger("dcpkv.server")
+
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+# Values a little over the item limit are read and answered E2big (the connection lives);
+# a length beyond this slack is treated as garbage and closes the connection.
+VALUE_SLACK = 1024 * 1024
+EXPIRY_PAGER_INTERVAL_S = 10.0
+
+
+class KVProtocol(asyncio.Protocol):
+    """One client connection: bytes in, frames through :class:`Connection`, bytes out."""
+
+    def __init__(self, server: DataServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = FrameParser(max_value_len=server.max_value_len)
+        self.conn: Connection | None = None
+        self.closing = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport, but have its interface.
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Answers are small and latency-bound; Nagle would hold them back.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.conn = Connection(
+            self.server.state,
+            peer=str(peer),
+            initial_bucket=self.server.config.buckets[0].name,
+        )
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.server.connections.add(self)
+        self.server.state.connections = len(self.server.connections)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.server.state.connections = len(self.server.connections)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        out: list[bytes] = []
+        try:
+            self._handle_frames(data, out)
+        except CodecError as exc:
+            out.append(self._codec_error_answer(exc))
+            self.closing = True
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+        if self.closing and self.transport is not None:
+            self.transport.close()  # after the queued answers are written
+
+    def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
+        assert self.conn is not None
+        for frame in self.parser.feed(data):
+            try:
+                answer = self.conn.handle(frame)
+            except CloseConnection as close:
+                if close.args:
+                    out.append(close.args[0])
+                self.closing = True
+                return
+            except Exception:
+                log.exception("handler for opcode 0x%02x failed", frame.opcode)
+                answer = response(frame, Status.Einternal)
+            if answer:
+                out.append(answer)
+
+    def _codec_error_answer(self, exc: CodecError) -> bytes:
+        log.info("closing %s: bad frame: %s", self.conn.peer if self.conn else "?", exc)
+        head = self.parser.peek(HEADER_LEN)
+        opcode = head[1] if len(head) > 1 else 0
+        opaque = int.from_bytes(head[12:16], "big") if len(head) >= 16 else 0
+        return encode_frame(
+            Magic.ClientResponse,
+            opcode,
+            status=exc.status,
+            opaque=opaque,
+            value=exc.message.encode()[:1024],
+        )
+
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+
+class DataServer:
+    """The buckets, the listening socket and the background tasks of one server process."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.state = ServerState(config)
+        self.connections: set[KVProtocol] = set()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpkv-io")
+        self.max_value_len = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- start -------------------------------------------------------------------------------
+
+    def open_buckets(self) -> None:
+        for bc in self.config.buckets:
+            path = Path(self.config.data_dir)
+            path.mkdir(parents=True, exist_ok=True)
+            bucket = Bucket(
+                bc.name,
+                path,
+                num_vbuckets=bc.vbuckets,
+                memory_quota=bc.memory_quota_mb * 1024 * 1024,
+            )
+            if not bucket.vbuckets:
+                for vb in range(bc.vbuckets):
+                    bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+                bucket.flush_once()
+            log.info(
+                "bucket %s: %d vbuckets, warm-up after %s shutdown",
+                bc.name,
+                len(bucket.vbuckets),
+                "a clean" if bucket.warmed_up_after_clean_shutdown else "an unclean",
+            )
+            self.state.buckets[bc.name] = bucket
+            self.max_value_len = max(self.max_value_len, bucket.max_item_size + VALUE_SLACK)
+
+    async def start(self, port_file: Path | None = None) -> int:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, self.open_buckets)
+        self._server = await loop.create_server(
+            lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True
+        )
+        port = self._server.sockets[0].getsockname()[1]
+        self.state.port = port
+        self._tasks = [
+            asyncio.create_task(self._flusher()),
+            asyncio.create_task(self._expiry_pager()),
+        ]
+        log.info("dcpkv listening on %s:%d", self.config.host, port)
+        if port_file is not None:
+            _write_atomically(port_file, f"{port}\n")
+        return port
+
+    # -- background work ---------------------------------------------------------------------
+
+    def _flush_all(self) -> int:
+        return sum(b.flush_once() for b in self.state.buckets.values() if not b.closed)
+
+    async def _flusher(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.flush_interval_s)
+            try:
+                await loop.run_in_executor(self.executor, self._flush_all)
+            except Exception:
+                # The batch stays queued in the engine and is retried next round.
+                log.exception("flush failed")
+
+    async def _expiry_pager(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_PAGER_INTERVAL_S)
+            for bucket in self.state.buckets.values():
+                try:
+                    bucket.expiry_pager()
+                except Exception:
+                    log.exception("expiry pager failed on bucket %s", bucket.name)
+
+    # -- stop --------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for proto in list(self.connections):
+            proto.closing = True
+            if proto.transport is not None:
+                proto.transport.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        loop = asyncio.get_running_loop()
+        # Same thread as the flusher: the final flush cannot interleave with a running one.
+        await loop.run_in_executor(self.executor, self._shutdown_buckets)
+        self.executor.shutdown(wait=True)
+        log.info("dcpkv stopped cleanly")
+
+    def _shutdown_buckets(self) -> None:
+        for bucket in self.state.buckets.values():
+            if not bucket.closed:
+                bucket.shutdown()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def serve(config: ServerConfig, port_file: Path | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then shut down cleanly."""
+    server = DataServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start(port_file)
+        await stop.wait()
+        log.info("signal received, shutting down")
+    finally:
+        await server.stop()
+
+
+def run(config: ServerConfig, port_file: Path | None = None) -> None:
+    """Configure logging, pick uvloop when installed, serve until a signal."""
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config, port_file))
+    else:
+        uvloop.run(serve(config, port_file))

@@ -1,0 +1,122 @@
+"""A tiny blocking test client that speaks the real binary protocol over a socket.
+
+It is deliberately dumb: encode a request with the codec, ``sendall`` it, read frames back with
+a :class:`FrameParser`. Tests use it to drive a real server subprocess; it is not a mock.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+
+from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
+
+
+class KVClient:
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.parser = FrameParser(max_value_len=64 * 1024 * 1024)
+        self._frames: Iterator[Frame] = iter(())
+        self._opaque = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> KVClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- raw frames ------------------------------------------------------------------------
+
+    def frame(
+        self,
+        opcode: int,
+        *,
+        key: bytes = b"",
+        extras: bytes = b"",
+        value: bytes = b"",
+        vbucket: int = 0,
+        cas: int = 0,
+        opaque: int | None = None,
+        datatype: int = 0,
+    ) -> bytes:
+        if opaque is None:
+            self._opaque += 1
+            opaque = self._opaque
+        return encode_frame(
+            Magic.ClientRequest, opcode, key=key, extras=extras, value=value,
+            vbucket=vbucket, cas=cas, opaque=opaque, datatype=datatype,
+        )  # fmt: skip
+
+    def send(self, raw: bytes) -> None:
+        self.sock.sendall(raw)
+
+    def recv_frame(self) -> Frame:
+        while True:
+            for frame in self._frames:
+                return _own(frame)
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            self._frames = self.parser.feed(data)
+
+    def closed_by_server(self) -> bool:
+        """True once the server has closed its end (reads EOF)."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def call(self, opcode: int, **kw: object) -> Frame:
+        self.send(self.frame(opcode, **kw))  # type: ignore[arg-type]
+        return self.recv_frame()
+
+    # -- conveniences ------------------------------------------------------------------------
+
+    def login(self, user: str = "Administrator", password: str = "password") -> Frame:
+        value = b"\0" + user.encode() + b"\0" + password.encode()
+        return self.call(Opcode.SaslAuth, key=b"PLAIN", value=value)
+
+    def hello(self, *features: int) -> Frame:
+        value = b"".join(int(f).to_bytes(2, "big") for f in features)
+        return self.call(Opcode.Hello, key=b"kvclient", value=value)
+
+    def set(
+        self, key: bytes, value: bytes, *, vbucket: int = 0, cas: int = 0, flags: int = 0,
+        expiry: int = 0, opcode: int = Opcode.Set,
+    ) -> Frame:  # fmt: skip
+        extras = struct.pack(">II", flags, expiry)
+        return self.call(opcode, key=key, value=value, extras=extras, vbucket=vbucket, cas=cas)
+
+    def get(self, key: bytes, *, vbucket: int = 0) -> Frame:
+        return self.call(Opcode.Get, key=key, vbucket=vbucket)
+
+    def arith(
+        self, opcode: int, key: bytes, delta: int, initial: int = 0, expiry: int = 0,
+        vbucket: int = 0,
+    ) -> Frame:  # fmt: skip
+        extras = struct.pack(">QQI", delta, initial, expiry)
+        return self.call(opcode, key=key, extras=extras, vbucket=vbucket)
+
+    def stats(self, group: bytes = b"") -> dict[str, str]:
+        self.send(self.frame(Opcode.Stat, key=group))
+        out: dict[str, str] = {}
+        while True:
+            frame = self.recv_frame()
+            assert frame.status == Status.Success, Status(frame.status)
+            if not frame.key:
+                return out
+            out[bytes(frame.key).decode()] = bytes(frame.value).decode()
+
+    def observe(self, vbucket: int, uuid: int) -> Frame:
+        return self.call(Opcode.ObserveSeqno, vbucket=vbucket, value=struct.pack(">Q", uuid))
+
+
+def _own(frame: Frame) -> Frame:
+    """Detach a frame from the parser's buffer (tests keep frames around)."""
+    frame.extras, frame.key, frame.value = bytes(frame.extras), bytes(frame.key), bytes(frame.value)
+    return frame

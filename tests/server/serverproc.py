@@ -1,0 +1,65 @@
+"""A real ``dcpkv server`` subprocess on a free port (``--port 0`` and a port file)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 30.0
+
+
+class ServerProcess:
+    def __init__(self, data_dir: Path, log_path: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> int:
+        port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
+        port_file.unlink(missing_ok=True)
+        cmd = [
+            sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0",
+            "--data-dir", str(self.data_dir), "--port-file", str(port_file),
+            "--vbuckets", "16", *self.extra,
+        ]  # fmt: skip
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not port_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {self.log()}")
+            time.sleep(0.02)
+        self.port = int(port_file.read_text())
+        return self.port
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self) -> int:
+        """SIGTERM and wait: the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def reap(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

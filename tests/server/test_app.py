@@ -1,0 +1,121 @@
+"""The asyncio protocol shell, in process with a fake transport, and the CLI's config errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
+from dcpkv.server.app import DataServer, KVProtocol
+from dcpkv.server.config import ServerConfig, with_cli_flags
+from dcpkv.server.connection import HANDLERS, Connection
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+        self.paused = False
+
+    def get_extra_info(self, name: str) -> object:
+        return None
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+@pytest.fixture
+def proto() -> KVProtocol:
+    p = KVProtocol(DataServer(ServerConfig(port=0)))
+    p.connection_made(FakeTransport())  # type: ignore[arg-type]
+    return p
+
+
+def frames(raw: bytes) -> list[Frame]:
+    return list(FrameParser().feed(raw))
+
+
+def req(opcode: int, opaque: int) -> bytes:
+    return encode_frame(Magic.ClientRequest, opcode, opaque=opaque)
+
+
+def test_one_read_is_answered_with_one_write_in_order(proto: KVProtocol) -> None:
+    proto.data_received(b"".join(req(Opcode.Noop, i) for i in range(10)))
+    transport = proto.transport
+    assert len(transport.writes) == 1  # type: ignore[union-attr]
+    got = frames(transport.writes[0])  # type: ignore[union-attr]
+    assert [f.opaque for f in got] == list(range(10))
+
+
+def test_a_failing_handler_answers_einternal_and_the_connection_goes_on(
+    proto: KVProtocol, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(conn: Connection, frame: Frame) -> bytes:
+        raise RuntimeError("bug")
+
+    monkeypatch.setitem(HANDLERS, Opcode.Flush, (broken, False, False))
+    proto.data_received(req(Opcode.Flush, 1) + req(Opcode.Noop, 2))
+    got = frames(proto.transport.writes[0])  # type: ignore[union-attr]
+    assert [(f.opaque, f.status) for f in got] == [(1, Status.Einternal), (2, Status.Success)]
+    assert not proto.transport.closed  # type: ignore[union-attr]
+
+
+def test_bad_magic_answers_einval_with_the_opaque_then_closes(proto: KVProtocol) -> None:
+    bad = bytearray(req(Opcode.Noop, 77))
+    bad[0] = 0x42
+    proto.data_received(req(Opcode.Noop, 1) + bytes(bad))
+    got = frames(b"".join(proto.transport.writes))  # type: ignore[union-attr]
+    assert [(f.opaque, f.status) for f in got] == [(1, Status.Success), (77, Status.Einval)]
+    assert proto.transport.closed  # type: ignore[union-attr]
+    proto.data_received(req(Opcode.Noop, 3))  # ignored: the connection is closing
+    assert len(proto.transport.writes) == 1  # type: ignore[union-attr]
+
+
+def test_backpressure_pauses_and_resumes_reading(proto: KVProtocol) -> None:
+    proto.pause_writing()
+    assert proto.transport.paused  # type: ignore[union-attr]
+    proto.resume_writing()
+    assert not proto.transport.paused  # type: ignore[union-attr]
+
+
+def test_cli_flags_override_the_first_bucket_and_the_user() -> None:
+    config = with_cli_flags(
+        ServerConfig(), port=0, bucket="b", vbuckets=8, user="u", password="p", host=None
+    )
+    assert (config.port, config.buckets[0].name, config.buckets[0].vbuckets) == (0, "b", 8)
+    assert config.users == {"u": "p"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--vbuckets", "0"], "vbuckets must be 1..1024"),
+        (["--port", "70000"], "port must be 0..65535"),
+        (["--config", "/nonexistent/x.toml"], "cannot read config file"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(args: list[str], message: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dcpkv.cli.main", "server", "--data-dir", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
