@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Iterator
 
 from dcpkv.protocol.constants import Magic, Opcode, Status
@@ -114,6 +115,18 @@ class KVClient:
 
     def observe(self, vbucket: int, uuid: int) -> Frame:
         return self.call(Opcode.ObserveSeqno, vbucket=vbucket, value=struct.pack(">Q", uuid))
+
+
+def poll_rounds(limit_s: float = 30.0, pause_s: float = 0.002) -> Iterator[int]:
+    """Rounds of a polling loop, paced and bounded by time rather than by a count of
+    back-to-back requests: a fast loopback answers ~10k polls/s, so a count runs out before one
+    slow fsync on a busy machine is done. The bound is a safety net, not an assertion."""
+    deadline = time.monotonic() + limit_s
+    rounds = 0
+    while time.monotonic() < deadline:
+        yield rounds
+        rounds += 1
+        time.sleep(pause_s)
 
 
 def _own(frame: Frame) -> Frame:

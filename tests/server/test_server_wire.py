@@ -6,7 +6,7 @@ import json
 import struct
 
 import pytest
-from kvclient import KVClient
+from kvclient import KVClient, poll_rounds
 from serverproc import ServerProcess
 
 from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, Status
@@ -193,7 +193,7 @@ def test_mutation_seqno_extras_and_all_vb_seqnos(client: KVClient) -> None:
 def persisted_after(client: KVClient, vb: int, seqno: int) -> tuple[int, int]:
     """Poll ObserveSeqno until ``seqno`` is persisted: (uuid, persisted seqno)."""
     uuid = int(client.stats(b"vbucket-seqno %d" % vb)[f"vb_{vb}:uuid"])
-    for _ in range(2000):
+    for _ in poll_rounds():
         fmt, vbid, got_uuid, persisted, current = struct.unpack(
             ">BHQQQ", client.observe(vb, uuid).value
         )
