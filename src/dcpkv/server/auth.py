@@ -9,27 +9,20 @@ server-first message (the server answers status AuthContinue) and finishes in
 raises :class:`AuthFailed`; the server answers AuthError and the connection stays
 unauthenticated.
 
-The SCRAM exchange itself is the ``scramp`` library's (a well-kept implementation of RFC 5802
-and RFC 7677); this module only maps Couchbase's mechanism names onto it and keeps the salted
-credentials, which are derived once per user and mechanism since PBKDF2 is slow by design.
+The SCRAM exchange is this project's own (:mod:`dcpkv.server.scram`: the official SDK's nonce
+is outside what general-purpose SCRAM libraries accept). This module maps mechanism names onto
+it and keeps the salted credentials, derived once per user and mechanism since PBKDF2 is slow
+by design.
 """
 
 from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
-from typing import Any
 
-import scramp
+from dcpkv.server.scram import HASHES, ScramCredentials, ScramError, ScramServer, new_salt
 
-# Couchbase spells the SCRAM mechanisms without the dash after SHA.
-SCRAM_MECHANISMS = {
-    "SCRAM-SHA512": "SCRAM-SHA-512",
-    "SCRAM-SHA256": "SCRAM-SHA-256",
-    "SCRAM-SHA1": "SCRAM-SHA-1",
-}
-MECHANISMS = (*SCRAM_MECHANISMS, "PLAIN")
-SCRAM_ITERATIONS = 4096
+MECHANISMS = (*HASHES, "PLAIN")
 
 
 class AuthFailed(Exception):
@@ -41,7 +34,7 @@ class UserStore:
     """Users and passwords of one server, with SCRAM credentials derived on first use."""
 
     passwords: dict[str, str]
-    _scram: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict, repr=False)
+    _scram: dict[tuple[str, str], ScramCredentials] = field(default_factory=dict, repr=False)
 
     def check_plain(self, user: str, password: str) -> bool:
         expected = self.passwords.get(user)
@@ -49,13 +42,14 @@ class UserStore:
             expected.encode("utf-8"), password.encode("utf-8")
         )
 
-    def scram_auth_info(self, mechanism: scramp.ScramMechanism, user: str) -> tuple[Any, ...]:
+    def scram_credentials(self, hash_name: str, user: str) -> ScramCredentials | None:
+        """The user's credentials for one hash (None: no such user)."""
         password = self.passwords.get(user)
         if password is None:
-            raise AuthFailed(f"unknown user {user!r}")
-        key = (mechanism.name, user)
+            return None
+        key = (hash_name, user)
         if key not in self._scram:
-            self._scram[key] = mechanism.make_auth_info(password, iteration_count=SCRAM_ITERATIONS)
+            self._scram[key] = ScramCredentials.derive(hash_name, password, new_salt())
         return self._scram[key]
 
 
@@ -64,7 +58,8 @@ class SaslSession:
 
     def __init__(self, users: UserStore) -> None:
         self._users = users
-        self._scram: Any = None
+        self._scram: ScramServer | None = None
+        self._mechanism = ""
         self.user: str | None = None
 
     @staticmethod
@@ -77,31 +72,28 @@ class SaslSession:
         self._scram = None
         if mechanism == "PLAIN":
             return True, self._plain(payload)
-        scram_name = SCRAM_MECHANISMS.get(mechanism)
-        if scram_name is None:
+        hash_name = HASHES.get(mechanism)
+        if hash_name is None:
             raise AuthFailed(f"unsupported mechanism {mechanism!r}")
-        mech = scramp.ScramMechanism(scram_name)
-        server = mech.make_server(lambda user: self._users.scram_auth_info(mech, user))
+        server = ScramServer(mechanism, lambda user: self._users.scram_credentials(hash_name, user))
         try:
-            server.set_client_first(payload.decode("utf-8"))
-            first = server.get_server_first()
-        except (scramp.ScramException, UnicodeDecodeError) as exc:
+            first = server.first(payload)
+        except ScramError as exc:
             raise AuthFailed(f"bad SCRAM client-first message: {exc}") from None
-        self._scram = server
-        return False, first.encode()
+        self._scram, self._mechanism = server, mechanism
+        return False, first
 
     def step(self, mechanism: str, payload: bytes) -> bytes:
         """Finish a SCRAM exchange; the answer is the server-final message."""
-        if self._scram is None or SCRAM_MECHANISMS.get(mechanism) is None:
-            raise AuthFailed("SaslStep without a SCRAM exchange in progress")
+        if self._scram is None or mechanism != self._mechanism:
+            raise AuthFailed("SaslStep without a SCRAM exchange of that mechanism in progress")
         server, self._scram = self._scram, None
         try:
-            server.set_client_final(payload.decode("utf-8"))
-            final = server.get_server_final()
-        except (scramp.ScramException, UnicodeDecodeError) as exc:
+            final = server.final(payload)
+        except ScramError as exc:
             raise AuthFailed(f"SCRAM proof rejected: {exc}") from None
-        self.user = _scram_username(server)
-        return final.encode()
+        self.user = server.user
+        return final
 
     def _plain(self, payload: bytes) -> bytes:
         # authzid \0 authcid \0 password
@@ -116,11 +108,3 @@ class SaslSession:
             raise AuthFailed(f"wrong user or password for {user!r}")
         self.user = user
         return b""
-
-
-def _scram_username(server: Any) -> str:
-    # scramp keeps the client-first-bare message ("n=user,r=nonce"); the user is its n= field.
-    for part in server.client_first_bare.split(","):
-        if part.startswith("n="):
-            return part[2:].replace("=2C", ",").replace("=3D", "=")
-    raise AuthFailed("SCRAM exchange carried no user name")
