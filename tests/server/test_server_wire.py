@@ -251,3 +251,34 @@ def test_kill9_after_persisted_keeps_write_and_branches_history(server: ServerPr
         )
         assert (fmt, vb, old, last, persisted, current) == (1, 6, old_uuid, 1, 1, 1)
         assert str(new_uuid) == after[0][0]
+
+
+def test_flush_tombstones_every_live_key(client: KVClient) -> None:
+    assert client.hello(HelloFeature.MutationSeqno).status == Status.Success
+    for vb in (2, 9):
+        for i in range(5):
+            client.set(b"f%d-%d" % (vb, i), b"v", vbucket=vb)
+    client.call(Opcode.Delete, key=b"f2-0", vbucket=2)
+    before = client.stats(b"vbucket-seqno")
+    assert client.call(Opcode.Flush).status == Status.Success
+    for vb in (2, 9):
+        for i in range(5):
+            assert client.get(b"f%d-%d" % (vb, i), vbucket=vb).status == Status.KeyEnoent
+    after = client.stats(b"vbucket-seqno")
+    # one tombstone (one seqno) per key that was live, none for the already deleted one
+    assert int(after["vb_2:high_seqno"]) == int(before["vb_2:high_seqno"]) + 4
+    assert int(after["vb_9:high_seqno"]) == int(before["vb_9:high_seqno"]) + 5
+    assert after["vb_0:high_seqno"] == before["vb_0:high_seqno"]
+    assert client.stats()["curr_items"] == "0"
+    # the bucket is usable afterwards
+    assert client.set(b"f2-0", b"new", vbucket=2).status == Status.Success
+
+
+def test_flush_refuses_a_delay_and_a_key(client: KVClient) -> None:
+    client.set(b"stays", b"v")
+    delayed = client.call(Opcode.Flush, extras=struct.pack(">I", 10))
+    assert delayed.status == Status.NotSupported
+    assert client.call(Opcode.Flush, key=b"x").status == Status.Einval
+    assert client.get(b"stays").value == b"v"
+    assert client.call(Opcode.Flush, extras=struct.pack(">I", 0)).status == Status.Success
+    assert client.get(b"stays").status == Status.KeyEnoent

@@ -15,6 +15,12 @@ state, datatype) before the engine sees it, so a rejected request writes nothing
 Quiet opcodes (GetQ, GetKQ, SetQ, ...) answer nothing on the common outcome (a miss for the
 quiet gets, success for the quiet mutations); the client learns the rest with a Noop.
 
+Flush deletes every live key of the bucket's active vbuckets through the ordinary delete path,
+so each gets a tombstone with a seqno: DCP consumers and the flusher see the deletions like any
+others (a wholesale "truncate" would leave consumers holding keys the bucket no longer has).
+It runs on the event loop, one vbucket's lock at a time, so it is O(items) and meant for tests
+and small buckets, as in Couchbase, where flush is an admin operation off by default.
+
 With the MutationSeqno feature negotiated, a mutation's answer carries 16 bytes of extras,
 the vbucket uuid and the seqno the mutation got, which a client uses with ObserveSeqno or as
 a DCP resume point.
@@ -241,6 +247,36 @@ def _touch(conn: Connection, frame: Frame) -> bytes:
         cas=item.cas,
         datatype=_out_datatype(conn, item),
     )
+
+
+# -- flush -------------------------------------------------------------------------------------
+
+
+@handler(Opcode.Flush)
+def _flush(conn: Connection, frame: Frame) -> bytes:
+    raw = _extras(frame, 0, 4)
+    if raw and _U32.unpack(raw)[0]:
+        raise Reply(Status.NotSupported, b"delayed flush is not supported")
+    _no_value(frame)
+    if frame.key:
+        raise Reply(Status.Einval, b"Flush takes no key")
+    for vbucket in list(conn.bucket.vbuckets.values()):
+        if vbucket.state == VBucketState.ACTIVE:
+            _flush_vbucket(conn, vbucket)
+    return response(frame)
+
+
+def _flush_vbucket(conn: Connection, vbucket: VBucket) -> None:
+    for item in vbucket.items():
+        if item.deleted:
+            continue
+        try:
+            _engine(conn, lambda key=item.key: vbucket.delete(key))
+        except Reply as reply:
+            # Gone meanwhile (expired when touched) is fine; anything else (TempFail, a state
+            # change) stops the flush with that status, and the client may send it again.
+            if reply.status != Status.KeyEnoent:
+                raise
 
 
 # -- stats -------------------------------------------------------------------------------------
