@@ -50,6 +50,7 @@ from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointMana
 from dcpkv.engine.failover_table import FailoverTable
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
 from dcpkv.engine.item import (
+    ITEM_OVERHEAD,
     DeltaBadval,
     Einval,
     Item,
@@ -449,7 +450,10 @@ class VBucket:
         self._require_active()
         self._check_size(key, value)
         if self._admit is not None:
-            self._admit(len(key) + len(value))
+            # Charge what the write will add to memory_used: the item is accounted in the hash
+            # table and again in the checkpoint until persisted. Charging only key + value let
+            # a bucket run ~2x over its quota between two recounts.
+            self._admit(2 * (ITEM_OVERHEAD + len(key) + len(value)))
 
     def _check_size(self, key: bytes, value: bytes) -> None:
         if not key or len(key) > MAX_KEY_LENGTH:

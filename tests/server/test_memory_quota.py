@@ -1,0 +1,85 @@
+"""The memory quota over the wire: a real server with a 1 MB quota.
+
+Two situations. When the flusher cannot keep up, nothing in memory may be dropped (an
+unpersisted value is the only copy), so a write over the quota answers Etmpfail and stores
+nothing. When it does keep up, persisted values are ejected to make room, and reading them
+fetches them back from disk.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from kvclient import KVClient, poll_rounds
+from serverproc import ServerProcess
+
+from dcpkv.protocol.constants import HelloFeature, Status
+
+QUOTA_MB = 1
+VALUE_SIZE = 100 * 1024
+MAX_WRITES = 40  # 4 MB: four quotas' worth
+
+
+def value_of(i: int) -> bytes:
+    return (b"%06d" % i) * (VALUE_SIZE // 6)
+
+
+def test_over_quota_with_nothing_to_free_is_tmpfail(server_factory: type, tmp_path: Path) -> None:
+    # The flusher never runs (an hour between flushes): every value is unpersisted.
+    config = tmp_path / "slow-flusher.toml"
+    config.write_text("flush_interval_s = 3600.0\n")
+    srv: ServerProcess = server_factory(
+        tmp_path / "data", tmp_path / "log", "--memory-quota-mb", str(QUOTA_MB),
+        "--config", str(config),
+    )  # fmt: skip
+    srv.start()
+    with KVClient(srv.port) as c:
+        c.login()
+        stored: list[int] = []
+        refused = None
+        for i in range(MAX_WRITES):
+            status = c.set(b"k%d" % i, value_of(i)).status
+            if status == Status.Etmpfail:
+                refused = i
+                break
+            assert status == Status.Success
+            stored.append(i)
+        assert refused is not None, "4 MB of unpersisted writes fit in a 1 MB quota"
+        assert 0 < len(stored) * VALUE_SIZE <= QUOTA_MB * 1024 * 1024
+        assert c.get(b"k%d" % refused).status == Status.KeyEnoent
+        for i in stored:  # nothing acknowledged was dropped to make room
+            assert c.get(b"k%d" % i).value == value_of(i)
+        stats = c.stats()
+        assert int(stats["mem_used"]) <= int(stats["ep_max_size"])
+    # The clean shutdown persists what the quota held back from the flusher.
+    assert srv.terminate() == 0
+
+
+def write_until_accepted(c: KVClient, key: bytes, value: bytes) -> None:
+    """Set, retrying Etmpfail while the flusher catches up (as a client should)."""
+    for _ in poll_rounds(pause_s=0.01):
+        status = c.set(key, value).status
+        if status != Status.Etmpfail:
+            assert status == Status.Success, Status(status)
+            return
+    raise AssertionError(f"{key!r} was refused until the time limit")
+
+
+def test_ejected_values_are_read_back_from_disk(server_factory: type, tmp_path: Path) -> None:
+    srv: ServerProcess = server_factory(
+        tmp_path / "data", tmp_path / "log", "--memory-quota-mb", str(QUOTA_MB)
+    )
+    srv.start()
+    with KVClient(srv.port) as c:
+        c.login()
+        c.hello(HelloFeature.MutationSeqno)
+        for i in range(MAX_WRITES):
+            write_until_accepted(c, b"k%d" % i, value_of(i))
+        stats = c.stats()
+        used, quota = int(stats["mem_used"]), int(stats["ep_max_size"])
+        assert used <= quota < MAX_WRITES * VALUE_SIZE  # so most values were ejected
+        for i in range(MAX_WRITES):
+            got = c.get(b"k%d" % i)
+            assert (got.status, got.value) == (Status.Success, value_of(i))
+            assert struct.unpack(">I", got.extras) == (0,)
