@@ -1,0 +1,272 @@
+"""Data-server throughput: pipelined Set and Get over 1 and 4 connections.
+
+Theory of operation
+-------------------
+Starts a ``dcpkv server`` subprocess (fresh data dir in the temp dir, 1024 vbuckets) and, when
+``memcached`` is on PATH, a ``memcached`` on a free loopback port (``-U 0``: no UDP; no SASL),
+and drives both with the same client in the same run, so the figures compare the servers
+rather than two clients.
+
+The client is asyncio over the project's codec: every request is encoded before the clock
+starts, in batches of ``--batch`` requests (100 by default) that go out in one write; the
+connection then reads until that batch's answers are in, and sends the next batch. ``--ops``
+operations (200,000) are split evenly over the connections, which run concurrently on one
+event loop; a phase's rate is its operations over the wall time of the slowest connection.
+
+Phases, per connection count: Set of distinct keys (16-byte keys, 100-byte values), then Get of
+the same keys. Against dcpkv each request carries the key's vbucket (as a smart client would)
+and each connection logs in with SASL PLAIN first; memcached ignores the vbucket field. Any
+answer that is not Success is counted and shown, so a fast wrong answer is not mistaken for a
+fast right one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.frame import FrameParser, encode_frame
+
+VALUE = b"v" * 100
+VBUCKETS = 1024
+START_TIMEOUT_S = 30.0
+_SET_EXTRAS = struct.pack(">II", 0, 0)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    port: int
+    login: bool  # SASL PLAIN first (dcpkv); memcached runs without SASL
+    vbuckets: bool  # put the key's vbucket in the header
+
+
+@dataclass(frozen=True)
+class Result:
+    ops: int
+    seconds: float
+    errors: int
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+def _key(i: int) -> bytes:
+    return b"bench-key-%06d" % i
+
+
+def _request(opcode: Opcode, i: int, target: Target) -> bytes:
+    key = _key(i)
+    vb = vbucket_for_key(key, VBUCKETS) if target.vbuckets else 0
+    if opcode == Opcode.Set:
+        return encode_frame(
+            Magic.ClientRequest, opcode, key=key, extras=_SET_EXTRAS, value=VALUE,
+            vbucket=vb, opaque=i,
+        )  # fmt: skip
+    return encode_frame(Magic.ClientRequest, opcode, key=key, vbucket=vb, opaque=i)
+
+
+def batches(opcode: Opcode, keys: range, batch: int, target: Target) -> list[tuple[bytes, int]]:
+    """The requests for ``keys``, joined ``batch`` at a time: (bytes, request count)."""
+    out = []
+    for start in range(keys.start, keys.stop, batch):
+        ids = range(start, min(start + batch, keys.stop))
+        out.append((b"".join(_request(opcode, i, target) for i in ids), len(ids)))
+    return out
+
+
+# -- one connection ------------------------------------------------------------------------------
+
+
+class Conn:
+    """A pipelining client connection: write a batch, read its answers, repeat."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.parser = FrameParser(max_value_len=1 << 20)
+        self.errors = 0
+
+    @classmethod
+    async def open(cls, target: Target) -> Conn:
+        reader, writer = await asyncio.open_connection("127.0.0.1", target.port)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = cls(reader, writer)
+        if target.login:
+            value = b"\0Administrator\0password"
+            await conn.run([(encode_frame(Magic.ClientRequest, Opcode.SaslAuth, key=b"PLAIN",
+                                          value=value), 1)])  # fmt: skip
+            if conn.errors:
+                raise RuntimeError(f"{target.name}: login failed")
+        return conn
+
+    async def run(self, work: list[tuple[bytes, int]]) -> None:
+        for payload, count in work:
+            self.writer.write(payload)
+            await self._answers(count)
+
+    async def _answers(self, count: int) -> None:
+        while count:
+            data = await self.reader.read(1 << 16)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            for frame in self.parser.feed(data):
+                count -= 1
+                if frame.status != Status.Success:
+                    self.errors += 1
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+async def phase(target: Target, opcode: Opcode, ops: int, conns: int, batch: int) -> Result:
+    """``ops`` requests of one opcode over ``conns`` concurrent connections."""
+    per = ops // conns
+    work = [batches(opcode, range(n * per, (n + 1) * per), batch, target) for n in range(conns)]
+    clients = [await Conn.open(target) for _ in range(conns)]
+    try:
+        start = time.perf_counter()
+        await asyncio.gather(*(c.run(w) for c, w in zip(clients, work, strict=True)))
+        seconds = time.perf_counter() - start
+    finally:
+        for c in clients:
+            await c.close()
+    return Result(per * conns, seconds, sum(c.errors for c in clients))
+
+
+# -- servers -------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port_file(proc: subprocess.Popen[bytes], path: Path) -> int:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("dcpkv server did not start")
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("memcached did not start")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def dcpkv_server(tmp: Path) -> Iterator[Target]:
+    port_file = tmp / "dcpkv.port"
+    cmd = [
+        sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0", "--data-dir",
+        str(tmp / "data"), "--port-file", str(port_file), "--vbuckets", str(VBUCKETS),
+    ]  # fmt: skip
+    with open(tmp / "dcpkv.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+    try:
+        yield Target("dcpkv", _wait_port_file(proc, port_file), login=True, vbuckets=True)
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def memcached_server(binary: str) -> Iterator[Target]:
+    port = _free_port()
+    cmd = [binary, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-m", "512"]
+    if os.geteuid() == 0:
+        cmd += ["-u", "nobody"]  # memcached refuses to run as root
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(proc, port)
+        yield Target("memcached", port, login=False, vbuckets=False)
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def measure(target: Target, ops: int, batch: int, conn_counts: list[int]) -> list[list[str]]:
+    rows = []
+    for conns in conn_counts:
+        for opcode in (Opcode.Set, Opcode.Get):
+            result = asyncio.run(phase(target, opcode, ops, conns, batch))
+            rows.append([
+                target.name, opcode.name, str(conns), f"{result.ops:,}",
+                f"{result.rate:,.0f}", f"{result.seconds:.2f}", str(result.errors),
+            ])  # fmt: skip
+    return rows
+
+
+def main(
+    ops: int = typer.Option(200_000, help="operations per phase"),
+    batch: int = typer.Option(100, help="requests per write"),
+    connections: str = typer.Option("1,4", help="connection counts, comma-separated"),
+) -> None:
+    conn_counts = [int(c) for c in connections.split(",")]
+    rows: list[list[str]] = []
+    with (
+        tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
+        dcpkv_server(Path(tmp)) as target,
+    ):
+        rows += measure(target, ops, batch, conn_counts)
+    binary = shutil.which("memcached")
+    if binary:
+        with memcached_server(binary) as target:
+            rows += measure(target, ops, batch, conn_counts)
+    table = Table(title=f"Pipelined KV throughput ({batch} requests per write, {len(VALUE)}-byte "
+                  "values, one asyncio client process)")  # fmt: skip
+    for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "errors"):
+        table.add_column(col, justify="left" if col in ("server", "op") else "right")
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    if not binary:
+        console.print("memcached not on PATH: only dcpkv measured (apt-get install memcached)")
+
+
+if __name__ == "__main__":
+    typer.run(main)
