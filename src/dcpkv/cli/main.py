@@ -60,6 +60,13 @@ def server(
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
+    flush_interval: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds between flusher runs [default: 0.05]. A huge value keeps writes in "
+            "memory only (the crash tests use it to lose unpersisted writes on kill -9)."
+        ),
+    ] = None,
 ) -> None:
     """Run the key-value data server until SIGINT/SIGTERM."""
     from dcpkv.server.app import run
@@ -76,6 +83,7 @@ def server(
             memory_quota_mb=memory_quota_mb,
             user=user,
             password=password,
+            flush_interval_s=flush_interval,
         )
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
