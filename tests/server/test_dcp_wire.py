@@ -389,3 +389,23 @@ def _readable(consumer: DcpClient) -> bool:
     """A decoded message is waiting, or bytes are (waits at most 50 ms, to let the writer
     thread finish)."""
     return bool(consumer._frames or select.select([consumer.sock], [], [], 0.05)[0])
+
+
+# -- dcpkv stats --------------------------------------------------------------------------------
+
+
+def test_cli_stats_dcp_table(server: ServerProcess) -> None:
+    import subprocess
+    import sys
+
+    consumer = DcpClient(server.port, name="indexer:cli")
+    assert isinstance(consumer.stream(2), dcp.StreamRequestOk)
+    cmd = [sys.executable, "-m", "dcpkv.cli.main", "stats", "dcp", "--port", str(server.port)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = dict(line.split(None, 1) for line in out.splitlines())
+    assert rows["ep_dcp_producer_count"] == "1"
+    assert rows["num_streams:indexer:cli"] == "1"
+    assert rows["start_seqno:2:indexer:cli"] == "0"
+    bad = subprocess.run([*cmd, "--password", "wrong"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "AuthError" in bad.stderr
+    consumer.close()

@@ -95,5 +95,30 @@ def server(
         raise typer.Exit(1) from None
 
 
+@app.command()
+def stats(
+    group: Annotated[
+        str, typer.Argument(help="Stat group: '' (general), dcp, vbucket-seqno, failovers...")
+    ] = "",
+    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port.")] = 11210,
+    user: Annotated[str, typer.Option(help="User name.")] = "Administrator",
+    password: Annotated[str, typer.Option(help="Its password.")] = "password",
+    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = "default",
+) -> None:
+    """Print a running server's stats of one group as a table."""
+    from dcpkv.cli.kvrequest import KVSession, RequestFailed, format_table
+
+    try:
+        with KVSession(host, port) as session:
+            session.login(user, password, bucket)
+            rows = session.stats(group)
+    except (OSError, RequestFailed) as exc:
+        typer.echo(f"dcpkv stats: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if rows:
+        typer.echo(format_table(rows))
+
+
 if __name__ == "__main__":
     app()
