@@ -33,6 +33,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/codec.py
 	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/dcp.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
