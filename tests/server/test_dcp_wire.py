@@ -409,3 +409,38 @@ def test_cli_stats_dcp_table(server: ServerProcess) -> None:
     bad = subprocess.run([*cmd, "--password", "wrong"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "AuthError" in bad.stderr
     consumer.close()
+
+
+# -- takeover ----------------------------------------------------------------------------------
+
+
+def test_takeover_over_the_wire(server: ServerProcess) -> None:
+    w = writer(server.port)
+    keys = [k for k in (f"t{i}".encode() for i in range(400)) if vb_of(k) == 3][:5]
+    for key in keys:
+        kset(w, key, b"moving")
+    c = DcpClient(server.port, name="replica:node2")
+    answer = c.stream(3, flags=StreamRequestFlag.TakeOver)
+    assert isinstance(answer, dcp.StreamRequestOk)
+
+    def next_state() -> dcp.SetVbucketState:
+        before = len(c.log)
+        c.follow(lambda: len(c.log) > before and isinstance(c.log[-1], dcp.SetVbucketState),
+                 max_messages=100)  # fmt: skip
+        msg = c.log[-1]
+        assert isinstance(msg, dcp.SetVbucketState) and msg.opaque == answer.opaque
+        return msg
+
+    pending = next_state()
+    assert pending.state == 3 and c.vbs[3].seqno == 5  # pending, after every item
+    c.send(GenericResponse(opcode=Opcode.DcpSetVbucketState, opaque=pending.opaque))
+    active = next_state()
+    assert active.state == 1
+    state = w.call(Opcode.GetVbucket, vbucket=3)
+    assert struct.unpack(">I", state.value) == (4,)  # the old active is dead now
+    assert w.set(keys[0], b"too late", vbucket=3).status == Status.NotMyVbucket
+    c.send(GenericResponse(opcode=Opcode.DcpSetVbucketState, opaque=active.opaque))
+    c.follow(lambda: c.vbs[3].ended is not None, max_messages=10)
+    assert c.vbs[3].ended == StreamEndReason.OK
+    c.close()
+    w.close()
