@@ -28,7 +28,9 @@ writes while the transport is above its high-water mark, so a slow consumer cost
 checkpoints or on disk (the producer's own bound). Every second the liveness timer writes
 ``noop_due`` and closes connections that are ``is_dead``. A vbucket state change (the
 bucket's ``state_listeners``) calls ``vbucket_state_changed`` on every producer of that
-bucket; a closed connection calls ``disconnect``.
+bucket; a closed connection calls ``disconnect``. Above the high-water mark reading pauses
+too, as on every connection: a consumer that has not read our output for a whole Noop
+interval cannot have its Noop answer read either, and is dropped as dead (too slow).
 
 Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
