@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/codec.py
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/kv.py
+	$(BIN)/python bench/dcp.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

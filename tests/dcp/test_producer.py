@@ -22,6 +22,8 @@ from dcpkv.protocol.constants import (
     SnapshotFlag,
     Status,
     StreamEndReason,
+    StreamRequestFlag,
+    VbucketState,
 )
 from dcpkv.protocol.frame import FrameParser
 from dcpkv.protocol.messages import decode_message
@@ -539,3 +541,53 @@ def test_disconnect_releases_cursors(bucket: Bucket, clock: ManualClock) -> None
     p.disconnect()
     assert f"dcp:{NAME}:0" not in vb.checkpoints.cursors
     assert p.next_messages() == []
+
+
+# -- takeover ----------------------------------------------------------------------------------
+
+
+def ack(p: DcpProducer, msg: Message) -> None:
+    """The consumer's answer to a SetVbucketState the producer sent."""
+    p.handle(GenericResponse(opcode=Opcode.DcpSetVbucketState, opaque=msg.opaque))
+
+
+def test_takeover_hands_the_vbucket_over(bucket: Bucket, clock: ManualClock) -> None:
+    vb = bucket.get_vbucket(0)
+    write(vb, 12)
+    bucket.flush_once()
+    other, oc = DcpProducer(bucket, "indexer", OpenFlag.Producer, clock=clock), Consumer()
+    request(other)  # a plain stream of the same vbucket, on another connection
+    oc.drain(other)
+    p, c = producer(bucket, clock), Consumer()
+    assert isinstance(request(p, flags=StreamRequestFlag.TakeOver), dcp.StreamRequestOk)
+    c.drain(p)
+    pending = c.messages[-1]
+    assert isinstance(pending, dcp.SetVbucketState) and pending.state == VbucketState.Pending
+    assert c.seqno[0] == 12 and vb.state == VBucketState.ACTIVE
+    vb.set(b"late", b"written before the consumer's ack")
+    assert c.drain(p) == []  # waits for the ack, sends nothing
+    ack(p, pending)
+    assert vb.state == VBucketState.DEAD
+    other.vbucket_state_changed(0)  # what the server does for every producer of the bucket
+    p.vbucket_state_changed(0)  # the handoff's own stream is spared
+    tail = c.drain(p)
+    active = tail[-1]
+    assert isinstance(active, dcp.SetVbucketState) and active.state == VbucketState.Active
+    assert c.docs[0][b"late"] == b"written before the consumer's ack" and c.seqno[0] == 13
+    assert c.drain(p) == []
+    ack(p, active)
+    (end,) = c.drain(p)
+    assert isinstance(end, dcp.StreamEnd) and end.reason == StreamEndReason.OK
+    assert c.docs[0] == live(vb)
+    oc.drain(other)
+    assert [e.reason for e in oc.of(dcp.StreamEnd)] == [StreamEndReason.StateChanged]
+    assert f"dcp:{NAME}:0" not in vb.checkpoints.cursors
+
+
+def test_takeover_ignores_stray_acks(bucket: Bucket, clock: ManualClock) -> None:
+    p, c = producer(bucket, clock), Consumer()
+    request(p, flags=StreamRequestFlag.TakeOver, opaque=5)
+    p.handle(GenericResponse(opcode=Opcode.DcpSetVbucketState, opaque=5))  # nothing sent yet
+    assert bucket.get_vbucket(0).state == VBucketState.ACTIVE
+    (msg,) = c.drain(p)
+    assert isinstance(msg, dcp.SetVbucketState)

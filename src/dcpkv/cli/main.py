@@ -60,6 +60,13 @@ def server(
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
+    flush_interval: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds between flusher runs [default: 0.05]. A huge value keeps writes in "
+            "memory only (the crash tests use it to lose unpersisted writes on kill -9)."
+        ),
+    ] = None,
 ) -> None:
     """Run the key-value data server until SIGINT/SIGTERM."""
     from dcpkv.server.app import run
@@ -76,6 +83,7 @@ def server(
             memory_quota_mb=memory_quota_mb,
             user=user,
             password=password,
+            flush_interval_s=flush_interval,
         )
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
@@ -85,6 +93,31 @@ def server(
     except OSError as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command()
+def stats(
+    group: Annotated[
+        str, typer.Argument(help="Stat group: '' (general), dcp, vbucket-seqno, failovers...")
+    ] = "",
+    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port.")] = 11210,
+    user: Annotated[str, typer.Option(help="User name.")] = "Administrator",
+    password: Annotated[str, typer.Option(help="Its password.")] = "password",
+    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = "default",
+) -> None:
+    """Print a running server's stats of one group as a table."""
+    from dcpkv.cli.kvrequest import KVSession, RequestFailed, format_table
+
+    try:
+        with KVSession(host, port) as session:
+            session.login(user, password, bucket)
+            rows = session.stats(group)
+    except (OSError, RequestFailed) as exc:
+        typer.echo(f"dcpkv stats: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if rows:
+        typer.echo(format_table(rows))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,16 @@ Driving it (the server's side)
     vbucket state change: ``vbucket_state_changed(vb)``. On close: ``disconnect()``.
     Nothing here blocks except the SQLite reads of a backfill batch (``BATCH_ITEMS`` rows).
 
+Takeover (rebalance handoff)
+    A stream requested with the TakeOver flag runs like any other until it has caught up
+    (its memory cursor has nothing more). It then hands the vbucket over as kv_engine does:
+    it sends SetVbucketState(pending) and waits for the consumer's answer; on that answer the
+    producer sets its *own* vbucket dead (no front-end write may land after this point; other
+    streams of the vbucket end with StateChanged), drains what was written meanwhile, sends
+    SetVbucketState(active), waits for the answer, and ends the stream with StreamEnd(OK).
+    The consumer's answers are matched by the stream's opaque. A takeover stream whose cursor
+    is dropped in the handoff ends with TooSlow (the rebalance is retried by its driver).
+
 Liveness
     With ``enable_noop``, a connection that has sent nothing for an interval sends a Noop;
     a Noop unanswered for one more interval makes :meth:`is_dead` true.
@@ -148,6 +158,7 @@ class _Out:
     queued_seqno: int = 0  # the last item seqno put in ``pending`` (what is committed)
     emitted_seqno: int = 0  # the last item seqno handed out by next_messages
     backfill_remaining: int = 0
+    takeover_state: VbucketState | None = None  # the state the handoff sends next
 
     @property
     def finished(self) -> bool:
@@ -194,6 +205,8 @@ class DcpProducer:
         if isinstance(msg, GenericResponse):
             if msg.opcode == Opcode.DcpNoop:
                 self.noop_response()
+            elif msg.opcode == Opcode.DcpSetVbucketState:
+                self.set_vbucket_state_ack(msg.opaque)
             return None  # answers to our other server-side messages need nothing
         if isinstance(msg, dcp.DcpControl):
             try:
@@ -257,8 +270,6 @@ class DcpProducer:
     def stream_request(self, msg: dcp.StreamRequest) -> bytes:
         """Answer a stream request: OK + failover log, Rollback + seqno, or an error."""
         op, opaque = Opcode.DcpStreamRequest, msg.opaque
-        if msg.flags & StreamRequestFlag.TakeOver:
-            return _error(op, opaque, Status.NotSupported, "takeover streams are not supported")
         try:
             consumer_purge = msg.purge_seqno
         except CodecError as exc:
@@ -306,6 +317,8 @@ class DcpProducer:
             queued_seqno=accept.start,
             emitted_seqno=accept.start,
         )
+        if msg.flags & StreamRequestFlag.TakeOver:
+            out.takeover_state = VbucketState.Pending
         if old is not None:
             out.pending = old.pending  # the old stream's StreamEnd must still go out, first
         else:
@@ -352,6 +365,23 @@ class DcpProducer:
             targets[vbid] = min(high, out.stream.end)
         self._barriers.append(_Barrier(cookie, opaque, targets))
 
+    def set_vbucket_state_ack(self, opaque: int) -> None:
+        """The consumer answered a takeover stream's SetVbucketState (see the docstring)."""
+        out = next(
+            (o for o in self._streams.values()
+             if o.stream.opaque == opaque and o.stream.state is StreamState.TAKEOVER_WAIT),
+            None,
+        )  # fmt: skip
+        if out is None:
+            return  # a stray or late answer: nothing waits for it
+        if out.takeover_state == VbucketState.Pending:
+            out.takeover_state = VbucketState.Active
+            out.stream.handle(StreamEvent.ACKED)
+            # After the state event, so our own vbucket_state_changed spares this stream.
+            self.bucket.set_vbucket_state(out.stream.vbucket, VBucketState.DEAD)
+        else:
+            self._end(out, StreamEndReason.OK)
+
     # -- events from the engine ---------------------------------------------------------------
 
     def vbucket_state_changed(self, vbucket: int) -> None:
@@ -359,6 +389,8 @@ class DcpProducer:
         out = self._streams.get(vbucket)
         if out is None or not out.stream.alive:
             return
+        if out.stream.state in (StreamState.TAKEOVER_SEND, StreamState.TAKEOVER_WAIT):
+            return  # the handoff itself moves the vbucket; it ends the stream when done
         vb = self.bucket.vbuckets.get(vbucket)
         gone = vb is None or vb.state == VBucketState.DEAD
         if gone or (out.was_active and vb.state != VBucketState.ACTIVE):
@@ -455,6 +487,8 @@ class DcpProducer:
             self._refill_from_disk(out)
         elif stream.state is StreamState.IN_MEMORY:
             self._refill_from_memory(out)
+        elif stream.state is StreamState.TAKEOVER_SEND:
+            self._refill_takeover(out)
 
     def _begin(self, out: _Out) -> None:
         vb = self.bucket.vbuckets[out.stream.vbucket]
@@ -512,9 +546,31 @@ class DcpProducer:
             self._refill_from_disk(out)
             return
         if snap is None:
+            if out.takeover_state is not None:
+                out.stream.handle(StreamEvent.TAKEOVER)  # caught up: start the handoff
+                self._refill_takeover(out)
             return
         self._queue_snapshot(out, snap)
         self._end_if_reached(out)
+
+    def _refill_takeover(self, out: _Out) -> None:
+        """Drain what memory still holds, then send the next state of the handoff."""
+        assert out.cursor is not None and out.takeover_state is not None
+        try:
+            snap = out.cursor.next_snapshot(BATCH_ITEMS)
+        except CursorDropped:
+            self._end(out, StreamEndReason.TooSlow)
+            return
+        if snap is not None:
+            self._queue_snapshot(out, snap)
+            self._end_if_reached(out)
+            return
+        stream = out.stream
+        msg = dcp.SetVbucketState(
+            opaque=stream.opaque, vbucket=stream.vbucket, state=out.takeover_state
+        )
+        out.pending.append(_Queued(msg.encode()))
+        stream.handle(StreamEvent.STATE_SENT)
 
     def _queue_snapshot(self, out: _Out, snap: Snapshot) -> None:
         end = out.stream.end

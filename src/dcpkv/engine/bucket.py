@@ -31,6 +31,11 @@ bucket first drops DCP cursors that pin old checkpoints (their streams fall back
 then ejects persisted values down to a low watermark; if still over quota, the write fails
 with TempFail (the flusher must catch up first).
 
+Listeners (for the server's DCP push path; the engine itself never waits on anything):
+``seqno_listeners`` are called with a vbucket id after every item that vbucket queues (under
+the vbucket's lock, from whichever thread wrote: a listener must only take note and return);
+``state_listeners`` after a vbucket changes state or is deleted. A listener must not raise.
+
 Threads: the storage connection for writes belongs to whoever calls :meth:`flush_once`,
 :meth:`compact`, :meth:`rollback`, :meth:`delete_vbucket` and :meth:`shutdown`; a lock
 serialises them, so the server may run them in an executor thread while the event loop calls
@@ -42,6 +47,7 @@ from __future__ import annotations
 import random
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -95,6 +101,8 @@ class Bucket:
         self._writes = 0
         self._memory_estimate = 0
         self.closed = False
+        self.seqno_listeners: list[Callable[[int], None]] = []
+        self.state_listeners: list[Callable[[int], None]] = []
         self.warmed_up_after_clean_shutdown = self.warmup()
 
     def __enter__(self) -> Bucket:
@@ -128,6 +136,7 @@ class Bucket:
             self.vbuckets[vb] = vbucket
         else:
             vbucket.set_state(state)
+        self._state_changed(vb)
         return vbucket
 
     def delete_vbucket(self, vb: int) -> None:
@@ -137,11 +146,20 @@ class Bucket:
                 vbucket.set_state(VBucketState.DEAD)
                 vbucket.checkpoints.reset(0)
             self.storage.delete_vbucket(vb)
+        self._state_changed(vb)
+
+    def _state_changed(self, vb: int) -> None:
+        for listener in list(self.state_listeners):
+            listener(vb)
+
+    def _queued(self, vb: int) -> None:
+        for listener in self.seqno_listeners:
+            listener(vb)
 
     def _make(
         self, vb: int, state: VBucketState, failover: FailoverTable, s: VBState | None
     ) -> VBucket:
-        return VBucket(
+        vbucket = VBucket(
             vb,
             state,
             clock=self.clock,
@@ -155,6 +173,8 @@ class Bucket:
             fetch=self.storage.get,
             admit=self._admit,
         )
+        vbucket.on_queued = self._queued
+        return vbucket
 
     # -- warm-up and shutdown ------------------------------------------------------------------
 

@@ -152,6 +152,9 @@ class VBucket:
         self._max_deleted_rev = 0
         self._state_dirty = True
         self._unacked: FlushBatch | None = None
+        # Called (under the lock, so it must only take note) with the vbucket id after every
+        # item queued for DCP; the bucket fans it out to its listeners.
+        self.on_queued: Callable[[int], None] | None = None
 
     # -- reading the state ----------------------------------------------------------------
 
@@ -543,6 +546,8 @@ class VBucket:
         if item.deleted:
             self._max_deleted_rev = max(self._max_deleted_rev, item.rev_seqno)
         self.checkpoints.queue(item)
+        if self.on_queued is not None:
+            self.on_queued(self.id)
 
     def _replace_in_table(self, key: bytes, item: Item) -> None:
         old = self._ht.get(key)

@@ -15,6 +15,23 @@ anything unexpected is a bug: the client gets Einternal, the log gets the traceb
 connection keeps going. When the transport's write buffer passes its high-water mark, reading
 pauses until it drains (a client that pipelines without reading cannot grow our memory).
 
+DCP push path: a connection that opened as a producer (:mod:`dcpkv.server.dcp_handlers`)
+also *sends* without being asked. :meth:`KVProtocol.pump` writes one chunk of
+``producer.next_messages(PUMP_CHUNK)`` and, when that chunk was not empty, schedules itself
+again with ``call_soon``, so one fast stream cannot starve the other connections. It runs
+after every read, when the engine queues an item in one of the connection's bucket (the
+bucket's ``seqno_listeners`` mark the bucket dirty, and one ``call_soon`` per loop iteration
+pumps its producers, however many writes there were), when the transport drains below its
+low-water mark (``resume_writing``), and every ``PUMP_TICK_S`` as a safety net. It never
+writes while the transport is above its high-water mark, so a slow consumer costs at most
+``WRITE_HIGH_WATER`` plus one chunk of server memory; what it has not read stays in the
+checkpoints or on disk (the producer's own bound). Every second the liveness timer writes
+``noop_due`` and closes connections that are ``is_dead``. A vbucket state change (the
+bucket's ``state_listeners``) calls ``vbucket_state_changed`` on every producer of that
+bucket; a closed connection calls ``disconnect``. Above the high-water mark reading pauses
+too, as on every connection: a consumer that has not read our output for a whole Noop
+interval cannot have its Noop answer read either, and is dropped as dead (too slow).
+
 Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
 The flusher persists every ``flush_interval_s``; the expiry pager walks the hash tables every
@@ -34,10 +51,13 @@ import os
 import signal
 import socket
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import cast
 
+from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.vbucket import VBucketState
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Status
@@ -46,6 +66,7 @@ from dcpkv.protocol.frame import FrameParser, encode_frame
 from dcpkv.server import kv_handlers  # noqa: F401  (registers the key-value opcodes)
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import CloseConnection, Connection, response
+from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.state import ServerState
 
 log = logging.getLogger("dcpkv.server")
@@ -55,6 +76,9 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 # a length beyond this slack is treated as garbage and closes the connection.
 VALUE_SLACK = 1024 * 1024
 EXPIRY_PAGER_INTERVAL_S = 10.0
+PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yielding the loop
+PUMP_TICK_S = 0.05  # safety-net pump of every producer
+LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
 
 
 class KVProtocol(asyncio.Protocol):
@@ -66,6 +90,8 @@ class KVProtocol(asyncio.Protocol):
         self.parser = FrameParser(max_value_len=server.max_value_len)
         self.conn: Connection | None = None
         self.closing = False
+        self.write_paused = False
+        self._pump_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -82,11 +108,15 @@ class KVProtocol(asyncio.Protocol):
             peer=str(peer),
             initial_bucket=self.server.config.buckets[0].name,
         )
+        self.conn.kick = self.close
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.server.connections.add(self)
         self.server.state.connections = len(self.server.connections)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.conn is not None:
+            drop_producer(self.conn)
         self.server.connections.discard(self)
         self.server.state.connections = len(self.server.connections)
 
@@ -103,6 +133,8 @@ class KVProtocol(asyncio.Protocol):
             self.transport.write(b"".join(out))
         if self.closing and self.transport is not None:
             self.transport.close()  # after the queued answers are written
+        else:
+            self.pump()
 
     def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
         assert self.conn is not None
@@ -134,12 +166,59 @@ class KVProtocol(asyncio.Protocol):
         )
 
     def pause_writing(self) -> None:
+        self.write_paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         if self.transport is not None and not self.closing:
             self.transport.resume_reading()
+            self.schedule_pump()
+
+    # -- DCP push path -------------------------------------------------------------------------
+
+    @property
+    def producer(self) -> DcpProducer | None:
+        dcp = self.conn.dcp if self.conn is not None else None
+        return dcp if isinstance(dcp, DcpProducer) else None
+
+    def serves(self, bucket: str | None) -> bool:
+        return bucket is None or (self.conn is not None and self.conn.bucket_name == bucket)
+
+    def close(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def schedule_pump(self) -> None:
+        if not self._pump_scheduled and self.producer is not None:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self.pump)
+
+    def pump(self) -> None:
+        """Write one chunk of ready DCP messages; come back for more after other work."""
+        self._pump_scheduled = False
+        producer = self.producer
+        if producer is None or self.closing or self.write_paused or self.transport is None:
+            return
+        chunks = producer.next_messages(PUMP_CHUNK)
+        if chunks:
+            # May call pause_writing at once, which stops the next round.
+            self.transport.write(b"".join(chunks))
+            self.schedule_pump()
+
+    def liveness(self, now: float) -> None:
+        producer = self.producer
+        if producer is None or self.closing:
+            return
+        if producer.is_dead(now):
+            log.info("closing DCP connection %r: Noop unanswered", producer.name)
+            self.close()
+            return
+        noop = producer.noop_due(now)
+        if noop is not None and self.transport is not None:
+            self.transport.write(noop)  # not flow-controlled, and tiny: even when paused
 
 
 class DataServer:
@@ -153,6 +232,10 @@ class DataServer:
         self.max_value_len = 0
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._dirty: set[str] = set()  # buckets with new items since the last push
+        self._push_scheduled = False
 
     # -- start -------------------------------------------------------------------------------
 
@@ -182,6 +265,10 @@ class DataServer:
     async def start(self, port_file: Path | None = None) -> int:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.open_buckets)
+        self._loop, self._loop_thread = loop, threading.get_ident()
+        for name, bucket in self.state.buckets.items():
+            bucket.seqno_listeners.append(partial(self._on_queued, name))
+            bucket.state_listeners.append(partial(self._on_state_change, name))
         self._server = await loop.create_server(
             lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True
         )
@@ -190,11 +277,57 @@ class DataServer:
         self._tasks = [
             asyncio.create_task(self._flusher()),
             asyncio.create_task(self._expiry_pager()),
+            asyncio.create_task(self._pump_ticker()),
+            asyncio.create_task(self._liveness_ticker()),
         ]
         log.info("dcpkv listening on %s:%d", self.config.host, port)
         if port_file is not None:
             _write_atomically(port_file, f"{port}\n")
         return port
+
+    # -- DCP push path -----------------------------------------------------------------------
+
+    def producers(self, bucket: str | None = None) -> list[KVProtocol]:
+        return [p for p in self.connections if p.producer is not None and p.serves(bucket)]
+
+    def _on_queued(self, bucket: str, vb: int) -> None:
+        # Called under a vbucket lock, once per write: only take note.
+        if threading.get_ident() == self._loop_thread:
+            self._mark_dirty(bucket)
+        elif self._loop is not None:
+            self._loop.call_soon_threadsafe(self._mark_dirty, bucket)
+
+    def _mark_dirty(self, bucket: str) -> None:
+        self._dirty.add(bucket)
+        if not self._push_scheduled and self._loop is not None:
+            self._push_scheduled = True
+            self._loop.call_soon(self._push_dirty)
+
+    def _push_dirty(self) -> None:
+        self._push_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for bucket in dirty:
+            for proto in self.producers(bucket):
+                proto.schedule_pump()
+
+    def _on_state_change(self, bucket: str, vb: int) -> None:
+        for proto in self.producers(bucket):
+            assert proto.producer is not None
+            proto.producer.vbucket_state_changed(vb)
+            proto.schedule_pump()
+
+    async def _pump_ticker(self) -> None:
+        while True:
+            await asyncio.sleep(PUMP_TICK_S)
+            for proto in self.producers():
+                proto.schedule_pump()
+
+    async def _liveness_ticker(self) -> None:
+        while True:
+            await asyncio.sleep(LIVENESS_TICK_S)
+            for proto in self.producers():
+                assert proto.producer is not None
+                proto.liveness(proto.producer.clock.time())
 
     # -- background work ---------------------------------------------------------------------
 

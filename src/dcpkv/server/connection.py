@@ -12,6 +12,10 @@ A connection moves through three gates before it may touch data: Hello (optional
 features), SASL (PLAIN or SCRAM), SelectBucket. Opcodes that need a gate closed answer Eaccess
 (not authenticated) or NoBucket (no bucket selected). Key-value and DCP handlers live in their
 own modules and register themselves in ``HANDLERS``.
+
+Responses *from* the client (a DCP consumer answering the producer's Noop or
+SetVbucketState) go to ``RESPONSE_HANDLERS`` by opcode, but only on a connection that opened
+as a DCP producer; on any other connection they are answered UnknownCommand as before.
 """
 
 from __future__ import annotations
@@ -84,6 +88,12 @@ def response(
 Handler = Callable[["Connection", Frame], bytes | None]
 # opcode -> (handler, needs authentication, needs a selected bucket)
 HANDLERS: dict[int, tuple[Handler, bool, bool]] = {}
+# opcode -> handler of a client's *response* on a DCP connection (see the module docstring)
+RESPONSE_HANDLERS: dict[int, Handler] = {}
+
+
+def _nothing() -> None:
+    return None
 
 
 def handler(
@@ -111,6 +121,9 @@ class Connection:
     # Bucket selected on login when the client never sends SelectBucket (plain memcached
     # clients); a bucket named like the user wins, as in Couchbase.
     initial_bucket: str | None = None
+    # Closes this connection from outside it (a second DCP Open with the same name); the
+    # shell replaces it with one that closes the transport.
+    kick: Callable[[], None] = _nothing
 
     def authenticated(self, user: str | None) -> None:
         self.user = user
@@ -126,6 +139,10 @@ class Connection:
         return self.server.buckets[self.bucket_name] if self.bucket_name else None
 
     def handle(self, frame: Frame) -> bytes | None:
+        if not frame.is_request and self.dcp is not None:
+            on_response = RESPONSE_HANDLERS.get(frame.opcode)
+            if on_response is not None:
+                return on_response(self, frame)
         entry = HANDLERS.get(frame.opcode)
         if entry is None or not frame.is_request:
             return response(frame, Status.UnknownCommand)
@@ -238,6 +255,7 @@ def not_my_vbucket(conn: Connection) -> Reply:
 
 __all__ = [
     "HANDLERS",
+    "RESPONSE_HANDLERS",
     "CloseConnection",
     "Connection",
     "Reply",

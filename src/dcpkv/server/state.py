@@ -20,6 +20,8 @@ class ServerState:
     port: int | None = None
     cluster_rev: int = 1
     connections: int = 0  # open client connections (the shell keeps it current)
+    # (bucket, DCP connection name) -> the Connection that opened it as a producer
+    dcp_producers: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users))

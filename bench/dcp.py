@@ -1,0 +1,222 @@
+"""DCP over the wire: one consumer connection streaming a bucket from a real server.
+
+Theory of operation
+-------------------
+1. Load: ``--count`` items (16-byte keys, 100-byte values) are written *directly through the
+   engine* (``Bucket.set`` + ``flush_once``) into a fresh data dir, then the bucket is shut
+   down cleanly. That is much faster than a million pipelined Sets through the server, and
+   gives exactly the on-disk state the server would have.
+2. A real ``dcpkv server`` subprocess starts on that data dir (warm-up time is printed too).
+3. Backfill: one connection (socket + FrameParser, nothing else: counting frames is all a
+   consumer must do) opens a producer and requests every vbucket from 0 to its high seqno;
+   timed from the first request to the last StreamEnd.
+4. Live: the same connection requests every vbucket from its high seqno to infinity, and a
+   writer *process* pipelines ``--live`` Sets; timed from the writer's start until the
+   consumer has received every one of them.
+5. The codec's ``Mutation.encode`` rate on the same shape is printed as the local ceiling.
+
+Rates are items/s and MB/s of DCP wire bytes received.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import typer
+
+from dcpkv.cli.kvrequest import KVSession
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.vbucket import VBucketState
+from dcpkv.protocol import FrameParser, dcp
+from dcpkv.protocol.base import U64_MAX
+from dcpkv.protocol.constants import Magic, Opcode, OpenFlag
+from dcpkv.protocol.frame import Frame
+from dcpkv.protocol.messages import decode_message
+
+KEY_LEN, VALUE = 16, b"v" * 100
+
+
+def _key(i: int) -> bytes:
+    return b"key-%012d" % i
+
+
+def load(data_dir: Path, count: int, vbuckets: int) -> float:
+    start = time.perf_counter()
+    with Bucket("default", data_dir, num_vbuckets=vbuckets, memory_quota=4 << 30) as bucket:
+        for vb in range(vbuckets):
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+        for i in range(count):
+            key = _key(i)
+            bucket.get_vbucket(bucket.vbucket_for(key)).set(key, VALUE)
+            if i % 50_000 == 49_999:
+                bucket.flush_once()
+    return time.perf_counter() - start
+
+
+def start_server(data_dir: Path, vbuckets: int) -> tuple[subprocess.Popen[bytes], int, float]:
+    port_file = data_dir.parent / "port"
+    cmd = [
+        sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0",
+        "--data-dir", str(data_dir), "--port-file", str(port_file),
+        "--vbuckets", str(vbuckets), "--memory-quota-mb", "4096",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    log = open(data_dir.parent / "server.log", "wb")  # noqa: SIM115  (lives as long as the server)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited {proc.returncode}")
+        time.sleep(0.05)
+    return proc, int(port_file.read_text()), time.perf_counter() - started
+
+
+class Consumer:
+    """One DCP producer connection; counts what arrives."""
+
+    def __init__(self, port: int) -> None:
+        session = KVSession("127.0.0.1", port, timeout=120)
+        session.login("Administrator", "password", "default")
+        # DcpOpen needs extras, which KVSession.call does not send: build it with the codec.
+        session.sock.sendall(dcp.DcpOpen(name="bench:consumer", flags=OpenFlag.Producer).encode())
+        next(iter(session.frames()))
+        self.sock, self.parser = session.sock, session.parser
+        self.uuids: dict[int, int] = {}  # from the stream requests' failover logs
+
+    def request_all(self, starts: dict[int, int], ends: dict[int, int] | None = None) -> None:
+        """Pipelined stream requests (answers are skipped by ``run_until``)."""
+        self.sock.sendall(b"".join(
+            dcp.StreamRequest(
+                opaque=vb, vbucket=vb, start_seqno=start,
+                end_seqno=ends[vb] if ends is not None else U64_MAX,
+                snap_start_seqno=start, snap_end_seqno=start, vbucket_uuid=self.uuids.get(vb, 0),
+            ).encode()
+            for vb, start in starts.items()
+        ))  # fmt: skip
+
+    def run_until(self, *, items: int = -1, stream_ends: int = -1) -> tuple[int, int]:
+        """Read until ``items`` mutations or ``stream_ends`` StreamEnds; (items, bytes)."""
+        got_items = got_ends = nbytes = 0
+        while got_items != items and got_ends != stream_ends:
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise SystemExit("server closed the connection")
+            nbytes += len(data)
+            for frame in self.parser.feed(data):
+                if frame.magic != Magic.ClientRequest:
+                    self._answer(frame)
+                    continue
+                if frame.opcode == Opcode.DcpMutation:
+                    got_items += 1
+                elif frame.opcode == Opcode.DcpStreamEnd:
+                    got_ends += 1
+        return got_items, nbytes
+
+    def _answer(self, frame: Frame) -> None:
+        if frame.opcode != Opcode.DcpStreamRequest:
+            return
+        answer = decode_message(frame)
+        if not isinstance(answer, dcp.StreamRequestOk):
+            raise SystemExit(f"stream request for vb {frame.opaque} refused: {answer}")
+        self.uuids[frame.opaque] = answer.failover_log[0].uuid
+
+
+def high_seqnos(port: int) -> dict[int, int]:
+    with KVSession("127.0.0.1", port) as s:
+        s.login("Administrator", "password", "default")
+        frame = s.call(Opcode.GetAllVbSeqnos)
+    return dict(struct.iter_unpack(">HQ", bytes(frame.value)))
+
+
+def writer(port: int, count: int, vbuckets: int) -> None:
+    from dcpkv.engine.bucket import vbucket_for_key
+    from dcpkv.protocol.frame import encode_frame
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    auth = encode_frame(Magic.ClientRequest, Opcode.SaslAuth, key=b"PLAIN",
+                        value=b"\0Administrator\0password")  # fmt: skip
+    sock.sendall(auth)
+    sock.recv(1024)
+    extras = struct.pack(">II", 0, 0)
+    batch = 1000
+    for base in range(0, count, batch):
+        frames = []
+        for i in range(base, min(count, base + batch)):
+            key = b"live-%011d" % i
+            frames.append(encode_frame(
+                Magic.ClientRequest, Opcode.SetQ, key=key, value=VALUE, extras=extras,
+                vbucket=vbucket_for_key(key, vbuckets),
+            ))  # fmt: skip
+        sock.sendall(b"".join(frames))
+    sock.sendall(encode_frame(Magic.ClientRequest, Opcode.Noop))
+    parser = FrameParser()
+    while not any(f.opcode == Opcode.Noop for f in parser.feed(sock.recv(1 << 16))):
+        pass
+    sock.close()
+
+
+def codec_rate(n: int = 200_000) -> float:
+    msgs = [dcp.Mutation(key=_key(i), value=VALUE, by_seqno=i + 1, rev_seqno=1, opaque=7,
+                         vbucket=i & 63) for i in range(n)]  # fmt: skip
+    start = time.perf_counter()
+    for m in msgs:
+        m.encode()
+    return n / (time.perf_counter() - start)
+
+
+def _line(what: str, items: int, nbytes: int, seconds: float) -> str:
+    return (f"  {what:<28} {items:>10,} items in {seconds:7.2f} s  "
+            f"{items / seconds:>10,.0f} items/s  {nbytes / seconds / 1e6:7.1f} MB/s")  # fmt: skip
+
+
+def main(
+    count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
+    live: int = typer.Option(100_000, "--live", help="items written during the live phase"),
+    vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
+) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="dcpkv-bench-"))
+    proc = None
+    try:
+        data = tmp / "data"
+        print(f"DCP bench: {count:,} items of {len(VALUE)} bytes, {vbuckets} vbuckets")
+        print(f"  load through the engine      {load(data, count, vbuckets):7.2f} s")
+        proc, port, warm = start_server(data, vbuckets)
+        print(f"  server start (warm-up)       {warm:7.2f} s")
+        highs = high_seqnos(port)
+        consumer = Consumer(port)
+        start = time.perf_counter()
+        # every vbucket from 0 to its high seqno: one StreamEnd each at the end
+        consumer.request_all(dict.fromkeys(highs, 0), highs)
+        items, nbytes = consumer.run_until(stream_ends=len(highs))
+        print(_line("backfill, one connection", items, nbytes, time.perf_counter() - start))
+        consumer.request_all(highs)
+        writer_proc = multiprocessing.Process(target=writer, args=(port, live, vbuckets))
+        start = time.perf_counter()
+        writer_proc.start()
+        items, nbytes = consumer.run_until(items=live)
+        seconds = time.perf_counter() - start
+        writer_proc.join()
+        print(_line("live, concurrent writer", items, nbytes, seconds))
+        rate = codec_rate()
+        wire = len(dcp.Mutation(key=_key(0), value=VALUE).encode())
+        print(f"  codec Mutation.encode (ceiling)                    {rate:>10,.0f} items/s  "
+              f"{rate * wire / 1e6:7.1f} MB/s")  # fmt: skip
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    typer.run(main)
