@@ -12,6 +12,9 @@ app = typer.Typer(
     help="dcpkv: a partitioned key-value store with a correct, resumable change stream (DCP).",
     no_args_is_help=True,
     add_completion=False,
+    # Markdown: docstring paragraphs are re-flowed to the terminal instead of keeping the
+    # source's line breaks.
+    rich_markup_mode="markdown",
 )
 
 
@@ -88,11 +91,67 @@ def server(
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
+    from dcpkv.engine.storage import StorageError
+
     try:
         run(settings, port_file)
-    except OSError as exc:
+    except (OSError, StorageError) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command()
+def compact(
+    data_dir: Annotated[Path, typer.Option(help="The server's data folder.")] = Path(
+        "./dcpkv-data"
+    ),
+    bucket: Annotated[str, typer.Option(help="Bucket to compact.")] = "default",
+    vbucket: Annotated[
+        int | None, typer.Option(help="Only this vbucket [default: every vbucket].")
+    ] = None,
+    purge_before_seqno: Annotated[
+        int | None, typer.Option(help="Purge tombstones with a seqno at or below this.")
+    ] = None,
+    older_than: Annotated[
+        float | None, typer.Option(help="Purge tombstones deleted more than SECONDS ago.")
+    ] = None,
+) -> None:
+    """Purge tombstones of a stopped server's bucket, raising its purge seqnos.
+
+    A running server compacts by itself (tombstones older than three days, every hour). This
+    command is for a stopped one: it refuses to touch a bucket a server holds. DCP consumers
+    that resume from below a vbucket's new purge seqno are rolled back to zero, since they may
+    have missed deletions that no longer exist.
+    """
+    from dcpkv.engine.bucket import Bucket
+    from dcpkv.engine.storage import BucketLock, StorageError
+
+    if (purge_before_seqno is None) == (older_than is None):
+        typer.echo("dcpkv compact: give one of --purge-before-seqno or --older-than", err=True)
+        raise typer.Exit(2)
+    if not (data_dir / f"{bucket}.sqlite3").exists():
+        typer.echo(f"dcpkv compact: no bucket {bucket!r} in {data_dir}", err=True)
+        raise typer.Exit(1)
+    try:
+        lock = BucketLock(data_dir, bucket)
+        try:
+            with Bucket(bucket, data_dir) as opened:
+                if vbucket is not None and vbucket not in opened.vbuckets:
+                    typer.echo(f"dcpkv compact: bucket has no vbucket {vbucket}", err=True)
+                    raise typer.Exit(1)
+                results = opened.compact(
+                    vbucket, purge_before_seqno=purge_before_seqno, purge_older_than_secs=older_than
+                )
+        finally:
+            lock.release()
+    except StorageError as exc:
+        typer.echo(f"dcpkv compact: {exc}", err=True)
+        raise typer.Exit(1) from None
+    purged = sum(r.purged for r in results.values())
+    typer.echo(
+        f"compacted {len(results)} vbucket(s) of {bucket!r}: {purged} tombstone(s) purged, "
+        f"highest purge seqno {max((r.purge_seqno for r in results.values()), default=0)}"
+    )
 
 
 @app.command()

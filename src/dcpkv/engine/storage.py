@@ -51,7 +51,9 @@ Unsigned 64-bit CAS values are stored as SQLite's signed 64-bit integers (two's 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -107,6 +109,36 @@ class StorageError(Exception):
 
 class CorruptDatabaseError(StorageError):
     """The database file is not a (readable) dcpkv database."""
+
+
+class BucketInUseError(StorageError):
+    """Another process holds the bucket's files (a running server, a compaction)."""
+
+
+class BucketLock:
+    """An exclusive, advisory lock on ``<folder>/<bucket>.lock`` for the life of a process.
+
+    SQLite would let two processes open one bucket file, but two engines would each believe
+    they own the write queue, the failover table and the clean-shutdown flag. The lock makes
+    the second one fail at once with a clear message. The kernel drops it when the process
+    dies, so a kill -9 never leaves a stale lock behind.
+    """
+
+    def __init__(self, folder: Path, bucket: str) -> None:
+        self.path = Path(folder) / f"{bucket}.lock"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise BucketInUseError(
+                f"bucket {bucket!r} in {folder} is in use by another process (lock {self.path})"
+            ) from None
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
 
 
 @dataclass(slots=True)

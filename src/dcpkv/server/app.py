@@ -59,6 +59,7 @@ from typing import cast
 
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.storage import BucketLock
 from dcpkv.engine.vbucket import VBucketState
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Status
 from dcpkv.protocol.errors import CodecError
@@ -236,6 +237,7 @@ class DataServer:
         self._loop_thread = 0
         self._dirty: set[str] = set()  # buckets with new items since the last push
         self._push_scheduled = False
+        self._locks: list[BucketLock] = []
 
     # -- start -------------------------------------------------------------------------------
 
@@ -243,6 +245,7 @@ class DataServer:
         for bc in self.config.buckets:
             path = Path(self.config.data_dir)
             path.mkdir(parents=True, exist_ok=True)
+            self._locks.append(BucketLock(path, bc.name))
             bucket = Bucket(
                 bc.name,
                 path,
@@ -277,6 +280,7 @@ class DataServer:
         self._tasks = [
             asyncio.create_task(self._flusher()),
             asyncio.create_task(self._expiry_pager()),
+            asyncio.create_task(self._compactor()),
             asyncio.create_task(self._pump_ticker()),
             asyncio.create_task(self._liveness_ticker()),
         ]
@@ -353,6 +357,20 @@ class DataServer:
                 except Exception:
                     log.exception("expiry pager failed on bucket %s", bucket.name)
 
+    async def _compactor(self) -> None:
+        """Purge old tombstones now and then; each purge raises the vbuckets' purge seqnos."""
+        loop = asyncio.get_running_loop()
+        age = self.config.tombstone_purge_age_s
+        while True:
+            await asyncio.sleep(self.config.compaction_interval_s)
+            for bucket in self.state.buckets.values():
+                try:
+                    await loop.run_in_executor(
+                        self.executor, partial(bucket.compact, purge_older_than_secs=age)
+                    )
+                except Exception:
+                    log.exception("compaction failed on bucket %s", bucket.name)
+
     # -- stop --------------------------------------------------------------------------------
 
     async def stop(self) -> None:
@@ -377,6 +395,8 @@ class DataServer:
         for bucket in self.state.buckets.values():
             if not bucket.closed:
                 bucket.shutdown()
+        for lock in self._locks:
+            lock.release()
 
 
 def _write_atomically(path: Path, text: str) -> None:

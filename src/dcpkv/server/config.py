@@ -55,6 +55,10 @@ class ServerConfig:
     buckets: tuple[BucketConfig, ...] = (BucketConfig(),)
     users: dict[str, str] = field(default_factory=lambda: {"Administrator": "password"})
     flush_interval_s: float = 0.05
+    # Tombstones older than this are purged by the periodic compaction (Couchbase's "metadata
+    # purge interval"; 3 days there too). A consumer that was away longer gets rolled back to 0.
+    tombstone_purge_age_s: float = 3 * 24 * 3600
+    compaction_interval_s: float = 3600
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -87,11 +91,12 @@ def load_config(path: Path | None) -> ServerConfig:
 
 
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
-    known = {"host", "port", "data_dir", "users", "buckets", "flush_interval_s"}
+    numbers = ("port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s")
+    known = {"host", "data_dir", "users", "buckets", *numbers}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", "port", "flush_interval_s") if k in doc}
+    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", *numbers) if k in doc}
     if "data_dir" in doc:
         kwargs["data_dir"] = Path(doc["data_dir"])
     if "users" in doc:
