@@ -41,6 +41,11 @@ answer, or the log on the previous connection's OK), :meth:`check_failover_log` 
 that the consumer is on a dead branch it rolls back at once instead of asking, being refused
 and asking again. The producer still checks the request (it alone knows its purge seqno), so a
 second rollback can follow; and an "impossible history" result is left to the producer.
+
+A consumer repaired from spec 002's mutation log must use this mode (spec 002 has it fetch the
+failover logs first too): the documents it re-fetched are newer than its offset, and if the
+producer loses them in a later failover, a stream request from the offset is accepted without
+a word. Only the comparison with ``seen_seqno`` (:meth:`note_seen`) notices.
 """
 
 from __future__ import annotations
@@ -181,7 +186,7 @@ class ConsumerStream:
 
     def check_failover_log(self, producer_log: Sequence[FailoverEntry]) -> events.Rollback | None:
         """Optional, before :meth:`request`: roll back now if the logs already demand it."""
-        seen = self.offset.seqno
+        seen = self.progress.seen_seqno
         try:
             point = consumer_rollback_point(
                 producer_log,
@@ -195,6 +200,18 @@ class ConsumerStream:
             return None
         self._move(ConsumerEvent.LOCAL_ROLLBACK)
         return self._roll_back(point)
+
+    def note_seen(self, seqno: int) -> None:
+        """A mutation-log repair re-fetched documents up to ``seqno``: the application holds
+        data newer than its offset, which only :meth:`check_failover_log` can protect."""
+        self.progress.note_seen(seqno)
+
+    def roll_back(self, seqno: int) -> events.Rollback:
+        """The application rolls back further than it was told, to (at most) ``seqno``: e.g.
+        its mutation log no longer reaches the rollback point (:class:`RepairPlan` with
+        ``full_resync``), so it starts over from 0. Legal wherever a request is due."""
+        self._move(ConsumerEvent.LOCAL_ROLLBACK)
+        return self._roll_back(seqno)
 
     def disconnected(self) -> None:
         """The connection dropped; a later :meth:`request` resumes from the offset."""

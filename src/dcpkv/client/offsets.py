@@ -120,6 +120,7 @@ class VbucketProgress:
         "_consistent",
         "_delivered_in_snapshot",
         "_max_points",
+        "_seen",
         "failover_log",
         "offset",
         "pending",
@@ -141,6 +142,7 @@ class VbucketProgress:
         # Whether an item of the current, partial snapshot was delivered on this connection
         # (after a resume mid-snapshot the producer starts a new snapshot: clear).
         self._delivered_in_snapshot = False
+        self._seen = 0
         self._max_points = max_points
         self._consistent: list[int] = sorted({p for p in consistent if p > 0})
         if self.offset.complete and self.offset.seqno > 0:
@@ -157,6 +159,16 @@ class VbucketProgress:
     def snapshot_seqno(self) -> int:
         """The last complete snapshot (the client sentinel of spec 002's algorithm)."""
         return self._consistent[-1] if self._consistent else 0
+
+    @property
+    def seen_seqno(self) -> int:
+        """The highest seqno of anything the application holds: the offset, or more after a
+        mutation-log repair re-fetched documents newer than the rollback point."""
+        return max(self.offset.seqno, self._seen)
+
+    def note_seen(self, seqno: int) -> None:
+        """The application now holds data up to ``seqno`` (re-fetched after a rollback)."""
+        self._seen = max(self._seen, _u64(seqno, "seen seqno"))
 
     def consistent_at_or_below(self, seqno: int) -> int:
         best = 0
@@ -222,6 +234,7 @@ class VbucketProgress:
         self._consistent = [p for p in self._consistent if p <= point]
         self.pending = None
         self._delivered_in_snapshot = False
+        self._seen = point
         self.offset = VbucketOffset.at(point, uuid_at(self.failover_log, point))
         return self.offset
 
@@ -263,6 +276,7 @@ class VbucketProgress:
             "seqno": o.seqno,
             "snap_start": o.snap_start,
             "snap_end": o.snap_end,
+            "seen": self._seen,
             "consistent": list(self._consistent),
             "failover_log": [e.to_json_obj() for e in self.failover_log],
         }
@@ -278,6 +292,7 @@ class VbucketProgress:
         if missing:
             raise err(f"{what} lacks {', '.join(missing)}")
         fields = [_u64(doc[k], f"{what} {k}", err) for k in _PROGRESS_KEYS[:4]]
+        seen = _u64(doc["seen"], f"{what} seen", err)
         points = doc["consistent"]
         if not isinstance(points, list):
             raise err(f"{what} consistent must be an array")
@@ -301,12 +316,21 @@ class VbucketProgress:
             raise err(f"{what}: {exc}") from None
         progress = cls(offset, failover_log=entries, max_points=max_points)
         progress._consistent = sorted({p for p in consistent if 0 < p <= offset.seqno})
+        progress._seen = seen
         if offset.complete and offset.seqno > 0:
             progress._note_consistent(offset.seqno)
         return progress
 
 
-_PROGRESS_KEYS = ("vb_uuid", "seqno", "snap_start", "snap_end", "consistent", "failover_log")
+_PROGRESS_KEYS = (
+    "vb_uuid",
+    "seqno",
+    "snap_start",
+    "snap_end",
+    "seen",
+    "consistent",
+    "failover_log",
+)
 
 
 class Offsets:
