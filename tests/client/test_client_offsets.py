@@ -161,10 +161,10 @@ def offsets_docs(draw: st.DrawFn) -> Offsets:
     for vb in draw(st.sets(st.integers(0, 1023), max_size=4)):
         a, b, c = sorted(draw(st.tuples(u64, u64, u64)))
         log = draw(st.lists(st.builds(FailoverEntry, u64, u64), max_size=3))
-        p = offsets.progress(vb)
-        p.offset = VbucketOffset(draw(u64), b, a, c)
-        p.failover_log = tuple(log)
+        points = draw(st.lists(st.integers(1, max(1, b)), max_size=3)) if b else []
+        p = VbucketProgress(VbucketOffset(draw(u64), b, a, c), failover_log=log, consistent=points)
         p.note_seen(draw(u64))
+        offsets._vbuckets[vb] = p
     return offsets
 
 

@@ -17,6 +17,9 @@ The rules a :class:`VbucketProgress` follows, all driven by what the application
 * A snapshot marker is only *pending*. The saved snapshot moves when the first item of the new
   snapshot is delivered (or a SeqnoAdvanced inside it): a consumer that saw a marker and then
   lost the connection holds nothing of that snapshot and resumes exactly where it was.
+  The next marker, though, proves the previous snapshot was sent in full, so it completes
+  that one even when its last seqnos never reached us (a purged tombstone at the end of a
+  disk snapshot, a filtered item).
 * Delivering seqno ``n`` sets ``seqno = n``; ``n == snap_end`` collapses the snapshot and
   records ``n`` as a *consistent point*.
 * The consistent points (ascending, 0 implicit) are the only places the consumer can safely
@@ -29,6 +32,9 @@ The rules a :class:`VbucketProgress` follows, all driven by what the application
   older half is dropped, so it keeps recent points dense and old ones sparse rather than
   forgetting the past outright (a deep rollback then costs more re-streaming, never
   correctness).
+* ``seen`` is the highest seqno of anything the application holds. It only exceeds the offset
+  after a mutation-log repair re-fetched documents newer than the rollback point; the
+  failover-log comparison then uses it as spec 002's "highest seqno seen".
 * The failover log is the producer's, adopted on every accepted stream request (which also
   sets ``vb_uuid`` to its newest entry). A rollback prunes it to the entries at or below the
   rollback point, and the offset then names the newest remaining branch, or 0 when none.
