@@ -56,8 +56,9 @@ def test_repair_plan_inside_and_outside_the_buffer() -> None:
 def test_repaired_logs_the_refetched_documents() -> None:
     with MutationLog(":memory:") as log:
         log.record_many([(0, 1, b"a"), (0, 2, b"b"), (0, 3, b"c")])
-        log.repaired(0, 1, [(b"b", 9), (b"c", 12)])
-        assert log.entries(0) == [(1, b"a"), (9, b"b"), (12, b"c")]
+        log.repaired(0, 1, [(b"b", 9), (b"c", 9)])  # two documents gone: the high seqno
+        assert log.entries(0) == [(1, b"a"), (9, b"b"), (9, b"c")]
+        assert log.keys_above(0, 1) == [b"b", b"c"]
 
 
 def test_persisted_across_reopen(tmp_path: Path) -> None:

@@ -27,6 +27,10 @@ compaction to bound its size: more code and more ways to be wrong for no gain at
 SQLite integers are signed 64-bit; seqnos are unsigned, so they are stored shifted by 2**63
 (order-preserving) and 2**64-1 round-trips exactly.
 
+Entries are keyed by (vbucket, seqno, key), not (vbucket, seqno): stream changes have unique
+seqnos, but documents re-fetched in a repair are logged at the seqno the fetch reports, and
+several missing documents all get the producer's high seqno.
+
 The bound is per vbucket (``capacity`` entries). Evicting an entry remembers the highest seqno
 evicted so far: :meth:`covers` (R) is true exactly when no evicted entry lies above R.
 """
@@ -48,7 +52,7 @@ CREATE TABLE IF NOT EXISTS log (
     vb INTEGER NOT NULL,
     seqno INTEGER NOT NULL,
     key BLOB NOT NULL,
-    PRIMARY KEY (vb, seqno)
+    PRIMARY KEY (vb, seqno, key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS evicted (
     vb INTEGER PRIMARY KEY,
@@ -158,7 +162,7 @@ class MutationLog:
 
     def entries(self, vb: int) -> list[tuple[int, bytes]]:
         rows = self._db.execute(
-            "SELECT seqno, key FROM log WHERE vb = ? ORDER BY seqno", (vb,)
+            "SELECT seqno, key FROM log WHERE vb = ? ORDER BY seqno, key", (vb,)
         ).fetchall()
         return [(_dec(s), bytes(k)) for s, k in rows]
 
@@ -204,12 +208,10 @@ class MutationLog:
         stored = _enc(seqno)
         # A replay after a crash logs the same seqno again: that must not grow the count.
         existed = self._db.execute(
-            "SELECT 1 FROM log WHERE vb = ? AND seqno = ?", (vb, stored)
+            "SELECT 1 FROM log WHERE vb = ? AND seqno = ? AND key = ?", (vb, stored, key)
         ).fetchone()
-        self._db.execute(
-            "INSERT OR REPLACE INTO log (vb, seqno, key) VALUES (?, ?, ?)", (vb, stored, key)
-        )
         if existed is None:
+            self._db.execute("INSERT INTO log (vb, seqno, key) VALUES (?, ?, ?)", (vb, stored, key))
             self._counts[vb] = self._counts.get(vb, 0) + 1
 
     def _truncate(self, vb: int, seqno: int) -> None:
