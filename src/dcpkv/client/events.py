@@ -1,0 +1,137 @@
+"""What a DCP consumer hands to the application, one typed event per change or decision.
+
+Every event carries ``offset``: the vbucket's :class:`VbucketOffset` *after* the event is
+applied. An application that persists ``event.offset`` (or the whole :class:`Offsets`) after
+it has applied the event resumes exactly there, never past a change it did not apply.
+
+Keys and values are ``bytes`` copies (the codec's memoryviews point into a receive buffer that
+the connection reuses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dcpkv.client.offsets import VbucketOffset
+from dcpkv.engine.failover_table import FailoverEntry
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """The producer accepted the stream request. The consumer adopted its failover log (which
+    the application should persist now, with ``offset``: the branch may have changed)."""
+
+    vbucket: int
+    failover_log: tuple[FailoverEntry, ...]
+    offset: VbucketOffset
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRefused:
+    """The producer answered the stream request with an error ``status``. With
+    ``will_retry`` the library asks again on the next connection (NotMyVbucket: reload the
+    cluster map first; Etmpfail, Ebusy, Enomem: later); otherwise the stream failed."""
+
+    vbucket: int
+    status: int
+    will_retry: bool
+    offset: VbucketOffset
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    vbucket: int
+    key: bytes
+    value: bytes
+    seqno: int
+    rev_seqno: int
+    flags: int
+    expiration: int
+    cas: int
+    datatype: int
+    offset: VbucketOffset
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    vbucket: int
+    key: bytes
+    seqno: int
+    rev_seqno: int
+    cas: int
+    offset: VbucketOffset
+    delete_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Expiration:
+    vbucket: int
+    key: bytes
+    seqno: int
+    rev_seqno: int
+    cas: int
+    offset: VbucketOffset
+    delete_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SeqnoAdvanced:
+    """The stream moved to ``seqno`` without a change for the application (a SeqnoAdvanced
+    message, or a system event this library does not interpret)."""
+
+    vbucket: int
+    seqno: int
+    offset: VbucketOffset
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotStart:
+    """A snapshot marker: changes ``start..end`` follow. Until ``end`` is reached the
+    application does not hold a consistent view (``offset`` does not move for the marker)."""
+
+    vbucket: int
+    start: int
+    end: int
+    flags: int
+    offset: VbucketOffset
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    """Undo every change above ``rollback_seqno`` before the stream is requested again.
+
+    ``producer_seqno`` is what the producer asked for (or what the failover logs showed);
+    ``rollback_seqno`` can be lower: the newest point at or below it where the application
+    held a consistent view. ``failed_offset`` is the offset the producer refused.
+    """
+
+    vbucket: int
+    rollback_seqno: int
+    producer_seqno: int
+    failed_offset: VbucketOffset
+    offset: VbucketOffset
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """The producer ended the stream. ``will_resume`` says whether the library asks again
+    (on this connection or the next one); otherwise the stream is over (``reason`` OK: the
+    end seqno was reached)."""
+
+    vbucket: int
+    reason: int
+    will_resume: bool
+    offset: VbucketOffset
+
+
+Event = (
+    StreamStart
+    | StreamRefused
+    | SnapshotStart
+    | Mutation
+    | Deletion
+    | Expiration
+    | SeqnoAdvanced
+    | Rollback
+    | StreamEnd
+)
