@@ -11,12 +11,14 @@ import random
 import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from dcpclient import DcpClient, all_vb_seqnos
+from dcpclient import DcpClient, VbState, all_vb_seqnos
 from kvclient import KVClient
 from serverproc import ServerProcess
 
@@ -246,8 +248,6 @@ def test_rollback_rules_over_the_wire(server: ServerProcess) -> None:
     assert ask(5, old_uuid, (3, 6)) is None  # 4a: snapshot ends at upper (6)
     assert ask(8, old_uuid, (7, 9)) == 6  # 4b: snapshot starts past upper
     assert ask(6, old_uuid, (4, 8)) == 4  # 4c: snapshot straddles upper
-    # Rule 2 (purge) needs compaction, which has no wire path yet: covered by
-    # tests/dcp/test_producer.py::test_rollback_after_purge.
     c.close()
     watcher.close()
     w.close()
@@ -444,3 +444,63 @@ def test_takeover_over_the_wire(server: ServerProcess) -> None:
     assert c.vbs[3].ended == StreamEndReason.OK
     c.close()
     w.close()
+
+
+# -- rule 2 (purge) and the bucket lock ----------------------------------------------------------
+
+
+def dcpkv(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "dcpkv"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_purged_tombstones_roll_a_consumer_back_to_zero(server: ServerProcess) -> None:
+    w = writer(server.port)
+    keys = [k for k in (f"p{i}".encode() for i in range(400)) if vb_of(k) == 3][:6]
+    for key in keys:
+        kset(w, key, b"v")  # seqnos 1..6
+    for key in keys[:3]:
+        kdel(w, key)  # tombstones at 7..9
+    c = DcpClient(server.port)
+    uuid = c.call(dcp.GetFailoverLog(vbucket=3)).failover_log[0].uuid  # type: ignore[attr-defined]
+    c.close()
+    w.close()
+    assert server.terminate() == 0
+
+    # A running server holds its bucket: compaction refuses to touch it.
+    server.start()
+    busy = dcpkv("compact", "--data-dir", str(server.data_dir), "--purge-before-seqno", "9")
+    assert busy.returncode == 1 and "in use by another process" in busy.stderr
+    assert server.terminate() == 0
+
+    done = dcpkv("compact", "--data-dir", str(server.data_dir), "--purge-before-seqno", "9")
+    assert done.returncode == 0, done.stderr
+    assert "2 tombstone(s) purged" in done.stdout  # seqnos 7 and 8; 9 stays
+    server.start()
+    c = DcpClient(server.port)
+
+    def ask(start: int, snap: tuple[int, int], purge: int | None = None) -> int | None:
+        value = b"" if purge is None else f'{{"purge_seqno":"{purge}"}}'.encode()
+        c.vbs[3] = VbState()
+        answer = c.call(dcp.StreamRequest(
+            vbucket=3, flags=0, start_seqno=start, end_seqno=start, vbucket_uuid=uuid,
+            snap_start_seqno=snap[0], snap_end_seqno=snap[1], value=value,
+        ))  # fmt: skip
+        if isinstance(answer, dcp.StreamRequestRollback):
+            return answer.rollback_seqno
+        assert isinstance(answer, dcp.StreamRequestOk), answer
+        c.follow(lambda: c.vbs[3].ended is not None, max_messages=10)
+        assert c.vbs[3].ended == StreamEndReason.OK
+        return None
+
+    assert ask(6, (6, 6)) == 0  # 2: snapshot starts below the purge seqno 8
+    assert ask(8, (8, 8)) is None  # at the purge seqno: nothing missed
+    assert ask(6, (6, 6), purge=8) is None  # the consumer already knows of the purge
+    c.close()
+
+
+def test_second_server_on_the_same_data_dir_is_refused(server: ServerProcess) -> None:
+    second = dcpkv("server", "--port", "0", "--data-dir", str(server.data_dir))
+    assert second.returncode == 1
+    assert "in use by another process" in second.stderr
+    assert "Traceback" not in second.stderr

@@ -110,7 +110,7 @@ def compact(
         int | None, typer.Option(help="Only this vbucket [default: every vbucket].")
     ] = None,
     purge_before_seqno: Annotated[
-        int | None, typer.Option(help="Purge tombstones with a seqno at or below this.")
+        int | None, typer.Option(help="Purge tombstones with a seqno below this.")
     ] = None,
     older_than: Annotated[
         float | None, typer.Option(help="Purge tombstones deleted more than SECONDS ago.")
