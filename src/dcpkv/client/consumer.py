@@ -313,6 +313,9 @@ class Consumer:
             await conn.call_ok(
                 dcp.DcpControl(key="connection_buffer_size", value=str(cfg.buffer_size))
             )
+        # Expirations as their own opcode, when the producer knows the control (else they
+        # arrive as deletions, which is still correct).
+        await conn.call(dcp.DcpControl(key="enable_expiry_opcode", value="true"))
         await conn.call_ok(dcp.DcpControl(key="enable_noop", value="true"))
         await conn.call_ok(dcp.DcpControl(key="set_noop_interval", value=f"{cfg.noop_interval:g}"))
         conn.liveness = Liveness(cfg.noop_interval, asyncio.get_running_loop().time())
