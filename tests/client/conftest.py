@@ -13,11 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 
-from kvclient import KVClient  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+from kvclient import KVClient
+from serverproc import ServerProcess
 
-from dcpkv.engine.bucket import vbucket_for_key  # noqa: E402
-from dcpkv.protocol.constants import Opcode, Status  # noqa: E402
+from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.protocol.constants import Opcode, Status
 
 VBUCKETS = 16  # serverproc starts every server with --vbuckets 16
 

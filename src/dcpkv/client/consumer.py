@@ -78,9 +78,6 @@ log = logging.getLogger("dcpkv.client")
 Start = Literal["beginning", "now"] | Offsets
 End = Literal["forever", "now"] | Mapping[int, int]
 
-# Local rollbacks in a row before a request: each one lowers the offset, so a handful is
-# already pathological.
-MAX_LOCAL_ROLLBACKS = 8
 FIRST_BACKOFF = 0.05
 _STREAM_MESSAGES = (
     dcp.SnapshotMarker, dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration,
@@ -374,22 +371,23 @@ class Consumer:
     async def _request(
         self, conn: Connection, run: _Run, cs: ConsumerStream
     ) -> AsyncIterator[events.Event]:
-        """Send the stream request; in mutation-log mode compare failover logs first."""
-        for _ in range(MAX_LOCAL_ROLLBACKS):
-            if self._mlog is not None:
-                answer = await conn.call(dcp.GetFailoverLog(vbucket=cs.vbucket))
-                if isinstance(answer, dcp.GetFailoverLogResponse):
-                    ev = cs.check_failover_log(answer.failover_log)
-                    if ev is not None:
-                        yield ev
-                        async for follow in self._rolled_back(run, cs):
-                            yield follow
-                        continue
-            opaque = conn.next_opaque()
-            run.opaques[opaque] = cs.vbucket
-            conn.send(cs.request(opaque=opaque))
-            return
-        raise ClientError(f"vbucket {cs.vbucket}: {MAX_LOCAL_ROLLBACKS} rollbacks in a row")
+        """Send the stream request; in mutation-log mode compare failover logs first.
+
+        After a local rollback the request goes out without a second comparison: the repair
+        raised ``seen`` above the rollback point on purpose, so comparing again would roll
+        back again. The producer still checks the request itself.
+        """
+        if self._mlog is not None:
+            answer = await conn.call(dcp.GetFailoverLog(vbucket=cs.vbucket))
+            if isinstance(answer, dcp.GetFailoverLogResponse):
+                ev = cs.check_failover_log(answer.failover_log)
+                if ev is not None:
+                    yield ev
+                    async for follow in self._rolled_back(run, cs):
+                        yield follow
+        opaque = conn.next_opaque()
+        run.opaques[opaque] = cs.vbucket
+        conn.send(cs.request(opaque=opaque))
 
     # -- rollbacks and the mutation log -----------------------------------------------------
 
