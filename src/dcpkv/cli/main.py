@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -227,7 +228,8 @@ def stream(
     try:
         code = stream_main(config, vbs, start, to, save_offsets, format_)  # type: ignore[arg-type]
     except BrokenPipeError:  # the reader went away (| head): not an error
-        sys.stderr.close()
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     except (OSError, ClientError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
