@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -177,6 +179,98 @@ def stats(
         raise typer.Exit(1) from None
     if rows:
         typer.echo(format_table(rows))
+
+
+@app.command()
+def stream(
+    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port.")] = 11210,
+    bucket: Annotated[str, typer.Option(help="Bucket to stream.")] = "default",
+    user: Annotated[str, typer.Option(help="User name.")] = "Administrator",
+    password: Annotated[str, typer.Option(help="Its password.")] = "password",
+    vbuckets: Annotated[
+        str | None, typer.Option(help="vbuckets, e.g. 0,1,5-9 [default: all].")
+    ] = None,
+    from_: Annotated[
+        str, typer.Option("--from", help="beginning, now, or a saved offsets FILE.")
+    ] = "beginning",
+    to: Annotated[str, typer.Option(help="now (the high seqnos at start) or forever.")] = "forever",
+    save_offsets: Annotated[
+        Path | None, typer.Option(help="Save offsets here (atomically, periodically, at exit).")
+    ] = None,
+    format_: Annotated[str, typer.Option("--format", help="json (lines) or table.")] = "json",
+    name: Annotated[str, typer.Option(help="DCP connection name.")] = "dcpkv-stream",
+) -> None:
+    """Print a bucket's changes (DCP), resumable from saved offsets.
+
+    One line per mutation, deletion, expiration or rollback (JSON: op, vbucket, seqno, key,
+    value as UTF-8 or base64 with value_base64, cas, flags, expiry, rev_seqno). Ctrl-C saves
+    the offsets and exits 0.
+    """
+    from dcpkv.cli.stream import parse_vbuckets, stream_main
+    from dcpkv.client.config import ClientConfig
+    from dcpkv.client.connection import ClientError
+    from dcpkv.client.offsets import Offsets, OffsetsFileError
+
+    try:
+        vbs = parse_vbuckets(vbuckets)
+        if to not in ("now", "forever"):
+            raise ValueError(f"--to must be now or forever, not {to!r}")
+        if format_ not in ("json", "table"):
+            raise ValueError(f"--format must be json or table, not {format_!r}")
+        start = from_ if from_ in ("beginning", "now") else Offsets.load(from_)
+    except (ValueError, OffsetsFileError) as exc:
+        typer.echo(f"dcpkv stream: {exc}", err=True)
+        raise typer.Exit(2) from None
+    config = ClientConfig(
+        host=host, port=port, bucket=bucket, user=user, password=password, name=name
+    )
+    try:
+        code = stream_main(config, vbs, start, to, save_offsets, format_)  # type: ignore[arg-type]
+    except BrokenPipeError:  # the reader went away (| head): not an error
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    except (OSError, ClientError) as exc:
+        typer.echo(f"dcpkv stream: {exc}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+@app.command("failover-log")
+def failover_log(
+    vbuckets: Annotated[list[int], typer.Argument(help="vbucket ids.")],
+    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port.")] = 11210,
+    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = "default",
+    user: Annotated[str, typer.Option(help="User name.")] = "Administrator",
+    password: Annotated[str, typer.Option(help="Its password.")] = "password",
+    json_: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """Print the failover log (newest entry first) of each vbucket."""
+    import asyncio
+    import json
+
+    from dcpkv.cli.stream import failover_logs
+    from dcpkv.client.config import ClientConfig
+    from dcpkv.client.connection import ClientError
+
+    config = ClientConfig(host=host, port=port, bucket=bucket, user=user, password=password)
+    try:
+        logs = asyncio.run(failover_logs(config, vbuckets))
+    except (OSError, ClientError) as exc:
+        typer.echo(f"dcpkv failover-log: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if json_:
+        doc = {
+            str(vb): [{"uuid": e.uuid, "seqno": e.seqno} for e in log] for vb, log in logs.items()
+        }
+        typer.echo(json.dumps(doc))
+        return
+    typer.echo(f"{'vbucket':>7}  {'#':>3}  {'uuid':>20}  {'seqno':>12}")
+    for vb, log in logs.items():
+        for i, entry in enumerate(log):
+            typer.echo(f"{vb:>7}  {i:>3}  {entry.uuid:>20}  {entry.seqno:>12}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,211 @@
+"""``dcpkv stream`` and ``dcpkv failover-log``: the DCP client on the command line.
+
+Theory of operation
+-------------------
+One :class:`~dcpkv.client.consumer.Consumer` in ``asyncio.run``. Every change event becomes
+one output line (JSON lines, or a table); rollbacks are printed too, since whoever reads the
+output must undo what lies above them. Offsets are saved atomically (``Offsets.save``) at
+most every ``SAVE_EVERY_EVENTS`` events or ``SAVE_EVERY_S`` seconds, and at exit; the output
+is flushed before each save, so a saved offset never runs ahead of what was written out.
+SIGINT and SIGTERM cancel the stream task: offsets are saved and the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from dcpkv.client import events
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.consumer import Consumer, End, Start
+from dcpkv.client.offsets import Offsets
+
+SAVE_EVERY_EVENTS = 10_000
+SAVE_EVERY_S = 1.0
+
+
+def parse_vbuckets(spec: str | None) -> list[int] | None:
+    """``0,1,5-9`` -> [0, 1, 5, 6, 7, 8, 9]; None or "" -> None (all)."""
+    if not spec:
+        return None
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad vbucket range {part!r}")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if first > last:
+            raise ValueError(f"bad vbucket range {part!r}")
+        out.update(range(first, last + 1))
+    return sorted(out)
+
+
+def _value(value: bytes) -> tuple[str, bool]:
+    try:
+        return value.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return base64.b64encode(value).decode(), True
+
+
+def event_record(ev: events.Event) -> dict[str, Any] | None:
+    """The JSON object for an event, or None for events that are not printed."""
+    if isinstance(ev, events.Mutation):
+        value, b64 = _value(ev.value)
+        key, key_b64 = _value(ev.key)
+        rec: dict[str, Any] = {"op": "mutation", "vbucket": ev.vbucket, "seqno": ev.seqno,
+                               "key": key, "value": value, "cas": ev.cas, "flags": ev.flags,
+                               "expiry": ev.expiration, "rev_seqno": ev.rev_seqno}  # fmt: skip
+        if b64:
+            rec["value_base64"] = True
+        if key_b64:
+            rec["key_base64"] = True
+        return rec
+    if isinstance(ev, events.Deletion | events.Expiration):
+        key, key_b64 = _value(ev.key)
+        op = "deletion" if isinstance(ev, events.Deletion) else "expiration"
+        rec = {"op": op, "vbucket": ev.vbucket, "seqno": ev.seqno, "key": key, "value": None,
+               "cas": ev.cas, "flags": 0, "expiry": 0, "rev_seqno": ev.rev_seqno}  # fmt: skip
+        if key_b64:
+            rec["key_base64"] = True
+        return rec
+    if isinstance(ev, events.Rollback):
+        return {"op": "rollback", "vbucket": ev.vbucket, "seqno": ev.rollback_seqno}
+    return None
+
+
+def format_line(rec: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(rec, separators=(",", ":"))
+    value = "" if rec.get("value") is None else str(rec["value"])
+    if len(value) > 40:
+        value = value[:37] + "..."
+    return f"{rec['op']:<10} {rec['vbucket']:>5} {rec['seqno']:>10}  {rec.get('key', '')}  {value}"
+
+
+class Saver:
+    """Saves offsets at most every N events or S seconds (and when told to)."""
+
+    def __init__(self, path: Path | None, offsets: Callable[[], Offsets], out: IO[str]) -> None:
+        self.path, self.offsets, self.out = path, offsets, out
+        self.events = 0
+        self.last = time.monotonic()
+
+    def tick(self) -> None:
+        self.events += 1
+        if self.path is None:
+            return
+        if self.events % SAVE_EVERY_EVENTS == 0 or time.monotonic() - self.last >= SAVE_EVERY_S:
+            self.save()
+
+    def save(self) -> None:
+        self.out.flush()  # what the offsets claim must be out first
+        if self.path is not None:
+            self.offsets().save(self.path)
+        self.last = time.monotonic()
+
+
+async def run_stream(
+    config: ClientConfig,
+    vbuckets: list[int] | None,
+    start: Start,
+    end: End,
+    save_path: Path | None,
+    fmt: str,
+    out: IO[str],
+    progress: bool,
+) -> int:
+    consumer = Consumer(config)
+    saver = Saver(save_path, lambda: consumer.offsets, out)
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    bar = _Progress(consumer) if progress else None
+    try:
+        if bar is not None:
+            await bar.start(vbuckets)
+        async for ev in consumer.stream(vbuckets, start=start, end=end):
+            rec = event_record(ev)
+            if rec is not None:
+                out.write(format_line(rec, fmt) + "\n")
+                if bar is not None:
+                    bar.advance()
+            saver.tick()
+    except asyncio.CancelledError:
+        pass  # Ctrl-C / SIGTERM: save and exit 0
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        saver.save()
+        if bar is not None:
+            bar.stop()
+        await consumer.close()
+    return 0
+
+
+class _Progress:
+    """A rich progress bar on stderr: events/s and the lag (high seqnos minus offsets)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.consumer = consumer
+        self.progress = Progress(
+            TextColumn("[bold]stream"), BarColumn(), TextColumn("{task.completed} events"),
+            TextColumn("{task.fields[rate]:.0f}/s"), TextColumn("lag {task.fields[lag]}"),
+            TimeElapsedColumn(), console=Console(stderr=True), transient=False,
+        )  # fmt: skip
+        self.task = self.progress.add_task("stream", total=None, rate=0.0, lag="?")
+        self.count = 0
+        self.started = time.monotonic()
+        self.highs: dict[int, int] = {}
+        self.last_refresh = 0.0
+
+    async def start(self, vbuckets: list[int] | None) -> None:
+        seqnos = await self.consumer.vbucket_seqnos()
+        wanted = set(vbuckets) if vbuckets is not None else set(seqnos)
+        self.highs = {vb: high for vb, (_u, high) in seqnos.items() if vb in wanted}
+        self.progress.start()
+
+    def advance(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last_refresh < 0.25:
+            return
+        self.last_refresh = now
+        offsets = self.consumer.offsets
+        lag = sum(max(0, h - offsets[vb].seqno) for vb, h in self.highs.items() if vb in offsets)
+        rate = self.count / max(now - self.started, 1e-9)
+        self.progress.update(self.task, completed=self.count, rate=rate, lag=lag)
+
+    def stop(self) -> None:
+        self.progress.update(self.task, completed=self.count)
+        self.progress.stop()
+
+
+def stream_main(
+    config: ClientConfig,
+    vbuckets: list[int] | None,
+    start: Start,
+    end: End,
+    save_path: Path | None,
+    fmt: str,
+) -> int:
+    progress = sys.stderr.isatty()
+    return asyncio.run(
+        run_stream(config, vbuckets, start, end, save_path, fmt, sys.stdout, progress)
+    )
+
+
+async def failover_logs(config: ClientConfig, vbuckets: list[int]) -> dict[int, list[Any]]:
+    async with Consumer(config) as consumer:
+        return {vb: list(await consumer.failover_log(vb)) for vb in vbuckets}
