@@ -93,7 +93,9 @@ class MutationLog:
         if capacity < 1:
             raise ValueError("a mutation log holds at least one entry per vbucket")
         self.capacity = capacity
-        self._db = sqlite3.connect(os.fspath(path), isolation_level=None)
+        # check_same_thread off: SyncConsumer uses the log from its event-loop thread (one user at
+        # a time, never concurrently).
+        self._db = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)

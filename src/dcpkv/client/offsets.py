@@ -353,6 +353,10 @@ class Offsets:
             self._vbuckets[vbucket] = VbucketProgress(max_points=self._max_points)
         return self._vbuckets[vbucket]
 
+    def set_progress(self, vbucket: int, progress: VbucketProgress) -> None:
+        """Replace one vbucket's progress (a stream that starts "now", not from 0)."""
+        self._vbuckets[vbucket] = progress
+
     def __getitem__(self, vbucket: int) -> VbucketOffset:
         return self.progress(vbucket).offset
 

@@ -1,0 +1,256 @@
+"""One asyncio connection to the data server: requests by opaque, pushed messages in order.
+
+Theory of operation
+-------------------
+A reader task owns the socket's read side. Every frame it parses goes one of three ways:
+
+* a response whose opaque a caller is waiting for (:meth:`Connection.call`, :meth:`stats`)
+  resolves that caller's future (a Stat answer is many frames, ended by an empty name);
+* a DCP Noop from the producer is answered at once, by the reader itself, so a slow
+  application never makes the producer think the connection died;
+* anything else (DCP messages, and the answers to stream requests, which must stay in order
+  with the stream's first messages) is decoded and appended to the *inbox*, with its size when
+  it counts for flow control. :meth:`next_batch` hands the inbox over.
+
+Liveness: with a :class:`Liveness`, each read waits at most until its deadline (two noop
+intervals after the last frame); a silent producer ends the connection with
+:class:`DeadConnectionError`. Any error ends the reader: waiting callers get it at once, the
+inbox consumer after the messages that arrived before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import deque
+
+from dcpkv.client.flow_control import Liveness, counts_for_flow_control
+from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_payload
+from dcpkv.protocol import kv
+from dcpkv.protocol.base import GenericResponse, Message, Request
+from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.frame import Frame, FrameParser
+from dcpkv.protocol.messages import decode_message
+
+READ_CHUNK = 1 << 20
+MAX_VALUE_LEN = 64 * 1024 * 1024
+_RESPONSES = frozenset({Magic.ClientResponse, Magic.AltClientResponse, Magic.ServerResponse})
+
+
+class ClientError(Exception):
+    """The server refused a request (``status``), or the connection broke."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AuthError(ClientError):
+    """Authentication or bucket selection failed: retrying will not help."""
+
+
+class DeadConnectionError(ConnectionError):
+    """Two noop intervals without a frame from the producer."""
+
+
+def status_name(status: int) -> str:
+    try:
+        return Status(status).name
+    except ValueError:
+        return f"0x{status:02x}"
+
+
+class Connection:
+    """See the module docstring."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._parser = FrameParser(max_value_len=MAX_VALUE_LEN)
+        self._opaques = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Message]] = {}
+        self._stats: dict[int, tuple[list[tuple[str, str]], asyncio.Future[Message]]] = {}
+        self._inbox: deque[tuple[int, Message]] = deque()
+        self._wake = asyncio.Event()
+        self._error: BaseException | None = None
+        self.liveness: Liveness | None = None
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def open(cls, host: str, port: int, timeout: float) -> Connection:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, limit=READ_CHUNK), timeout
+        )
+        return cls(reader, writer)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def next_opaque(self) -> int:
+        return next(self._opaques)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def send(self, msg: Message) -> None:
+        if self._error is not None:
+            raise ConnectionError(f"connection lost: {self._error}")
+        self._writer.write(msg.encode())
+
+    async def call(self, msg: Request) -> Message:
+        """Send ``msg`` with a fresh opaque and wait for its answer (any status)."""
+        msg.opaque = self.next_opaque()
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._waiting[msg.opaque] = future
+        try:
+            self.send(msg)
+            return await future
+        finally:
+            self._waiting.pop(msg.opaque, None)
+
+    async def call_ok(self, msg: Request) -> Message:
+        answer = await self.call(msg)
+        status = getattr(answer, "status", Status.Success)
+        if status not in (Status.Success, Status.AuthContinue):
+            raise ClientError(f"{type(msg).__name__}: {_describe(answer)}", status)
+        return answer
+
+    async def stats(self, group: str = "") -> list[tuple[str, str]]:
+        msg = kv.Stat(group=group, opaque=self.next_opaque())
+        rows: list[tuple[str, str]] = []
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._stats[msg.opaque] = (rows, future)
+        try:
+            self.send(msg)
+            last = await future
+        finally:
+            self._stats.pop(msg.opaque, None)
+        if getattr(last, "status", Status.Success) != Status.Success:
+            raise ClientError(f"Stat {group!r}: {_describe(last)}", getattr(last, "status", None))
+        return rows
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        self._writer.close()
+        with contextlib.suppress(OSError, ConnectionError):  # already gone: nothing to flush
+            await self._writer.wait_closed()
+        # The reader's fate is already recorded in self._error.
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+
+    # -- the inbox --------------------------------------------------------------------------
+
+    async def next_batch(self, timeout: float | None = None) -> list[tuple[int, Message]]:
+        """Pushed messages as ``(flow-control bytes, message)``; [] after ``timeout``. Raises
+        the connection's error once everything received before it was handed over."""
+        if not self._inbox:
+            if self._error is not None:
+                raise ConnectionError(f"connection lost: {self._error}") from self._error
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                return []
+        batch = list(self._inbox)
+        self._inbox.clear()
+        if not batch and self._error is not None:
+            raise ConnectionError(f"connection lost: {self._error}") from self._error
+        return batch
+
+    # -- the reader -------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                timeout = None
+                if self.liveness is not None:
+                    timeout = max(0.0, self.liveness.deadline() - loop.time())
+                try:
+                    data = await asyncio.wait_for(self._reader.read(READ_CHUNK), timeout)
+                except TimeoutError:
+                    raise DeadConnectionError("no frame for two noop intervals") from None
+                if not data:
+                    raise ConnectionError("the server closed the connection")
+                if self.liveness is not None:
+                    self.liveness.heard(loop.time())
+                for frame in self._parser.feed(data):
+                    self._dispatch(frame)
+        except asyncio.CancelledError:
+            self._fail(ConnectionError("connection closed"))
+            raise
+        except Exception as exc:
+            self._fail(exc)
+
+    def _dispatch(self, frame: Frame) -> None:
+        if frame.magic in _RESPONSES:
+            if self._answer(frame):
+                return
+        elif frame.opcode == Opcode.DcpNoop:
+            self._writer.write(GenericResponse(opcode=Opcode.DcpNoop, opaque=frame.opaque).encode())
+            return
+        size = frame.size if counts_for_flow_control(frame) else 0
+        self._inbox.append((size, decode_message(frame)))
+        self._wake.set()
+
+    def _answer(self, frame: Frame) -> bool:
+        stat = self._stats.get(frame.opaque)
+        if stat is not None:
+            rows, future = stat
+            if frame.status == Status.Success and frame.key:
+                rows.append((bytes(frame.key).decode(), bytes(frame.value).decode()))
+            elif not future.done():
+                future.set_result(decode_message(frame))
+            return True
+        future = self._waiting.get(frame.opaque)
+        if future is None:
+            return False
+        if not future.done():
+            future.set_result(decode_message(frame))
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        for future in [*self._waiting.values(), *(f for _, f in self._stats.values())]:
+            if not future.done():
+                future.set_exception(ConnectionError(f"connection lost: {exc}"))
+        self._wake.set()
+
+
+def _describe(answer: Message) -> str:
+    status = getattr(answer, "status", Status.Success)
+    text = bytes(getattr(answer, "value", b"") or b"")[:200].decode("utf-8", "replace")
+    return f"{status_name(status)}{': ' + text if text else ''}"
+
+
+async def authenticate(conn: Connection, user: str, password: str, bucket: str | None) -> str:
+    """SCRAM-SHA512 when the server offers it, else PLAIN; then SelectBucket. The mechanism."""
+    mechs = await conn.call(kv.SaslListMechs())
+    offered = getattr(mechs, "mechanisms", "").split()
+    try:
+        if SCRAM_MECHANISM in offered:
+            await _scram(conn, user, password)
+            mechanism = SCRAM_MECHANISM
+        else:
+            await conn.call_ok(kv.SaslAuth(mechanism="PLAIN", data=plain_payload(user, password)))
+            mechanism = "PLAIN"
+        if bucket:
+            await conn.call_ok(kv.SelectBucket(bucket=bucket))
+    except ClientError as exc:
+        raise AuthError(str(exc), exc.status) from None
+    except SaslError as exc:
+        raise AuthError(str(exc)) from None
+    return mechanism
+
+
+async def _scram(conn: Connection, user: str, password: str) -> None:
+    scram = ScramClient(user, password)
+    first = await conn.call_ok(kv.SaslAuth(mechanism=SCRAM_MECHANISM, data=scram.first()))
+    final = scram.final(bytes(getattr(first, "data", b"")))
+    last = await conn.call_ok(kv.SaslStep(mechanism=SCRAM_MECHANISM, data=final))
+    scram.verify(bytes(getattr(last, "data", b"")))

@@ -1,0 +1,458 @@
+"""The asyncio DCP client: a thin I/O shell around the sans-I/O consumer streams.
+
+Theory of operation
+-------------------
+:meth:`Consumer.stream` is one async generator. It plans one
+:class:`~dcpkv.client.consumer_stream.ConsumerStream` per vbucket (start and end seqnos,
+progress kept in :attr:`Consumer.offsets`), then loops over *sessions*: open a DCP
+connection (authenticate, select the bucket, DcpOpen as a producer, Controls for flow control
+and noops), send a stream request for every stream that needs one, and feed every pushed
+message to its stream, yielding the events it returns. A broken or silent connection ends the
+session; every stream is told :meth:`~ConsumerStream.disconnected` and the next session,
+after a capped, jittered exponential backoff, resumes each from its offset. The generator
+returns once every vbucket reached its end seqno (StreamEnd OK); any other stream end is
+asked again from the offset.
+
+Everything that decides *what* to do lives in the sans-I/O core; this module only decides
+*when*:
+
+* Events are produced one message at a time, only when the application pulls the next event,
+  so :attr:`Consumer.offsets` never runs ahead of what the application was given, and a
+  BufferAck for a message goes out only once its events were handed over (flow control
+  paces the producer to the application, not to the socket).
+* A Rollback event is yielded *before* the stream is requested again: the application rolls
+  back when it receives the event, and the request goes out when it pulls the next one.
+* Noops are answered by the connection's reader task (``connection.py``), independently of
+  the application's pace; two silent noop intervals end the session.
+
+Mutation-log mode (``mutation_log=``, spec 002). Keys are logged (one commit per received
+batch) before any of their events is yielded. Every stream request is preceded by
+GetFailoverLog and :meth:`~ConsumerStream.check_failover_log` (mandatory in this mode, see
+``consumer_stream.py``). On a rollback to R the application sees, in this order:
+
+1. the :class:`~dcpkv.client.events.Rollback` event (``rollback_seqno`` R);
+2. if the log covers R, one *repair event* per key logged above R (oldest change first): a
+   :class:`~dcpkv.client.events.Mutation` with the document's current value when it exists,
+   else a :class:`~dcpkv.client.events.Deletion`. KV Get returns no seqno, so a repair event
+   carries ``seqno`` = the vbucket's high seqno read after the Gets (an upper bound),
+   ``rev_seqno`` 0 and ``offset`` = the rolled-back offset. Apply it unconditionally (it is
+   newer than anything the stream will re-deliver before reaching it again);
+3. if the log does not cover R: a second Rollback event with ``rollback_seqno`` 0, the full
+   resync: drop every document of the vbucket; the stream restarts from 0;
+4. then the stream resumes from R (or 0) and converges on the producer's history.
+
+The log entries above R are replaced by the re-fetched keys only after the last repair event
+was pulled, so a crash mid-repair leaves them in place: a new :meth:`stream` re-fetches every
+key logged above a vbucket's saved offset before requesting it.
+
+Without a mutation log, stream requests are sent without the failover-log round trip: the
+producer's own check answers Rollback when needed, which costs the same two round trips as
+GetFailoverLog-then-request, and nothing when no rollback is due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+from typing import Literal
+
+from dcpkv.client import events
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
+from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
+from dcpkv.client.flow_control import FlowControl, Liveness
+from dcpkv.client.kv import Document, KVSession
+from dcpkv.client.mutation_log import MutationLog
+from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
+from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.protocol import dcp
+from dcpkv.protocol.base import U64_MAX, Message, Response
+from dcpkv.protocol.constants import Opcode, OpenFlag
+from dcpkv.protocol.errors import CodecError
+
+log = logging.getLogger("dcpkv.client")
+
+Start = Literal["beginning", "now"] | Offsets
+End = Literal["forever", "now"] | Mapping[int, int]
+
+# Local rollbacks in a row before a request: each one lowers the offset, so a handful is
+# already pathological.
+MAX_LOCAL_ROLLBACKS = 8
+FIRST_BACKOFF = 0.05
+_STREAM_MESSAGES = (
+    dcp.SnapshotMarker, dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration,
+    dcp.SeqnoAdvanced, dcp.SystemEvent, dcp.StreamEnd,
+)  # fmt: skip
+_ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
+_DONE = frozenset({ConsumerState.ENDED, ConsumerState.FAILED})
+# Connection-level failures: the session ends and the streams resume on a new connection.
+_SESSION_ERRORS = (ConnectionError, OSError, TimeoutError, CodecError)
+
+
+class StreamFailedError(ClientError):
+    """A vbucket's stream failed for good: refused with a final status, or LostPrivileges."""
+
+
+class _Run:
+    """The streams of one :meth:`Consumer.stream` call, across sessions."""
+
+    __slots__ = ("opaques", "owed", "refusals", "retry_at", "streams")
+
+    def __init__(self, streams: dict[int, ConsumerStream]) -> None:
+        self.streams = streams
+        self.opaques: dict[int, int] = {}  # stream-request opaque -> vbucket, this session
+        self.retry_at: dict[int, float] = {}  # vbucket -> when to ask again after a refusal
+        self.refusals: dict[int, int] = {}
+        self.owed: set[int] = set()  # vbuckets whose mutation-log repair is not committed
+
+    @property
+    def finished(self) -> bool:
+        return all(cs.state in _DONE for cs in self.streams.values())
+
+    def stream_for(self, msg: Message) -> ConsumerStream | None:
+        if isinstance(msg, Response):
+            if msg.opcode != Opcode.DcpStreamRequest:
+                return None
+            vb = self.opaques.pop(msg.opaque, None)
+        elif isinstance(msg, _STREAM_MESSAGES):
+            vb = msg.vbucket
+        else:
+            return None  # barriers, takeover state changes: nothing for a plain consumer
+        return None if vb is None else self.streams.get(vb)
+
+    def retry_timeout(self, now: float) -> float | None:
+        return max(0.0, min(self.retry_at.values()) - now) if self.retry_at else None
+
+    def due_retries(self, now: float) -> list[ConsumerStream]:
+        due = [vb for vb, at in self.retry_at.items() if at <= now]
+        for vb in due:
+            del self.retry_at[vb]
+        return [self.streams[vb] for vb in due]
+
+
+class Consumer:
+    """A DCP consumer of one bucket; see the module docstring."""
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        *,
+        offsets: Offsets | None = None,
+        mutation_log: MutationLog | None = None,
+    ) -> None:
+        self.config = config
+        self._offsets = offsets if offsets is not None else Offsets()
+        self._mlog = mutation_log
+        self._kv: KVSession | None = None
+        self._conns: set[Connection] = set()
+        self._closed = False
+        self._rng = random.Random()
+        # What happened so far (for tests, progress displays and logs).
+        self.counters = {"sessions": 0, "rollbacks": 0, "full_resyncs": 0, "repaired_keys": 0}
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        for conn in list(self._conns):
+            await conn.close()
+        self._conns.clear()
+        if self._kv is not None:
+            await self._kv.close()
+            self._kv = None
+
+    @property
+    def offsets(self) -> Offsets:
+        """Every vbucket's progress; moves only as events are handed to the application."""
+        return self._offsets
+
+    # -- key-value questions ----------------------------------------------------------------
+
+    async def vbucket_seqnos(self) -> dict[int, tuple[int, int]]:
+        """vbucket -> (vbucket uuid, high seqno), from Stat ``vbucket-seqno``."""
+        return await (await self._kv_session()).vbucket_seqnos()
+
+    async def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
+        """The producer's failover log of ``vbucket``, newest entry first."""
+        return await (await self._kv_session()).failover_log(vbucket)
+
+    async def _kv_session(self) -> KVSession:
+        if self._closed:
+            raise ClientError("the consumer is closed")
+        if self._kv is None or not self._kv.alive:
+            if self._kv is not None:
+                await self._kv.close()
+            self._kv = await KVSession.open(self.config)
+        return self._kv
+
+    def _route(self, vbucket: int) -> tuple[str, int]:
+        """The node that holds ``vbucket``: the configured one until a cluster map exists."""
+        return self.config.host, self.config.port
+
+    # -- streaming --------------------------------------------------------------------------
+
+    def stream(
+        self,
+        vbuckets: Iterable[int] | None = None,
+        *,
+        start: Start = "beginning",
+        end: End = "forever",
+    ) -> AsyncIterator[events.Event]:
+        """Stream ``vbuckets`` (default: all of the bucket, or the keys of an ``end`` mapping).
+
+        ``start``: "beginning" streams vbuckets the consumer's offsets do not hold from 0 and
+        resumes the others; "now" starts the new ones at their current high seqno; an
+        :class:`Offsets` replaces the consumer's offsets and resumes from them. ``end``:
+        "forever"; "now", each vbucket's high seqno when the stream starts; or a mapping of
+        explicit end seqnos.
+        """
+        if isinstance(start, Offsets):
+            self._offsets = start
+        vbs = None if vbuckets is None else sorted(set(vbuckets))
+        return self._stream(vbs, start, end)
+
+    async def _stream(
+        self, vbuckets: list[int] | None, start: Start, end: End
+    ) -> AsyncIterator[events.Event]:
+        run = _Run(await self._plan(vbuckets, start, end))
+        if self._mlog is not None:
+            run.owed.update(self._owed_at_start(run))
+        attempt = 0
+        while not run.finished and not self._closed:
+            conn: Connection | None = None
+            try:
+                conn = await self._open_dcp(run)
+                attempt = 0
+                async for ev in self._session(conn, run):
+                    yield ev
+            except AuthError:
+                raise
+            except _SESSION_ERRORS as exc:
+                log.warning("DCP session ended: %s", exc or type(exc).__name__)
+            finally:
+                if conn is not None:
+                    self._conns.discard(conn)
+                    await conn.close()
+                for cs in run.streams.values():
+                    cs.disconnected()
+                run.opaques.clear()
+            if not run.finished and not self._closed:
+                await asyncio.sleep(self._backoff(attempt))
+                attempt += 1
+
+    def _backoff(self, attempt: int) -> float:
+        # Jitter keeps a fleet of consumers from reconnecting in lockstep after an outage.
+        cap = min(self.config.max_backoff, FIRST_BACKOFF * 2**attempt)
+        return cap * (0.5 + 0.5 * self._rng.random())
+
+    async def _plan(
+        self, vbuckets: list[int] | None, start: Start, end: End
+    ) -> dict[int, ConsumerStream]:
+        wants_all = vbuckets is None and not isinstance(end, Mapping)
+        need_seqnos = wants_all or start == "now" or end == "now"
+        seqnos = await self.vbucket_seqnos() if need_seqnos else {}
+        if vbuckets is None:
+            vbuckets = sorted(end) if isinstance(end, Mapping) else sorted(seqnos)
+        streams = {}
+        for vb in vbuckets:
+            if need_seqnos and vb not in seqnos:
+                raise ClientError(f"the bucket has no vbucket {vb}")
+            if start == "now" and vb not in self._offsets:
+                uuid, high = seqnos[vb]
+                self._offsets.set_progress(vb, VbucketProgress(VbucketOffset.at(high, uuid)))
+            streams[vb] = ConsumerStream(
+                vb, self._offsets.progress(vb), end_seqno=_end_seqno(vb, end, seqnos)
+            )
+        return streams
+
+    def _owed_at_start(self, run: _Run) -> set[int]:
+        """Vbuckets whose mutation log holds changes above the offset, or lost some: a
+        previous run may have applied them (or crashed in a repair), so repair them first."""
+        assert self._mlog is not None
+        owed = set()
+        for vb, cs in run.streams.items():
+            seqno = cs.offset.seqno
+            if self._mlog.keys_above(vb, seqno) or not self._mlog.covers(vb, seqno):
+                owed.add(vb)
+        return owed
+
+    # -- one connection -----------------------------------------------------------------------
+
+    async def _open_dcp(self, run: _Run) -> Connection:
+        vb = next(vb for vb, cs in run.streams.items() if cs.state not in _DONE)
+        host, port = self._route(vb)
+        cfg = self.config
+        conn = await Connection.open(host, port, cfg.connect_timeout)
+        self._conns.add(conn)
+        try:
+            await asyncio.wait_for(self._handshake(conn), cfg.connect_timeout)
+        except BaseException:
+            self._conns.discard(conn)
+            await conn.close()
+            raise
+        self.counters["sessions"] += 1
+        return conn
+
+    async def _handshake(self, conn: Connection) -> None:
+        cfg = self.config
+        await authenticate(conn, cfg.user, cfg.password, cfg.bucket)
+        await conn.call_ok(dcp.DcpOpen(name=cfg.name, flags=OpenFlag.Producer))
+        if cfg.buffer_size:
+            await conn.call_ok(
+                dcp.DcpControl(key="connection_buffer_size", value=str(cfg.buffer_size))
+            )
+        await conn.call_ok(dcp.DcpControl(key="enable_noop", value="true"))
+        await conn.call_ok(dcp.DcpControl(key="set_noop_interval", value=f"{cfg.noop_interval:g}"))
+        conn.liveness = Liveness(cfg.noop_interval, asyncio.get_running_loop().time())
+
+    async def _session(self, conn: Connection, run: _Run) -> AsyncIterator[events.Event]:
+        flow = FlowControl(self.config.buffer_size)
+        loop = asyncio.get_running_loop()
+        for vb in sorted(run.owed):
+            async for ev in self._repair(run, run.streams[vb]):
+                yield ev
+        for cs in run.streams.values():
+            if cs.needs_request:
+                async for ev in self._request(conn, run, cs):
+                    yield ev
+        while not run.finished:
+            batch = await conn.next_batch(run.retry_timeout(loop.time()))
+            if self._mlog is not None:
+                self._log_keys(run, batch)
+            for nbytes, msg in batch:
+                cs = run.stream_for(msg)
+                if cs is not None:
+                    for ev in cs.receive(msg):
+                        yield ev
+                        async for follow in self._after(run, cs, ev, loop.time()):
+                            yield follow
+                if nbytes:
+                    flow.received_bytes(nbytes)
+                    ack = flow.take_ack()
+                    if ack is not None:
+                        conn.send(ack)
+                if cs is not None and cs.needs_request and cs.vbucket not in run.retry_at:
+                    async for ev in self._request(conn, run, cs):
+                        yield ev
+            for cs in run.due_retries(loop.time()):
+                async for ev in self._request(conn, run, cs):
+                    yield ev
+
+    async def _after(
+        self, run: _Run, cs: ConsumerStream, ev: events.Event, now: float
+    ) -> AsyncIterator[events.Event]:
+        """What follows an event, once the application pulled the next one."""
+        if isinstance(ev, events.Rollback):
+            async for follow in self._rolled_back(run, cs):
+                yield follow
+        elif isinstance(ev, events.StreamRefused):
+            if not ev.will_retry:
+                raise StreamFailedError(f"vbucket {ev.vbucket}: stream refused", ev.status)
+            # NotMyVbucket, Etmpfail...: ask again later (a cluster map would re-route here).
+            n = run.refusals[cs.vbucket] = run.refusals.get(cs.vbucket, 0) + 1
+            run.retry_at[cs.vbucket] = now + min(self.config.max_backoff, 0.1 * 2**n)
+        elif isinstance(ev, events.StreamEnd) and cs.state is ConsumerState.FAILED:
+            raise StreamFailedError(f"vbucket {ev.vbucket}: stream ended ({ev.reason})")
+        elif isinstance(ev, events.StreamStart):
+            run.refusals.pop(cs.vbucket, None)
+
+    async def _request(
+        self, conn: Connection, run: _Run, cs: ConsumerStream
+    ) -> AsyncIterator[events.Event]:
+        """Send the stream request; in mutation-log mode compare failover logs first."""
+        for _ in range(MAX_LOCAL_ROLLBACKS):
+            if self._mlog is not None:
+                answer = await conn.call(dcp.GetFailoverLog(vbucket=cs.vbucket))
+                if isinstance(answer, dcp.GetFailoverLogResponse):
+                    ev = cs.check_failover_log(answer.failover_log)
+                    if ev is not None:
+                        yield ev
+                        async for follow in self._rolled_back(run, cs):
+                            yield follow
+                        continue
+            opaque = conn.next_opaque()
+            run.opaques[opaque] = cs.vbucket
+            conn.send(cs.request(opaque=opaque))
+            return
+        raise ClientError(f"vbucket {cs.vbucket}: {MAX_LOCAL_ROLLBACKS} rollbacks in a row")
+
+    # -- rollbacks and the mutation log -----------------------------------------------------
+
+    async def _rolled_back(self, run: _Run, cs: ConsumerStream) -> AsyncIterator[events.Event]:
+        self.counters["rollbacks"] += 1
+        if self._mlog is None:
+            return
+        run.owed.add(cs.vbucket)
+        async for ev in self._repair(run, cs):
+            yield ev
+
+    def _log_keys(self, run: _Run, batch: list[tuple[int, Message]]) -> None:
+        assert self._mlog is not None
+        entries = [
+            (msg.vbucket, msg.by_seqno, bytes(msg.key))
+            for _, msg in batch
+            if isinstance(msg, _ITEMS) and msg.vbucket in run.streams
+        ]
+        if entries:
+            self._mlog.record_many(entries)
+
+    async def _repair(self, run: _Run, cs: ConsumerStream) -> AsyncIterator[events.Event]:
+        """Spec 002's repair of one vbucket at its (rolled-back) offset: module docstring."""
+        assert self._mlog is not None
+        vb, point = cs.vbucket, cs.offset.seqno
+        if cs.state in _DONE:
+            run.owed.discard(vb)
+            return
+        plan = self._mlog.repair_plan(vb, point)
+        if plan.full_resync:
+            self.counters["full_resyncs"] += 1
+            yield cs.roll_back(0)
+            self._mlog.truncate_above(vb, 0)
+            run.owed.discard(vb)
+            return
+        keys = list(plan.refetch_keys)
+        high = point
+        if keys:
+            kv = await self._kv_session()
+            docs = await kv.get_many(vb, keys)
+            # Read after the Gets: an upper bound of every fetched document's seqno.
+            high = max(point, (await kv.vbucket_seqnos(vb))[vb][1])
+            cs.note_seen(high)
+            self.counters["repaired_keys"] += len(keys)
+            for key, doc in zip(keys, docs, strict=True):
+                yield _repair_event(vb, key, doc, high, cs.offset)
+        self._mlog.repaired(vb, point, [(key, high) for key in keys])
+        run.owed.discard(vb)
+
+
+def _end_seqno(vb: int, end: End, seqnos: Mapping[int, tuple[int, int]]) -> int:
+    if end == "forever":
+        return U64_MAX
+    if end == "now":
+        return seqnos[vb][1]
+    assert isinstance(end, Mapping)
+    if vb not in end:
+        raise ValueError(f"no end seqno for vbucket {vb}")
+    return end[vb]
+
+
+def _repair_event(
+    vb: int, key: bytes, doc: Document | None, seqno: int, offset: VbucketOffset
+) -> events.Mutation | events.Deletion:
+    if doc is None:
+        return events.Deletion(vb, key, seqno, 0, 0, offset)
+    return events.Mutation(
+        vb, key, doc.value, seqno, 0, doc.flags, 0, doc.cas, doc.datatype, offset
+    )
