@@ -14,9 +14,10 @@ node is used (one node is the whole cluster here). ``vbuckets`` is a list of ids
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
+from dcpkv.client.config import ClientConfig
 from dcpkv.spark.sparkoffsets import SparkOffsets
 
 DEFAULT_PORT = 11210
@@ -42,10 +43,7 @@ class SourceOptions:
     include_values: bool = True
     mode: str = "changes"  # batch reads only
 
-    def client_config(self) -> object:
-        """The :class:`dcpkv.client.config.ClientConfig` for these options."""
-        from dcpkv.client.config import ClientConfig
-
+    def client_config(self) -> ClientConfig:
         return ClientConfig(
             host=self.host,
             port=self.port,
@@ -55,8 +53,15 @@ class SourceOptions:
             name="dcpkv-spark",
         )
 
-    def with_vbuckets(self, vbuckets: tuple[int, ...]) -> SourceOptions:
-        return replace(self, vbuckets=vbuckets)
+    def selected(self, available: Iterable[int]) -> list[int]:
+        """The vbuckets to read: the ``vbuckets`` option, checked against the server's."""
+        have = sorted(available)
+        if not self.vbuckets:
+            return have
+        missing = sorted(set(self.vbuckets) - set(have))
+        if missing:
+            raise OptionError(f"vbuckets: the bucket has no vbucket {missing[0]}")
+        return list(self.vbuckets)
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
