@@ -57,6 +57,13 @@ def server_docs(port: int, keys: Iterable[bytes]) -> dict[bytes, bytes]:
     return out
 
 
+def high_seqnos(port: int) -> dict[int, int]:
+    with KVClient(port) as kv:
+        assert kv.login().status == Status.Success
+        stats = kv.stats(b"vbucket-seqno")
+    return {v: int(stats[f"vb_{v}:high_seqno"]) for v in range(VBUCKETS)}
+
+
 class Changelog:
     """Applies the source's rows in order, per vbucket, keeping history (a rollback row drops
     the changes above its seqno, so the versions at or below it must still be there)."""
