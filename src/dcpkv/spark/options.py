@@ -14,6 +14,8 @@ node is used (one node is the whole cluster here). ``vbuckets`` is a list of ids
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -44,13 +46,15 @@ class SourceOptions:
     mode: str = "changes"  # batch reads only
 
     def client_config(self) -> ClientConfig:
+        # A producer drops an existing connection when another opens with the same name, so
+        # every consumer (one per task and per driver call) gets a name of its own.
         return ClientConfig(
             host=self.host,
             port=self.port,
             bucket=self.bucket,
             user=self.user,
             password=self.password,
-            name="dcpkv-spark",
+            name=f"dcpkv-spark:{os.getpid()}:{uuid.uuid4().hex[:12]}",
         )
 
     def selected(self, available: Iterable[int]) -> list[int]:
