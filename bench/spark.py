@@ -1,0 +1,145 @@
+"""The Spark source's throughput: an AvailableNow query over a loaded bucket into Parquet.
+
+Theory of operation
+-------------------
+1. Load ``--count`` items (16-byte keys, 100-byte values) through the engine into a fresh data
+   dir and start a real ``dcpkv server`` on it, exactly as ``bench/dcp.py`` does.
+2. Ceilings: the client library alone, streaming every vbucket from 0 to its high seqno and
+   counting the mutations (no Spark, no rows): once through the blocking
+   :class:`SyncConsumer` facade (one thread hop per event), once the way a Spark task drives
+   the library (the asyncio consumer pulled in chunks on the task's own loop).
+3. The query: ``spark.readStream.format("dcpkv")`` with ``Trigger.AvailableNow`` into a Parquet
+   folder, on ``local[N]``; timed from ``start()`` to the end of ``awaitTermination()``
+   (planning, tasks, Arrow conversion, Parquet writes, checkpoint commits included; Spark's
+   own start-up is not). The Parquet rows are counted afterwards to check the figure.
+
+Rates are rows/s. With N cores the query runs N tasks at once, each with its own consumer
+connection, so it can beat the single-consumer ceiling on a machine with spare cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+import dcpkv.spark
+from dcp import load, start_server  # bench/dcp.py (the script's folder is on sys.path)
+from dcpkv.client import events
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.sync import SyncConsumer
+from dcpkv.spark.plan import VbTarget
+from dcpkv.spark.read import stream_events
+from dcpkv.spark.sparkoffsets import VbPosition
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def raw_rate(port: int) -> tuple[int, float]:
+    """Mutations streamed by one SyncConsumer from 0 to the high seqnos; (count, seconds)."""
+    start = time.perf_counter()
+    count = 0
+    with SyncConsumer(ClientConfig(port=port, name="bench:raw")) as consumer:
+        for event in consumer.stream(start="beginning", end="now"):
+            if isinstance(event, events.Mutation):
+                count += 1
+    return count, time.perf_counter() - start
+
+
+def task_path_rate(port: int) -> tuple[int, float]:
+    """The same stream as :func:`raw_rate`, driven the way a Spark task drives it (the
+    asyncio consumer pulled in chunks, ``dcpkv.spark.read.stream_events``), in one process."""
+    config = ClientConfig(port=port, name="bench:chunked")
+    with SyncConsumer(config) as consumer:
+        seqnos = consumer.vbucket_seqnos()
+    work = [VbTarget(vb, VbPosition.at(0, 0), high, high) for vb, (_u, high) in seqnos.items()]
+    start = time.perf_counter()
+    count = sum(isinstance(e, events.Mutation) for e in stream_events(config, work))
+    return count, time.perf_counter() - start
+
+
+def spark_session(cores: int) -> SparkSession:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName("dcpkv-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    dcpkv.spark.register(spark)
+    return spark
+
+
+def query_rate(spark: SparkSession, port: int, out: Path, partitions: int | None) -> float:
+    reader = spark.readStream.format("dcpkv").option("port", port)
+    if partitions:
+        reader = reader.option("numPartitions", partitions)
+    start = time.perf_counter()
+    query = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(out / "parquet"))
+        .option("checkpointLocation", str(out / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - start
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    return seconds
+
+
+def _line(what: str, rows: int, seconds: float) -> str:
+    return f"  {what:<34} {rows:>10,} rows in {seconds:7.2f} s  {rows / seconds:>10,.0f} rows/s"
+
+
+def main(
+    count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
+    vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
+    cores: int = typer.Option(2, "--cores", help="Spark local[N]"),
+    partitions: int = typer.Option(0, "--partitions", help="numPartitions (0: default)"),
+) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="dcpkv-spark-bench-"))
+    proc = None
+    try:
+        data = tmp / "data"
+        print(f"Spark bench: {count:,} items of 100 bytes, {vbuckets} vbuckets, local[{cores}]")
+        print(f"  load through the engine            {load(data, count, vbuckets):7.2f} s")
+        proc, port, warm = start_server(data, vbuckets)
+        print(f"  server start (warm-up)             {warm:7.2f} s")
+        n, seconds = raw_rate(port)
+        print(_line("client library (SyncConsumer)", n, seconds))
+        n, seconds = task_path_rate(port)
+        print(_line("client library, chunked (task path)", n, seconds))
+        started = time.perf_counter()
+        spark = spark_session(cores)
+        print(f"  Spark session start                {time.perf_counter() - started:7.2f} s")
+        seconds = query_rate(spark, port, tmp, partitions or None)
+        rows = spark.read.parquet(str(tmp / "parquet")).count()
+        print(_line("AvailableNow query -> Parquet", rows, seconds))
+        spark.stop()
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    typer.run(main)

@@ -1,0 +1,162 @@
+"""The options of the ``dcpkv`` Spark format, parsed once into a frozen value.
+
+Theory of operation
+-------------------
+Spark hands a data source its options as a case-insensitive mapping of strings. Everything is
+parsed and checked here, on the driver, when the source or sink is created, so that a typo is
+a clear error at ``load()`` / ``start()`` time instead of a task failure on an executor. The
+parsed :class:`SourceOptions` is a small frozen dataclass: it is pickled into every task.
+
+``nodes`` (``host:port[,host:port...]``) takes precedence over ``host``/``port``; the first
+node is used (one node is the whole cluster here). ``vbuckets`` is a list of ids and ranges
+(``"0,1,5-9"``); empty means every vbucket the server has.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from dcpkv.client.config import ClientConfig
+from dcpkv.spark.sparkoffsets import SparkOffsets
+
+DEFAULT_PORT = 11210
+MODES = ("changes", "documents")
+
+
+class OptionError(ValueError):
+    """An option of the ``dcpkv`` format has an unusable value."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    bucket: str = "default"
+    user: str = "Administrator"
+    password: str = "password"
+    vbuckets: tuple[int, ...] = ()  # empty: all the server has
+    starting: str | SparkOffsets = "earliest"  # "earliest", "latest" or offsets
+    ending: str | SparkOffsets = "latest"  # batch "changes" mode only
+    max_changes_per_trigger: int | None = None
+    num_partitions: int | None = None  # None: one task per vbucket, at most 2 * cores
+    include_values: bool = True
+    mode: str = "changes"  # batch reads only
+
+    def client_config(self) -> ClientConfig:
+        # A producer drops an existing connection when another opens with the same name, so
+        # every consumer (one per task and per driver call) gets a name of its own.
+        return ClientConfig(
+            host=self.host,
+            port=self.port,
+            bucket=self.bucket,
+            user=self.user,
+            password=self.password,
+            name=f"dcpkv-spark:{os.getpid()}:{uuid.uuid4().hex[:12]}",
+        )
+
+    def selected(self, available: Iterable[int]) -> list[int]:
+        """The vbuckets to read: the ``vbuckets`` option, checked against the server's."""
+        have = sorted(available)
+        if not self.vbuckets:
+            return have
+        missing = sorted(set(self.vbuckets) - set(have))
+        if missing:
+            raise OptionError(f"vbuckets: the bucket has no vbucket {missing[0]}")
+        return list(self.vbuckets)
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Parse Spark's option map (keys compared case-insensitively)."""
+    opts = {k.lower(): v for k, v in options.items()}
+    host, port = _address(opts)
+    return SourceOptions(
+        host=host,
+        port=port,
+        bucket=opts.get("bucket", "default"),
+        user=opts.get("user", "Administrator"),
+        password=opts.get("password", "password"),
+        vbuckets=parse_vbuckets(opts.get("vbuckets", "")),
+        starting=_offsets_option(opts.get("startingoffsets", "earliest"), "startingOffsets"),
+        ending=_offsets_option(opts.get("endingoffsets", "latest"), "endingOffsets"),
+        max_changes_per_trigger=_positive(opts, "maxchangespertrigger"),
+        num_partitions=_positive(opts, "numpartitions"),
+        include_values=_bool(opts.get("includevalues", "true"), "includeValues"),
+        mode=_mode(opts.get("mode", "changes")),
+    )
+
+
+def parse_vbuckets(text: str) -> tuple[int, ...]:
+    """``"0,1,5-9"`` -> ``(0, 1, 5, 6, 7, 8, 9)``; empty -> ``()`` (all)."""
+    out: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise OptionError(f"vbuckets: {part!r} is not a number or a range a-b") from None
+        if not 0 <= first <= last <= 0xFFFF:
+            raise OptionError(f"vbuckets: {part!r} is not a range of ids from 0 to 65535")
+        out.update(range(first, last + 1))
+    return tuple(sorted(out))
+
+
+def _address(opts: Mapping[str, str]) -> tuple[str, int]:
+    nodes = opts.get("nodes", "").strip()
+    if nodes:
+        first = nodes.split(",")[0].strip()
+        host, sep, port = first.rpartition(":")
+        if not sep:
+            return first, DEFAULT_PORT
+        return host, _port(port)
+    return opts.get("host", "127.0.0.1"), _port(opts.get("port", str(DEFAULT_PORT)))
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise OptionError(f"port {text!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise OptionError(f"port {port} is outside 1..65535")
+    return port
+
+
+def _positive(opts: Mapping[str, str], key: str) -> int | None:
+    if key not in opts:
+        return None
+    try:
+        value = int(opts[key])
+    except ValueError:
+        raise OptionError(f"{key}: {opts[key]!r} is not a number") from None
+    if value < 1:
+        raise OptionError(f"{key} must be at least 1, got {value}")
+    return value
+
+
+def _bool(text: str, what: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise OptionError(f"{what}: {text!r} is not true or false")
+
+
+def _mode(text: str) -> str:
+    if text.lower() not in MODES:
+        raise OptionError(f"mode: {text!r} is not one of {', '.join(MODES)}")
+    return text.lower()
+
+
+def _offsets_option(text: str, what: str) -> str | SparkOffsets:
+    if text.strip().lower() in ("earliest", "latest"):
+        return text.strip().lower()
+    try:
+        return SparkOffsets.from_dict_json(text)
+    except ValueError as exc:
+        raise OptionError(f"{what}: {exc}") from None

@@ -1,0 +1,153 @@
+"""Planning a micro-batch: where each vbucket's stream ends, and which task reads it.
+
+Theory of operation
+-------------------
+Everything here is pure: the driver fetches the server's state (each vbucket's current branch
+uuid and high seqno, one Stat round trip; failover logs only for vbuckets whose branch moved)
+and these functions turn it into the batch's end offset and its partitions. The same inputs
+always give the same plan, which Spark relies on when it re-runs a batch from its offset log.
+
+Where a vbucket restarts. A vbucket still on the branch its offset names resumes at its seqno.
+One whose branch moved (the server restarted after losing unpersisted writes, or failed over)
+is judged with the producer's own rule (``dcpkv.engine.rollback.needs_rollback``) on the
+current failover log: no rollback means it resumes at its seqno; a rollback to R means the
+client will land on the newest consistent point ``p <= R`` the offset knows, and re-stream
+from there. The "seqno distance" of a vbucket is its high seqno minus that restart point: an
+upper bound on the changes it can send (deduplication only makes it smaller).
+
+Admission control (``maxChangesPerTrigger``) splits the budget over the vbuckets by water
+filling: every vbucket gets an equal share, capped at its distance, and what a vbucket could
+not use is shared again among the others. A share of less than one is given, one change each,
+to the vbuckets with the most left to read, so no vbucket starves behind others. A vbucket
+whose branch moved is always part of the batch, even with nothing to read: its rollback row is
+news for downstream.
+
+Partitions. The vbuckets to read are spread over ``numPartitions`` tasks, longest first onto
+the least loaded task (by seqno distance): one vbucket is always read by one task, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dcpkv.engine.failover_table import FailoverEntry, FailoverTable
+from dcpkv.engine.rollback import needs_rollback
+from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
+
+DEFAULT_MAX_PARTITIONS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class VbTarget:
+    """One vbucket of a batch: read from ``start`` to seqno ``end`` (``distance`` to go)."""
+
+    vbucket: int
+    start: VbPosition
+    end: int
+    distance: int
+
+
+def branch_moved(pos: VbPosition, current_uuid: int) -> bool:
+    o = pos.offset
+    return not (o.vb_uuid == current_uuid or (o.seqno == 0 and o.vb_uuid == 0))
+
+
+def restart_point(pos: VbPosition, log: Sequence[FailoverEntry], high: int) -> int:
+    """Where the client will resume a vbucket whose branch moved (see module docstring)."""
+    o = pos.offset
+    decision = needs_rollback(
+        start=o.seqno,
+        vb_uuid=o.vb_uuid,
+        snap_start=o.snap_start,
+        snap_end=o.snap_end,
+        purge_seqno=0,
+        failover_table=FailoverTable(log, capacity=max(1, len(log))),
+        high_seqno=high,
+    )
+    if decision is None:
+        return o.seqno
+    candidates = [0, *pos.points]
+    if o.complete:
+        candidates.append(o.seqno)
+    return max(p for p in candidates if p <= decision.seqno)
+
+
+def split_budget(distances: Mapping[int, int], budget: int | None) -> dict[int, int]:
+    """How many seqnos each vbucket may advance: all of it without a budget, else water
+    filling (see the module docstring). The total never exceeds ``budget``."""
+    if budget is None:
+        return dict(distances)
+    alloc = dict.fromkeys(distances, 0)
+    remaining = budget
+    active = sorted(vb for vb, d in distances.items() if d > 0)
+    # Each round either exhausts a vbucket or leaves less than one change per vbucket.
+    while remaining > 0 and active:
+        share = remaining // len(active)
+        if share == 0:
+            by_need = sorted(active, key=lambda vb: (alloc[vb] - distances[vb], vb))
+            for vb in by_need[:remaining]:
+                alloc[vb] += 1
+            break
+        for vb in active:
+            take = min(share, distances[vb] - alloc[vb])
+            alloc[vb] += take
+            remaining -= take
+        active = [vb for vb in active if alloc[vb] < distances[vb]]
+    return alloc
+
+
+def plan_end(
+    start: SparkOffsets,
+    current: Mapping[int, tuple[int, int]],
+    logs: Mapping[int, Sequence[FailoverEntry]],
+    budget: int | None,
+) -> SparkOffsets:
+    """The end offset of the next batch from ``start`` (``current``: vb -> (uuid, high))."""
+    restarts: dict[int, int] = {}
+    distances: dict[int, int] = {}
+    for vb, pos in start.items():
+        uuid, high = current[vb]
+        moved = branch_moved(pos, uuid)
+        restart = restart_point(pos, logs.get(vb, ()), high) if moved else pos.offset.seqno
+        rolled = restart < pos.offset.seqno
+        if rolled or high > restart:
+            restarts[vb] = restart
+            distances[vb] = max(0, high - restart)
+    alloc = split_budget(distances, budget)
+    out = dict(start)
+    for vb, restart in restarts.items():
+        pos = start[vb]
+        end = restart + alloc[vb]
+        if end == pos.offset.seqno and restart == end:
+            continue  # nothing to read, nothing rolled back: leave the position as it is
+        out[vb] = pos.advanced_to(end, current[vb][0], valid_to=restart)
+    return SparkOffsets(out)
+
+
+def targets(start: SparkOffsets, end: SparkOffsets) -> list[VbTarget]:
+    """The vbuckets a batch from ``start`` to ``end`` reads (those whose position moved)."""
+    out = []
+    for vb, end_pos in end.items():
+        pos = start.get(vb)
+        if pos is None or pos == end_pos:
+            continue
+        distance = max(0, end_pos.offset.seqno - min(pos.offset.seqno, end_pos.offset.seqno))
+        out.append(VbTarget(vb, pos, end_pos.offset.seqno, distance))
+    return out
+
+
+def spread(work: Sequence[VbTarget], num_partitions: int | None) -> list[list[VbTarget]]:
+    """Longest first onto the least loaded of ``num_partitions`` tasks; no empty task."""
+    if not work:
+        return []
+    n = min(len(work), num_partitions or DEFAULT_MAX_PARTITIONS)
+    tasks: list[list[VbTarget]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for t in sorted(work, key=lambda t: (-t.distance, t.vbucket)):
+        i = min(range(n), key=lambda i: (loads[i], i))
+        tasks[i].append(t)
+        loads[i] += t.distance + 1  # +1: a vbucket costs a stream request even when empty
+    for task in tasks:
+        task.sort(key=lambda t: t.vbucket)
+    return tasks

@@ -1,0 +1,144 @@
+"""The pure parts of dcpkv.spark: offsets, planning, options, rows, the sink's row mapping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import Row
+
+from dcpkv.client.offsets import U64_MAX, VbucketOffset
+from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.spark.options import OptionError, parse_options, parse_vbuckets
+from dcpkv.spark.plan import plan_end, split_budget, spread, targets
+from dcpkv.spark.rows import ARROW_SCHEMA, rollback_row, to_batch
+from dcpkv.spark.source import SinkError, row_op
+from dcpkv.spark.sparkoffsets import SparkOffsetError, SparkOffsets, VbPosition
+
+A, B = 0xAAAA, 0xBBBB
+
+
+def test_offsets_keep_u64_exact_through_json_with_a_fixed_order() -> None:
+    offsets = SparkOffsets(
+        {
+            10: VbPosition(VbucketOffset(U64_MAX, U64_MAX - 1, U64_MAX - 2, U64_MAX)),
+            2: VbPosition.at(5, A, [1, 3]),
+        }
+    )
+    text = json.dumps(offsets.to_dict())
+    assert SparkOffsets.from_dict(json.loads(text)) == offsets
+    assert list(json.loads(text)["vbuckets"]) == ["2", "10"]  # numeric, not string, order
+    vb10 = json.loads(text)["vbuckets"]["10"]
+    assert list(vb10) == ["vb_uuid", "seqno", "snap_start", "snap_end", "points"]
+    assert vb10["vb_uuid"] == "18446744073709551615"
+    assert offsets.to_json() == SparkOffsets.from_dict_json(offsets.to_json()).to_json()
+
+
+def _one(**fields: object) -> dict[str, object]:
+    base: dict[str, object] = {"vb_uuid": "1", "seqno": "0", "snap_start": "0", "snap_end": "0"}
+    return {"format": 1, "vbuckets": {"0": {**base, **fields}}}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"format": 2, "vbuckets": {}},
+        {"format": 1, "vbuckets": {"x": {}}},
+        _one(vb_uuid=1.5),
+        _one(seqno="9", snap_end="5"),
+        _one(seqno=str(U64_MAX + 1), snap_end=str(U64_MAX + 1)),
+        _one(points=["0"]),
+    ],
+)
+def test_bad_offsets_are_refused(bad: object) -> None:
+    with pytest.raises(SparkOffsetError):
+        SparkOffsets.from_dict(bad)
+
+
+def test_client_offsets_carry_the_branch_ancestry_and_points() -> None:
+    offsets = SparkOffsets({0: VbPosition.at(100, A, [40, 70]), 1: VbPosition.at(9, 0x77)})
+    log = (FailoverEntry(B, 80), FailoverEntry(A, 0))
+    client = offsets.client_offsets([0, 1], {0: log, 1: log})
+    assert client.progress(0).failover_log == (FailoverEntry(A, 0),)
+    assert client.progress(0).consistent_points == (40, 70, 100)
+    assert client[0] == VbucketOffset.at(100, A)
+    # a branch the producer never heard of: a one-entry log, the producer rolls it to 0
+    assert client.progress(1).failover_log == (FailoverEntry(0x77, 0),)
+
+
+def test_split_budget_is_fair_bounded_and_starves_nobody() -> None:
+    distances = {0: 100, 1: 5, 2: 0, 3: 40}
+    assert split_budget(distances, None) == distances
+    assert split_budget(distances, 1000) == distances
+    alloc = split_budget(distances, 60)
+    assert sum(alloc.values()) == 60 and alloc == {0: 28, 1: 5, 2: 0, 3: 27}
+    small = split_budget({0: 10, 1: 10, 2: 12}, 2)
+    assert sum(small.values()) == 2 and small[2] == 1  # the one with the most left goes first
+
+
+def test_plan_end_reads_to_high_seqno_and_returns_start_when_caught_up() -> None:
+    start = SparkOffsets({0: VbPosition.at(10, A), 1: VbPosition.at(4, A)})
+    end = plan_end(start, {0: (A, 25), 1: (A, 4)}, {}, None)
+    assert end[0] == VbPosition.at(25, A, [10]) and end[1] == start[1]
+    assert plan_end(end, {0: (A, 25), 1: (A, 4)}, {}, None) == end  # AvailableNow stops
+    limited = plan_end(start, {0: (A, 25), 1: (A, 4)}, {}, 5)
+    assert limited[0].offset.seqno == 15
+    work = targets(start, end)
+    assert [(t.vbucket, t.end) for t in work] == [(0, 25)]
+
+
+def test_plan_end_after_a_branch_change_lands_on_a_consistent_point() -> None:
+    # The consumer read to 100 on A; the server kept 80 and branched (B), then grew to 90.
+    start = SparkOffsets({0: VbPosition.at(100, A, [40, 70, 95])})
+    log = (FailoverEntry(B, 80), FailoverEntry(A, 0))
+    end = plan_end(start, {0: (B, 90)}, {0: log}, None)
+    assert end[0] == VbPosition.at(90, B, [40, 70])  # 95 and 100 lay on the lost history
+    # A budget smaller than the re-stream still moves the vbucket (its rollback is news).
+    assert plan_end(start, {0: (B, 90)}, {0: log}, 0)[0] == VbPosition.at(70, B, [40])
+    # A branch cut exactly where the consumer stands needs no rollback and no batch.
+    same = SparkOffsets({0: VbPosition.at(80, A)})
+    assert plan_end(same, {0: (B, 80)}, {0: log}, None) == same
+
+
+def test_spread_puts_every_vbucket_in_one_task() -> None:
+    start = SparkOffsets({vb: VbPosition.at(0, 0) for vb in range(10)})
+    end = SparkOffsets({vb: VbPosition.at(vb * 10 + 1, A) for vb in range(10)})
+    tasks = spread(targets(start, end), 3)
+    assert len(tasks) == 3
+    assert sorted(t.vbucket for task in tasks for t in task) == list(range(10))
+    loads = [sum(t.distance for t in task) for task in tasks]
+    assert max(loads) - min(loads) <= 91  # longest-first onto the least loaded
+    assert spread([], 4) == []
+
+
+def test_options() -> None:
+    assert parse_vbuckets("0,1,5-9") == (0, 1, 5, 6, 7, 8, 9)
+    assert parse_vbuckets("") == ()
+    opts = parse_options(
+        {"nodes": "10.0.0.1:12000,other:1", "maxChangesPerTrigger": "7", "includeValues": "false"}
+    )
+    assert (opts.host, opts.port, opts.max_changes_per_trigger) == ("10.0.0.1", 12000, 7)
+    assert opts.include_values is False and opts.starting == "earliest"
+    given = SparkOffsets({3: VbPosition.at(5, A)})
+    assert parse_options({"startingOffsets": given.to_json()}).starting == given
+    bads = [{"vbuckets": "3-1"}, {"port": "x"}, {"maxChangesPerTrigger": "0"}]
+    bads += [{"startingOffsets": "{"}, {"mode": "rows"}, {"includeValues": "maybe"}]
+    for bad in bads:
+        with pytest.raises(OptionError):
+            parse_options(bad)
+
+
+def test_rows_hold_u64_exactly() -> None:
+    batch = to_batch([rollback_row(3, U64_MAX)])
+    assert batch.schema == ARROW_SCHEMA
+    assert batch.column("seqno")[0].as_py() == U64_MAX
+    assert batch.column("key")[0].as_py() is None
+
+
+def test_sink_row_mapping() -> None:
+    cols = ("key", "value", "op")
+    assert row_op(Row(key="k", value=b"v", op=None), cols).value == b"v"
+    assert row_op(Row(key=b"k", value=None, op="deletion"), cols).delete
+    assert row_op(Row(key=b"k", value=None, op="rollback"), cols) is None
+    with pytest.raises(SinkError, match="without a key"):
+        row_op(Row(key=None, value=b"v", op="mutation"), cols)
