@@ -271,3 +271,15 @@ def test_dead_connection_is_noticed_and_resumed(server: ServerProcess) -> None:
     consumer = asyncio.run(main())
     assert consumer.counters["sessions"] >= 2, time.monotonic() - started
     w.close()
+
+
+def test_include_values_false_streams_keys_without_values(server: ServerProcess) -> None:
+    w = Writer(server.port)
+    keys = {f"nv{i}".encode() for i in range(50)}
+    for key in sorted(keys):
+        w.set(key, key * 3)
+    cfg = ClientConfig(port=server.port, name="test:novalue", include_values=False)
+    with SyncConsumer(cfg) as sync:
+        got = [ev for ev in sync.stream(end="now") if isinstance(ev, events.Mutation)]
+    assert {ev.key for ev in got} == keys
+    assert all(ev.value == b"" and ev.datatype == 0 for ev in got)

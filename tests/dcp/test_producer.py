@@ -591,3 +591,22 @@ def test_takeover_ignores_stray_acks(bucket: Bucket, clock: ManualClock) -> None
     assert bucket.get_vbucket(0).state == VBucketState.ACTIVE
     (msg,) = c.drain(p)
     assert isinstance(msg, dcp.SetVbucketState)
+
+
+@pytest.mark.parametrize(
+    ("flag", "datatype"),
+    [(OpenFlag.NoValue, 0), (OpenFlag.NoValueWithUnderlyingDatatype, 1)],
+)
+def test_no_value_flags_send_keys_and_metadata_only(
+    bucket: Bucket, clock: ManualClock, flag: OpenFlag, datatype: int
+) -> None:
+    vb = bucket.get_vbucket(0)
+    vb.set(b"doc", b'{"a": 1}', flags=7, datatype=1)  # 1: JSON
+    vb.set(b"gone", b"x")
+    vb.delete(b"gone")
+    p, c = producer(bucket, clock, OpenFlag.Producer | flag), Consumer()
+    assert isinstance(request(p), dcp.StreamRequestOk)
+    c.drain(p)
+    (m,) = c.of(dcp.Mutation)
+    assert (bytes(m.key), bytes(m.value), m.flags, m.datatype) == (b"doc", b"", 7, datatype)
+    assert len(c.of(dcp.Deletion)) == 1

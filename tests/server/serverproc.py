@@ -20,11 +20,14 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
-    def start(self) -> int:
+    def start(self, *, same_port: bool = False) -> int:
+        """Start (again) on a free port, or on the previous one (clients with a fixed address,
+        such as a running Spark query, reconnect to the restarted server)."""
+        port = str(self.port) if same_port and self.port else "0"
         port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
         port_file.unlink(missing_ok=True)
         cmd = [
-            sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0",
+            sys.executable, "-m", "dcpkv.cli.main", "server", "--port", port,
             "--data-dir", str(self.data_dir), "--port-file", str(port_file),
             "--vbuckets", "16", *self.extra,
         ]  # fmt: skip

@@ -48,10 +48,10 @@ def server_factory(tmp_path: Path) -> Iterator[type[ServerProcess]]:
     started: list[ServerProcess] = []
 
     class Tracked(ServerProcess):
-        def start(self) -> int:
+        def start(self, *, same_port: bool = False) -> int:
             if self not in started:
                 started.append(self)
-            return super().start()
+            return super().start(same_port=same_port)
 
     yield Tracked
     for proc in started:

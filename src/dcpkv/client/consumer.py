@@ -45,6 +45,17 @@ The log entries above R are replaced by the re-fetched keys only after the last 
 was pulled, so a crash mid-repair leaves them in place: a new :meth:`stream` re-fetches every
 key logged above a vbucket's saved offset before requesting it.
 
+Clamped ends (``stream(..., clamp_ends=True)``). An explicit end seqno is a promise only on the
+branch it was read from: after an unclean restart or a failover the new branch may stop below
+it, and a producer keeps a stream open until its end seqno arrives, which may be never. With
+``clamp_ends`` every stream request (the first one and every re-request after a rollback, a
+lost connection or a resumable StreamEnd) first lowers the vbucket's end to its high seqno at
+that moment (Stat ``vbucket-seqno``, read after the DCP connection was opened, so a restart
+after the read also kills that connection and forces a new request and a new read). On an
+unchanged branch the high seqno never drops below an end that was read from it, so the clamp
+changes nothing; it bites only when history was cut below the end. The caller learns that the
+stream ended early from the offsets (below the end it asked for, usually on a new uuid).
+
 Without a mutation log, stream requests are sent without the failover-log round trip: the
 producer's own check answers Rollback when needed, which costs the same two round trips as
 GetFailoverLog-then-request, and nothing when no rollback is due.
@@ -96,10 +107,12 @@ class StreamFailedError(ClientError):
 class _Run:
     """The streams of one :meth:`Consumer.stream` call, across sessions."""
 
-    __slots__ = ("opaques", "owed", "refusals", "retry_at", "streams")
+    __slots__ = ("clamp", "highs", "opaques", "owed", "refusals", "retry_at", "streams")
 
-    def __init__(self, streams: dict[int, ConsumerStream]) -> None:
+    def __init__(self, streams: dict[int, ConsumerStream], *, clamp: bool = False) -> None:
         self.streams = streams
+        self.clamp = clamp  # clamp_ends: see the module docstring
+        self.highs: dict[int, int] = {}  # high seqnos read this session, used once each
         self.opaques: dict[int, int] = {}  # stream-request opaque -> vbucket, this session
         self.retry_at: dict[int, float] = {}  # vbucket -> when to ask again after a refusal
         self.refusals: dict[int, int] = {}
@@ -206,6 +219,7 @@ class Consumer:
         *,
         start: Start = "beginning",
         end: End = "forever",
+        clamp_ends: bool = False,
     ) -> AsyncIterator[events.Event]:
         """Stream ``vbuckets`` (default: all of the bucket, or the keys of an ``end`` mapping).
 
@@ -213,17 +227,19 @@ class Consumer:
         resumes the others; "now" starts the new ones at their current high seqno; an
         :class:`Offsets` replaces the consumer's offsets and resumes from them. ``end``:
         "forever"; "now", each vbucket's high seqno when the stream starts; or a mapping of
-        explicit end seqnos.
+        explicit end seqnos. ``clamp_ends``: lower each end to the vbucket's high seqno before
+        every stream request, so a stream whose branch was cut below its end still ends (see
+        the module docstring).
         """
         if isinstance(start, Offsets):
             self._offsets = start
         vbs = None if vbuckets is None else sorted(set(vbuckets))
-        return self._stream(vbs, start, end)
+        return self._stream(vbs, start, end, clamp_ends)
 
     async def _stream(
-        self, vbuckets: list[int] | None, start: Start, end: End
+        self, vbuckets: list[int] | None, start: Start, end: End, clamp: bool = False
     ) -> AsyncIterator[events.Event]:
-        run = _Run(await self._plan(vbuckets, start, end))
+        run = _Run(await self._plan(vbuckets, start, end), clamp=clamp)
         if self._mlog is not None:
             run.owed.update(self._owed_at_start(run))
         attempt = 0
@@ -245,6 +261,7 @@ class Consumer:
                 for cs in run.streams.values():
                     cs.disconnected()
                 run.opaques.clear()
+                run.highs.clear()
             if not run.finished and not self._closed:
                 await asyncio.sleep(self._backoff(attempt))
                 attempt += 1
@@ -305,7 +322,8 @@ class Consumer:
     async def _handshake(self, conn: Connection) -> None:
         cfg = self.config
         await authenticate(conn, cfg.user, cfg.password, cfg.bucket)
-        await conn.call_ok(dcp.DcpOpen(name=cfg.name, flags=OpenFlag.Producer))
+        flags = OpenFlag.Producer | (OpenFlag(0) if cfg.include_values else OpenFlag.NoValue)
+        await conn.call_ok(dcp.DcpOpen(name=cfg.name, flags=flags))
         if cfg.buffer_size:
             await conn.call_ok(
                 dcp.DcpControl(key="connection_buffer_size", value=str(cfg.buffer_size))
@@ -323,6 +341,9 @@ class Consumer:
         for vb in sorted(run.owed):
             async for ev in self._repair(run, run.streams[vb]):
                 yield ev
+        if run.clamp and sum(cs.needs_request for cs in run.streams.values()) > 1:
+            # One Stat for every first request of the session instead of one each.
+            run.highs = {vb: high for vb, (_uuid, high) in (await self.vbucket_seqnos()).items()}
         for cs in run.streams.values():
             if cs.needs_request:
                 async for ev in self._request(conn, run, cs):
@@ -385,9 +406,20 @@ class Consumer:
                     yield ev
                     async for follow in self._rolled_back(run, cs):
                         yield follow
+        if run.clamp and cs.end_seqno != U64_MAX:
+            await self._clamp_end(run, cs)
         opaque = conn.next_opaque()
         run.opaques[opaque] = cs.vbucket
         conn.send(cs.request(opaque=opaque))
+
+    async def _clamp_end(self, run: _Run, cs: ConsumerStream) -> None:
+        high = run.highs.pop(cs.vbucket, None)
+        if high is None:
+            kv = await self._kv_session()
+            high = (await kv.vbucket_seqnos(cs.vbucket))[cs.vbucket][1]
+        if high < cs.end_seqno:
+            log.info("vbucket %d: end %d clamped to high seqno %d", cs.vbucket, cs.end_seqno, high)
+            cs.end_seqno = high
 
     # -- rollbacks and the mutation log -----------------------------------------------------
 

@@ -643,14 +643,18 @@ class DcpProducer:
         head = {"opaque": stream.opaque, "vbucket": stream.vbucket, "cas": item.cas}
         seqnos = {"by_seqno": item.by_seqno, "rev_seqno": item.rev_seqno}
         if not item.deleted:
-            value = item.value
-            if value is None:  # ejected from the hash table's copy: read it back
+            value, datatype = item.value, item.datatype
+            if self.flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype):
+                # No value: never read an ejected one back. Plain NoValue also drops the
+                # datatype (it described the value), the other flag keeps it.
+                value = b""
+                if not self.flags & OpenFlag.NoValueWithUnderlyingDatatype:
+                    datatype = 0
+            elif value is None:  # ejected from the hash table's copy: read it back
                 stored = self.bucket.get_from_storage(stream.vbucket, item.key)
                 value = stored.value if stored is not None and stored.value is not None else b""
-            if self.flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype):
-                value = b""
             return dcp.Mutation(
-                **head, **seqnos, datatype=item.datatype, key=item.key, value=value,
+                **head, **seqnos, datatype=datatype, key=item.key, value=value,
                 flags=item.flags, expiration=item.expiry,
             ).encode()  # fmt: skip
         if item.expired and self.expiry_opcode:

@@ -55,6 +55,7 @@ class SourceOptions:
             user=self.user,
             password=self.password,
             name=f"dcpkv-spark:{os.getpid()}:{uuid.uuid4().hex[:12]}",
+            include_values=self.include_values,
         )
 
     def selected(self, available: Iterable[int]) -> list[int]:

@@ -16,6 +16,28 @@ task never counts a vbucket done early and never skips a change.
 A Rollback event becomes a rollback row *before* the changes of the new branch, which the
 library then streams from the rollback point. Nothing is ever dropped silently.
 
+History cut below the planned end (the server was killed with unpersisted writes and
+restarted between planning and reading, or while the task read). The end seqno E was planned
+on branch U, which the restart killed: the new branch keeps U's history only up to its
+branch point P (< E) and its high seqno H may stay below E for good, so waiting for the
+producer to reach E could wait forever. The stream therefore asks the library to clamp each
+end (``clamp_ends``): before every stream request the end becomes min(E, the vbucket's high
+seqno at that moment). On an unchanged branch that is E itself (a branch's high seqno never
+drops below a seqno read from it); only a cut history ends the vbucket early, at a consistent
+point of the new branch (the producer clamps the last snapshot to the end).
+
+Why downstream stays exact although the batch read less than it was planned to: Spark
+commits the *planned* end offset (U, E), not what the task read. Whenever the clamp bit, H < E,
+so U is dead with its successor branched at P <= H < E, and the next ``latestOffset`` finds
+(U, E) on a dead branch: the producer's rule answers a rollback to at most P, the plan lands on
+the newest point R <= P that the offset knows, and the next batch starts with a rollback row R
+followed by the new branch from R. Everything this batch wrote above R (the old branch's tail
+and the new branch's first changes alike) is dropped by that row and streamed again, so the
+end state is the new branch's, exactly. The same holds when the clamp did not bite but the
+task met a rollback anyway (H grew past E before the re-request): (U, E) is still on a dead
+branch and is rolled back again. Rows above R are thus read twice, once per batch; a restart
+is rare enough that exactness is worth it.
+
 ``documents`` mode reads every vbucket from 0 to the planned seqno and folds the changes into
 the last version of every key, dropping deleted and expired ones. It keeps each vbucket's
 changes as a list in seqno order until the end, because a rollback mid-read (the server
@@ -66,7 +88,8 @@ def _stream(
         if t.start.offset.vb_uuid
     }
     start = SparkOffsets({t.vbucket: t.start for t in work}).client_offsets(vbs, logs)
-    agen = consumer.stream(vbs, start=start, end={t.vbucket: t.end for t in work})
+    ends = {t.vbucket: t.end for t in work}
+    agen = consumer.stream(vbs, start=start, end=ends, clamp_ends=True)
     try:
         while True:
             chunk, finished = loop.run_until_complete(_take(agen, CHUNK_EVENTS))

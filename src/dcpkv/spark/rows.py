@@ -59,8 +59,9 @@ _OPS = {events.Mutation: "mutation", events.Deletion: "deletion", events.Expirat
 def change_row(event: events.Mutation | events.Deletion | events.Expiration, values: bool) -> Row:
     o = event.offset
     if isinstance(event, events.Mutation):
-        value = event.value if values else None
-        datatype, flags, expiry = event.datatype, event.flags, event.expiration
+        # Without values the producer sends none (DCP NoValue) and no datatype either.
+        value, datatype = (event.value, event.datatype) if values else (None, None)
+        flags, expiry = event.flags, event.expiration
     else:
         value = datatype = flags = expiry = None
     return (
