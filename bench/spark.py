@@ -6,8 +6,8 @@ Theory of operation
    dir and start a real ``dcpkv server`` on it, exactly as ``bench/dcp.py`` does.
 2. Ceilings: the client library alone, streaming every vbucket from 0 to its high seqno and
    counting the mutations (no Spark, no rows): once through the blocking
-   :class:`SyncConsumer` facade (one thread hop per event), once the way a Spark task drives
-   the library (the asyncio consumer pulled in chunks on the task's own loop).
+   :class:`SyncConsumer` facade, once the way a Spark task drives the library
+   (``dcpkv.spark.read.stream_events``: the same facade with explicit, clamped ends).
 3. The query: ``spark.readStream.format("dcpkv")`` with ``Trigger.AvailableNow`` into a Parquet
    folder, on ``local[N]``; timed from ``start()`` to the end of ``awaitTermination()``
    (planning, tasks, Arrow conversion, Parquet writes, checkpoint commits included; Spark's
@@ -55,8 +55,8 @@ def raw_rate(port: int) -> tuple[int, float]:
 
 
 def task_path_rate(port: int) -> tuple[int, float]:
-    """The same stream as :func:`raw_rate`, driven the way a Spark task drives it (the
-    asyncio consumer pulled in chunks, ``dcpkv.spark.read.stream_events``), in one process."""
+    """The same stream as :func:`raw_rate`, driven the way a Spark task drives it
+    (``dcpkv.spark.read.stream_events``), in one process."""
     config = ClientConfig(port=port, name="bench:chunked")
     with SyncConsumer(config) as consumer:
         seqnos = consumer.vbucket_seqnos()
@@ -125,7 +125,7 @@ def main(
         n, seconds = raw_rate(port)
         print(_line("client library (SyncConsumer)", n, seconds))
         n, seconds = task_path_rate(port)
-        print(_line("client library, chunked (task path)", n, seconds))
+        print(_line("client library, task path", n, seconds))
         started = time.perf_counter()
         spark = spark_session(cores)
         print(f"  Spark session start                {time.perf_counter() - started:7.2f} s")

@@ -283,3 +283,42 @@ def test_include_values_false_streams_keys_without_values(server: ServerProcess)
         got = [ev for ev in sync.stream(end="now") if isinstance(ev, events.Mutation)]
     assert {ev.key for ev in got} == keys
     assert all(ev.value == b"" and ev.datatype == 0 for ev in got)
+
+
+def test_sync_facade_offsets_move_one_event_at_a_time_despite_chunks(
+    server: ServerProcess,
+) -> None:
+    w = Writer(server.port)
+    for i in range(300):
+        w.set(f"c{i}".encode(), b"x" * (i % 7))
+    with SyncConsumer(config(server.port, "test:chunks"), chunk_events=16) as sync:
+        seen: dict[int, object] = {}
+        ran_ahead = False
+        for ev in sync.stream(end="now"):
+            # Handed over: the public offsets are exactly as of this event, for every vbucket.
+            seen[ev.vbucket] = ev.offset
+            assert {vb: sync.offsets[vb] for vb in seen} == seen
+            private = sync.consumer.offsets[ev.vbucket]
+            ran_ahead = ran_ahead or private.seqno > ev.offset.seqno
+        assert ran_ahead, "the pump should have read ahead of the caller"
+        saved = Offsets.from_json(sync.offsets.to_json())
+    w.set(b"c1", b"after")
+    with SyncConsumer(config(server.port, "test:chunks")) as sync:
+        ends = {vb: high for vb, (_u, high) in sync.vbucket_seqnos().items()}
+        again = [e for e in sync.stream(start=saved, end=ends) if isinstance(e, events.Mutation)]
+    assert [(e.key, e.value) for e in again] == [(b"c1", b"after")]
+
+
+def test_sync_facade_closed_early_resumes_after_the_last_handed_event(
+    server: ServerProcess,
+) -> None:
+    w = Writer(server.port)
+    for i in range(400):
+        w.set(f"e{i}".encode(), b"v")
+    with SyncConsumer(config(server.port, "test:early"), chunk_events=64) as sync:
+        it = sync.stream(end="now")
+        first = [next(it) for _ in range(50)]
+        it.close()  # the pump had read further; those events were never handed over
+        keys = {e.key for e in first if isinstance(e, events.Mutation)}
+        keys |= {e.key for e in sync.stream(end="now") if isinstance(e, events.Mutation)}
+    assert keys == {f"e{i}".encode() for i in range(400)}

@@ -188,6 +188,11 @@ class Consumer:
         """Every vbucket's progress; moves only as events are handed to the application."""
         return self._offsets
 
+    @offsets.setter
+    def offsets(self, offsets: Offsets) -> None:
+        """Replace every vbucket's progress (between streams)."""
+        self._offsets = offsets
+
     # -- key-value questions ----------------------------------------------------------------
 
     async def vbucket_seqnos(self) -> dict[int, tuple[int, int]]:

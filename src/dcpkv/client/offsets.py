@@ -184,6 +184,14 @@ class VbucketProgress:
             best = point
         return best
 
+    def copy(self) -> VbucketProgress:
+        """An independent copy (the facade hands one over with every event: ``sync.py``)."""
+        new = VbucketProgress.__new__(VbucketProgress)
+        new.offset, new.failover_log, new.pending = self.offset, self.failover_log, self.pending
+        new._delivered_in_snapshot, new._seen = self._delivered_in_snapshot, self._seen
+        new._max_points, new._consistent = self._max_points, self._consistent.copy()
+        return new
+
     # -- moves driven by the stream -----------------------------------------------------
 
     def marker(self, start: int, end: int) -> VbucketOffset:
@@ -356,6 +364,12 @@ class Offsets:
     def set_progress(self, vbucket: int, progress: VbucketProgress) -> None:
         """Replace one vbucket's progress (a stream that starts "now", not from 0)."""
         self._vbuckets[vbucket] = progress
+
+    def copy(self) -> Offsets:
+        """An independent copy: every vbucket's progress copied."""
+        new = Offsets(max_points=self._max_points)
+        new._vbuckets = {vb: p.copy() for vb, p in self._vbuckets.items()}
+        return new
 
     def __getitem__(self, vbucket: int) -> VbucketOffset:
         return self.progress(vbucket).offset

@@ -5,16 +5,39 @@ Theory of operation
 One event loop runs in a daemon thread for the facade's lifetime; every method submits a
 coroutine to it (:func:`asyncio.run_coroutine_threadsafe`) and waits for the result. The
 asyncio consumer keeps running between calls, so the connection's reader still answers
-Noops while the application is busy with an event. :meth:`SyncConsumer.stream` pulls the
-async iterator one event per ``next()``; closing the iterator (or the facade) closes the
-async one inside the loop. :meth:`close` closes the consumer and stops the thread.
+Noops while the application is busy with an event. :meth:`close` closes the consumer and
+stops the thread.
+
+Streaming in chunks. A thread hop per event (a future per ``next()``) costs far more than
+the event itself, so :meth:`SyncConsumer.stream` runs a *pump* task in the loop thread that
+iterates the async stream and appends events to a shared buffer; the caller's iterator takes
+the whole buffer at once and waits only when it is empty. The pump pauses when the buffer
+holds ``chunk_events`` events, so the library never runs more than two chunks ahead (one in
+the caller's hands, one buffered): flow-control acks, like memory, stay bounded.
+
+What running ahead must not change:
+
+* Offsets. The consumer streams on a private copy of the offsets; the pump copies the
+  vbucket's :class:`~dcpkv.client.offsets.VbucketProgress` right after each event, and the
+  caller's iterator installs that copy into :attr:`SyncConsumer.offsets` (the object the
+  application gave, or the facade's own) as it hands the event over. So the public offsets
+  move exactly one event at a time, as before: saved after applying an event, they resume
+  right after it, never past an event the application has not seen.
+* Decisions. After a Rollback, a StreamEnd or a StreamRefused the pump stops until the
+  caller asks for the event after it: the library's follow-up (requesting the stream again,
+  a mutation-log repair) still happens only once the application has handled the event.
+* Errors raised by the stream come out of the iterator after the events before them.
+
+Closing the iterator (or the facade) cancels the pump and closes the async stream in the
+loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -27,6 +50,9 @@ from dcpkv.engine.failover_table import FailoverEntry
 
 T = TypeVar("T")
 
+# Events handed over per thread hop at most (and buffered ahead of the caller at most).
+CHUNK_EVENTS = 1024
+
 
 class SyncConsumer:
     """Same constructor and methods as :class:`Consumer`, blocking."""
@@ -37,13 +63,16 @@ class SyncConsumer:
         *,
         offsets: Offsets | None = None,
         mutation_log: MutationLog | None = None,
+        chunk_events: int = CHUNK_EVENTS,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="dcpkv-client", daemon=True
         )
         self._thread.start()
-        self._consumer = self._call(_make(config, offsets, mutation_log))
+        self._offsets = offsets if offsets is not None else Offsets()
+        self._chunk = max(1, chunk_events)
+        self._consumer = self._call(_make(config, self._offsets.copy(), mutation_log))
         self._closed = False
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -79,7 +108,8 @@ class SyncConsumer:
 
     @property
     def offsets(self) -> Offsets:
-        return self._consumer.offsets
+        """Every vbucket's progress as of the last event handed over (module docstring)."""
+        return self._offsets
 
     def vbucket_seqnos(self) -> dict[int, tuple[int, int]]:
         return self._call(self._consumer.vbucket_seqnos())
@@ -93,20 +123,132 @@ class SyncConsumer:
         *,
         start: Start = "beginning",
         end: End = "forever",
+        clamp_ends: bool = False,
     ) -> Iterator[events.Event]:
-        agen = self._consumer.stream(vbuckets, start=start, end=end)
-        return self._iterate(agen)
+        if isinstance(start, Offsets):
+            self._offsets = start
+        # The consumer restarts from what was handed over: a previous iterator closed early
+        # may have left its private offsets ahead.
+        private = self._offsets.copy()
+        self._consumer.offsets = private
+        if isinstance(start, Offsets):
+            start = private
+        agen = self._consumer.stream(vbuckets, start=start, end=end, clamp_ends=clamp_ends)
+        return self._iterate(_Pump(agen, private, set(self._offsets), self._chunk, self._loop))
 
-    def _iterate(self, agen: Any) -> Iterator[events.Event]:
+    def _iterate(self, pump: _Pump) -> Iterator[events.Event]:
+        asyncio.run_coroutine_threadsafe(pump.run(), self._loop)
+        public = self._offsets
         try:
             while True:
-                try:
-                    yield self._call(agen.__anext__())
-                except StopAsyncIteration:
+                chunk, finished, error = pump.take()
+                for ev, progress in chunk:
+                    if isinstance(progress, dict):  # the first event: new vbuckets' starts
+                        for vb, p in progress.items():
+                            public.set_progress(vb, p)
+                        continue
+                    public.set_progress(ev.vbucket, progress)
+                    yield ev
+                if finished and not chunk:
+                    if error is not None:
+                        raise error
                     return
         finally:
             if not self._loop.is_closed() and self._loop.is_running():
-                self._call(agen.aclose())
+                self._call(pump.close())
+
+
+# Why the pump paused: a full buffer (resume when the caller takes it), a decision event
+# (resume when the caller asks for the event after it), or that decision taken.
+_FULL, _DECISION, _DECISION_TAKEN = 1, 2, 3
+_DECISIONS = (events.Rollback, events.StreamEnd, events.StreamRefused)
+Handed = tuple[Any, Any]  # (event, its vbucket's progress after it) or (None, {vb: start})
+
+
+class _Pump:
+    """Moves events from the async stream (loop thread) to the caller (its own thread)."""
+
+    def __init__(
+        self,
+        agen: AsyncIterator[events.Event],
+        offsets: Offsets,
+        known: set[int],
+        chunk: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.agen, self.offsets, self.known, self.chunk, self.loop = (
+            agen, offsets, known, chunk, loop,
+        )  # fmt: skip
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(self.lock)
+        self.buf: list[Handed] = []
+        self.hold = 0
+        self.done = False
+        self.error: Exception | None = None
+        self.resume: asyncio.Event | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        self.task = asyncio.current_task()
+        self.resume = resume = asyncio.Event()
+        first = True
+        try:
+            async for ev in self.agen:
+                progress = self.offsets.progress(ev.vbucket).copy()
+                with self.lock:
+                    if first:
+                        # Vbuckets the stream planned (e.g. start="now") are in the public
+                        # offsets from the first event on, as they were without chunks.
+                        first = False
+                        starts = {
+                            vb: self.offsets.progress(vb).copy()
+                            for vb in self.offsets
+                            if vb not in self.known and vb != ev.vbucket
+                        }
+                        self.buf.append((None, starts))
+                    self.buf.append((ev, progress))
+                    if isinstance(ev, _DECISIONS):
+                        self.hold = _DECISION
+                    elif len(self.buf) >= self.chunk:
+                        self.hold = _FULL
+                    if self.hold:
+                        resume.clear()
+                    self.ready.notify()
+                if self.hold:
+                    await resume.wait()
+        except Exception as exc:  # handed to the caller after the events before it
+            self.error = exc
+        finally:
+            with self.lock:
+                self.done = True
+                self.ready.notify()
+
+    def _wake(self) -> None:
+        self.hold = 0
+        assert self.resume is not None
+        self.loop.call_soon_threadsafe(self.resume.set)
+
+    def take(self) -> tuple[list[Handed], bool, Exception | None]:
+        """Everything buffered (waits while nothing is): (events, finished, error)."""
+        with self.lock:
+            if self.hold == _DECISION_TAKEN:  # the caller is past the decision event
+                self._wake()
+            while not self.buf and not self.done:
+                self.ready.wait()
+            chunk, self.buf = self.buf, []
+            if self.hold == _FULL:
+                self._wake()
+            elif self.hold == _DECISION:
+                self.hold = _DECISION_TAKEN
+            return chunk, self.done, self.error
+
+    async def close(self) -> None:
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.agen.aclose()  # type: ignore[attr-defined]
 
 
 async def _make(

@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 A task gets a list of :class:`~dcpkv.spark.plan.VbTarget` (start position, end seqno) and
-opens ONE :class:`~dcpkv.client.consumer.Consumer` for all of them, on an event loop of its
-own that it turns in chunks of events (the consumer answers noops only while the loop turns,
-so a chunk is kept small next to the noop interval). The start positions become
+opens ONE :class:`~dcpkv.client.sync.SyncConsumer` for all of them (the facade hands events
+over in chunks, so a task pays no thread hop per event, and its loop thread answers noops
+while Spark turns rows into Arrow batches). The start positions become
 the client's :class:`~dcpkv.client.offsets.Offsets` (with each vbucket's ancestry from the
 producer's failover log, so a rollback lands on a known branch) and the end seqnos the
 stream's explicit ends. The library finishes a vbucket only at StreamEnd OK, which the
@@ -47,72 +47,27 @@ only" map has already thrown away.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
-from dcpkv.client.consumer import Consumer
+from dcpkv.client.sync import SyncConsumer
 from dcpkv.spark.plan import VbTarget
 from dcpkv.spark.rows import Row, change_row, event_row
 from dcpkv.spark.sparkoffsets import SparkOffsets
-
-# Events pulled per turn of the task's event loop: one loop turn per event (what the
-# SyncConsumer facade does, across threads) costs more than turning an event into a row.
-CHUNK_EVENTS = 2048
 
 
 def stream_events(config: ClientConfig, work: Sequence[VbTarget]) -> Iterator[events.Event]:
     """Every event of ``work``'s vbuckets from their start positions to their end seqnos."""
     if not work:
         return
-    loop = asyncio.new_event_loop()
-    try:
-        consumer = loop.run_until_complete(_new_consumer(config))
-        try:
-            yield from _stream(loop, consumer, work)
-        finally:
-            loop.run_until_complete(consumer.close())
-    finally:
-        loop.close()
-
-
-def _stream(
-    loop: asyncio.AbstractEventLoop, consumer: Consumer, work: Sequence[VbTarget]
-) -> Iterator[events.Event]:
     vbs = [t.vbucket for t in work]
-    # The ancestry matters only for a branch other than "nothing yet" (uuid 0).
-    logs = {
-        t.vbucket: loop.run_until_complete(consumer.failover_log(t.vbucket))
-        for t in work
-        if t.start.offset.vb_uuid
-    }
-    start = SparkOffsets({t.vbucket: t.start for t in work}).client_offsets(vbs, logs)
-    ends = {t.vbucket: t.end for t in work}
-    agen = consumer.stream(vbs, start=start, end=ends, clamp_ends=True)
-    try:
-        while True:
-            chunk, finished = loop.run_until_complete(_take(agen, CHUNK_EVENTS))
-            yield from chunk
-            if finished:
-                return
-    finally:
-        loop.run_until_complete(agen.aclose())
-
-
-async def _new_consumer(config: ClientConfig) -> Consumer:
-    # Built inside the loop: the consumer's asyncio objects belong to it.
-    return Consumer(config)
-
-
-async def _take(agen: AsyncIterator[events.Event], n: int) -> tuple[list[events.Event], bool]:
-    out: list[events.Event] = []
-    for _ in range(n):
-        try:
-            out.append(await anext(agen))
-        except StopAsyncIteration:
-            return out, True
-    return out, False
+    with SyncConsumer(config) as consumer:
+        # The ancestry matters only for a branch other than "nothing yet" (uuid 0).
+        logs = {t.vbucket: consumer.failover_log(t.vbucket) for t in work if t.start.offset.vb_uuid}
+        start = SparkOffsets({t.vbucket: t.start for t in work}).client_offsets(vbs, logs)
+        ends = {t.vbucket: t.end for t in work}
+        yield from consumer.stream(vbs, start=start, end=ends, clamp_ends=True)
 
 
 def change_rows(config: ClientConfig, work: Sequence[VbTarget], values: bool) -> Iterator[Row]:
