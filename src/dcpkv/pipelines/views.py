@@ -171,7 +171,7 @@ def view_rows(spec: str, keep_position: bool = False) -> Callable[[Any], Any]:
     from pyspark.sql import functions as F
 
     emits_type = view_schema()["emits"].dataType
-    udf = F.udf(lambda k, v, op: emissions(spec, k, v, op), emits_type)
+    udf = F.udf(lambda k, v, op: emissions(spec, k, v, op), emits_type, useArrow=False)
 
     def transform(df: Any) -> Any:
         cols = [
