@@ -100,3 +100,21 @@ def test_view_on_a_mirror_and_stale_false(spark: Any, server: Any, tmp_path: Pat
 
 def test_stats_reduce() -> None:
     assert stats([1, 2, 3]) == {"sum": 6, "count": 3, "min": 1, "max": 3, "sumsqr": 14}
+
+
+def test_stale_false_waits_for_the_changes_before_the_query(
+    spark: Any, server: Any, tmp_path: Path
+) -> None:
+    shop = Shop(server.port)
+    shop.load(100)
+    views = tmp_path / "views"
+    create_view(views, "revenue", MAP, "sum")
+    src = SourceSettings(port=server.port)
+    query = start_view(spark, views, "revenue", src, trigger_seconds=0.2)
+    try:
+        for _round in range(2):
+            shop.update(60)
+            got = query_view(None, views, "revenue", group=True, stale="false", source=src)
+            assert approx(got) == approx(shop.revenue(True))
+    finally:
+        query.stop()

@@ -390,13 +390,13 @@ def start_mirror(
     )
 
 
-def read_mirror(spark: Any, path: Path) -> Any:
+def read_mirror(spark: Any, path: Path, manifest: Manifest | None = None) -> Any:
     """The mirror's current documents (key, value, flags, expiry, vbucket, seqno, cas), as of
-    the last committed batch."""
+    the last committed batch (or of ``manifest``, one read before)."""
     from pyspark.sql import functions as F
 
     path = Path(path)
-    manifest = vtable.load_manifest(path)
+    manifest = manifest or vtable.load_manifest(path)
     live = vtable.live_changes(spark, path, manifest, mirror_schema())
     cols = ["key", "value", "flags", "expiry", "vbucket", "seqno", "cas", "op", "ord", "pos"]
     current = vtable.current_versions(live, cols)

@@ -255,8 +255,7 @@ def compact(
     live = live_changes(spark, table, manifest, schema)
     by_key = Window.partitionBy("key").orderBy("seqno", "ord", "pos")
     floor = _floor_column(floors)
-    nxt = F.lead("seqno").over(by_key)
-    latest = nxt.isNull()
+    latest = F.col("_next").isNull()
     # A deletion that hides nothing is dropped only once it is older than the previous
     # compaction: a reader that follows the table's ords (a view on a mirror) and is less than
     # one compaction behind has seen it, so it cannot miss the deletion.
@@ -265,7 +264,7 @@ def compact(
         & (F.col("seqno") <= floor)
         & (F.col("ord") <= manifest.compacted_ord)
     )
-    kept = live.withColumn("_next", nxt).filter(
+    kept = live.withColumn("_next", F.lead("seqno").over(by_key)).filter(
         (latest & ~droppable) | (~latest & (F.col("_next") > floor))
     )
     out = kept.drop("_next").coalesce(files_hint)
