@@ -1,0 +1,122 @@
+"""The mirror against a real server and the shared local Spark session."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from sparkhelp import Workload
+
+from dcpkv.pipelines.mirror import (
+    SourceSettings,
+    compact_mirror,
+    mirror_manifest,
+    read_mirror,
+    start_mirror,
+)
+from dcpkv.pipelines.vtable import table_bytes
+
+
+def mirror_docs(spark: Any, path: Path) -> dict[bytes, bytes]:
+    return {bytes(r.key): bytes(r.value) for r in read_mirror(spark, path).collect()}
+
+
+def run_once(spark: Any, port: int, path: Path, **kw: Any) -> None:
+    query = start_mirror(spark, SourceSettings(port=port), path, available_now=True, **kw)
+    query.awaitTermination()
+    assert query.exception() is None, query.exception()
+
+
+def test_mirror_equals_the_live_documents(spark: Any, server: Any, tmp_path: Path) -> None:
+    work = Workload(server.port)
+    work.run(400)
+    truth = work.truth()
+    run_once(spark, server.port, tmp_path / "m")
+    assert mirror_docs(spark, tmp_path / "m") == truth
+
+
+def test_kill9_rollback_restart_compaction_and_resync(
+    spark: Any, server_factory: Any, tmp_path: Path
+) -> None:
+    srv = server_factory(
+        tmp_path / "data", tmp_path / "server.log", "--vbuckets", "8", "--flush-interval", "3600"
+    )
+    srv.start()
+    path = tmp_path / "m"
+    work = Workload(srv.port)
+    work.run(300, prefix="a")
+    srv.terminate()  # a clean stop persists round a
+    work.port = srv.start()
+    run_once(spark, srv.port, path, compact_every=None)
+    before = work.truth()
+    work.run(250, prefix="a")  # overwrites round a (other values) in memory only...
+    truth = work.truth()  # (a Get expires what is due: truth first, then the mirror)
+    run_once(spark, srv.port, path, compact_every=None)  # the job restarts from its checkpoint
+    assert mirror_docs(spark, path) == truth != before
+    srv.kill9()  # ...and loses it: every vbucket rolls back to round a
+    work.port = srv.start()
+    assert work.truth() == before
+    run_once(spark, srv.port, path, compact_every=None)
+    assert mirror_docs(spark, path) == before  # the older versions came back exactly
+    entries = mirror_manifest(path).entries
+    assert entries and all(e.kind == "rollback" and e.seqno >= 0 for e in entries)
+    # Compaction with the server's persisted seqnos keeps the documents, shrinks the files.
+    work.run(400, prefix="b")
+    truth = work.truth()
+    run_once(spark, srv.port, path, compact_every=None)
+    size = table_bytes(path, mirror_manifest(path))
+    files = len(mirror_manifest(path).files)
+    compacted = compact_mirror(spark, path, SourceSettings(port=srv.port))
+    assert mirror_docs(spark, path) == truth
+    assert table_bytes(path, compacted) < size and len(compacted.files) < files
+    # A floor above the coming rollback point (as if everything had been persisted) drops the
+    # history the rollback needs: the mirror must resync those vbuckets and stay exact.
+    work.run(200, prefix="c")  # never persisted
+    run_once(spark, srv.port, path, compact_every=None)
+    applied = {vb: s for vb, (_u, s) in mirror_manifest(path).applied_seqnos().items()}
+    compact_mirror(spark, path, persisted=applied)
+    srv.kill9()
+    work.port = srv.start()
+    work.run(50, prefix="d")
+    truth = work.truth()
+    run_once(spark, srv.port, path, compact_every=None)
+    assert any(e.seqno == -1 for e in mirror_manifest(path).entries), "a resync was needed"
+    assert mirror_docs(spark, path) == truth
+
+
+def test_readers_see_whole_batches_only(spark: Any, server: Any, tmp_path: Path) -> None:
+    """Manifests read while the job runs name only complete directories, their documents are
+    within the applied offsets and never change afterwards (committed files are immutable),
+    and the mirror ends equal to the server."""
+    path = tmp_path / "m"
+    work = Workload(server.port)
+    src = SourceSettings(port=server.port, max_changes_per_trigger=40)
+    query = start_mirror(spark, src, path, trigger_seconds=0.2, compact_every=None)
+    snapshots = []
+    try:
+        for round_ in range(4):
+            work.run(150, prefix=f"s{round_ % 2}")
+            manifest = next_manifest(path, mirror_manifest(path).generation)
+            assert all((path / name / "_SUCCESS").exists() for name in manifest.files)
+            snapshots.append((manifest, read_mirror(spark, path, manifest).collect()))
+    finally:
+        query.stop()
+    for manifest, rows in snapshots:
+        applied = manifest.applied_seqnos()
+        assert all(r.seqno <= applied[r.vbucket][1] for r in rows)
+        again = read_mirror(spark, path, manifest).collect()
+        assert sorted(again) == sorted(rows)
+    truth = work.truth()
+    run_once(spark, server.port, path)  # the same checkpoint: catches up, then stops
+    assert mirror_docs(spark, path) == truth
+
+
+def next_manifest(path: Path, generation: int) -> Any:
+    """The first manifest after ``generation`` (polled, bounded: the job commits each 0.2 s)."""
+    for _ in range(600):
+        manifest = mirror_manifest(path)
+        if manifest.generation > generation and manifest.applied:
+            return manifest
+        time.sleep(0.1)
+    raise AssertionError("the mirror job committed nothing")
