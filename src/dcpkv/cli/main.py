@@ -9,6 +9,9 @@ from typing import Annotated
 
 import typer
 
+from dcpkv.cli.demo import demo as demo_command
+from dcpkv.cli.demo import pipeline_app
+
 app = typer.Typer(
     name="dcpkv",
     help="dcpkv: a partitioned key-value store with a correct, resumable change stream (DCP).",
@@ -18,18 +21,8 @@ app = typer.Typer(
     # source's line breaks.
     rich_markup_mode="markdown",
 )
-
-
-@app.command()
-def demo() -> None:
-    """Run the main job on the embedded defaults.
-
-    For now: the humpty-dumpty rollback example of the spec (a consumer that resumes with its
-    true snapshot is told to roll back; one that lies about its snapshot is not).
-    """
-    from dcpkv.cli.humpty_dumpty import run_spec_example
-
-    raise typer.Exit(run_spec_example())
+app.command()(demo_command)
+app.add_typer(pipeline_app, name="pipeline")
 
 
 @app.callback()
