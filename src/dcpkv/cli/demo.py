@@ -50,7 +50,7 @@ def demo(
         data_dir=data_dir, port=port, docs=docs, duration=duration, master=master, rate=rate,
         vbuckets=vbuckets,
     )  # fmt: skip
-    raise typer.Exit(run_demo(settings, Console(highlight=False)))
+    raise typer.Exit(run_demo(settings, Console(highlight=False, soft_wrap=True)))
 
 
 @pipeline_app.command()
