@@ -1,0 +1,421 @@
+"""The mirror: a Parquet table of a bucket's current documents, kept by a Spark stream.
+
+Theory of operation
+-------------------
+``start_mirror`` runs ``spark.readStream.format("dcpkv")`` with ``foreachBatch``; each batch is
+applied to a versioned change table (``vtable.py``: Parquet directories named by an atomically
+replaced ``_manifest.json``; Delta Lake is not usable, its jars come from Maven, which this
+machine cannot reach). A batch is applied by :class:`TableJob`:
+
+1. its rows, rollback rows included, are written once into a new directory with their stream
+   position (``ord`` = the table's batch ordinal, ``pos`` = order inside the batch);
+2. its rollback rows are read back and become manifest entries. A rollback to R at or above
+   the vbucket's retention floor is exact (the history above the floor is all there). One below
+   the floor *resyncs* the vbucket: a batch read ``mode=changes`` from 0 up to the vbucket's
+   high seqno H now, stored at the rollback's position, and a ``skip`` entry that hides the
+   stream's own changes up to H (they are in the resync already);
+3. the manifest is committed with the batch id and the applied source offset (Spark wrote it
+   to ``<checkpoint>/offsets/<batch id>`` before running the batch): exactly once, since a
+   re-run of a batch whose id the manifest already holds does nothing.
+
+Every ``compact_every`` batches the table is compacted. Retention rule: the floor of a vbucket
+becomes the highest consistent point the stream has (its applied seqno and the offset's earlier
+batch ends) that is at or below the server's *persisted* seqno for that branch (ObserveSeqno).
+A node rolls back only to its last persisted snapshot (a branch starts at or above what was on
+disk) and the source rolls back to one of its consistent points at or below that, so the
+rollback point is at or above the floor and the history above it suffices; anything else (a
+failover to a lagging replica, a purge) falls back to the resync, which is always correct.
+
+``read_mirror`` reads through the manifest: the current documents, consistent as of one
+committed batch. Per batch a JSON line of :class:`BatchStats` goes to ``<to>/_metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dcpkv.pipelines import vtable
+from dcpkv.pipelines.vtable import Entry, Manifest
+
+RESYNC_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """Where the changes come from: the ``dcpkv`` source's connection options."""
+
+    host: str = "127.0.0.1"
+    port: int = 11210
+    bucket: str = "default"
+    user: str = "Administrator"
+    password: str = "password"
+    vbuckets: str | None = None
+    max_changes_per_trigger: int | None = None
+
+    def options(self) -> dict[str, str]:
+        opts = {
+            "host": self.host,
+            "port": str(self.port),
+            "bucket": self.bucket,
+            "user": self.user,
+            "password": self.password,
+        }
+        if self.vbuckets:
+            opts["vbuckets"] = self.vbuckets
+        if self.max_changes_per_trigger is not None:
+            opts["maxChangesPerTrigger"] = str(self.max_changes_per_trigger)
+        return opts
+
+    def client_config(self) -> Any:
+        from dcpkv.client.config import ClientConfig
+
+        return ClientConfig(
+            host=self.host,
+            port=self.port,
+            bucket=self.bucket,
+            user=self.user,
+            password=self.password,
+        )
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """One applied batch. ``lag``: changes not yet applied (sum over vbuckets of high seqno
+    minus applied seqno) right after the commit, None when the server could not be asked."""
+
+    batch_id: int
+    finished_at: float
+    rows: int
+    rollbacks: int
+    seconds: float
+    lag: int | None
+
+
+# -- the server's seqnos ----------------------------------------------------------------------
+
+
+def server_seqnos(source: SourceSettings) -> dict[int, tuple[int, int]]:
+    """vbucket -> (uuid, high seqno) now."""
+    from dcpkv.client.kv import KVSession
+
+    async def ask() -> dict[int, tuple[int, int]]:
+        session = await KVSession.open(source.client_config())
+        try:
+            return await session.vbucket_seqnos()
+        finally:
+            await session.close()
+
+    return asyncio.run(ask())
+
+
+def persisted_seqnos(source: SourceSettings, uuids: dict[int, int]) -> dict[int, int]:
+    """vbucket -> the server's persisted seqno on branch ``uuids[vb]`` (ObserveSeqno); a
+    vbucket whose branch moved since is left out (its floor stays where it was)."""
+    from dcpkv.client.kv import KVSession
+    from dcpkv.protocol import kv
+
+    async def ask() -> dict[int, int]:
+        session = await KVSession.open(source.client_config())
+        try:
+            calls = [
+                session.conn.call(kv.ObserveSeqno(vbucket=vb, vbucket_uuid=u))
+                for vb, u in uuids.items()
+            ]
+            answers = await asyncio.gather(*calls)
+        finally:
+            await session.close()
+        out = {}
+        for vb, answer in zip(uuids, answers, strict=True):
+            if isinstance(answer, kv.ObserveSeqnoResponse) and not answer.failed_over:
+                out[vb] = answer.last_persisted_seqno
+        return out
+
+    return asyncio.run(ask())
+
+
+def lag_of(source: SourceSettings, applied: dict[int, tuple[int, int]]) -> int | None:
+    try:
+        highs = server_seqnos(source)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return sum(max(0, highs[vb][1] - applied.get(vb, (0, 0))[1]) for vb in highs if vb in applied)
+
+
+def caught_up(applied: dict[int, tuple[int, int]], highs: dict[int, tuple[int, int]]) -> bool:
+    """Has every vbucket applied its high seqno on the server's current branch?"""
+    for vb, (uuid, high) in highs.items():
+        if high == 0:
+            continue
+        got = applied.get(vb)
+        if got is None or got[0] != uuid or got[1] < high:
+            return False
+    return True
+
+
+def floors_from(manifest: Manifest, persisted: dict[int, int]) -> dict[int, int]:
+    """The retention floor per vbucket: the highest consistent point of the applied offset
+    (its seqno and earlier batch ends) at or below the persisted seqno."""
+    floors = {}
+    for vb, safe in persisted.items():
+        applied = manifest.applied.get(vb)
+        if applied is None:
+            continue
+        points = [int(p) for p in applied.get("points", [])] + [int(applied["seqno"])]
+        below = [p for p in points if p <= safe]
+        if below:
+            floors[vb] = max(below)
+    return floors
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def mirror_schema() -> Any:
+    from pyspark.sql.types import (
+        BinaryType,
+        DecimalType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    u64 = DecimalType(20, 0)
+    return StructType(
+        [
+            StructField("op", StringType()),
+            StructField("vbucket", IntegerType()),
+            StructField("key", BinaryType()),
+            StructField("value", BinaryType()),
+            StructField("datatype", IntegerType()),
+            StructField("flags", LongType()),
+            StructField("expiry", LongType()),
+            StructField("cas", u64),
+            StructField("seqno", LongType()),
+            StructField("vb_uuid", u64),
+            StructField("ord", LongType()),
+            StructField("pos", LongType()),
+        ]
+    )
+
+
+def mirror_rows(df: Any) -> Any:
+    """Source rows -> stored change rows (``ord``/``pos`` are stamped later)."""
+    from pyspark.sql import functions as F
+
+    return df.select(
+        "op",
+        "vbucket",
+        "key",
+        "value",
+        "datatype",
+        "flags",
+        "expiry",
+        "cas",
+        F.col("seqno").cast("long").alias("seqno"),
+        "vb_uuid",
+    )
+
+
+def applied_offset(checkpoint: Path, batch_id: int) -> dict[int, dict[str, Any]] | None:
+    """The source offset at the end of ``batch_id``, from Spark's offset log (the last line of
+    ``offsets/<id>`` is the one source's offset JSON)."""
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        doc = json.loads(path.read_text().strip().splitlines()[-1])
+        return {int(vb): pos for vb, pos in doc["vbuckets"].items()}
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+@dataclass
+class TableJob:
+    """The ``foreachBatch`` function that applies a batch of source rows to a table."""
+
+    spark: Any
+    table: Path
+    schema: Any
+    transform: Callable[[Any], Any]
+    source: SourceSettings
+    checkpoint: Path
+    compact_every: int | None = 10
+    on_batch: Callable[[BatchStats], None] | None = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        manifest = vtable.load_manifest(self.table)
+        if batch_id <= manifest.batch_id:
+            return  # committed before a restart: Spark re-runs the last batch, we do not
+        started = time.monotonic()
+        ord_ = manifest.ord + 1
+        rows = vtable.stamp(self.transform(df), ord_)
+        name = vtable.write_rows(self.table, rows, f"b{ord_:08d}")
+        count = self.spark.read.parquet(str(self.table / name)).count()
+        rollbacks = vtable.rollback_rows(self.spark, self.table, name)
+        manifest.files.append(name)
+        for rb in rollbacks:
+            self._roll_back(manifest, ord_, rb)
+        manifest.ord = ord_
+        manifest.batch_id = batch_id
+        manifest.applied.update(applied_offset(self.checkpoint, batch_id) or {})
+        vtable.commit_manifest(self.table, manifest)
+        if self.compact_every and ord_ - manifest.compacted_ord >= self.compact_every:
+            compact_table(self.spark, self.table, self.schema, self.source)
+        self._report(batch_id, count - len(rollbacks), len(rollbacks), started, manifest)
+
+    def _roll_back(self, manifest: Manifest, ord_: int, rb: vtable.RollbackRow) -> None:
+        if rb.seqno >= manifest.floors.get(rb.vbucket, 0):
+            manifest.entries.append(Entry("rollback", rb.vbucket, rb.seqno, ord_, rb.pos))
+            return
+        high, name = self._resync(rb.vbucket, ord_, rb.pos)
+        manifest.entries.append(Entry("rollback", rb.vbucket, -1, ord_, rb.pos))
+        manifest.entries.append(Entry("skip", rb.vbucket, high, ord_, rb.pos))
+        manifest.files.append(name)
+        manifest.floors[rb.vbucket] = high
+
+    def _resync(self, vb: int, ord_: int, pos: int) -> tuple[int, str]:
+        """Read vbucket ``vb`` from 0 to its high seqno now; its rows share the rollback's
+        position, so earlier entries leave them alone and the skip entry hides what the
+        stream sends again up to that seqno."""
+        from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
+
+        for _attempt in range(RESYNC_ATTEMPTS):
+            uuid, high = server_seqnos(self.source)[vb]
+            ending = SparkOffsets({vb: VbPosition.at(high, uuid)}).to_json()
+            reader = self.spark.read.format("dcpkv").options(**self.source.options())
+            df = reader.options(vbuckets=str(vb), mode="changes", endingOffsets=ending).load()
+            name = vtable.write_rows(
+                self.table, vtable.stamp(self.transform(df), ord_, pos), f"r{ord_:08d}-{vb}"
+            )
+            if not vtable.rollback_rows(self.spark, self.table, name):
+                return high, name
+        raise RuntimeError(f"vbucket {vb}: the server kept rolling back during a resync")
+
+    def _report(
+        self, batch_id: int, rows: int, rollbacks: int, started: float, manifest: Manifest
+    ) -> None:
+        stats = BatchStats(
+            batch_id=batch_id,
+            finished_at=time.time(),
+            rows=rows,
+            rollbacks=rollbacks,
+            seconds=time.monotonic() - started,
+            lag=lag_of(self.source, manifest.applied_seqnos()),
+        )
+        vtable.append_metrics(self.table, asdict(stats))
+        if self.on_batch is not None:
+            self.on_batch(stats)
+
+
+def compact_table(
+    spark: Any,
+    table: Path,
+    schema: Any,
+    source: SourceSettings | None,
+    *,
+    persisted: dict[int, int] | None = None,
+) -> Manifest:
+    """Compact a table now (the job does it every ``compact_every`` batches). The floors come
+    from ``persisted`` if given, else from the server's persisted seqnos, else stay put."""
+    manifest = vtable.load_manifest(table)
+    if persisted is None and source is not None:
+        uuids = {vb: u for vb, (u, _s) in manifest.applied_seqnos().items()}
+        try:
+            persisted = persisted_seqnos(source, uuids)
+        except (OSError, RuntimeError, ValueError):
+            persisted = {}
+    floors = floors_from(manifest, persisted or {})
+    return vtable.compact(spark, table, manifest, schema, floors)
+
+
+# -- the public API ---------------------------------------------------------------------------
+
+
+def start_stream(
+    spark: Any,
+    source: SourceSettings,
+    job: TableJob,
+    *,
+    available_now: bool,
+    trigger_seconds: float,
+) -> Any:
+    import dcpkv.spark
+
+    dcpkv.spark.register(spark)
+    job.table.mkdir(parents=True, exist_ok=True)
+    stream = spark.readStream.format("dcpkv").options(**source.options()).load()
+    writer = stream.writeStream.foreachBatch(job).option("checkpointLocation", str(job.checkpoint))
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    return writer.start()
+
+
+def start_mirror(
+    spark: Any,
+    source: SourceSettings,
+    to: Path,
+    *,
+    checkpoint: Path | None = None,
+    available_now: bool = False,
+    trigger_seconds: float = 1.0,
+    on_batch: Callable[[BatchStats], None] | None = None,
+    compact_every: int | None = 10,
+) -> Any:
+    """Start mirroring ``source`` into the table ``to``; returns the StreamingQuery.
+
+    ``checkpoint`` defaults to ``to/_checkpoint``; ``available_now`` stops once caught up
+    with the high seqnos of the start (``query.awaitTermination()``).
+    """
+    to = Path(to)
+    job = TableJob(
+        spark=spark,
+        table=to,
+        schema=mirror_schema(),
+        transform=mirror_rows,
+        source=source,
+        checkpoint=Path(checkpoint) if checkpoint else to / "_checkpoint",
+        compact_every=compact_every,
+        on_batch=on_batch,
+    )
+    return start_stream(
+        spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
+    )
+
+
+def read_mirror(spark: Any, path: Path) -> Any:
+    """The mirror's current documents (key, value, flags, expiry, vbucket, seqno, cas), as of
+    the last committed batch."""
+    from pyspark.sql import functions as F
+
+    path = Path(path)
+    manifest = vtable.load_manifest(path)
+    live = vtable.live_changes(spark, path, manifest, mirror_schema())
+    cols = ["key", "value", "flags", "expiry", "vbucket", "seqno", "cas", "op", "ord", "pos"]
+    current = vtable.current_versions(live, cols)
+    return current.filter(F.col("op") == "mutation").select(
+        "key", "value", "flags", "expiry", "vbucket", "seqno", "cas"
+    )
+
+
+def mirror_manifest(path: Path) -> Manifest:
+    """The committed manifest (applied offsets per vbucket, files, floors)."""
+    return vtable.load_manifest(Path(path))
+
+
+def compact_mirror(
+    spark: Any,
+    path: Path,
+    source: SourceSettings | None = None,
+    *,
+    persisted: dict[int, int] | None = None,
+) -> Manifest:
+    """Compact a mirror whose job is not running (or from inside its own batch)."""
+    return compact_table(spark, Path(path), mirror_schema(), source, persisted=persisted)

@@ -1,0 +1,313 @@
+"""A versioned change table in plain Parquet, committed atomically through a JSON manifest.
+
+Theory of operation
+-------------------
+The mirror and the views both keep *changes* per vbucket, not just the latest document, because
+a rollback row (``op = "rollback"``, seqno R) asks to drop the changes of a vbucket above R
+and fall back to the versions that were current at R. Delta Lake would give atomic commits,
+but its jars come from Maven, which this machine cannot reach; so this module does the small
+part of it we need with plain Parquet and one JSON file.
+
+Layout of a table directory ``T``::
+
+    T/_manifest.json      the only mutable file, replaced atomically (write tmp, fsync, rename)
+    T/data/<name>/        Parquet directories, immutable once written, named by the manifest
+    T/_metrics.jsonl      one JSON line per batch (see ``BatchStats`` in ``mirror.py``)
+
+Every stored change row carries ``vbucket``, ``key``, ``seqno``, ``op`` and its place in the
+stream: ``ord`` (the table's batch ordinal) and ``pos`` (its position inside the batch,
+``monotonically_increasing_id``, which keeps a partition's order, and a vbucket is always read
+by one partition). A batch writes a new directory, then commits a manifest that names it.
+A reader reads the manifest once and only the directories it names, so it sees every batch
+whole or not at all.
+
+Rollbacks are never applied by rewriting files. The manifest keeps *entries*:
+
+* ``rollback`` (vb, R, ord, pos): a change of vb *before* (ord, pos) with seqno > R is dead
+  (a reset to nothing is a rollback to -1);
+* ``skip`` (vb, H, ord, pos): a change of vb *after* (ord, pos) with seqno <= H is dead (used
+  after a resync that already holds the vbucket's state at H).
+
+A change is live when no entry kills it; among the live changes the seqnos of a vbucket are
+unique (the new branch restarts above R), so the current version of a key is its live change
+with the highest seqno, and a deletion or expiration there means "absent". Entries are kept
+forever (they are few): compaction keeps the rows' ``ord``/``pos``, so the entries stay true of
+the rewritten rows, and a view built on this table can replay them.
+
+Retention (``compact``): per vbucket a *floor* F promises exact rollbacks to any R >= F. A
+version is kept when it is the latest, or when the change that superseded it has a seqno > F
+(a rollback to R >= F may bring it back); a latest deletion is dropped when its seqno <= F
+(everything it hid is gone too, so it hides nothing). The caller picks F from the server's
+persisted seqno (see ``mirror.py``). A rollback to R < F finds history missing: the caller
+resyncs that vbucket instead (a ``rollback`` to -1, a fresh read of the vbucket up to its high
+seqno H with the same (ord, pos), and a ``skip`` to H), and F becomes H.
+
+Files replaced by a compaction are deleted at the next compaction, so a reader that read the
+previous manifest has a whole compaction interval to finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "_manifest.json"
+METRICS = "_metrics.jsonl"
+FORMAT = 1
+DELETED_OPS = ("deletion", "expiration")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A rollback (kills earlier changes above ``seqno``) or a skip (kills later ones at or
+    below it), for one vbucket, at a place (ord, pos) of the stream."""
+
+    kind: str
+    vbucket: int
+    seqno: int
+    ord: int
+    pos: int
+
+
+@dataclass
+class Manifest:
+    """The committed state of a table; ``applied`` is the source offset JSON per vbucket."""
+
+    generation: int = 0
+    ord: int = 0
+    batch_id: int = -1
+    files: list[str] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
+    floors: dict[int, int] = field(default_factory=dict)
+    applied: dict[int, dict[str, Any]] = field(default_factory=dict)
+    retired: list[str] = field(default_factory=list)
+    compacted_ord: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["format"] = FORMAT
+        doc["floors"] = {str(k): v for k, v in self.floors.items()}
+        doc["applied"] = {str(k): v for k, v in self.applied.items()}
+        return json.dumps(doc, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        doc = json.loads(text)
+        if doc.pop("format", None) != FORMAT:
+            raise ValueError(f"not a format {FORMAT} table manifest")
+        doc["entries"] = [Entry(**e) for e in doc["entries"]]
+        doc["floors"] = {int(k): v for k, v in doc["floors"].items()}
+        doc["applied"] = {int(k): v for k, v in doc["applied"].items()}
+        return cls(**doc)
+
+    def applied_seqnos(self) -> dict[int, tuple[int, int]]:
+        """vbucket -> (vb_uuid, seqno) applied."""
+        return {vb: (int(a["vb_uuid"]), int(a["seqno"])) for vb, a in self.applied.items()}
+
+
+def load_manifest(table: Path) -> Manifest:
+    path = table / MANIFEST
+    if not path.exists():
+        return Manifest()
+    return Manifest.from_json(path.read_text())
+
+
+def commit_manifest(table: Path, manifest: Manifest) -> None:
+    """Replace the manifest atomically: a reader sees the old one or the new one, whole."""
+    manifest.generation += 1
+    tmp = table / f".{MANIFEST}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w") as out:
+        out.write(manifest.to_json())
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, table / MANIFEST)
+    _fsync_dir(table)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_data_dir(table: Path, tag: str) -> str:
+    """A fresh relative directory name: attempts never collide, even a re-run batch."""
+    return f"data/{tag}-{uuid.uuid4().hex[:12]}"
+
+
+def append_metrics(table: Path, record: dict[str, Any]) -> None:
+    with open(table / METRICS, "a") as out:
+        out.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def live_changes(spark: Any, table: Path, manifest: Manifest, schema: Any) -> Any:
+    """Every live change row (rollback rows and killed changes left out)."""
+    from pyspark.sql import functions as F
+
+    if not manifest.files:
+        return spark.createDataFrame([], schema)
+    paths = [str(table / f) for f in manifest.files]
+    rows = spark.read.schema(schema).parquet(*paths).filter(F.col("op") != "rollback")
+    dead = _dead(manifest.entries)
+    return rows if dead is None else rows.filter(~dead)
+
+
+def _dead(entries: Iterable[Entry]) -> Any:
+    from pyspark.sql import functions as F
+
+    ord_, pos, seqno, vb = F.col("ord"), F.col("pos"), F.col("seqno"), F.col("vbucket")
+    cond = None
+    for e in entries:
+        before = (ord_ < e.ord) | ((ord_ == e.ord) & (pos < e.pos))
+        after = (ord_ > e.ord) | ((ord_ == e.ord) & (pos > e.pos))
+        if e.kind == "rollback":
+            one = (vb == e.vbucket) & before & (seqno > e.seqno)
+        else:
+            one = (vb == e.vbucket) & after & (seqno <= e.seqno)
+        cond = one if cond is None else cond | one
+    return cond
+
+
+def current_versions(live: Any, columns: list[str]) -> Any:
+    """The live change with the highest seqno per key, deletions included (as ``op``)."""
+    from pyspark.sql import functions as F
+
+    # (seqno, ord, pos) ascends along a key's live history; the struct's first fields order it.
+    rest = [c for c in columns if c not in ("key", "seqno", "ord", "pos")]
+    latest = live.groupBy("key").agg(F.max(F.struct("seqno", "ord", "pos", *rest)).alias("r"))
+    return latest.select("key", "r.*")
+
+
+# -- writing a batch -----------------------------------------------------------------------------
+
+
+def stamp(df: Any, ord_: int, pos: int | None = None) -> Any:
+    """Add ``ord`` and ``pos``: stream order inside the batch, or one fixed ``pos``."""
+    from pyspark.sql import functions as F
+
+    p = F.monotonically_increasing_id() if pos is None else F.lit(pos).cast("long")
+    return df.withColumn("ord", F.lit(ord_).cast("long")).withColumn("pos", p)
+
+
+def write_rows(table: Path, df: Any, tag: str) -> str:
+    name = new_data_dir(table, tag)
+    df.write.mode("errorifexists").parquet(str(table / name))
+    return name
+
+
+@dataclass(frozen=True)
+class RollbackRow:
+    vbucket: int
+    seqno: int
+    pos: int
+
+
+def rollback_rows(spark: Any, table: Path, name: str) -> list[RollbackRow]:
+    """The rollback rows a written batch holds, in stream order."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        spark.read.parquet(str(table / name))
+        .filter(F.col("op") == "rollback")
+        .select("vbucket", "seqno", "pos")
+        .collect()
+    )
+    return sorted((RollbackRow(r.vbucket, int(r.seqno), r.pos) for r in rows), key=lambda r: r.pos)
+
+
+# -- compaction ----------------------------------------------------------------------------------
+
+
+def compact(
+    spark: Any,
+    table: Path,
+    manifest: Manifest,
+    schema: Any,
+    new_floors: dict[int, int],
+    *,
+    files_hint: int = 4,
+) -> Manifest:
+    """Rewrite the live rows the retention rule keeps into one directory; commit.
+
+    ``new_floors`` only raises floors (a floor never goes down: history below it is gone).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    floors = dict(manifest.floors)
+    for vb, f in new_floors.items():
+        floors[vb] = max(floors.get(vb, 0), f)
+    live = live_changes(spark, table, manifest, schema)
+    by_key = Window.partitionBy("key").orderBy("seqno", "ord", "pos")
+    floor = _floor_column(floors)
+    nxt = F.lead("seqno").over(by_key)
+    latest = nxt.isNull()
+    kept = live.withColumn("_next", nxt).filter(
+        (latest & ~(F.col("op").isin(*DELETED_OPS) & (F.col("seqno") <= floor)))
+        | (~latest & (F.col("_next") > floor))
+    )
+    out = kept.drop("_next").coalesce(files_hint)
+    name = write_rows(table, out, f"c{manifest.ord:08d}")
+    _delete(table, manifest.retired)
+    manifest.retired = list(manifest.files)
+    manifest.files = [name]
+    manifest.floors = floors
+    manifest.compacted_ord = manifest.ord
+    _delete_orphans(table, manifest)
+    commit_manifest(table, manifest)
+    return manifest
+
+
+def _floor_column(floors: dict[int, int]) -> Any:
+    from pyspark.sql import functions as F
+
+    expr = F.lit(0).cast("long")
+    for vb, f in floors.items():
+        expr = F.when(F.col("vbucket") == vb, F.lit(f).cast("long")).otherwise(expr)
+    return expr
+
+
+def _delete(table: Path, names: Iterable[str]) -> None:
+    for name in names:
+        shutil.rmtree(table / name, ignore_errors=True)
+
+
+def _delete_orphans(table: Path, manifest: Manifest) -> None:
+    """Directories no manifest names: left by a batch that crashed before its commit. The
+    table has one writer (the job calling this), so nothing else is still writing them."""
+    named = {*manifest.files, *manifest.retired}
+    data = table / "data"
+    if not data.exists():
+        return
+    for child in data.iterdir():
+        if f"data/{child.name}" not in named:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def table_bytes(table: Path, manifest: Manifest) -> int:
+    """Bytes of the Parquet files the manifest names."""
+    total = 0
+    for name in manifest.files:
+        for path in (table / name).rglob("*.parquet"):
+            total += path.stat().st_size
+    return total
+
+
+def now() -> float:
+    return time.time()
+
+
+Transform = Callable[[Any], Any]
