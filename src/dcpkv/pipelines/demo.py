@@ -33,6 +33,7 @@ terminal's Ctrl-C: it must outlive the queries that read from it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import signal
 import threading
 import time
@@ -71,7 +72,7 @@ VIEW_NAME = "revenue_by_country"
 SAMPLE_SEED = 42
 TICK_S = 0.5
 PLAIN_LINE_EVERY_S = 5.0  # without a terminal, the progress line is printed this often
-SAMPLE_EVERY_S = 3.0
+SAMPLE_EVERY_S = 5.0
 RATE_WINDOW_S = 10.0
 
 
@@ -223,8 +224,8 @@ def where_to_look(settings: DemoSettings, paths: DemoPaths, port: int, master: s
             f"[bold green]dcpkv demo is running[/]: node 127.0.0.1:{port} (data in "
             f"{settings.data_dir}), Spark {master}, {settings.rate:.0f} changes/s written.",
             "[bold]Where to look[/] (from another terminal, while it runs):",
-            f"  mirror   {paths.mirror}  (Parquet, one row per document; in PySpark:",
-            "           dcpkv.pipelines.mirror.read_mirror(spark, path))",
+            f"  mirror   {paths.mirror}  (a versioned Parquet table of the documents; in",
+            "           PySpark: dcpkv.pipelines.mirror.read_mirror(spark, path).show())",
             f"  view     dcpkv view query {VIEW_NAME} --group{views_opt}{port_opt}",
             f"  changes  dcpkv stream --to now{port_opt} | head",
             f"  stats    dcpkv stats{port_opt}   /   dcpkv stats dcp{port_opt}",
@@ -287,14 +288,17 @@ class _Pipelines:
     """The mirror and the view: their Spark queries, stats and sampler."""
 
     def __init__(self, spark: Any, master: str, paths: DemoPaths, port: int) -> None:
-        from dcpkv.pipelines import example_views
         from dcpkv.pipelines.mirror import SourceSettings
 
         self.spark = spark
         self.master = master
         self.paths = paths
         self.source = SourceSettings(port=port)
-        example_views.install(paths.views)
+        self.with_view = importlib.util.find_spec("dcpkv.pipelines.views") is not None
+        if self.with_view:
+            from dcpkv.pipelines import example_views
+
+            example_views.install(paths.views)
         self.mirror, self.view = PipelineStats(), PipelineStats()
         self.sampled = Sampled()
         self.queries: list[Any] = []
@@ -320,19 +324,28 @@ class _Pipelines:
 
     def run(self, available_now: bool) -> list[Any]:
         from dcpkv.pipelines.mirror import start_mirror
-        from dcpkv.pipelines.views import start_view
 
-        return [
+        queries = [
             start_mirror(
                 self.spark, self.source, self.paths.mirror,
                 checkpoint=self.paths.checkpoints / "mirror", available_now=available_now,
                 on_batch=self.mirror.on_batch,
             ),
-            start_view(
-                self.spark, self.paths.views, VIEW_NAME, self.source,
-                available_now=available_now, on_batch=self.view.on_batch,
-            ),
         ]  # fmt: skip
+        if self.with_view:
+            from dcpkv.pipelines.views import start_view
+
+            queries.append(
+                start_view(
+                    self.spark,
+                    self.paths.views,
+                    VIEW_NAME,
+                    self.source,
+                    available_now=available_now,
+                    on_batch=self.view.on_batch,
+                )
+            )
+        return queries
 
     def stop(self) -> None:
         self.sampler.stop()
@@ -349,12 +362,13 @@ class _Pipelines:
 
     def sample_once(self) -> tuple[int | None, int | None]:
         from dcpkv.pipelines.mirror import read_mirror
-        from dcpkv.pipelines.views import query_view
 
         docs = groups = None
         with contextlib.suppress(Exception):  # nothing written yet
             docs = read_mirror(self.spark, self.paths.mirror).count()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # no view yet
+            from dcpkv.pipelines.views import query_view
+
             groups = len(query_view(self.spark, self.paths.views, VIEW_NAME, group=True))
         return docs, groups
 

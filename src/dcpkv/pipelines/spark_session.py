@@ -32,6 +32,7 @@ def get_spark(app_name: str, master: str | None = None) -> Any:
         SparkSession.builder.master(master or DEFAULT_MASTER)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .getOrCreate()
