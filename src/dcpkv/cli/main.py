@@ -266,5 +266,10 @@ def failover_log(
             typer.echo(f"{vb:>7}  {i:>3}  {entry.uuid:>20}  {entry.seqno:>12}")
 
 
+from dcpkv.cli.pipelines import pipeline_app, view_app  # noqa: E402
+
+app.add_typer(pipeline_app, name="pipeline")
+app.add_typer(view_app, name="view")
+
 if __name__ == "__main__":
     app()

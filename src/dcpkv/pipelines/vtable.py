@@ -37,7 +37,9 @@ the rewritten rows, and a view built on this table can replay them.
 Retention (``compact``): per vbucket a *floor* F promises exact rollbacks to any R >= F. A
 version is kept when it is the latest, or when the change that superseded it has a seqno > F
 (a rollback to R >= F may bring it back); a latest deletion is dropped when its seqno <= F
-(everything it hid is gone too, so it hides nothing). The caller picks F from the server's
+(everything it hid is gone too, so it hides nothing) and it is older than the previous
+compaction (``extra["dropped_through"]``: a follower of the ords that is behind that must
+rebuild). The caller picks F from the server's
 persisted seqno (see ``mirror.py``). A rollback to R < F finds history missing: the caller
 resyncs that vbucket instead (a ``rollback`` to -1, a fresh read of the vbucket up to its high
 seqno H with the same (ord, pos), and a ``skip`` to H), and F becomes H.
@@ -255,9 +257,16 @@ def compact(
     floor = _floor_column(floors)
     nxt = F.lead("seqno").over(by_key)
     latest = nxt.isNull()
+    # A deletion that hides nothing is dropped only once it is older than the previous
+    # compaction: a reader that follows the table's ords (a view on a mirror) and is less than
+    # one compaction behind has seen it, so it cannot miss the deletion.
+    droppable = (
+        F.col("op").isin(*DELETED_OPS)
+        & (F.col("seqno") <= floor)
+        & (F.col("ord") <= manifest.compacted_ord)
+    )
     kept = live.withColumn("_next", nxt).filter(
-        (latest & ~(F.col("op").isin(*DELETED_OPS) & (F.col("seqno") <= floor)))
-        | (~latest & (F.col("_next") > floor))
+        (latest & ~droppable) | (~latest & (F.col("_next") > floor))
     )
     out = kept.drop("_next").coalesce(files_hint)
     name = write_rows(table, out, f"c{manifest.ord:08d}")
@@ -265,6 +274,7 @@ def compact(
     manifest.retired = list(manifest.files)
     manifest.files = [name]
     manifest.floors = floors
+    manifest.extra["dropped_through"] = manifest.compacted_ord
     manifest.compacted_ord = manifest.ord
     _delete_orphans(table, manifest)
     commit_manifest(table, manifest)

@@ -1,0 +1,166 @@
+"""``dcpkv pipeline mirror`` and ``dcpkv view create|run|query``: the Spark pipelines' CLI.
+
+Theory of operation
+-------------------
+Thin shells over ``dcpkv.pipelines.mirror`` and ``dcpkv.pipelines.views``: each command that
+runs a stream starts one local SparkSession (``local[*]``), runs the query until Ctrl-C (or
+until caught up with ``--once``), and stops the session. ``view query`` reads the view's files
+without Spark, so it answers in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+pipeline_app = typer.Typer(help="Spark pipelines over the change stream.", no_args_is_help=True)
+view_app = typer.Typer(help="Incremental map/reduce views.", no_args_is_help=True)
+
+Host = Annotated[str, typer.Option(help="Server address.")]
+Port = Annotated[int, typer.Option(help="Server port.")]
+Bucket = Annotated[str, typer.Option(help="Bucket.")]
+User = Annotated[str, typer.Option(help="User name.")]
+Password = Annotated[str, typer.Option(help="Its password.")]
+Once = Annotated[bool, typer.Option("--once", help="Stop once caught up (AvailableNow).")]
+ViewsDir = Annotated[Path, typer.Option(help="Where views live.")]
+
+
+def local_spark() -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[*]")
+        .appName("dcpkv-pipeline")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _run(query: Any, spark: Any) -> None:
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    finally:
+        spark.stop()
+
+
+def _print_batch(stats: Any) -> None:
+    typer.echo(json.dumps(stats.__dict__))
+
+
+@pipeline_app.command("mirror")
+def mirror(
+    to: Annotated[Path, typer.Option(help="The mirror's folder.")],
+    once: Once = False,
+    host: Host = "127.0.0.1",
+    port: Port = 11210,
+    bucket: Bucket = "default",
+    user: User = "Administrator",
+    password: Password = "password",
+    vbuckets: Annotated[str | None, typer.Option(help="vbuckets, e.g. 0-7.")] = None,
+    max_changes: Annotated[int | None, typer.Option(help="Changes per batch at most.")] = None,
+) -> None:
+    """Keep a Parquet table of the bucket's current documents (read it with read_mirror)."""
+    from dcpkv.pipelines.mirror import SourceSettings, start_mirror
+
+    source = SourceSettings(host, port, bucket, user, password, vbuckets, max_changes)
+    spark = local_spark()
+    _run(start_mirror(spark, source, to, available_now=once, on_batch=_print_batch), spark)
+
+
+@view_app.command("create")
+def create(
+    name: str,
+    map_: Annotated[str, typer.Option("--map", help="module:function")],
+    reduce: Annotated[str | None, typer.Option(help="count, sum, stats or module:function")] = None,
+    views_dir: ViewsDir = Path("./dcpkv-views"),
+) -> None:
+    """Define a view."""
+    from dcpkv.pipelines.views import ViewError, create_view
+
+    try:
+        create_view(views_dir, name, map_, reduce)
+    except ViewError as exc:
+        typer.echo(f"dcpkv view create: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@view_app.command("run")
+def run(
+    name: str,
+    once: Once = False,
+    views_dir: ViewsDir = Path("./dcpkv-views"),
+    mirror: Annotated[Path | None, typer.Option(help="Follow this mirror instead.")] = None,
+    host: Host = "127.0.0.1",
+    port: Port = 11210,
+    bucket: Bucket = "default",
+    user: User = "Administrator",
+    password: Password = "password",
+) -> None:
+    """Keep a view up to date from the server (or a mirror)."""
+    from dcpkv.pipelines.mirror import SourceSettings
+    from dcpkv.pipelines.views import start_view
+
+    source = mirror or SourceSettings(host, port, bucket, user, password)
+    spark = local_spark()
+    query = start_view(spark, views_dir, name, source, available_now=once, on_batch=_print_batch)
+    _run(query, spark)
+
+
+@view_app.command("query")
+def query(
+    name: str,
+    key: Annotated[str | None, typer.Option(help="An emit key, as JSON.")] = None,
+    range_: Annotated[
+        tuple[str, str] | None, typer.Option("--range", help="Two emit keys (JSON), inclusive.")
+    ] = None,
+    group: Annotated[bool, typer.Option("--group", help="Reduce per emit key.")] = False,
+    stale: Annotated[str, typer.Option(help="ok, or false: wait for the server's changes.")] = "ok",
+    timeout: Annotated[float, typer.Option(help="stale=false: seconds at most.")] = 60.0,
+    views_dir: ViewsDir = Path("./dcpkv-views"),
+    host: Host = "127.0.0.1",
+    port: Port = 11210,
+    bucket: Bucket = "default",
+    user: User = "Administrator",
+    password: Password = "password",
+) -> None:
+    """Query a view; one JSON row per line."""
+    from dcpkv.pipelines.mirror import SourceSettings
+    from dcpkv.pipelines.views import ViewError, query_view
+
+    source = SourceSettings(host, port, bucket, user, password)
+    try:
+        rows = query_view(
+            None,
+            views_dir,
+            name,
+            key=None if key is None else _json(key),
+            range=None if range_ is None else (_json(range_[0]), _json(range_[1])),
+            group=group,
+            stale=stale,  # type: ignore[arg-type]
+            source=source,
+            timeout=timeout,
+        )
+    except (ViewError, TimeoutError, OSError) as exc:
+        typer.echo(f"dcpkv view query: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for row in rows:
+        typer.echo(json.dumps(row))
+
+
+def _json(text: str) -> Any:
+    """A JSON value, or the text itself as a string (``--key France``)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

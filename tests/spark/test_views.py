@@ -1,0 +1,102 @@
+"""Incremental map/reduce views against a real server and the shared local Spark session.
+
+The truth is always the map/reduce recomputed from the server's documents (KV gets)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from kvclient import KVClient
+from sparkhelp import server_docs, vb
+
+from dcpkv.pipelines import example_views
+from dcpkv.pipelines.mirror import SourceSettings, start_mirror
+from dcpkv.pipelines.sample_data import changes, documents
+from dcpkv.pipelines.views import create_view, query_view, start_view, stats
+from dcpkv.protocol.constants import Opcode, Status
+
+MAP = "dcpkv.pipelines.example_views:revenue_by_country"
+
+
+class Shop:
+    """Sample documents written through the KV protocol; remembers every key."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.keys: set[bytes] = set()
+        self.updates = changes(300, seed=3)
+
+    def load(self, total: int) -> None:
+        self.write(documents(total, seed=5))
+
+    def update(self, count: int) -> None:
+        self.write(next(self.updates) for _ in range(count))
+
+    def write(self, pairs: Any) -> None:
+        with KVClient(self.port) as kv:
+            assert kv.login().status == Status.Success
+            for key, doc in pairs:
+                self.keys.add(key)
+                if doc is None:
+                    kv.call(Opcode.Delete, key=key, vbucket=vb(key))
+                else:
+                    assert kv.set(key, doc, vbucket=vb(key)).status == Status.Success
+
+    def revenue(self, group: bool) -> list[dict[str, Any]]:
+        """sum of revenue_by_country over the server's documents."""
+        sums: dict[str, float] = defaultdict(float)
+        for key, value in server_docs(self.port, self.keys).items():
+            for k, v in example_views.revenue_by_country(key.decode(), json.loads(value)):
+                sums[k] += v
+        if not group:
+            return [{"key": None, "value": sum(sums.values())}] if sums else []
+        return [{"key": k, "value": sums[k]} for k in sorted(sums)]
+
+
+def approx(rows: list[dict[str, Any]]) -> list[tuple[Any, float]]:
+    return [(r["key"], round(r["value"], 6)) for r in rows]
+
+
+def run_once(query: Any) -> None:
+    query.awaitTermination()
+    assert query.exception() is None, query.exception()
+
+
+def test_view_follows_updates_deletes_and_restarts(spark: Any, server: Any, tmp_path: Path) -> None:
+    shop = Shop(server.port)
+    shop.load(300)
+    views = tmp_path / "views"
+    create_view(views, "revenue", MAP, "sum")
+    src = SourceSettings(port=server.port)
+    run_once(start_view(spark, views, "revenue", src, available_now=True))
+    assert approx(query_view(None, views, "revenue", group=True)) == approx(shop.revenue(True))
+    shop.update(200)  # updates and deletes
+    run_once(start_view(spark, views, "revenue", src, available_now=True))  # from its checkpoint
+    assert approx(query_view(None, views, "revenue", group=True)) == approx(shop.revenue(True))
+    assert approx(query_view(None, views, "revenue")) == approx(shop.revenue(False))
+    one = query_view(None, views, "revenue", key="France", group=True)
+    assert approx(one) == [r for r in approx(shop.revenue(True)) if r[0] == "France"]
+
+
+def test_view_on_a_mirror_and_stale_false(spark: Any, server: Any, tmp_path: Path) -> None:
+    shop = Shop(server.port)
+    shop.load(200)
+    views, mirror = tmp_path / "views", tmp_path / "mirror"
+    create_view(views, "statuses", "dcpkv.pipelines.example_views:orders_by_status", "count")
+    src = SourceSettings(port=server.port)
+    run_once(start_mirror(spark, src, mirror, available_now=True))
+    run_once(start_view(spark, views, "statuses", mirror, available_now=True))
+    truth = server_docs(server.port, shop.keys)
+    counts: dict[str, int] = defaultdict(int)
+    for k, v in truth.items():
+        for status, _one in example_views.orders_by_status(k.decode(), json.loads(v)):
+            counts[status] += 1
+    got = query_view(None, views, "statuses", group=True)
+    assert got == [{"key": s, "value": counts[s]} for s in sorted(counts)]
+
+
+def test_stats_reduce() -> None:
+    assert stats([1, 2, 3]) == {"sum": 6, "count": 3, "min": 1, "max": 3, "sumsqr": 14}
