@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 The commands parse flags and hand over to :mod:`dcpkv.pipelines.demo` and
 :mod:`dcpkv.pipelines.report`; heavy imports (Spark, matplotlib) happen inside the commands so
-``dcpkv --help`` stays fast. ``main.py`` registers them in two lines.
+``dcpkv --help`` stays fast. ``main.py`` registers them in two lines (``report`` joins the
+``pipeline`` group).
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-pipeline_app = typer.Typer(
-    help="Pipelines on the change stream: reports of their metrics.", no_args_is_help=True
-)
 
 
 def demo(
@@ -53,7 +50,6 @@ def demo(
     raise typer.Exit(run_demo(settings, Console(highlight=False, soft_wrap=True)))
 
 
-@pipeline_app.command()
 def report(
     dirs: Annotated[
         list[Path], typer.Argument(help="Mirror or view folders holding _metrics.jsonl.")

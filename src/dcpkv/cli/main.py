@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dcpkv.cli.demo import demo as demo_command
-from dcpkv.cli.demo import pipeline_app
+from dcpkv.cli.demo import report as report_command
 
 app = typer.Typer(
     name="dcpkv",
@@ -22,7 +22,6 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 app.command()(demo_command)
-app.add_typer(pipeline_app, name="pipeline")
 
 
 @app.callback()
@@ -270,6 +269,7 @@ from dcpkv.cli.pipelines import pipeline_app, view_app  # noqa: E402
 
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(view_app, name="view")
+pipeline_app.command()(report_command)
 
 if __name__ == "__main__":
     app()

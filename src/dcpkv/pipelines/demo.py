@@ -33,7 +33,6 @@ terminal's Ctrl-C: it must outlive the queries that read from it.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import signal
 import threading
 import time
@@ -69,6 +68,8 @@ from dcpkv.pipelines.node import LocalNode, NodeError
 from dcpkv.spark.kvwriter import Endpoint
 
 VIEW_NAME = "revenue_by_country"
+VIEW_MAP = "dcpkv.pipelines.example_views:revenue_by_country"
+VIEW_REDUCE = "sum"
 SAMPLE_SEED = 42
 TICK_S = 0.5
 PLAIN_LINE_EVERY_S = 5.0  # without a terminal, the progress line is printed this often
@@ -289,16 +290,13 @@ class _Pipelines:
 
     def __init__(self, spark: Any, master: str, paths: DemoPaths, port: int) -> None:
         from dcpkv.pipelines.mirror import SourceSettings
+        from dcpkv.pipelines.views import create_view
 
         self.spark = spark
         self.master = master
         self.paths = paths
         self.source = SourceSettings(port=port)
-        self.with_view = importlib.util.find_spec("dcpkv.pipelines.views") is not None
-        if self.with_view:
-            from dcpkv.pipelines import example_views
-
-            example_views.install(paths.views)
+        create_view(paths.views, VIEW_NAME, VIEW_MAP, VIEW_REDUCE)
         self.mirror, self.view = PipelineStats(), PipelineStats()
         self.sampled = Sampled()
         self.queries: list[Any] = []
@@ -324,28 +322,19 @@ class _Pipelines:
 
     def run(self, available_now: bool) -> list[Any]:
         from dcpkv.pipelines.mirror import start_mirror
+        from dcpkv.pipelines.views import start_view
 
-        queries = [
+        return [
             start_mirror(
                 self.spark, self.source, self.paths.mirror,
                 checkpoint=self.paths.checkpoints / "mirror", available_now=available_now,
                 on_batch=self.mirror.on_batch,
             ),
+            start_view(
+                self.spark, self.paths.views, VIEW_NAME, self.source,
+                available_now=available_now, on_batch=self.view.on_batch,
+            ),
         ]  # fmt: skip
-        if self.with_view:
-            from dcpkv.pipelines.views import start_view
-
-            queries.append(
-                start_view(
-                    self.spark,
-                    self.paths.views,
-                    VIEW_NAME,
-                    self.source,
-                    available_now=available_now,
-                    on_batch=self.view.on_batch,
-                )
-            )
-        return queries
 
     def stop(self) -> None:
         self.sampler.stop()
@@ -362,14 +351,13 @@ class _Pipelines:
 
     def sample_once(self) -> tuple[int | None, int | None]:
         from dcpkv.pipelines.mirror import read_mirror
+        from dcpkv.pipelines.views import query_view
 
         docs = groups = None
         with contextlib.suppress(Exception):  # nothing written yet
             docs = read_mirror(self.spark, self.paths.mirror).count()
-        with contextlib.suppress(Exception):  # no view yet
-            from dcpkv.pipelines.views import query_view
-
-            groups = len(query_view(self.spark, self.paths.views, VIEW_NAME, group=True))
+        with contextlib.suppress(Exception):  # no batch yet
+            groups = len(query_view(None, self.paths.views, VIEW_NAME, group=True))
         return docs, groups
 
 
