@@ -217,9 +217,7 @@ def ensure_sample(
 
 def where_to_look(settings: DemoSettings, paths: DemoPaths, port: int, master: str) -> str:
     port_opt = "" if port == 11210 else f" --port {port}"
-    views_opt = (
-        "" if paths.views == Path("dcpkv-data/pipelines/views") else f" --views-dir {paths.views}"
-    )
+    views_opt = f" --views-dir {paths.views}"  # `dcpkv view`'s own default is elsewhere
     return "\n".join(
         [
             f"[bold green]dcpkv demo is running[/]: node 127.0.0.1:{port} (data in "
