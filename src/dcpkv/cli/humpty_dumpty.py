@@ -135,7 +135,7 @@ def command(
 
 
 def run_spec_example(out: TextIO = sys.stdout) -> int:
-    """The two requests of the spec, against its failover table (the `dcpkv demo` job)."""
+    """The two requests of the spec, against its failover table."""
     out.write(f"$ cat failover.json\n{SPEC_FAILOVER}\n")
     for request in SPEC_REQUESTS.splitlines():
         out.write(f'\n$ echo "{request}" | humpty-dumpty failover.json 10 0\n')

@@ -9,6 +9,9 @@ from typing import Annotated
 
 import typer
 
+from dcpkv.cli.demo import demo as demo_command
+from dcpkv.cli.demo import report as report_command
+
 app = typer.Typer(
     name="dcpkv",
     help="dcpkv: a partitioned key-value store with a correct, resumable change stream (DCP).",
@@ -18,18 +21,7 @@ app = typer.Typer(
     # source's line breaks.
     rich_markup_mode="markdown",
 )
-
-
-@app.command()
-def demo() -> None:
-    """Run the main job on the embedded defaults.
-
-    For now: the humpty-dumpty rollback example of the spec (a consumer that resumes with its
-    true snapshot is told to roll back; one that lies about its snapshot is not).
-    """
-    from dcpkv.cli.humpty_dumpty import run_spec_example
-
-    raise typer.Exit(run_spec_example())
+app.command()(demo_command)
 
 
 @app.callback()
@@ -277,6 +269,7 @@ from dcpkv.cli.pipelines import pipeline_app, view_app  # noqa: E402
 
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(view_app, name="view")
+pipeline_app.command()(report_command)
 
 if __name__ == "__main__":
     app()
