@@ -273,5 +273,9 @@ def failover_log(
             typer.echo(f"{vb:>7}  {i:>3}  {entry.uuid:>20}  {entry.seqno:>12}")
 
 
+from dcpkv.cli.backup import register as _register_backup  # noqa: E402
+
+_register_backup(app)
+
 if __name__ == "__main__":
     app()

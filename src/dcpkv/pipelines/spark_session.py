@@ -1,0 +1,45 @@
+"""One place that decides how the command-line jobs start their local SparkSession.
+
+Theory of operation
+-------------------
+Every ``dcpkv`` command that runs a Spark job (backup, restore, the pipelines) starts its own
+SparkSession in the same way, so the settings live here: the master (``local[*]`` unless the
+caller or ``DCPKV_SPARK_MASTER`` says otherwise), no web UI (a second job on the machine would
+fight for port 4040 and nothing looks at it), the driver bound to ``SPARK_LOCAL_IP`` (default
+127.0.0.1: a laptop's hostname often resolves to an address nothing listens on), Python
+workers running this very interpreter (the one with dcpkv installed), and the ``dcpkv``
+format registered. ``getOrCreate`` returns an existing session unchanged, so a test's session
+is reused when a job runs inside one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+DEFAULT_MASTER = "local[*]"
+# Small jobs: Spark's default of 200 shuffle partitions is 200 tiny tasks here.
+SHUFFLE_PARTITIONS = "8"
+
+
+def get_spark(app_name: str, master: str | None = None) -> Any:
+    """A local SparkSession with the project's settings and ``format("dcpkv")`` registered."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import dcpkv.spark
+
+    session = (
+        SparkSession.builder.master(master or os.environ.get("DCPKV_SPARK_MASTER", DEFAULT_MASTER))
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    dcpkv.spark.register(session)
+    return session
