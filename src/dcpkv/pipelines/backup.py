@@ -398,7 +398,6 @@ def describe_run(run: Run) -> str:
     t = run.manifest["totals"]
     rbs = ", ".join(r["message"] for r in run.manifest["rollbacks"]) or "no rollback"
     return (
-        f"run {run_name(run.number)}: {t['changes']} change(s) "
-        f"({t['mutations']} mutations, {t['deletions']} deletions, {t['expirations']} "
-        f"expirations), {rbs}"
+        f"run {run_name(run.number)}: {t['changes']} change(s) (mutations {t['mutations']}, "
+        f"deletions {t['deletions']}, expirations {t['expirations']}), {rbs}"
     )

@@ -36,6 +36,8 @@ def get_spark(app_name: str, master: str | None = None) -> Any:
         SparkSession.builder.master(master or os.environ.get("DCPKV_SPARK_MASTER", DEFAULT_MASTER))
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        # The commands draw their own progress bar; Spark's would scribble over it.
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
         .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
         .getOrCreate()
