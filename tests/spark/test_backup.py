@@ -8,7 +8,8 @@ three runs, then the tests look at it:
   vbuckets 1-7 (vbucket 0 stays untouched);
 * kill -9 loses run 2's writes; the server restarts on new branches; more writes;
 * run 3 must record "vbucket v rolled back to <run 1's end>" for every vbucket run 2 touched,
-  and vbucket 0 (new branch, nothing lost) must resume without a rollback.
+  and vbucket 0 (new branch, nothing lost) must resume without a rollback;
+* run 4: nothing changed, an empty run that still joins the chain.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _build(spark: Any, sc: Scenario, src: ServerProcess) -> None:
     sc.b_keys = set(b)
     _write(src.port, b)  # ...run 2's is never persisted
     sc.keys |= set(b)
-    done = _cli("backup", "--to", str(sc.root), "--port", str(src.port), "--master", "local[1]")
+    done = _cli("backup", "--to", str(sc.root), "--port", str(src.port), "--master", "local[2]")
     assert done.returncode == 0, done.stderr
     assert "run 000002: 45 change(s)" in done.stdout
     sc.truth[2] = server_docs(src.port, sc.keys)
@@ -127,6 +128,7 @@ def _build(spark: Any, sc: Scenario, src: ServerProcess) -> None:
     sc.keys |= set(c)
     run_backup(spark, sc.root, Endpoint(port=src.port))
     sc.truth[3] = server_docs(src.port, sc.keys)
+    run_backup(spark, sc.root, Endpoint(port=src.port))
     listed = _cli("backup", "list", "--from", str(sc.root))
     assert listed.returncode == 0, listed.stderr
     sc.cli_list = listed.stdout
@@ -142,7 +144,7 @@ def _keys_of(run_data: Path) -> list[tuple[str, bytes]]:
 
 def test_run_2_holds_only_the_changes_since_run_1(scenario: Scenario) -> None:
     runs = committed_runs(scenario.root)
-    assert [r.number for r in runs] == [1, 2, 3]
+    assert [r.number for r in runs] == [1, 2, 3, 4]
     t1, t2 = runs[0].manifest["totals"], runs[1].manifest["totals"]
     assert t1["changes"] == t1["mutations"] == 60
     assert (t2["changes"], t2["mutations"], t2["deletions"]) == (45, 35, 10)
@@ -154,7 +156,7 @@ def test_run_2_holds_only_the_changes_since_run_1(scenario: Scenario) -> None:
 
 
 def test_run_3_records_the_rollback_of_what_run_2_read(scenario: Scenario) -> None:
-    run1, run2, run3 = committed_runs(scenario.root)
+    run1, run2, run3, _run4 = committed_runs(scenario.root)
     touched = {vb(k) for k in scenario.b_keys}
     assert 0 not in touched
     expected = {(v, run1.end[v].offset.seqno) for v in touched}
@@ -171,7 +173,7 @@ def test_run_3_records_the_rollback_of_what_run_2_read(scenario: Scenario) -> No
 
 def test_list_shows_every_run_with_its_rollbacks(scenario: Scenario) -> None:
     out = scenario.cli_list
-    for name in ("000001", "000002", "000003"):
+    for name in ("000001", "000002", "000003", "000004"):
         assert name in out
     run3 = committed_runs(scenario.root)[2]
     for r in run3.manifest["rollbacks"]:
@@ -185,7 +187,7 @@ def test_verify_passes_on_the_backup(scenario: Scenario) -> None:
     assert verify(scenario.root) == []
     done = _cli("backup", "verify", "--from", str(scenario.root))
     assert done.returncode == 0, done.stderr
-    assert "3 run(s), chain contiguous" in done.stdout
+    assert "4 run(s), chain contiguous" in done.stdout
 
 
 def _copy(scenario: Scenario, tmp_path: Path) -> Path:
@@ -223,15 +225,15 @@ def test_verify_notices_an_unrecorded_rollback(scenario: Scenario, tmp_path: Pat
                for p in problems)  # fmt: skip
 
 
-def test_a_crashed_run_is_ignored_and_cleaned(scenario: Scenario, tmp_path: Path) -> None:
+def test_what_a_crashed_run_left_is_ignored(scenario: Scenario, tmp_path: Path) -> None:
     root = _copy(scenario, tmp_path)
-    (root / "runs" / ".tmp-000004-1").mkdir()
-    (root / "runs" / ".tmp-000004-1" / "junk.parquet").write_bytes(b"half a file")
-    (root / "runs" / "000004").mkdir()  # renamed but no manifest: cannot come from a commit
+    (root / "runs" / ".tmp-000005-1").mkdir()
+    (root / "runs" / ".tmp-000005-1" / "junk.parquet").write_bytes(b"half a file")
+    (root / "runs" / "000005").mkdir()  # renamed but no manifest: cannot come from a commit
     assert verify(root) == []
-    assert [r.number for r in committed_runs(root)] == [1, 2, 3]
+    assert [r.number for r in committed_runs(root)] == [1, 2, 3, 4]
     done = _cli("backup", "list", "--from", str(root))
-    assert "ignored (incomplete, from a crashed run): .tmp-000004-1" in done.stdout
+    assert "ignored (incomplete, from a crashed run): .tmp-000005-1" in done.stdout
 
 
 # -- restore --------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ def test_a_crashed_run_is_ignored_and_cleaned(scenario: Scenario, tmp_path: Path
 def test_restore_into_a_fresh_server_equals_the_source(spark: Any, scenario: Scenario) -> None:
     target = scenario.fresh_server("full")
     result = restore(spark, scenario.root, Endpoint(port=target.port))
-    assert result.runs == 3 and result.rollbacks_applied == len(
+    assert result.runs == 4 and result.rollbacks_applied == len(
         committed_runs(scenario.root)[2].manifest["rollbacks"]
     )
     restored = server_docs(target.port, scenario.keys)
@@ -296,4 +298,12 @@ def test_cut_points_pick_the_first_run_that_reached_the_seqno(scenario: Scenario
     end1, end2 = runs[0].end[v].offset.seqno, runs[1].end[v].offset.seqno
     assert cut_points(runs, {v: end1}) == {v: (1, end1)}
     assert cut_points(runs, {v: end2}) == {v: (2, end2)}
-    assert cut_points(runs, {v: 10**9}) == {v: (3, 10**9)}
+    assert cut_points(runs, {v: 10**9}) == {v: (4, 10**9)}
+
+
+def test_an_empty_run_joins_the_chain(scenario: Scenario) -> None:
+    run3, run4 = committed_runs(scenario.root)[2:]
+    assert run4.manifest["totals"] == {
+        "mutations": 0, "deletions": 0, "expirations": 0, "changes": 0, "rows": 0
+    }  # fmt: skip
+    assert run4.manifest["start"] == run3.manifest["end"]

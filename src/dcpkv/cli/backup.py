@@ -14,6 +14,7 @@ one line per problem.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -188,10 +189,25 @@ def _job(name: str, phases: tuple[str, ...], job: Any, master: str | None) -> An
         except (BackupError, OSError) as exc:
             typer.echo(f"dcpkv {name}: {exc}", err=True)
             raise typer.Exit(1) from None
-        except Exception as exc:  # a failed Spark job: its first line says enough
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            typer.echo(f"dcpkv {name}: {first}", err=True)
+        except Exception as exc:  # a failed Spark job (or connection): one line is enough
+            typer.echo(f"dcpkv {name}: {error_line(exc)}", err=True)
             raise typer.Exit(1) from None
         progress.update(task, completed=len(phases))
     sys.stderr.flush()
     return result
+
+
+_ERROR_LINE = re.compile(r"^\s*([\w.]+(Error|Exception)(: .*)?)$")
+
+
+def error_line(exc: BaseException) -> str:
+    """The line that says what went wrong: for a Spark job that failed in a Python worker,
+    the Python exception at the end of the worker's traceback (the JVM's wrapper and stack
+    say nothing), else the message's first line."""
+    text = str(exc).strip()
+    worker = text.partition("Traceback (most recent call last):")[2]
+    for line in reversed(worker.split("SQLSTATE")[0].splitlines()):
+        match = _ERROR_LINE.match(line)
+        if match:
+            return match.group(1)
+    return text.splitlines()[0] if text else type(exc).__name__

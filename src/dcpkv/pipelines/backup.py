@@ -146,7 +146,7 @@ def run_backup(spark: Any, root: Path, ep: Endpoint, on_phase: Phase = _quiet) -
             on_phase(BACKUP_PHASES[1])
             _read_into(spark, ep, start, end, tmp / DATA)
             on_phase(BACKUP_PHASES[2])
-            summary = _summarise(spark, tmp / DATA)
+            summary = _summarise(tmp / DATA)
             _check_unmoved(ep, seqnos)
             on_phase(BACKUP_PHASES[3])
             manifest = _manifest(number, ep, seqnos, logs, start, end, summary, began)
@@ -186,21 +186,29 @@ def _read_into(spark: Any, ep: Endpoint, start: SparkOffsets, end: SparkOffsets,
     df.withColumn("pos", F.monotonically_increasing_id()).write.parquet(str(out))
 
 
-def _summarise(spark: Any, data: Path) -> dict[int, dict[str, Any]]:
-    """vbucket -> {mutations, deletions, expirations, max_seqno, rollbacks: [R, ...]}."""
-    from pyspark.sql import functions as F
+def _summarise(data: Path) -> dict[int, dict[str, Any]]:
+    """vbucket -> {mutations, deletions, expirations, max_seqno, rollbacks: [R, ...]}.
 
-    df = spark.read.schema(ROW_DDL).parquet(str(data))
+    Read from the run's own Parquet with pyarrow on the driver: the folder is local (the commit
+    is a local rename), four narrow columns are cheap, and it saves two Spark jobs a run.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     out: dict[int, dict[str, Any]] = {}
-    counts = df.groupBy("vbucket", "op").agg(F.count("*").alias("n"), F.max("seqno").alias("top"))
-    for row in counts.collect():
-        info = out.setdefault(row.vbucket, _empty_vb())
-        if row.op in CHANGE_OPS:
-            info[_plural(row.op)] = row.n
-            info["max_seqno"] = max(info["max_seqno"], int(row.top))
-    rollbacks = df.where(F.col("op") == "rollback").select("vbucket", "seqno", "pos")
-    for row in rollbacks.orderBy("vbucket", "pos").collect():
-        out.setdefault(row.vbucket, _empty_vb())["rollbacks"].append(int(row.seqno))
+    for part in sorted(data.glob("*.parquet")):
+        table = pq.read_table(part, columns=["op", "vbucket", "seqno", "pos"])
+        seqnos = table["seqno"].cast(pa.uint64())
+        counts = table.append_column("s", seqnos).group_by(["vbucket", "op"])
+        for row in counts.aggregate([("s", "max"), ("s", "count")]).to_pylist():
+            info = out.setdefault(row["vbucket"], _empty_vb())
+            if row["op"] in CHANGE_OPS:
+                info[_plural(row["op"])] += row["s_count"]
+                info["max_seqno"] = max(info["max_seqno"], row["s_max"])
+        rollbacks = table.filter(pc.equal(table["op"], "rollback")).to_pylist()
+        for r in sorted(rollbacks, key=lambda r: r["pos"]):
+            out.setdefault(r["vbucket"], _empty_vb())["rollbacks"].append(int(r["seqno"]))
     return out
 
 

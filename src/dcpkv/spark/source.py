@@ -220,7 +220,9 @@ class DcpkvBatchReader(DataSourceReader):
         ]
 
     def partitions(self) -> list[DcpkvPartition]:
-        return _partitions(self.work, self.opts)
+        # Nothing to read still needs one (empty) task: given no partitions, Spark runs one
+        # task with a partition of its own making.
+        return _partitions(self.work, self.opts) or [DcpkvPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DcpkvPartition)
