@@ -271,5 +271,9 @@ app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(view_app, name="view")
 pipeline_app.command()(report_command)
 
+from dcpkv.cli.backup import register as _register_backup  # noqa: E402
+
+_register_backup(app)
+
 if __name__ == "__main__":
     app()

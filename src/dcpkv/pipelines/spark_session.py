@@ -1,13 +1,15 @@
-"""One place that builds the SparkSession of the pipelines' commands.
+"""One place that decides how the command-line jobs start their local SparkSession.
 
 Theory of operation
 -------------------
-Every pipeline command (the demo, mirror, views, backups) needs the same session: local
-mode with two cores unless a master URL is given, no web UI, a handful of shuffle partitions
-(the data sets are small, and 200 empty tasks per aggregation would dominate), the driver on
-the loopback address, and the Python workers running the interpreter of the driver (so they
-import the same ``dcpkv``). Logs are cut to errors: the commands print their own progress.
-The ``dcpkv`` data source is registered on the way out.
+Every ``dcpkv`` command that runs a Spark job (backup, restore, the pipelines) starts its own
+SparkSession in the same way, so the settings live here: the master (``local[*]`` unless the
+caller or ``DCPKV_SPARK_MASTER`` says otherwise), no web UI (a second job on the machine would
+fight for port 4040 and nothing looks at it), the driver bound to ``SPARK_LOCAL_IP`` (default
+127.0.0.1: a laptop's hostname often resolves to an address nothing listens on), Python
+workers running this very interpreter (the one with dcpkv installed), and the ``dcpkv``
+format registered. ``getOrCreate`` returns an existing session unchanged, so a test's session
+is reused when a job runs inside one.
 """
 
 from __future__ import annotations
@@ -16,25 +18,28 @@ import os
 import sys
 from typing import Any
 
-DEFAULT_MASTER = "local[2]"
+DEFAULT_MASTER = "local[*]"
+# Small jobs: Spark's default of 200 shuffle partitions is 200 tiny tasks here.
+SHUFFLE_PARTITIONS = "8"
 
 
 def get_spark(app_name: str, master: str | None = None) -> Any:
-    """A SparkSession (an existing one is reused) with the ``dcpkv`` format registered."""
+    """A local SparkSession with the project's settings and ``format("dcpkv")`` registered."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     import dcpkv.spark
 
     session = (
-        SparkSession.builder.master(master or DEFAULT_MASTER)
+        SparkSession.builder.master(master or os.environ.get("DCPKV_SPARK_MASTER", DEFAULT_MASTER))
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        # The commands draw their own progress bar; Spark's would scribble over it.
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

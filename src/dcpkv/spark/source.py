@@ -211,14 +211,18 @@ class DcpkvBatchReader(DataSourceReader):
         else:
             begin = initial_offsets(opts.starting, vbs, seqnos)
             ends = _ending(opts.ending, vbs, seqnos)
+        # A vbucket whose branch moved is read even with nothing new (or a high seqno below
+        # its start): the stream request is what reveals its rollback, news for downstream.
         self.work = [
             VbTarget(vb, begin[vb], ends[vb], max(0, ends[vb] - begin[vb].offset.seqno))
             for vb in vbs
-            if ends[vb] > begin[vb].offset.seqno
+            if ends[vb] > begin[vb].offset.seqno or branch_moved(begin[vb], seqnos[vb][0])
         ]
 
     def partitions(self) -> list[DcpkvPartition]:
-        return _partitions(self.work, self.opts)
+        # Nothing to read still needs one (empty) task: given no partitions, Spark runs one
+        # task with a partition of its own making.
+        return _partitions(self.work, self.opts) or [DcpkvPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DcpkvPartition)
