@@ -57,6 +57,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -163,24 +164,34 @@ def live_changes(spark: Any, table: Path, manifest: Manifest, schema: Any) -> An
         return spark.createDataFrame([], schema)
     paths = [str(table / f) for f in manifest.files]
     rows = spark.read.schema(schema).parquet(*paths).filter(F.col("op") != "rollback")
-    dead = _dead(manifest.entries)
-    return rows if dead is None else rows.filter(~dead)
+    if not manifest.entries:
+        return rows
+    return _drop_dead(spark, rows, manifest.entries)
 
 
-def _dead(entries: Iterable[Entry]) -> Any:
+_ENTRY_SCHEMA = "e_kind string, e_vbucket int, e_seqno decimal(20,0), e_ord long, e_pos long"
+
+
+def _drop_dead(spark: Any, rows: Any, entries: Iterable[Entry]) -> Any:
+    """``rows`` less those a rollback or skip entry kills.
+
+    The entries are a small broadcast table and the kill rule one join condition: a crash on a
+    1024-vbucket bucket leaves a thousand entries, and one OR-ed expression per entry nests deep
+    enough to overflow the JVM stack in Spark's planner.
+    """
     from pyspark.sql import functions as F
 
-    ord_, pos, seqno, vb = F.col("ord"), F.col("pos"), F.col("seqno"), F.col("vbucket")
-    cond = None
-    for e in entries:
-        before = (ord_ < e.ord) | ((ord_ == e.ord) & (pos < e.pos))
-        after = (ord_ > e.ord) | ((ord_ == e.ord) & (pos > e.pos))
-        if e.kind == "rollback":
-            one = (vb == e.vbucket) & before & (seqno > e.seqno)
-        else:
-            one = (vb == e.vbucket) & after & (seqno <= e.seqno)
-        cond = one if cond is None else cond | one
-    return cond
+    table = spark.createDataFrame(
+        [(e.kind, e.vbucket, Decimal(e.seqno), e.ord, e.pos) for e in entries], _ENTRY_SCHEMA
+    )
+    ord_, pos, seqno = F.col("ord"), F.col("pos"), F.col("seqno")
+    e_ord, e_pos, e_seqno = F.col("e_ord"), F.col("e_pos"), F.col("e_seqno")
+    before = (ord_ < e_ord) | ((ord_ == e_ord) & (pos < e_pos))
+    after = (ord_ > e_ord) | ((ord_ == e_ord) & (pos > e_pos))
+    kills = (F.col("e_kind") == "rollback") & before & (seqno > e_seqno)
+    kills = kills | ((F.col("e_kind") != "rollback") & after & (seqno <= e_seqno))
+    on = (F.col("vbucket") == F.col("e_vbucket")) & kills
+    return rows.join(F.broadcast(table), on, "left_anti")
 
 
 def current_versions(live: Any, columns: list[str]) -> Any:
@@ -281,12 +292,15 @@ def compact(
 
 
 def _floor_column(floors: dict[int, int]) -> Any:
+    """Each row's vbucket floor (0 when none): one flat map lookup, not a CASE per vbucket
+    (1024 nested CASEs overflow the planner's stack)."""
     from pyspark.sql import functions as F
 
-    expr = F.lit(0).cast("long")
-    for vb, f in floors.items():
-        expr = F.when(F.col("vbucket") == vb, F.lit(f).cast("long")).otherwise(expr)
-    return expr
+    if not floors:
+        return F.lit(0).cast("decimal(20,0)")
+    pairs = [F.lit(x) for vb, f in sorted(floors.items()) for x in (vb, str(f))]
+    found = F.try_element_at(F.create_map(*pairs), F.col("vbucket"))
+    return F.coalesce(found, F.lit("0")).cast("decimal(20,0)")
 
 
 def _delete(table: Path, names: Iterable[str]) -> None:
