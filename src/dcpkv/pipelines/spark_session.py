@@ -40,6 +40,11 @@ def get_spark(app_name: str, master: str | None = None) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
         .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
+        # Stopping a streaming query mid-batch makes Spark match the interruption's message,
+        # which embeds the offset JSON (1024 vbuckets of it), against a recursive regular
+        # expression: the default 1 MiB thread stack overflows. A bigger default stack for
+        # the driver's threads keeps that check (and the clean stop) working.
+        .config("spark.driver.extraJavaOptions", "-Xss16m")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
