@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/kv.py
 	$(BIN)/python bench/dcp.py
+	$(BIN)/python bench/stream.py
 	$(BIN)/python bench/spark.py
 
 clean:
