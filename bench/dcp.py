@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -78,6 +80,25 @@ def start_server(data_dir: Path, vbuckets: int) -> tuple[subprocess.Popen[bytes]
             raise SystemExit(f"server exited {proc.returncode}")
         time.sleep(0.05)
     return proc, int(port_file.read_text()), time.perf_counter() - started
+
+
+@contextmanager
+def loaded_server(count: int, vbuckets: int, label: str, width: int = 28) -> Iterator[int]:
+    """A temporary data dir loaded with ``count`` items through the engine, a server on it;
+    yields its port, prints the load and warm-up times, and always stops and cleans up."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"dcpkv-bench-{label}-"))
+    proc = None
+    try:
+        data = tmp / "data"
+        print(f"  {'load through the engine':<{width}} {load(data, count, vbuckets):7.2f} s")
+        proc, port, warm = start_server(data, vbuckets)
+        print(f"  {'server start (warm-up)':<{width}} {warm:7.2f} s")
+        yield port
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class Consumer:
@@ -183,14 +204,8 @@ def main(
     live: int = typer.Option(100_000, "--live", help="items written during the live phase"),
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
 ) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="dcpkv-bench-"))
-    proc = None
-    try:
-        data = tmp / "data"
-        print(f"DCP bench: {count:,} items of {len(VALUE)} bytes, {vbuckets} vbuckets")
-        print(f"  load through the engine      {load(data, count, vbuckets):7.2f} s")
-        proc, port, warm = start_server(data, vbuckets)
-        print(f"  server start (warm-up)       {warm:7.2f} s")
+    print(f"DCP bench: {count:,} items of {len(VALUE)} bytes, {vbuckets} vbuckets")
+    with loaded_server(count, vbuckets, "dcp") as port:
         highs = high_seqnos(port)
         consumer = Consumer(port)
         start = time.perf_counter()
@@ -210,11 +225,6 @@ def main(
         wire = len(dcp.Mutation(key=_key(0), value=VALUE).encode())
         print(f"  codec Mutation.encode (ceiling)                    {rate:>10,.0f} items/s  "
               f"{rate * wire / 1e6:7.1f} MB/s")  # fmt: skip
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

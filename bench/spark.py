@@ -20,8 +20,6 @@ connection, so it can beat the single-consumer ceiling on a machine with spare c
 from __future__ import annotations
 
 import os
-import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -31,7 +29,7 @@ from typing import TYPE_CHECKING
 import typer
 
 import dcpkv.spark
-from dcp import load, start_server  # bench/dcp.py (the script's folder is on sys.path)
+from dcp import loaded_server  # bench/dcp.py (the script's folder is on sys.path)
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.sync import SyncConsumer
@@ -114,14 +112,11 @@ def main(
     cores: int = typer.Option(2, "--cores", help="Spark local[N]"),
     partitions: int = typer.Option(0, "--partitions", help="numPartitions (0: default)"),
 ) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="dcpkv-spark-bench-"))
-    proc = None
-    try:
-        data = tmp / "data"
-        print(f"Spark bench: {count:,} items of 100 bytes, {vbuckets} vbuckets, local[{cores}]")
-        print(f"  load through the engine            {load(data, count, vbuckets):7.2f} s")
-        proc, port, warm = start_server(data, vbuckets)
-        print(f"  server start (warm-up)             {warm:7.2f} s")
+    print(f"Spark bench: {count:,} items of 100 bytes, {vbuckets} vbuckets, local[{cores}]")
+    with (
+        loaded_server(count, vbuckets, "spark", width=34) as port,
+        tempfile.TemporaryDirectory(prefix="dcpkv-spark-out-") as out,
+    ):
         n, seconds = raw_rate(port)
         print(_line("client library (SyncConsumer)", n, seconds))
         n, seconds = task_path_rate(port)
@@ -129,15 +124,10 @@ def main(
         started = time.perf_counter()
         spark = spark_session(cores)
         print(f"  Spark session start                {time.perf_counter() - started:7.2f} s")
-        seconds = query_rate(spark, port, tmp, partitions or None)
-        rows = spark.read.parquet(str(tmp / "parquet")).count()
+        seconds = query_rate(spark, port, Path(out), partitions or None)
+        rows = spark.read.parquet(str(Path(out) / "parquet")).count()
         print(_line("AvailableNow query -> Parquet", rows, seconds))
         spark.stop()
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dcp import load, start_server
+from dcp import loaded_server
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
@@ -61,14 +58,8 @@ def main(
     count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
 ) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="dcpkv-bench-stream-"))
-    proc = None
-    try:
-        data = tmp / "data"
-        print(f"stream bench: {count:,} items, {vbuckets} vbuckets")
-        print(f"  load through the engine        {load(data, count, vbuckets):7.2f} s")
-        proc, port, warm = start_server(data, vbuckets)
-        print(f"  server start (warm-up)         {warm:7.2f} s")
+    print(f"stream bench: {count:,} items, {vbuckets} vbuckets")
+    with loaded_server(count, vbuckets, "stream", width=30) as port:
         for what, (items, seconds) in (
             ("Consumer (asyncio), to now", asyncio.run(consume(port))),
             ("dcpkv stream --format json", cli(port)),
@@ -76,11 +67,6 @@ def main(
             ok = "ok" if items == count else f"MISMATCH, expected {count:,}"
             print(f"  {what:<30} {items:>10,} items {seconds:7.2f} s "
                   f"{items / seconds:>10,.0f} items/s  ({ok})")  # fmt: skip
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
