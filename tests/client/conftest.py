@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 
 from kvclient import KVClient
-from serverproc import ServerProcess
+from serverproc import ServerProcess, tracked_servers
 
 from dcpkv.engine.bucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode, Status
@@ -23,17 +23,9 @@ VBUCKETS = 16  # serverproc starts every server with --vbuckets 16
 
 
 @pytest.fixture
-def server_factory(tmp_path: Path) -> Iterator[type[ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    class Tracked(ServerProcess):
-        def start(self) -> int:
-            started.append(self)
-            return super().start()
-
-    yield Tracked
-    for proc in started:
-        proc.reap()
+def server_factory() -> Iterator[type[ServerProcess]]:
+    with tracked_servers() as factory:
+        yield factory
 
 
 @pytest.fixture

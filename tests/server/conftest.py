@@ -10,21 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serverproc import ServerProcess
+from serverproc import ServerProcess, tracked_servers
 
 
 @pytest.fixture
-def server_factory(tmp_path: Path) -> Iterator[type[ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    class Tracked(ServerProcess):
-        def start(self) -> int:
-            started.append(self)
-            return super().start()
-
-    yield Tracked
-    for proc in started:
-        proc.reap()
+def server_factory() -> Iterator[type[ServerProcess]]:
+    with tracked_servers() as factory:
+        yield factory
 
 
 @pytest.fixture

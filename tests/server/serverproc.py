@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 START_TIMEOUT_S = 30.0
@@ -66,3 +68,22 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextmanager
+def tracked_servers() -> Iterator[type[ServerProcess]]:
+    """A ServerProcess class whose every started instance is reaped (by PID) on exit: the one
+    teardown rule of every test folder's ``server_factory`` fixture."""
+    started: list[ServerProcess] = []
+
+    class Tracked(ServerProcess):
+        def start(self, *, same_port: bool = False) -> int:
+            if self not in started:
+                started.append(self)
+            return super().start(same_port=same_port)
+
+    try:
+        yield Tracked
+    finally:
+        for proc in started:
+            proc.reap()

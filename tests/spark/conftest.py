@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 
-from serverproc import ServerProcess
+from serverproc import ServerProcess, tracked_servers
 
 import dcpkv.spark
 
@@ -44,18 +44,9 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture
-def server_factory(tmp_path: Path) -> Iterator[type[ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    class Tracked(ServerProcess):
-        def start(self, *, same_port: bool = False) -> int:
-            if self not in started:
-                started.append(self)
-            return super().start(same_port=same_port)
-
-    yield Tracked
-    for proc in started:
-        proc.reap()
+def server_factory() -> Iterator[type[ServerProcess]]:
+    with tracked_servers() as factory:
+        yield factory
 
 
 @pytest.fixture
