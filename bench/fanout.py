@@ -1,0 +1,194 @@
+"""The two DCP fan-out defects of the server-speed issue, as a user meets them.
+
+Theory of operation
+-------------------
+A fresh ``dcpkv server`` (1024 vbuckets, the default flush interval) is driven the way a plain
+memcached client drives it: ONE connection, one Set at a time (send, wait for the answer).
+Each phase writes for ``--seconds``:
+
+1. **alone**: nobody streams;
+2. **streamed**: a consumer *process* holds one DCP connection with a stream on every vbucket
+   (from 0 to infinity, as a replica or a Spark query does) and reads everything it is sent.
+
+Per phase the writer's Set rate and the time from a Set's answer to the moment ObserveSeqno
+reports it persisted (sampled every ``--sample``-th write, polled on a second connection every
+millisecond) are reported. The defects: a write whose cost grows with the open streams makes
+phase 2's rate collapse; a flusher starved by the event loop makes persistence lag by seconds.
+Targets (the issue): streamed rate >= 0.8x alone; persisted p50 <= 0.5 s, max <= 2 s.
+
+``--json PATH`` writes the figures for ``make bench``'s summary.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from statistics import quantiles
+
+import typer
+
+from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.protocol import dcp
+from dcpkv.protocol.base import U64_MAX
+from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, OpenFlag, Status
+from dcpkv.protocol.frame import FrameParser, encode_frame
+
+from _server import bench_server  # noqa: I001  (bench/ helper, on sys.path as the script dir)
+
+VBUCKETS = 1024
+VALUE = b"v" * 100
+_SET_EXTRAS = struct.pack(">II", 0, 0)
+_TOKEN = struct.Struct(">QQ")
+_OBSERVE = struct.Struct(">BHQQQ")
+
+
+class Client:
+    """A blocking connection that sends one request and reads its answer."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.parser = FrameParser()
+        self.call(Opcode.SaslAuth, key=b"PLAIN", value=b"\0Administrator\0password")
+        features = struct.pack(">H", HelloFeature.MutationSeqno)
+        self.call(Opcode.Hello, key=b"bench", value=features)
+
+    def call(self, opcode: int, **kw: object) -> tuple[int, bytes, bytes]:
+        self.sock.sendall(encode_frame(Magic.ClientRequest, opcode, **kw))  # type: ignore[arg-type]
+        while True:
+            frames = list(self.parser.feed(self.sock.recv(65536)))
+            if frames:
+                f = frames[-1]
+                return f.status, bytes(f.extras), bytes(f.value)
+
+
+def write_phase(port: int, seconds: float, sample: int, tag: str) -> dict[str, float]:
+    """Sets for ``seconds``; every ``sample``-th is timed until ObserveSeqno says persisted."""
+    writer = Client(port)
+    poller = Client(port)
+    waiting: deque[tuple[float, int, int, int]] = deque()  # (acked at, vb, uuid, seqno)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not (stop.is_set() and not waiting):
+            if not waiting:
+                time.sleep(0.001)
+                continue
+            acked, vb, uuid, seqno = waiting[0]
+            _, _, value = poller.call(
+                Opcode.ObserveSeqno, vbucket=vb, value=struct.pack(">Q", uuid)
+            )
+            persisted = _OBSERVE.unpack_from(value)[3]
+            if persisted >= seqno:
+                latencies.append(time.perf_counter() - acked)
+                waiting.popleft()
+            else:
+                time.sleep(0.001)
+
+    polling = threading.Thread(target=poll, daemon=True)
+    polling.start()
+    n, start = 0, time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        key = b"%s-%010d" % (tag.encode(), n)
+        vb = vbucket_for_key(key, VBUCKETS)
+        status, extras, _ = writer.call(
+            Opcode.Set, key=key, value=VALUE, extras=_SET_EXTRAS, vbucket=vb
+        )
+        if status != Status.Success:
+            raise SystemExit(f"Set answered 0x{status:02x}")
+        if n % sample == 0:
+            uuid, seqno = _TOKEN.unpack(extras)
+            waiting.append((time.perf_counter(), vb, uuid, seqno))
+        n += 1
+    elapsed = time.perf_counter() - start
+    stop.set()
+    polling.join(timeout=120)
+    if waiting:
+        raise SystemExit(f"{len(waiting)} sampled writes not persisted after 120 s")
+    cuts = quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {
+        "sets": n,
+        "rate": n / elapsed,
+        "persist_p50_s": cuts[49],
+        "persist_p99_s": cuts[98],
+        "persist_max_s": max(latencies),
+    }
+
+
+def consume(port: int, ready: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+    """A DCP connection streaming every vbucket from 0 to infinity, reading everything."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    auth = encode_frame(Magic.ClientRequest, Opcode.SaslAuth, key=b"PLAIN",
+                        value=b"\0Administrator\0password")  # fmt: skip
+    sock.sendall(auth + dcp.DcpOpen(name="bench:fanout", flags=OpenFlag.Producer).encode())
+    requests = b"".join(
+        dcp.StreamRequest(opaque=vb, vbucket=vb, start_seqno=0, end_seqno=U64_MAX).encode()
+        for vb in range(VBUCKETS)
+    )
+    sock.sendall(requests)
+    parser, answers = FrameParser(), 0
+    while True:
+        data = sock.recv(1 << 20)
+        if not data:
+            return
+        for frame in parser.feed(data):
+            if frame.opcode == Opcode.DcpStreamRequest and frame.magic == Magic.ClientResponse:
+                if frame.status != Status.Success:
+                    raise SystemExit(f"stream request refused: 0x{frame.status:02x}")
+                answers += 1
+                if answers == VBUCKETS:
+                    ready.set()
+
+
+def main(
+    seconds: float = typer.Option(5.0, help="seconds of writing per phase"),
+    sample: int = typer.Option(20, help="time every N-th write until persisted"),
+    json_out: Path | None = typer.Option(None, "--json", help="write the figures here"),
+) -> None:
+    results: dict[str, dict[str, float]] = {}
+    with bench_server(VBUCKETS, label="fanout") as port:
+        print(f"one writer, one Set at a time, {seconds:.0f} s per phase, 1024 vbuckets")
+        results["alone"] = write_phase(port, seconds, sample, "alone")
+        ready = multiprocessing.Event()
+        consumer = multiprocessing.Process(target=consume, args=(port, ready), daemon=True)
+        consumer.start()
+        if not ready.wait(60):
+            raise SystemExit("the consumer's 1024 stream requests were not all answered")
+        try:
+            results["streamed"] = write_phase(port, seconds, sample, "streamed")
+        finally:
+            consumer.kill()
+    alone, streamed = results["alone"], results["streamed"]
+    for name, r in results.items():
+        print(
+            f"  {name:<9} {r['rate']:>9,.0f} Sets/s   persisted after: p50 "
+            f"{r['persist_p50_s'] * 1e3:8.1f} ms  p99 {r['persist_p99_s'] * 1e3:8.1f} ms  "
+            f"max {r['persist_max_s'] * 1e3:8.1f} ms"
+        )
+    ratio = streamed["rate"] / alone["rate"]
+    print(f"  streamed / alone: {ratio:.2f}x   (target >= 0.8x; persisted p50 <= 0.5 s, max <= 2 s)")
+    if json_out is not None:
+        summary = {
+            "bench": "fanout",
+            "figures": {
+                "set_rate_alone": alone["rate"],
+                "set_rate_streamed_1024": streamed["rate"],
+                "streamed_over_alone": ratio,
+                "persist_p50_s_streamed": streamed["persist_p50_s"],
+                "persist_max_s_streamed": streamed["persist_max_s"],
+            },
+            "phases": results,
+        }
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    typer.run(main)
