@@ -30,16 +30,16 @@ import time
 from collections import deque
 from pathlib import Path
 from statistics import quantiles
+from typing import Annotated
 
 import typer
 
+from _server import bench_server  # bench/ is on sys.path: the script's own folder
 from dcpkv.engine.bucket import vbucket_for_key
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import U64_MAX
 from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, OpenFlag, Status
 from dcpkv.protocol.frame import FrameParser, encode_frame
-
-from _server import bench_server  # noqa: I001  (bench/ helper, on sys.path as the script dir)
 
 VBUCKETS = 1024
 VALUE = b"v" * 100
@@ -151,7 +151,7 @@ def consume(port: int, ready: multiprocessing.synchronize.Event) -> None:  # typ
 def main(
     seconds: float = typer.Option(5.0, help="seconds of writing per phase"),
     sample: int = typer.Option(20, help="time every N-th write until persisted"),
-    json_out: Path | None = typer.Option(None, "--json", help="write the figures here"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
     results: dict[str, dict[str, float]] = {}
     with bench_server(VBUCKETS, label="fanout") as port:
@@ -174,7 +174,7 @@ def main(
             f"max {r['persist_max_s'] * 1e3:8.1f} ms"
         )
     ratio = streamed["rate"] / alone["rate"]
-    print(f"  streamed / alone: {ratio:.2f}x   (target >= 0.8x; persisted p50 <= 0.5 s, max <= 2 s)")
+    print(f"  streamed / alone: {ratio:.2f}x  (target >= 0.8x; persisted p50 <= 0.5 s, max <= 2 s)")
     if json_out is not None:
         summary = {
             "bench": "fanout",
