@@ -610,3 +610,68 @@ def test_no_value_flags_send_keys_and_metadata_only(
     (m,) = c.of(dcp.Mutation)
     assert (bytes(m.key), bytes(m.value), m.flags, m.datatype) == (b"doc", b"", 7, datatype)
     assert len(c.of(dcp.Deletion)) == 1
+
+
+# -- the ready queue: a write's cost does not depend on the open streams -------------------------
+
+
+def test_a_write_visits_only_its_own_stream(
+    open_bucket: Callable[..., Bucket], clock: ManualClock
+) -> None:
+    """Work per write, counted: with every vbucket streamed, a write to one vbucket makes the
+    producer visit that vbucket's stream only (it visited all of them per write before): the
+    visits per write are the same with 1 and with 1024 open streams."""
+    bucket = open_bucket(num_vbuckets=1024, checkpoint_max_items=1000)
+    for vb in range(1024):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    rng = random.Random(5)
+    written = [rng.randrange(1024) for _ in range(200)]
+    visits = {}
+    for streams in (1, 1024):
+        p, c = producer(bucket, clock), Consumer()
+        for vb in range(streams):
+            v = bucket.vbuckets[vb]
+            ok = request(p, vb, opaque=vb, start=v.high_seqno, uuid=v.uuid)
+            assert isinstance(ok, dcp.StreamRequestOk)
+        c.drain(p)
+        before = p.stream_polls
+        for i, vb in enumerate(written):
+            bucket.get_vbucket(vb % streams).set(b"key%d-%d" % (streams, i), b"v")
+            c.drain(p)
+        visits[streams] = p.stream_polls - before
+        assert sum(len(docs) for docs in c.docs.values()) == len(written)
+        assert p.next_messages() == [] and p.stats()[f"ready_streams:{NAME}"] == "0"
+        p.disconnect()
+    # a marker, an item, then the visit that finds the stream idle again
+    assert visits[1] == visits[1024] == 3 * len(written)
+
+
+def test_idle_streams_wake_for_state_changes_and_takeover_acks(
+    bucket: Bucket, clock: ManualClock
+) -> None:
+    """Streams that left the ready queue still get their StreamEnd out when their vbucket
+    changes state, without any write to wake them."""
+    p, c = producer(bucket, clock), Consumer()
+    for vb in (0, 1):
+        assert isinstance(request(p, vb, opaque=vb), dcp.StreamRequestOk)
+    c.drain(p)
+    bucket.set_vbucket_state(1, VBucketState.DEAD)
+    p.vbucket_state_changed(1)
+    c.drain(p)
+    (end,) = c.of(dcp.StreamEnd)
+    assert (end.vbucket, end.reason) == (1, StreamEndReason.StateChanged)
+
+
+def test_backfill_that_ends_empty_hands_over_to_memory_at_once(
+    bucket: Bucket, clock: ManualClock
+) -> None:
+    """A stream whose disk snapshot is empty must go on to what memory holds in the same
+    visit: it would otherwise leave the ready queue with items still to send."""
+    vb = bucket.get_vbucket(0)
+    write(vb, 12)
+    bucket.flush_once()
+    write(vb, 3, prefix="late")  # in memory only, no notification after the request
+    p, c = producer(bucket, clock), Consumer()
+    assert isinstance(request(p, start=0), dcp.StreamRequestOk)
+    c.drain(p)
+    assert c.seqno[0] == vb.high_seqno and c.docs[0] == live(vb)

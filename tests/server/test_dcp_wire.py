@@ -152,6 +152,33 @@ def test_consumer_follows_writes_deletes_expiries(server: ServerProcess) -> None
     w.close()
 
 
+def test_a_write_costs_the_same_with_1024_streams_open(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """The server's defaults (1024 vbuckets) and a consumer on every vbucket, as a replica or
+    a Spark query holds them: the producer's stream visits per write are counted (stat
+    ``stream_polls``), not timed. Before the ready queue every write visited all 1024."""
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--vbuckets", "1024")
+    srv.start()
+    w = writer(srv.port)
+    consumer = DcpClient(srv.port)
+    for vb in range(1024):
+        assert isinstance(consumer.stream(vb), dcp.StreamRequestOk)
+    polls = "stream_polls:test:consumer"
+    consumer.follow_to(all_vb_seqnos(consumer))
+    before = int(w.stats(b"dcp")[polls])
+    keys = [b"fan-%d" % i for i in range(300)]
+    for key in keys:
+        vb = vbucket_for_key(key, 1024)
+        assert w.set(key, b"v", vbucket=vb).status == Status.Success
+    consumer.follow_to(all_vb_seqnos(consumer))
+    visits = int(w.stats(b"dcp")[polls]) - before
+    assert sum(len(st.items) for st in consumer.vbs.values()) == len(keys)
+    assert visits <= 3 * len(keys), visits  # marker, item, idle: never the other 1023 streams
+    consumer.close()
+    w.close()
+
+
 # -- (b) spec 001: unpersisted writes lost in a crash --------------------------------------------
 
 

@@ -30,17 +30,33 @@ Output and memory
     stream: what it has not read stays on disk or in the checkpoints, which may drop its
     cursor.
 
-    ``next_messages`` takes one message per stream per round (round-robin), while the byte
-    budget of the call and the flow-control window allow: with ``connection_buffer_size`` N,
-    a message is sent only while fewer than N bytes are unacknowledged (so one message may
-    overflow N); every message but Noop counts, header included; BufferAck releases.
+    ``next_messages`` takes one message per stream per round (round-robin, as kv_engine's
+    producer does), while the byte budget of the call and the flow-control window allow: with
+    ``connection_buffer_size`` N, a message is sent only while fewer than N bytes are
+    unacknowledged (so one message may overflow N); every message but Noop counts, header
+    included; BufferAck releases.
+
+Ready queue
+    A write must not cost O(open streams): a replica or a Spark query streams all 1024
+    vbuckets, and most of them are idle at any moment. As kv_engine does, the producer keeps a
+    *ready queue* of the streams that may have something to send, and ``next_messages`` visits
+    only those. A stream joins it when it opens, when its vbucket queues an item (the
+    producer subscribes to the bucket's ``seqno_listeners``; the listener may run on any
+    thread, so it only appends to a thread-safe deque that ``next_messages`` drains), when a
+    takeover answer or a state change gives it something to do, and when it ends. It leaves
+    when a visit finds nothing to send (``_take`` refills until the stream either has a
+    message or made no progress, so "nothing" means "nothing until the next notification").
+    A stream waiting on the flow-control window stays queued. Invariant: a vbucket is in
+    ``_ready`` at most once, exactly when it is in ``_in_ready``. ``stream_polls`` counts the
+    visits: the work per write, which a test holds independent of the number of streams.
 
 Barriers
     A DcpBarrier cookie records, for every live stream, the vbucket high seqno at arrival
     (capped at the stream's end). It is echoed (magic 0x82, same key and opaque) from
     ``next_messages`` right after the message that brings the last of those streams to its
     target (or at once, when there is nothing to wait for). Cookies are echoed in arrival
-    order.
+    order. A barrier keeps only the streams it still waits for, and a stream is struck off
+    when a visit moves it past its target, so a pending barrier costs nothing per message.
 
 Driving it (the server's side)
     On DcpOpen with the Producer flag: ``DcpProducer(bucket, name, flags, clock=...)`` (a
@@ -69,6 +85,7 @@ Liveness
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Iterator
@@ -169,7 +186,7 @@ class _Out:
 class _Barrier:
     cookie: bytes
     opaque: int
-    targets: dict[int, int]  # vbucket -> seqno the stream must have emitted
+    waiting: dict[int, int]  # vbucket -> seqno its stream must still emit (struck off when it has)
 
 
 class DcpProducer:
@@ -192,11 +209,15 @@ class DcpProducer:
         self.bytes_sent = 0
         self.disconnected = False
         self._streams: dict[int, _Out] = {}
-        self._rr: deque[int] = deque()  # round-robin order of the streams' vbuckets
+        self._ready: deque[int] = deque()  # streams that may have something to send, in turn
+        self._in_ready: set[int] = set()  # exactly the vbuckets in _ready
+        self._notified: deque[int] = deque()  # vbuckets that queued items (any thread)
+        self.stream_polls = 0  # visits to a stream by next_messages (work, counted)
         self._barriers: deque[_Barrier] = deque()
         self._last_send = clock.time()
         self._noop_sent_at: float | None = None
         self._noop_opaques = itertools.count(0x1000_0000)
+        bucket.seqno_listeners.append(self._on_queued)
 
     # -- requests from the consumer --------------------------------------------------------
 
@@ -321,9 +342,8 @@ class DcpProducer:
             out.takeover_state = VbucketState.Pending
         if old is not None:
             out.pending = old.pending  # the old stream's StreamEnd must still go out, first
-        else:
-            self._rr.append(vb.id)
         self._streams[vb.id] = out
+        self._wake(vb.id)
         if accept.start >= accept.end:
             self._end(out, StreamEndReason.OK)
 
@@ -356,14 +376,16 @@ class DcpProducer:
         self._noop_sent_at = None
 
     def barrier(self, cookie: bytes, opaque: int) -> None:
-        targets: dict[int, int] = {}
+        waiting: dict[int, int] = {}
         for vbid, out in self._streams.items():
             if not out.stream.alive:
                 continue  # its StreamEnd is already queued: draining the queue is enough
             vb = self.bucket.vbuckets.get(vbid)
             high = vb.high_seqno if vb is not None else 0
-            targets[vbid] = min(high, out.stream.end)
-        self._barriers.append(_Barrier(cookie, opaque, targets))
+            target = min(high, out.stream.end)
+            if out.emitted_seqno < target:
+                waiting[vbid] = target
+        self._barriers.append(_Barrier(cookie, opaque, waiting))
 
     def set_vbucket_state_ack(self, opaque: int) -> None:
         """The consumer answered a takeover stream's SetVbucketState (see the docstring)."""
@@ -379,6 +401,7 @@ class DcpProducer:
             out.stream.handle(StreamEvent.ACKED)
             # After the state event, so our own vbucket_state_changed spares this stream.
             self.bucket.set_vbucket_state(out.stream.vbucket, VBucketState.DEAD)
+            self._wake(out.stream.vbucket)  # drain what was written meanwhile, then Active
         else:
             self._end(out, StreamEndReason.OK)
 
@@ -402,36 +425,68 @@ class DcpProducer:
             if out.stream.alive:
                 self._end(out, StreamEndReason.Disconnected, send=False)
         self._streams.clear()
-        self._rr.clear()
+        self._ready.clear()
+        self._in_ready.clear()
+        self._notified.clear()
         self._barriers.clear()
+        with contextlib.suppress(ValueError):
+            self.bucket.seqno_listeners.remove(self._on_queued)
         self.disconnected = True
+
+    # -- the ready queue ---------------------------------------------------------------------
+
+    def _on_queued(self, vbucket: int) -> None:
+        # A bucket listener: any thread, under the vbucket's lock. Only take note.
+        if vbucket in self._streams:
+            self._notified.append(vbucket)
+
+    def _wake(self, vbid: int) -> None:
+        if vbid not in self._in_ready:
+            self._in_ready.add(vbid)
+            self._ready.append(vbid)
+
+    def _drain_notified(self) -> None:
+        notified = self._notified
+        while notified:
+            self._wake(notified.popleft())
+
+    @property
+    def has_ready(self) -> bool:
+        """Whether a ``next_messages`` call may find something to send (or a barrier to echo)."""
+        return bool(self._ready or self._notified or self._barriers)
 
     # -- output ----------------------------------------------------------------------------
 
     def next_messages(self, max_bytes: int = 1 << 20) -> list[bytes]:
-        """Encoded DCP messages to send now (round-robin across streams, flow-controlled)."""
+        """Encoded DCP messages to send now (round-robin over the ready streams,
+        flow-controlled)."""
         out: list[bytes] = []
         budget = max_bytes
+        self._drain_notified()
         self._echo_barriers(out)
-        progress = True
-        while progress and budget > 0 and self._window_open():
-            progress = False
-            for vbid in list(self._rr):
-                if budget <= 0 or not self._window_open():
-                    break
-                entry = self._streams.get(vbid)
-                if entry is None:
-                    continue
-                msg = self._take(entry)
-                if msg is None:
-                    continue
-                progress = True
+        ready = self._ready
+        while ready and budget > 0 and self._window_open():
+            vbid = ready.popleft()
+            entry = self._streams.get(vbid)
+            if entry is None:
+                self._in_ready.discard(vbid)  # forgotten while it waited in line
+                continue
+            self.stream_polls += 1
+            msg = self._take(entry)
+            if msg is not None:
                 out.append(msg.data)
                 budget -= len(msg.data)
                 self._account(entry, msg)
+            if self._barriers:
+                self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
-                if entry.finished:
-                    self._forget(vbid)
+            if entry.finished:
+                self._in_ready.discard(vbid)
+                self._forget(vbid)
+            elif msg is None:
+                self._in_ready.discard(vbid)  # idle until its vbucket queues something
+            else:
+                ready.append(vbid)
         if out:
             self._last_send = self.clock.time()
         return out
@@ -440,8 +495,15 @@ class DcpProducer:
         return self.buffer_size == 0 or self.unacked_bytes < self.buffer_size
 
     def _take(self, out: _Out) -> _Queued | None:
-        if not out.pending and out.stream.alive:
+        # Refill until a message is ready or a refill changes nothing: a refill may move the
+        # stream on without queueing anything (a backfill ending empty hands over to memory),
+        # and an idle stream leaves the ready queue, so "None" must mean "nothing for now".
+        stream = out.stream
+        while not out.pending and stream.alive:
+            before = (stream.state, out.queued_seqno)
             self._refill(out)
+            if not out.pending and (stream.state, out.queued_seqno) == before:
+                break
         return out.pending.popleft() if out.pending else None
 
     def _account(self, out: _Out, msg: _Queued) -> None:
@@ -456,26 +518,28 @@ class DcpProducer:
         out.emitted_seqno = max(out.emitted_seqno, msg.covers)
 
     def _echo_barriers(self, out: list[bytes]) -> None:
-        while self._barriers and self._barrier_reached(self._barriers[0]):
+        while self._barriers and not self._barriers[0].waiting:
             b = self._barriers.popleft()
             data = dcp.DcpBarrier(cookie=b.cookie, opaque=b.opaque, echo=True).encode()
             self.unacked_bytes += len(data)
             self.bytes_sent += len(data)
             out.append(data)
 
-    def _barrier_reached(self, barrier: _Barrier) -> bool:
-        for vbid, target in barrier.targets.items():
-            out = self._streams.get(vbid)
-            if out is None or out.finished:
+    def _barrier_progress(self, vbid: int, entry: _Out | None) -> None:
+        """Strike ``vbid`` off every barrier whose target it has now reached."""
+        for barrier in self._barriers:
+            target = barrier.waiting.get(vbid)
+            if target is None:
                 continue
-            if out.emitted_seqno < target and (out.stream.alive or out.pending):
-                return False
-        return True
+            done = entry is None or entry.finished or entry.emitted_seqno >= target
+            if done or not (entry.stream.alive or entry.pending):
+                del barrier.waiting[vbid]
 
     def _forget(self, vbid: int) -> None:
+        # A queued entry stays in _ready and is dropped when reached (no O(n) removal).
         self._streams.pop(vbid, None)
-        if vbid in self._rr:
-            self._rr.remove(vbid)
+        if self._barriers:
+            self._barrier_progress(vbid, None)
 
     # -- filling a stream's queue ---------------------------------------------------------
 
@@ -614,6 +678,7 @@ class DcpProducer:
         if send:
             data = dcp.StreamEnd(opaque=stream.opaque, vbucket=stream.vbucket, reason=reason)
             out.pending.append(_Queued(data.encode(), seqno=None))
+            self._wake(stream.vbucket)
 
     def _marker(self, out: _Out, start: int, end: int, flags: int, purge: int) -> None:
         stream = out.stream
@@ -698,6 +763,8 @@ class DcpProducer:
             f"noop_interval:{n}": self.noop_interval,
             f"priority:{n}": self.priority,
             f"pending_barriers:{n}": len(self._barriers),
+            f"ready_streams:{n}": len(self._in_ready),
+            f"stream_polls:{n}": self.stream_polls,
         }
         for vbid, out in sorted(self._streams.items()):
             s = out.stream
