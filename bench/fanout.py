@@ -8,7 +8,10 @@ Each phase writes for ``--seconds``:
 
 1. **alone**: nobody streams;
 2. **streamed**: a consumer *process* holds one DCP connection with a stream on every vbucket
-   (from 0 to infinity, as a replica or a Spark query does) and reads everything it is sent.
+   (from 0 to infinity, as a replica or a Spark query does) and reads everything it is sent;
+3. **loaded**: as 2, plus a background writer process that pipelines SetQs as fast as the
+   server takes them (batches of 100), so the event loop is saturated: the flusher must still
+   get its share.
 
 Per phase the writer's Set rate and the time from a Set's answer to the moment ObserveSeqno
 reports it persisted (sampled every ``--sample``-th write, polled on a second connection every
@@ -148,6 +151,28 @@ def consume(port: int, ready: multiprocessing.synchronize.Event) -> None:  # typ
                     ready.set()
 
 
+def hammer(port: int) -> None:
+    """Pipelined SetQ batches, flat out, until killed (the background load of phase 3)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    auth = encode_frame(Magic.ClientRequest, Opcode.SaslAuth, key=b"PLAIN",
+                        value=b"\0Administrator\0password")  # fmt: skip
+    sock.sendall(auth)
+    sock.recv(4096)
+    noop = encode_frame(Magic.ClientRequest, Opcode.Noop)
+    parser, n = FrameParser(), 0
+    while True:
+        frames = []
+        for _ in range(100):
+            key = b"load-%011d" % (n % 200_000)
+            vb = vbucket_for_key(key, VBUCKETS)
+            frames.append(encode_frame(Magic.ClientRequest, Opcode.SetQ, key=key, value=VALUE,
+                                       extras=_SET_EXTRAS, vbucket=vb))  # fmt: skip
+            n += 1
+        sock.sendall(b"".join(frames) + noop)
+        while not any(f.opcode == Opcode.Noop for f in parser.feed(sock.recv(1 << 16))):
+            pass
+
+
 def main(
     seconds: float = typer.Option(5.0, help="seconds of writing per phase"),
     sample: int = typer.Option(20, help="time every N-th write until persisted"),
@@ -164,6 +189,12 @@ def main(
             raise SystemExit("the consumer's 1024 stream requests were not all answered")
         try:
             results["streamed"] = write_phase(port, seconds, sample, "streamed")
+            load = multiprocessing.Process(target=hammer, args=(port,), daemon=True)
+            load.start()
+            try:
+                results["loaded"] = write_phase(port, seconds, sample, "loaded")
+            finally:
+                load.kill()
         finally:
             consumer.kill()
     alone, streamed = results["alone"], results["streamed"]
@@ -184,6 +215,8 @@ def main(
                 "streamed_over_alone": ratio,
                 "persist_p50_s_streamed": streamed["persist_p50_s"],
                 "persist_max_s_streamed": streamed["persist_max_s"],
+                "persist_p50_s_loaded": results["loaded"]["persist_p50_s"],
+                "persist_max_s_loaded": results["loaded"]["persist_max_s"],
             },
             "phases": results,
         }

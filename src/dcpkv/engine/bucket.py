@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,10 @@ DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
 WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
 _ADMIT_RECHECK = 256  # recount memory every N writes, or sooner when close to the quota
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def vbucket_for_key(key: bytes, num_vbuckets: int) -> int:
@@ -102,6 +107,11 @@ class Bucket:
         self._memory_estimate = 0
         self.closed = False
         self.seqno_listeners: list[Callable[[int], None]] = []
+        self.items_persisted = 0
+        # Monotonic times of the oldest write not yet taken by a flush, and of the oldest write
+        # of the flush being written: together, how long an acknowledged write has waited.
+        self._dirty_since: float | None = None
+        self._inflight_since: float | None = None
         self.state_listeners: list[Callable[[int], None]] = []
         self.warmed_up_after_clean_shutdown = self.warmup()
 
@@ -153,6 +163,8 @@ class Bucket:
             listener(vb)
 
     def _queued(self, vb: int) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
         for listener in self.seqno_listeners:
             listener(vb)
 
@@ -209,23 +221,37 @@ class Bucket:
     def flush_once(self) -> int:
         """Persist every vbucket's unpersisted snapshots in one transaction; items written."""
         with self._io_lock:
+            # Cleared before the batches are taken: a write that lands meanwhile sets it again
+            # (its age is then overstated by at most one flush, never understated).
+            taken_since, self._dirty_since = self._dirty_since, None
             batches: list[FlushBatch] = []
             for vbucket in list(self.vbuckets.values()):
                 if vbucket.has_unpersisted() and (batch := vbucket.take_flush_batch()):
                     batches.append(batch)
             if not batches:
                 return 0
+            self._inflight_since = taken_since
             try:
                 self.storage.persist((b.vb, b.items, b.vbstate) for b in batches)
             except BaseException:
                 for b in batches:
                     if (vbucket := self.vbuckets.get(b.vb)) is not None:
                         vbucket.flush_failed()
+                self._dirty_since = _earliest(taken_since, self._dirty_since)
                 raise
+            finally:
+                self._inflight_since = None
             for b in batches:
                 if (vbucket := self.vbuckets.get(b.vb)) is not None:
                     vbucket.mark_persisted(b)
-            return sum(len(b.items) for b in batches)
+            written = sum(len(b.items) for b in batches)
+            self.items_persisted += written
+            return written
+
+    def persistence_lag(self) -> float:
+        """Seconds the oldest acknowledged, not yet persisted write has waited (0.0: none)."""
+        oldest = _earliest(self._dirty_since, self._inflight_since)
+        return 0.0 if oldest is None else max(0.0, time.monotonic() - oldest)
 
     # -- replica rollback, compaction, expiry --------------------------------------------------
 

@@ -11,8 +11,8 @@ Tables
     ``documents``  the latest version of every key (tombstones included), PK (vb, key), and
                    an index on (vb, by_seqno): a disk backfill is a range scan of that index.
     ``history``    versions replaced by a flush, with the seqno that replaced them, kept for a
-                   window of the last ``history_window`` seqnos per vbucket: what a replica
-                   needs to roll back.
+                   window of the last ``history_window`` seqnos per vbucket (trimmed every
+                   quarter window, so up to 1.25 windows): what a replica needs to roll back.
     ``flush_points`` the high seqno of each committed flush inside the window: the states the
                    disk actually went through, hence the only exact rollback targets.
     ``vbstate``    per vbucket: state, failover table (JSON), persisted high seqno, the
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import sqlite3
@@ -196,6 +197,91 @@ def _item(row: tuple) -> Item:
     )  # fmt: skip
 
 
+def _vbstate_row(vb: int, s: VBState) -> tuple[object, ...]:
+    return (
+        vb, s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno,
+        _s64(s.max_cas),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _MultiRow:
+    """A statement taking many rows at once: ``{rows}`` in ``sql`` becomes ``group`` (the
+    placeholders of one row) repeated once per row."""
+
+    sql: str
+    group: str
+
+    def text(self, rows: int) -> str:
+        return _multirow_text(self.sql, self.group, rows)
+
+
+@functools.cache
+def _multirow_text(sql: str, group: str, rows: int) -> str:
+    return sql.format(rows=", ".join([group] * rows))
+
+
+def _placeholders(n: int, *literals: str) -> str:
+    return "(" + ", ".join(["?"] * n + list(literals)) + ")"
+
+
+# Copy the version each new row replaces (if any) into history, tagged with its replacer.
+_HISTORY_COPY = _MultiRow(
+    "WITH n(vb, key, replaced_by) AS (VALUES {rows}) INSERT INTO history"
+    f" SELECT d.vb, {', '.join('d.' + c.strip() for c in _DOC_COLUMNS.split(','))},"
+    " n.replaced_by FROM n JOIN documents d ON d.vb = n.vb AND d.key = n.key",
+    _placeholders(3),
+)
+_DOCS_UPSERT = _MultiRow(
+    f"INSERT OR REPLACE INTO documents (vb, {_DOC_COLUMNS}) VALUES {{rows}}", _placeholders(11)
+)
+_VBSTATE_UPSERT = _MultiRow(  # history_start is 0 for a new row; storage owns it after that
+    "INSERT INTO vbstate (vb, state, failover, high_seqno, snap_start, snap_end, purge_seqno,"
+    " max_cas, history_start) VALUES {rows}"
+    " ON CONFLICT (vb) DO UPDATE SET state = excluded.state,"
+    " failover = excluded.failover, high_seqno = excluded.high_seqno,"
+    " snap_start = excluded.snap_start, snap_end = excluded.snap_end,"
+    " purge_seqno = max(purge_seqno, excluded.purge_seqno), max_cas = excluded.max_cas",
+    _placeholders(8, "0"),
+)
+_FLUSH_POINTS_INSERT = _MultiRow(
+    "INSERT OR IGNORE INTO flush_points VALUES {rows}", _placeholders(2)
+)
+_TRIM_START = _MultiRow(
+    "WITH c(vb, cutoff) AS (VALUES {rows}) UPDATE vbstate SET history_start = max(history_start,"
+    " coalesce((SELECT max(f.seqno) FROM c JOIN flush_points f ON f.vb = c.vb"
+    " WHERE c.vb = vbstate.vb AND f.seqno <= c.cutoff), 0)) WHERE vb IN (SELECT vb FROM c)",
+    _placeholders(2),
+)
+_TRIM_HISTORY = _MultiRow(
+    "WITH c(vb) AS (VALUES {rows}) DELETE FROM history WHERE rowid IN (SELECT h.rowid FROM c"
+    " JOIN vbstate s ON s.vb = c.vb JOIN history h ON h.vb = c.vb"
+    " AND h.replaced_by <= s.history_start)",
+    _placeholders(1),
+)
+_TRIM_POINTS = _MultiRow(
+    "WITH c(vb) AS (VALUES {rows}) DELETE FROM flush_points WHERE (vb, seqno) IN"
+    " (SELECT f.vb, f.seqno FROM c JOIN vbstate s ON s.vb = c.vb JOIN flush_points f"
+    " ON f.vb = c.vb AND f.seqno < s.history_start)",
+    _placeholders(1),
+)
+_MAX_ROWS = 2048  # rows per statement: 2048 x 11 parameters stays below SQLite's 32766
+
+
+def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple[object, ...]]) -> None:
+    """Execute ``stmt`` over ``rows``, many rows per statement.
+
+    Chunks are ``_MAX_ROWS`` rows, and the remainder is split into powers of two, so only
+    log2(_MAX_ROWS) + 1 distinct texts exist per statement and the connection's statement
+    cache prepares each once.
+    """
+    i, n = 0, len(rows)
+    while i < n:
+        size = min(_MAX_ROWS, 1 << ((n - i).bit_length() - 1))
+        db.execute(stmt.text(size), [v for row in rows[i : i + size] for v in row])
+        i += size
+
+
 class Storage:
     """The database of one bucket (see the module docstring)."""
 
@@ -216,6 +302,7 @@ class Storage:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(create=True)
         self._reader = self._open(create=False)
+        self._trimmed_at: dict[int, int] = {}  # vb -> high seqno of its last history trim
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -287,18 +374,7 @@ class Storage:
             self._write_vbstate(db, vb, vbstate)
 
     def _write_vbstate(self, db: sqlite3.Connection, vb: int, s: VBState) -> None:
-        db.execute(
-            "INSERT INTO vbstate (vb, state, failover, high_seqno, snap_start, snap_end,"
-            " purge_seqno, max_cas, history_start) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)"
-            " ON CONFLICT (vb) DO UPDATE SET state = excluded.state,"
-            " failover = excluded.failover, high_seqno = excluded.high_seqno,"
-            " snap_start = excluded.snap_start, snap_end = excluded.snap_end,"
-            " purge_seqno = max(purge_seqno, excluded.purge_seqno), max_cas = excluded.max_cas",
-            (
-                vb, s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end,
-                s.purge_seqno, _s64(s.max_cas),
-            ),
-        )  # fmt: skip
+        _chunked(db, _VBSTATE_UPSERT, [_vbstate_row(vb, s)])
 
     def delete_vbucket(self, vb: int) -> None:
         with self._transaction() as db:
@@ -333,46 +409,54 @@ class Storage:
         self.persist([(vb, items, vbstate)])
 
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None:
-        """Write the snapshots and states of several vbuckets in one transaction."""
+        """Write the snapshots and states of several vbuckets in one transaction.
+
+        A constant number of statements per flush, whatever the number of vbuckets: each
+        statement is one ``sqlite3_step``, the only place where the flusher's thread gives up
+        the GIL and must win it back. While the event loop is busy, every such handoff waits
+        up to the interpreter's switch interval (5 ms), so a flush made of one statement per
+        row or per vbucket (thousands) took minutes under DCP load; multi-row statements
+        (:func:`_chunked`) make it a few dozen handoffs.
+        """
+        docs: list[tuple[object, ...]] = []
+        replaced: list[tuple[int, bytes, int]] = []  # (vb, key, seqno of the new version)
+        states: list[tuple[object, ...]] = []
+        points: list[tuple[int, int]] = []
+        trims: list[tuple[int, int]] = []
+        for vb, items, vbstate in batches:
+            latest = {item.key: item for item in items}
+            docs.extend(_row(vb, i) for i in latest.values())
+            states.append(_vbstate_row(vb, vbstate))
+            if self.history_window > 0:
+                replaced.extend((vb, i.key, i.by_seqno) for i in latest.values())
+                points.append((vb, vbstate.high_seqno))
+                if self._trim_due(vb, vbstate.high_seqno):
+                    trims.append((vb, vbstate.high_seqno))
         with self._transaction() as db:
-            for vb, items, vbstate in batches:
-                self._persist_one(db, vb, items, vbstate)
+            # Old versions first: the copy reads the rows the new ones replace.
+            _chunked(db, _HISTORY_COPY, replaced)
+            _chunked(db, _DOCS_UPSERT, docs)
+            _chunked(db, _VBSTATE_UPSERT, states)
+            _chunked(db, _FLUSH_POINTS_INSERT, points)
+            self._trim_history(db, trims)
+        for vb, high_seqno in trims:
+            self._trimmed_at[vb] = high_seqno
 
-    def _persist_one(
-        self, db: sqlite3.Connection, vb: int, items: Iterable[Item], vbstate: VBState
-    ) -> None:
-        latest: dict[bytes, Item] = {}
-        for item in items:
-            latest[item.key] = item
-        if self.history_window > 0 and latest:
-            db.executemany(
-                f"INSERT INTO history SELECT vb, {_DOC_COLUMNS}, ? FROM documents"
-                " WHERE vb = ? AND key = ?",
-                [(i.by_seqno, vb, i.key) for i in latest.values()],
-            )
-        db.executemany(
-            f"INSERT OR REPLACE INTO documents (vb, {_DOC_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [_row(vb, i) for i in latest.values()],
-        )
-        self._write_vbstate(db, vb, vbstate)
-        if self.history_window > 0:
-            self._record_flush_point(db, vb, vbstate.high_seqno)
+    def _trim_due(self, vb: int, high_seqno: int) -> bool:
+        # History is trimmed every quarter window, not every flush: keeping up to 1.25x the
+        # window only makes more rollbacks exact, and a trim costs statements per vbucket.
+        last = self._trimmed_at.get(vb)
+        return last is None or high_seqno - last >= max(1, self.history_window // 4)
 
-    def _record_flush_point(self, db: sqlite3.Connection, vb: int, high_seqno: int) -> None:
-        db.execute("INSERT OR IGNORE INTO flush_points VALUES (?, ?)", (vb, high_seqno))
-        cutoff = high_seqno - self.history_window
-        row = db.execute(
-            "SELECT max(seqno) FROM flush_points WHERE vb = ? AND seqno <= ?", (vb, cutoff)
-        ).fetchone()
-        if row[0] is None:
-            return
-        start = row[0]
-        db.execute("DELETE FROM history WHERE vb = ? AND replaced_by <= ?", (vb, start))
-        db.execute("DELETE FROM flush_points WHERE vb = ? AND seqno < ?", (vb, start))
-        db.execute(
-            "UPDATE vbstate SET history_start = max(history_start, ?) WHERE vb = ?", (start, vb)
-        )
+    def _trim_history(self, db: sqlite3.Connection, trims: list[tuple[int, int]]) -> None:
+        """Drop history older than the window of each (vb, high seqno): ``history_start``
+        becomes the newest flush point at least a window below the high seqno (rollback stays
+        exact from there), then what only a rollback below it would need goes."""
+        cutoffs = [(vb, high - self.history_window) for vb, high in trims]
+        _chunked(db, _TRIM_START, cutoffs)
+        due = [(vb,) for vb, _ in trims]
+        _chunked(db, _TRIM_HISTORY, due)
+        _chunked(db, _TRIM_POINTS, due)
 
     # -- backfill --------------------------------------------------------------------------
 

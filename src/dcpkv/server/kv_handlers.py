@@ -325,6 +325,8 @@ def _general_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
     yield "curr_connections", conn.server.connections
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
+    yield "ep_total_persisted", bucket.items_persisted
+    yield "ep_persistence_lag_ms", round(bucket.persistence_lag() * 1000)
     yield "ep_max_size", bucket.memory_quota
     for state in VBucketState:
         yield f"vb_{state.value}_num", sum(1 for vb in vbuckets if vb.state == state)
