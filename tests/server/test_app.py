@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Magic, Opcode, Status
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.server.app import DataServer, KVProtocol
 from dcpkv.server.config import ServerConfig, with_cli_flags
-from dcpkv.server.connection import HANDLERS, Connection
+from dcpkv.server.connection import Connection
+from dcpkv.server.dispatch import ROUTES, Route
 
 
 class FakeTransport:
@@ -66,10 +68,11 @@ def test_one_read_is_answered_with_one_write_in_order(proto: KVProtocol) -> None
 def test_a_failing_handler_answers_einternal_and_the_connection_goes_on(
     proto: KVProtocol, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(conn: Connection, frame: Frame) -> bytes:
+    def broken(conn: Connection, req: kv.Flush) -> bytes:
         raise RuntimeError("bug")
 
-    monkeypatch.setitem(HANDLERS, Opcode.Flush, (broken, False, False))
+    route = Route(kv.Flush.decode, broken, auth=False, bucket=False)
+    monkeypatch.setitem(ROUTES, Opcode.Flush, route)
     proto.data_received(req(Opcode.Flush, 1) + req(Opcode.Noop, 2))
     got = frames(proto.transport.writes[0])  # type: ignore[union-attr]
     assert [(f.opaque, f.status) for f in got] == [(1, Status.Einternal), (2, Status.Success)]

@@ -37,7 +37,7 @@ from dcpkv.protocol.constants import MAX_KEY_LEN, Magic, Opcode, Status
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Bytes, Frame, encode_frame, encode_stream_id
 
-_REQUEST_MAGICS = frozenset({Magic.ClientRequest, Magic.AltClientRequest, Magic.ServerRequest})
+REQUEST_MAGICS = frozenset({Magic.ClientRequest, Magic.AltClientRequest, Magic.ServerRequest})
 _STATUS_BY_VALUE = {s.value: s for s in Status}
 _OPCODE_BY_VALUE = {o.value: o for o in Opcode}
 U64_MAX = (1 << 64) - 1
@@ -275,7 +275,7 @@ class Response(Message):
 
 
 def check_frame(cls: type[Message], frame: Frame, *, request: bool) -> None:
-    if (frame.magic in _REQUEST_MAGICS) is not request:
+    if (frame.magic in REQUEST_MAGICS) is not request:
         kind = "request" if request else "response"
         raise einval(cls.__name__, f"magic 0x{frame.magic:02x} is not a {kind} magic")
     opcode = getattr(cls, "OPCODE", None)

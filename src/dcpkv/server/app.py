@@ -6,9 +6,10 @@ Theory of operation
 is given every vbucket as active, since one node is the whole cluster), then listens.
 
 Each connection is one :class:`KVProtocol` (an ``asyncio.Protocol``, cheaper than streams).
-``data_received`` feeds the bytes to a :class:`FrameParser` and each whole frame to the
-sans-I/O :class:`Connection`; the answers of one read are joined into ONE ``transport.write``,
-in request order, so pipelined requests are answered in order with one syscall. A malformed
+``data_received`` feeds the bytes to a :class:`FrameParser` and each whole frame, with the
+connection's sans-I/O :class:`Connection` state, to :func:`dcpkv.server.dispatch.handle`;
+the answers of one read are joined into ONE ``transport.write``, in request order, so
+pipelined requests are answered in order with one syscall. A malformed
 frame cannot be skipped (the byte stream has lost its framing): the client gets the codec's
 status with the bad header's opaque, then the connection closes. A handler that raises
 anything unexpected is a bug: the client gets Einternal, the log gets the traceback, and the
@@ -70,10 +71,10 @@ from dcpkv.engine.vbucket import VBucketState
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Status
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import FrameParser, encode_frame
-from dcpkv.server import kv_handlers  # noqa: F401  (registers the key-value opcodes)
 from dcpkv.server.config import ServerConfig
-from dcpkv.server.connection import CloseConnection, Connection, response
+from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
+from dcpkv.server.dispatch import error_answer, handle
 from dcpkv.server.state import ServerState
 
 log = logging.getLogger("dcpkv.server")
@@ -149,10 +150,11 @@ class KVProtocol(asyncio.Protocol):
             self.pump()
 
     def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
-        assert self.conn is not None
+        conn = self.conn
+        assert conn is not None
         for frame in self.parser.feed(data):
             try:
-                answer = self.conn.handle(frame)
+                answer = handle(conn, frame)
             except CloseConnection as close:
                 if close.args:
                     out.append(close.args[0])
@@ -160,7 +162,7 @@ class KVProtocol(asyncio.Protocol):
                 return
             except Exception:
                 log.exception("handler for opcode 0x%02x failed", frame.opcode)
-                answer = response(frame, Status.Einternal)
+                answer = error_answer(frame, Status.Einternal)
             if answer:
                 out.append(answer)
 

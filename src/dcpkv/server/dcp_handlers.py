@@ -10,63 +10,29 @@ already in use on that bucket disconnects the first producer and closes its conn
 without the Producer flag (a consumer: replication into this node) answers NotSupported until
 replicas exist; so does a second Open on a connection that is already a producer (Einval).
 
-Every other DCP request is decoded with the codec and handed to ``DcpProducer.handle``; its
-answer (None for BufferAck and barriers) is the reply. The DCP messages the producer pushes
-(markers, mutations, Noops, barrier echoes...) are not written here: the asyncio shell asks
-``next_messages`` after each read, on engine writes and when the socket drains
-(:mod:`dcpkv.server.app`).
+Every other DCP request arrives decoded (the dispatcher used the codec) and is handed to
+``DcpProducer.handle``; its answer (None for BufferAck and barriers) is the reply, already
+encoded: the producer encodes everything it sends, answers included. The DCP messages the
+producer pushes (markers, mutations, Noops, barrier echoes...) are not written here: the
+asyncio shell asks ``next_messages`` after each read, on engine writes and when the socket
+drains (:mod:`dcpkv.server.app`).
 
 Gates: authentication and a selected bucket are required for every DCP opcode. A DCP
 opcode on a connection that did not Open as a producer answers **Einval** ("not a DCP
 connection"), with one exception: GetFailoverLog, which any authenticated connection may use
 to read a vbucket's failover log (monitoring tools and SDKs do). The consumer's responses to
-our Noop and SetVbucketState arrive as responses (magic 0x81) and are routed here through
-``RESPONSE_HANDLERS``.
-
-``stat dcp``: the Stat opcode lives in :mod:`dcpkv.server.kv_handlers`; this module wraps its
-handler and answers the group ``dcp`` itself: every producer of the selected bucket's
-``stats()`` (spec 002 naming, ``stat:name`` and ``stat:vbucket:name``) plus bucket totals.
+our Noop and SetVbucketState arrive as responses (magic 0x81) and the dispatcher routes
+them to :func:`consumer_response`. ``stat dcp`` is a group of :mod:`dcpkv.server.stats`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.protocol import dcp
-from dcpkv.protocol.base import Message
-from dcpkv.protocol.constants import Opcode, OpenFlag, Status
-from dcpkv.protocol.errors import CodecError
-from dcpkv.protocol.frame import Frame
-from dcpkv.protocol.messages import decode_message
-from dcpkv.server import kv_handlers  # noqa: F401  (registers Stat, which we wrap below)
-from dcpkv.server.connection import (
-    HANDLERS,
-    RESPONSE_HANDLERS,
-    Connection,
-    Reply,
-    handler,
-    not_my_vbucket,
-    response,
-)
-
-# DCP requests a producer connection may receive; the producer answers those it does not
-# take from a consumer (AddStream, Mutation...) with NotSupported.
-_PRODUCER_OPCODES = (
-    Opcode.DcpControl, Opcode.DcpStreamRequest, Opcode.DcpCloseStream, Opcode.DcpBufferAck,
-    Opcode.DcpBarrier, Opcode.DcpNoop, Opcode.DcpAddStream, Opcode.DcpStreamEnd,
-    Opcode.DcpSnapshotMarker, Opcode.DcpMutation, Opcode.DcpDeletion, Opcode.DcpExpiration,
-    Opcode.DcpSetVbucketState, Opcode.DcpSystemEvent, Opcode.DcpPrepare,
-    Opcode.DcpSeqnoAcknowledged, Opcode.DcpCommit, Opcode.DcpAbort, Opcode.DcpSeqnoAdvanced,
-    Opcode.DcpOsoSnapshot,
-)  # fmt: skip
-
-
-def _decode(frame: Frame) -> Message:
-    try:
-        return decode_message(frame)
-    except CodecError as exc:
-        raise Reply(Status(exc.status), exc.message.encode()[:1024]) from None
+from dcpkv.protocol.base import GenericResponse, Message
+from dcpkv.protocol.constants import OpenFlag, Status
+from dcpkv.server.connection import Connection, Reply, not_my_vbucket
+from dcpkv.server.session import ok
 
 
 def _producer(conn: Connection) -> DcpProducer:
@@ -86,83 +52,35 @@ def drop_producer(conn: Connection) -> None:
         del conn.server.dcp_producers[key]
 
 
-@handler(Opcode.DcpOpen)
-def _open(conn: Connection, frame: Frame) -> bytes:
-    msg = _decode(frame)
-    assert isinstance(msg, dcp.DcpOpen)
+def open_(conn: Connection, req: dcp.DcpOpen) -> GenericResponse:
     if conn.dcp is not None:
         raise Reply(Status.Einval, b"this connection is already a DCP connection")
-    if not msg.flags & OpenFlag.Producer:
+    if not req.flags & OpenFlag.Producer:
         raise Reply(Status.NotSupported, b"DCP consumer connections are not supported yet")
-    key = (conn.bucket_name or "", msg.name)
+    key = (conn.bucket_name or "", req.name)
     old = conn.server.dcp_producers.get(key)
     if old is not None:
-        conn.server.log.info("DCP name %r reused: closing the older connection", msg.name)
+        conn.server.log.info("DCP name %r reused: closing the older connection", req.name)
         drop_producer(old)
         old.kick()
-    conn.dcp = DcpProducer(conn.bucket, msg.name, msg.flags, clock=conn.bucket.clock)
+    conn.dcp = DcpProducer(conn.bucket, req.name, req.flags, clock=conn.bucket.clock)
     conn.server.dcp_producers[key] = conn
-    return response(frame)
+    return ok(req)
 
 
-@handler(*_PRODUCER_OPCODES)
-def _dcp_request(conn: Connection, frame: Frame) -> bytes | None:
-    producer = _producer(conn)
-    return producer.handle(_decode(frame))
+def producer_request(conn: Connection, req: Message) -> bytes | None:
+    """Control, StreamRequest, CloseStream, BufferAck, Barrier...: the producer's business."""
+    return _producer(conn).handle(req)
 
 
-@handler(Opcode.DcpGetFailoverLog)
-def _failover_log(conn: Connection, frame: Frame) -> bytes:
-    vbucket = conn.bucket.vbuckets.get(frame.vbucket)
+def get_failover_log(conn: Connection, req: dcp.GetFailoverLog) -> dcp.GetFailoverLogResponse:
+    vbucket = conn.bucket.vbuckets.get(req.vbucket)
     if vbucket is None:
         raise not_my_vbucket(conn)
-    _decode(frame)  # validates the layout (no extras, key or value)
     entries = vbucket.failover.entries
-    return dcp.GetFailoverLogResponse(opaque=frame.opaque, failover_log=entries).encode()
+    return dcp.GetFailoverLogResponse(opaque=req.opaque, failover_log=entries)
 
 
-def _dcp_response(conn: Connection, frame: Frame) -> None:
+def consumer_response(conn: Connection, msg: Message) -> None:
     """The consumer's answer to our Noop or SetVbucketState: no reply, ever."""
-    try:
-        msg = decode_message(frame)
-    except CodecError:
-        return None  # a malformed answer to a server message: nothing sensible to say
     _producer(conn).handle(msg)
-    return None
-
-
-RESPONSE_HANDLERS[Opcode.DcpNoop] = _dcp_response
-RESPONSE_HANDLERS[Opcode.DcpSetVbucketState] = _dcp_response
-
-
-# -- stat dcp ----------------------------------------------------------------------------------
-
-_kv_stat, _stat_auth, _stat_bucket = HANDLERS[Opcode.Stat]
-
-
-@handler(Opcode.Stat, auth=_stat_auth, bucket=_stat_bucket)
-def _stat(conn: Connection, frame: Frame) -> bytes | None:
-    group = bytes(frame.key).decode("ascii", "replace").partition(" ")[0]
-    if group != "dcp":
-        return _kv_stat(conn, frame)
-    parts = [
-        response(frame, key=name.encode(), value=value.encode()) for name, value in dcp_stats(conn)
-    ]
-    parts.append(response(frame))  # an empty key ends the answer
-    return b"".join(parts)
-
-
-def dcp_stats(conn: Connection) -> Iterator[tuple[str, str]]:
-    """Totals for the selected bucket, then each producer's own stats, by connection name."""
-    producers = sorted(
-        (c.dcp for (bucket, _), c in conn.server.dcp_producers.items()
-         if bucket == conn.bucket_name and isinstance(c.dcp, DcpProducer)),
-        key=lambda p: p.name,
-    )  # fmt: skip
-    yield "ep_dcp_count", str(len(producers))
-    yield "ep_dcp_producer_count", str(len(producers))
-    yield "ep_dcp_items_sent", str(sum(p.items_sent for p in producers))
-    yield "ep_dcp_total_bytes", str(sum(p.bytes_sent for p in producers))
-    for producer in producers:
-        yield f"type:{producer.name}", "producer"
-        yield from producer.stats().items()

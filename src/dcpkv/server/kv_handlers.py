@@ -1,16 +1,17 @@
-"""Key-value opcodes: the memcached operations, stats, vbucket control, ObserveSeqno.
+"""Document opcodes: the memcached operations on keys, and ObserveSeqno.
 
 Theory of operation
 -------------------
-Each handler decodes one request frame, calls the engine (:mod:`dcpkv.engine`) and encodes the
-answer; importing this module registers them in :data:`dcpkv.server.connection.HANDLERS`.
-Handlers run on the event loop: the vbucket operations are in-memory and take only the
-vbucket's short lock, so they never wait for the flusher thread.
+Each handler takes a decoded request (:mod:`dcpkv.protocol.kv`), calls the engine
+(:mod:`dcpkv.engine`) and returns the typed answer. Handlers run on the event loop: the
+vbucket operations are in-memory and take only the vbucket's short lock, so they never wait
+for the flusher thread.
 
 Errors: an engine refusal is an :class:`EngineError` whose ``status`` names the memcached
-status; :func:`_engine` turns it into a :class:`Reply` with that status (NotMyVbucket carries
-the cluster map so a smart client re-routes). A request is validated (extras length, vbucket
-state, datatype) before the engine sees it, so a rejected request writes nothing.
+status; :func:`refusal` turns it into a :class:`Reply` with that status (NotMyVbucket carries
+the cluster map so a smart client re-routes). The codec has already refused a malformed
+request (wrong extras, missing key...); what is left here is what needs the connection or the
+engine: the vbucket's state, the negotiated datatype.
 
 Quiet opcodes (GetQ, GetKQ, SetQ, ...) answer nothing on the common outcome (a miss for the
 quiet gets, success for the quiet mutations); the client learns the rest with a Noop.
@@ -21,48 +22,26 @@ others (a wholesale "truncate" would leave consumers holding keys the bucket no 
 It runs on the event loop, one vbucket's lock at a time, so it is O(items) and meant for tests
 and small buckets, as in Couchbase, where flush is an admin operation off by default.
 
-With the MutationSeqno feature negotiated, a mutation's answer carries 16 bytes of extras,
-the vbucket uuid and the seqno the mutation got, which a client uses with ObserveSeqno or as
-a DCP resume point.
+With the MutationSeqno feature negotiated, a mutation's answer carries the vbucket uuid and
+the seqno the mutation got, which a client uses with ObserveSeqno or as a DCP resume point.
 """
 
 from __future__ import annotations
 
-import os
-import struct
-import time
-from collections.abc import Callable, Iterator
-from typing import TypeVar
-
-from dcpkv import __version__
-from dcpkv.engine.item import EngineError, Item
+from dcpkv.engine.item import EngineError, Item, KeyNotFound
 from dcpkv.engine.vbucket import VBucket, VBucketState
-from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode, Status, VbucketState
-from dcpkv.protocol.frame import Frame
-from dcpkv.server.connection import Connection, Reply, handler, not_my_vbucket, response
-
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_FLAGS_EXPIRY = struct.Struct(">II")
-_ARITH = struct.Struct(">QQI")
-_TOKEN = struct.Struct(">QQ")
-_VB_SEQNO = struct.Struct(">HQ")
-_OBSERVE = struct.Struct(">BHQQQ")
-_OBSERVE_FAILOVER = struct.Struct(">BHQQQQQ")
+from dcpkv.protocol import kv
+from dcpkv.protocol.base import GenericResponse
+from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode, Status
+from dcpkv.server.connection import Connection, Reply, not_my_vbucket
+from dcpkv.server.session import ok
 
 _QUIET = frozenset(
     {Opcode.GetQ, Opcode.GetKQ, Opcode.SetQ, Opcode.AddQ, Opcode.ReplaceQ, Opcode.DeleteQ}
 )
-_WIRE_STATE = {
-    VbucketState.Active: VBucketState.ACTIVE,
-    VbucketState.Replica: VBucketState.REPLICA,
-    VbucketState.Pending: VBucketState.PENDING,
-    VbucketState.Dead: VBucketState.DEAD,
-}
-_STATE_WIRE = {v: k for k, v in _WIRE_STATE.items()}
-STARTED = time.time()
-
-T = TypeVar("T")
+_WITH_KEY = frozenset({Opcode.GetK, Opcode.GetKQ})
+_ADD = frozenset({Opcode.Add, Opcode.AddQ})
+_SET = frozenset({Opcode.Set, Opcode.SetQ})
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -73,54 +52,36 @@ def engine_status(exc: EngineError) -> Status:
     return Status.__members__.get(exc.status, Status.Einternal)
 
 
-def _engine(conn: Connection, op: Callable[[], T]) -> T:
-    try:
-        return op()
-    except EngineError as exc:
-        status = engine_status(exc)
-        if status == Status.NotMyVbucket:
-            raise not_my_vbucket(conn) from None
-        raise Reply(status) from None
+def refusal(conn: Connection, exc: EngineError) -> Reply:
+    status = engine_status(exc)
+    if status == Status.NotMyVbucket:
+        return not_my_vbucket(conn)
+    return Reply(status)
 
 
-def _active(conn: Connection, frame: Frame) -> VBucket:
-    """The request's vbucket, if this node holds it active; otherwise NotMyVbucket."""
-    vbucket = conn.bucket.vbuckets.get(frame.vbucket)
+def active(conn: Connection, vb: int) -> VBucket:
+    """The vbucket, if this node holds it active; otherwise NotMyVbucket."""
+    vbucket = conn.bucket.vbuckets.get(vb)
     if vbucket is None or vbucket.state != VBucketState.ACTIVE:
         raise not_my_vbucket(conn)
     return vbucket
 
 
-def _present(conn: Connection, frame: Frame) -> VBucket:
-    vbucket = conn.bucket.vbuckets.get(frame.vbucket)
+def present(conn: Connection, vb: int) -> VBucket:
+    vbucket = conn.bucket.vbuckets.get(vb)
     if vbucket is None:
         raise not_my_vbucket(conn)
     return vbucket
 
 
-def _extras(frame: Frame, *sizes: int) -> bytes:
-    if len(frame.extras) not in sizes:
-        raise Reply(Status.Einval, f"extras must be {' or '.join(map(str, sizes))} bytes".encode())
-    return bytes(frame.extras)
+_NOT_JSON = 0xFF & ~int(Datatype.JSON)  # a plain int: IntFlag arithmetic is slow on a hot path
 
 
-def _key(frame: Frame) -> bytes:
-    if not frame.key:
-        raise Reply(Status.Einval, b"a key is required")
-    # Frames are views of the read buffer: the engine must keep a copy, not a view.
-    return bytes(frame.key)
-
-
-def _no_value(frame: Frame) -> None:
-    if frame.value:
-        raise Reply(Status.Einval, b"this opcode takes no value")
-
-
-def _datatype(conn: Connection, frame: Frame) -> int:
+def _datatype(req: kv.Request) -> int:
     """The datatype to store: only JSON is understood; Snappy and Xattr are not negotiated."""
-    if frame.datatype & ~Datatype.JSON:
+    if req.datatype & _NOT_JSON:
         raise Reply(Status.Einval, b"datatype not negotiated")
-    return frame.datatype
+    return req.datatype
 
 
 def _out_datatype(conn: Connection, item: Item) -> int:
@@ -128,142 +89,128 @@ def _out_datatype(conn: Connection, item: Item) -> int:
     return item.datatype if HelloFeature.Datatype in conn.features else 0
 
 
-def _token(conn: Connection, vbucket: VBucket, item: Item) -> bytes:
-    if HelloFeature.MutationSeqno not in conn.features:
-        return b""
-    return _TOKEN.pack(vbucket.uuid, item.by_seqno)
-
-
-def _mutated(conn: Connection, frame: Frame, vbucket: VBucket, item: Item) -> bytes | None:
-    if frame.opcode in _QUIET:
+def _mutated(
+    conn: Connection, req: kv.Request, vbucket: VBucket, item: Item
+) -> kv.MutationResponse | None:
+    if req.opcode in _QUIET:
         return None
-    return response(frame, extras=_token(conn, vbucket, item), cas=item.cas)
+    answer = kv.MUTATION_RESPONSES[req.opcode](opaque=req.opaque, cas=item.cas)
+    if HelloFeature.MutationSeqno in conn.features:
+        answer.vbucket_uuid, answer.seqno = vbucket.uuid, item.by_seqno
+    return answer
 
 
 # -- get ---------------------------------------------------------------------------------------
 
 
-@handler(Opcode.Get, Opcode.GetQ, Opcode.GetK, Opcode.GetKQ)
-def _get(conn: Connection, frame: Frame) -> bytes | None:
-    _extras(frame, 0)
-    key = _key(frame)
-    vbucket = _active(conn, frame)
-    with_key = frame.opcode in (Opcode.GetK, Opcode.GetKQ)
+def get(conn: Connection, req: kv.Get) -> kv.GetResponse | GenericResponse | None:
+    vbucket = active(conn, req.vbucket)
+    key = bytes(req.key)  # frames are views of the read buffer: never keep one
+    op = req.opcode
     try:
-        item = _engine(conn, lambda: vbucket.get(key))
-    except Reply as reply:
-        if reply.status == Status.KeyEnoent:
-            if frame.opcode in _QUIET:
-                return None
-            return response(frame, Status.KeyEnoent, key=key if with_key else b"")
-        raise
-    return response(
-        frame,
-        key=key if with_key else b"",
-        extras=_U32.pack(item.flags),
-        value=item.value or b"",
-        cas=item.cas,
-        datatype=_out_datatype(conn, item),
-    )
+        item = vbucket.get(key)
+    except KeyNotFound:
+        if op in _QUIET:
+            return None
+        missing = GenericResponse(opcode=op, opaque=req.opaque, status=Status.KeyEnoent)
+        if op in _WITH_KEY:
+            missing.key = key
+        return missing
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    hit = kv.GET_RESPONSES[op](opaque=req.opaque, cas=item.cas, flags=item.flags,
+                               value=item.value or b"")  # fmt: skip
+    if HelloFeature.Datatype in conn.features:
+        hit.datatype = item.datatype  # a client that did not negotiate it sees raw (0) values
+    if op in _WITH_KEY:
+        hit.key = key
+    return hit
 
 
 # -- stores ------------------------------------------------------------------------------------
 
 
-@handler(Opcode.Set, Opcode.SetQ, Opcode.Add, Opcode.AddQ, Opcode.Replace, Opcode.ReplaceQ)
-def _store(conn: Connection, frame: Frame) -> bytes | None:
-    flags, expiry = _FLAGS_EXPIRY.unpack(_extras(frame, 8))
-    key = _key(frame)
-    datatype = _datatype(conn, frame)
-    vbucket = _active(conn, frame)
-    value = bytes(frame.value)
-    op = frame.opcode
-    if op in (Opcode.Add, Opcode.AddQ):
-        if frame.cas:
-            raise Reply(Status.Einval, b"Add takes no CAS")
-        item = _engine(
-            conn,
-            lambda: vbucket.add(key, value, flags=flags, expiry=expiry, datatype=datatype),
+def store(conn: Connection, req: kv.Set) -> kv.MutationResponse | None:
+    datatype = _datatype(req)
+    vbucket = active(conn, req.vbucket)
+    key, value, op = bytes(req.key), bytes(req.value), req.opcode
+    try:
+        if op in _SET:
+            item = vbucket.set(key, value, flags=req.flags, expiry=req.expiration, cas=req.cas,
+                               datatype=datatype)  # fmt: skip
+        elif op in _ADD:
+            if req.cas:
+                raise Reply(Status.Einval, b"Add takes no CAS")
+            item = vbucket.add(key, value, flags=req.flags, expiry=req.expiration,
+                               datatype=datatype)  # fmt: skip
+        else:
+            item = vbucket.replace(key, value, flags=req.flags, expiry=req.expiration,
+                                   cas=req.cas, datatype=datatype)  # fmt: skip
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    return _mutated(conn, req, vbucket, item)
+
+
+def delete(conn: Connection, req: kv.Delete) -> kv.MutationResponse | None:
+    vbucket = active(conn, req.vbucket)
+    try:
+        item = vbucket.delete(bytes(req.key), cas=req.cas)
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    return _mutated(conn, req, vbucket, item)
+
+
+def concat(conn: Connection, req: kv.Append) -> kv.MutationResponse | None:
+    _datatype(req)
+    vbucket = active(conn, req.vbucket)
+    op = vbucket.append if req.opcode == Opcode.Append else vbucket.prepend
+    try:
+        item = op(bytes(req.key), bytes(req.value), cas=req.cas)
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    return _mutated(conn, req, vbucket, item)
+
+
+def arith(conn: Connection, req: kv.Increment) -> kv.IncrementResponse:
+    vbucket = active(conn, req.vbucket)
+    op = vbucket.incr if req.opcode == Opcode.Increment else vbucket.decr
+    try:
+        number, item = op(
+            bytes(req.key), req.delta, initial=req.initial, expiry=req.expiration, cas=req.cas
         )
-    else:
-        store = vbucket.set if op in (Opcode.Set, Opcode.SetQ) else vbucket.replace
-        item = _engine(
-            conn,
-            lambda: store(key, value, flags=flags, expiry=expiry, cas=frame.cas, datatype=datatype),
-        )
-    return _mutated(conn, frame, vbucket, item)
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    answer_type = kv.IncrementResponse if req.opcode == Opcode.Increment else kv.DecrementResponse
+    answer = answer_type(opaque=req.opaque, cas=item.cas, counter=number)
+    if HelloFeature.MutationSeqno in conn.features:
+        answer.vbucket_uuid, answer.seqno = vbucket.uuid, item.by_seqno
+    return answer
 
 
-@handler(Opcode.Delete, Opcode.DeleteQ)
-def _delete(conn: Connection, frame: Frame) -> bytes | None:
-    _extras(frame, 0)
-    _no_value(frame)
-    key = _key(frame)
-    vbucket = _active(conn, frame)
-    item = _engine(conn, lambda: vbucket.delete(key, cas=frame.cas))
-    return _mutated(conn, frame, vbucket, item)
-
-
-@handler(Opcode.Append, Opcode.Prepend)
-def _concat(conn: Connection, frame: Frame) -> bytes | None:
-    _extras(frame, 0)
-    key = _key(frame)
-    _datatype(conn, frame)
-    vbucket = _active(conn, frame)
-    value = bytes(frame.value)
-    op = vbucket.append if frame.opcode == Opcode.Append else vbucket.prepend
-    item = _engine(conn, lambda: op(key, value, cas=frame.cas))
-    return _mutated(conn, frame, vbucket, item)
-
-
-@handler(Opcode.Increment, Opcode.Decrement)
-def _arith(conn: Connection, frame: Frame) -> bytes:
-    delta, initial, expiry = _ARITH.unpack(_extras(frame, 20))
-    _no_value(frame)
-    key = _key(frame)
-    vbucket = _active(conn, frame)
-    op = vbucket.incr if frame.opcode == Opcode.Increment else vbucket.decr
-    number, item = _engine(
-        conn, lambda: op(key, delta, initial=initial, expiry=expiry, cas=frame.cas)
-    )
-    return response(
-        frame, extras=_token(conn, vbucket, item), value=_U64.pack(number), cas=item.cas
-    )
-
-
-@handler(Opcode.Touch, Opcode.GAT)
-def _touch(conn: Connection, frame: Frame) -> bytes:
-    (expiry,) = _U32.unpack(_extras(frame, 4))
-    _no_value(frame)
-    key = _key(frame)
-    vbucket = _active(conn, frame)
-    item = _engine(conn, lambda: vbucket.touch(key, expiry))
-    if frame.opcode == Opcode.Touch:
-        return response(frame, cas=item.cas)
-    return response(
-        frame,
-        extras=_U32.pack(item.flags),
+def touch(conn: Connection, req: kv.Touch) -> kv.MutationResponse | kv.GetResponse:
+    vbucket = active(conn, req.vbucket)
+    try:
+        item = vbucket.touch(bytes(req.key), req.expiration)
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    if req.opcode == Opcode.Touch:
+        return kv.TouchResponse(opaque=req.opaque, cas=item.cas)
+    return kv.GATResponse(
+        opaque=req.opaque, cas=item.cas, datatype=_out_datatype(conn, item), flags=item.flags,
         value=item.value or b"",
-        cas=item.cas,
-        datatype=_out_datatype(conn, item),
-    )
+    )  # fmt: skip
 
 
 # -- flush -------------------------------------------------------------------------------------
 
 
-@handler(Opcode.Flush)
-def _flush(conn: Connection, frame: Frame) -> bytes:
-    raw = _extras(frame, 0, 4)
-    if raw and _U32.unpack(raw)[0]:
+def flush(conn: Connection, req: kv.Flush) -> GenericResponse:
+    if req.delay:
         raise Reply(Status.NotSupported, b"delayed flush is not supported")
-    _no_value(frame)
-    if frame.key:
-        raise Reply(Status.Einval, b"Flush takes no key")
     for vbucket in list(conn.bucket.vbuckets.values()):
         if vbucket.state == VBucketState.ACTIVE:
             _flush_vbucket(conn, vbucket)
-    return response(frame)
+    return ok(req)
 
 
 def _flush_vbucket(conn: Connection, vbucket: VBucket) -> None:
@@ -271,157 +218,36 @@ def _flush_vbucket(conn: Connection, vbucket: VBucket) -> None:
         if item.deleted:
             continue
         try:
-            _engine(conn, lambda key=item.key: vbucket.delete(key))
-        except Reply as reply:
-            # Gone meanwhile (expired when touched) is fine; anything else (TempFail, a state
-            # change) stops the flush with that status, and the client may send it again.
-            if reply.status != Status.KeyEnoent:
-                raise
+            vbucket.delete(item.key)
+        except KeyNotFound:
+            continue  # gone meanwhile (expired when touched): fine
+        except EngineError as exc:
+            # Anything else (TempFail, a state change) stops the flush with that status, and
+            # the client may send it again.
+            raise refusal(conn, exc) from None
 
 
-# -- stats -------------------------------------------------------------------------------------
+# -- observe -----------------------------------------------------------------------------------
 
 
-@handler(Opcode.Stat)
-def _stat(conn: Connection, frame: Frame) -> bytes:
-    group, _, arg = bytes(frame.key).decode("ascii", "replace").partition(" ")
-    groups: dict[str, Callable[[Connection, str], Iterator[tuple[str, object]]]] = {
-        "": _general_stats,
-        "vbucket-seqno": _seqno_stats,
-        "failovers": _failover_stats,
-        "vbucket": _vbucket_stats,
-    }
-    stats = groups.get(group)
-    if stats is None:
-        raise Reply(Status.KeyEnoent, f"no stat group {group!r}".encode())
-    parts = [
-        response(frame, key=name.encode(), value=str(value).encode())
-        for name, value in stats(conn, arg.strip())
-    ]
-    parts.append(response(frame))  # an empty key ends the answer
-    return b"".join(parts)
-
-
-def _selected(conn: Connection, arg: str) -> list[VBucket]:
-    vbuckets = conn.bucket.vbuckets
-    if not arg:
-        return [vbuckets[vb] for vb in sorted(vbuckets)]
-    if not arg.isdigit():
-        raise Reply(Status.Einval, b"the stat argument must be a vbucket number")
-    vbucket = vbuckets.get(int(arg))
-    if vbucket is None:
-        raise not_my_vbucket(conn)
-    return [vbucket]
-
-
-def _general_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
-    bucket = conn.bucket
-    vbuckets = list(bucket.vbuckets.values())
-    now = time.time()
-    yield "pid", os.getpid()
-    yield "uptime", int(now - STARTED)
-    yield "time", int(now)
-    yield "version", __version__
-    yield "curr_connections", conn.server.connections
-    yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
-    yield "mem_used", bucket.memory_used
-    yield "ep_total_persisted", bucket.items_persisted
-    yield "ep_persistence_lag_ms", round(bucket.persistence_lag() * 1000)
-    yield "ep_max_size", bucket.memory_quota
-    for state in VBucketState:
-        yield f"vb_{state.value}_num", sum(1 for vb in vbuckets if vb.state == state)
-
-
-def _seqno_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
-    for vb in _selected(conn, arg):
-        yield f"vb_{vb.id}:high_seqno", vb.high_seqno
-        yield f"vb_{vb.id}:abs_high_seqno", vb.high_seqno
-        yield f"vb_{vb.id}:purge_seqno", vb.purge_seqno
-        yield f"vb_{vb.id}:uuid", vb.uuid
-
-
-def _failover_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
-    for vb in _selected(conn, arg):
-        entries = vb.failover.entries
-        yield f"vb_{vb.id}:num_entries", len(entries)
-        for i, entry in enumerate(entries):
-            yield f"vb_{vb.id}:{i}:id", entry.uuid
-            yield f"vb_{vb.id}:{i}:seq", entry.seqno
-
-
-def _vbucket_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
-    for vb in _selected(conn, arg):
-        yield f"vb_{vb.id}", vb.state.value
-
-
-# -- vbucket control ---------------------------------------------------------------------------
-
-
-def _wire_state(raw: bytes) -> VBucketState:
-    (code,) = _U32.unpack(raw)
-    try:
-        return _WIRE_STATE[VbucketState(code)]
-    except ValueError:
-        raise Reply(Status.Einval, f"unknown vbucket state {code}".encode()) from None
-
-
-@handler(Opcode.SetVbucket)
-def _set_vbucket(conn: Connection, frame: Frame) -> bytes:
-    state = _wire_state(_extras(frame, 4))
-    if not 0 <= frame.vbucket < conn.bucket.num_vbuckets:
-        raise Reply(Status.Einval, b"vbucket id out of range")
-    _engine(conn, lambda: conn.bucket.set_vbucket_state(frame.vbucket, state))
-    return response(frame)
-
-
-@handler(Opcode.GetVbucket)
-def _get_vbucket(conn: Connection, frame: Frame) -> bytes:
-    vbucket = _present(conn, frame)
-    return response(frame, value=_U32.pack(_STATE_WIRE[vbucket.state]))
-
-
-@handler(Opcode.DelVbucket)
-def _del_vbucket(conn: Connection, frame: Frame) -> bytes:
-    _present(conn, frame)
-    # Storage I/O on the loop: rare and admin-only; the bucket's I/O lock orders it
-    # against the flusher thread.
-    _engine(conn, lambda: conn.bucket.delete_vbucket(frame.vbucket))
-    return response(frame)
-
-
-@handler(Opcode.GetAllVbSeqnos)
-def _all_vb_seqnos(conn: Connection, frame: Frame) -> bytes:
-    raw = _extras(frame, 0, 4)
-    wanted = {_wire_state(raw)} if raw and _U32.unpack(raw)[0] else None
-    vbuckets = conn.bucket.vbuckets
-    pairs = [
-        _VB_SEQNO.pack(vb, vbuckets[vb].high_seqno)
-        for vb in sorted(vbuckets)
-        if (vbuckets[vb].state in wanted if wanted else vbuckets[vb].state != VBucketState.DEAD)
-    ]
-    return response(frame, value=b"".join(pairs))
-
-
-@handler(Opcode.ObserveSeqno)
-def _observe_seqno(conn: Connection, frame: Frame) -> bytes:
-    if len(frame.value) != 8:
-        raise Reply(Status.Einval, b"ObserveSeqno wants an 8-byte vbucket uuid")
-    (uuid,) = _U64.unpack(frame.value)
-    vbucket = _present(conn, frame)
+def observe_seqno(conn: Connection, req: kv.ObserveSeqno) -> kv.ObserveSeqnoResponse:
+    vbucket = present(conn, req.vbucket)
     if vbucket.state == VBucketState.DEAD:
         raise not_my_vbucket(conn)
     with vbucket.lock:
         entries = vbucket.failover.entries
         persisted, current = vbucket.persisted_seqno, vbucket.high_seqno
-    if entries[0].uuid == uuid:
-        value = _OBSERVE.pack(0, frame.vbucket, uuid, persisted, current)
-        return response(frame, value=value)
-    index = next((i for i, e in enumerate(entries) if e.uuid == uuid), None)
+    answer = kv.ObserveSeqnoResponse(
+        opaque=req.opaque, vbucket=req.vbucket, vbucket_uuid=req.vbucket_uuid,
+        last_persisted_seqno=persisted, current_seqno=current,
+    )  # fmt: skip
+    if entries[0].uuid == req.vbucket_uuid:
+        return answer
+    index = next((i for i, e in enumerate(entries) if e.uuid == req.vbucket_uuid), None)
     if index is None:
         raise Reply(Status.KeyEnoent, b"vbucket uuid not in the failover log")
-    # The old branch ended where the next newer branch began.
-    last_received = entries[index - 1].seqno
-    value = _OBSERVE_FAILOVER.pack(
-        1, frame.vbucket, entries[0].uuid, persisted, current, uuid, last_received
-    )
-    return response(frame, value=value)
+    # A hard failover since that uuid (format 1): the current uuid, and where the old branch
+    # ended, which is where the next newer branch began.
+    answer.vbucket_uuid, answer.old_vbucket_uuid = entries[0].uuid, req.vbucket_uuid
+    answer.last_received_seqno = entries[index - 1].seqno
+    return answer

@@ -1,0 +1,156 @@
+"""From a frame to its answer: the one table of what the server answers, and how.
+
+Theory of operation
+-------------------
+:data:`ROUTES` maps every request opcode the server serves to a :class:`Route`: the codec's
+decoder for that opcode, the handler, and the gates it needs (authenticated, bucket selected).
+:func:`handle` is the whole life of a request:
+
+1. a response frame (a DCP consumer answering our Noop or SetVbucketState) goes to the DCP
+   handlers on a producer connection, and is answered UnknownCommand anywhere else;
+2. an opcode not in the table answers UnknownCommand; a closed gate answers Eaccess (not
+   authenticated) or NoBucket (no bucket selected), before anything is decoded;
+3. the codec decodes the request: a malformed one is answered with the codec's status and
+   message (the frame boundaries are intact, so the connection goes on). What "malformed"
+   means is the codec's alone: no handler looks at raw bytes;
+4. the handler returns its answer: a response message, a list of them (Stat), bytes already
+   encoded by a sans-I/O core (the DCP producer encodes everything it sends), or None (quiet
+   opcodes, BufferAck). It refuses with :class:`Reply`, answered as a GenericResponse with that
+   status and value.
+
+Anything else a handler raises is a bug; the shell (:mod:`dcpkv.server.app`) answers
+Einternal and logs it. The table is written out here, in one place, rather than assembled by
+decorators at import: what the server serves is read in one screen, and nothing depends on
+the order modules are imported in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dcpkv.protocol import dcp, kv
+from dcpkv.protocol.base import GenericResponse, Message
+from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.errors import CodecError
+from dcpkv.protocol.frame import Frame
+from dcpkv.protocol.messages import decode_message
+from dcpkv.server import dcp_handlers, kv_handlers, session, stats, vbucket_handlers
+from dcpkv.server.connection import Connection, Reply
+
+Answer = Message | list[kv.StatResponse] | bytes | None
+Handler = Callable[[Connection, Any], Answer]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    decode: Callable[[Frame], Message]
+    handler: Handler
+    auth: bool = True  # needs an authenticated user
+    bucket: bool = True  # needs a selected bucket
+
+
+def _open(decode: Callable[[Frame], Message], handler: Handler, *, bucket: bool = False) -> Route:
+    """A route any client may take before logging in (bucket=False: or before SelectBucket)."""
+    return Route(decode, handler, auth=False, bucket=bucket)
+
+
+def _routes(handler: Handler, *types: type[kv.Request]) -> dict[int, Route]:
+    return {t.OPCODE: Route(t.decode, handler) for t in types}
+
+
+# DCP requests a producer connection may receive; the producer answers those it does not take
+# from a consumer (AddStream, Mutation...) with NotSupported.
+_PRODUCER_REQUESTS = (
+    dcp.DcpControl, dcp.StreamRequest, dcp.CloseStream, dcp.BufferAck, dcp.DcpBarrier,
+    dcp.DcpNoop, dcp.AddStream, dcp.StreamEnd, dcp.Mutation, dcp.Expiration, dcp.SetVbucketState,
+    dcp.SystemEvent, dcp.Prepare, dcp.SeqnoAcknowledged, dcp.Commit, dcp.Abort,
+    dcp.SeqnoAdvanced, dcp.OsoSnapshot,
+)  # fmt: skip
+
+ROUTES: dict[int, Route] = {
+    # session: the gates
+    Opcode.Noop: _open(kv.Noop.decode, session.noop),
+    Opcode.Version: _open(kv.Version.decode, session.version),
+    Opcode.Quit: _open(kv.Quit.decode, session.quit_),
+    Opcode.Hello: _open(kv.Hello.decode, session.hello),
+    Opcode.SaslListMechs: _open(kv.SaslListMechs.decode, session.sasl_list_mechs),
+    Opcode.SaslAuth: _open(kv.SaslAuth.decode, session.sasl_auth),
+    Opcode.SaslStep: _open(kv.SaslStep.decode, session.sasl_step),
+    Opcode.GetErrorMap: _open(kv.GetErrorMap.decode, session.get_error_map),
+    Opcode.SelectBucket: Route(kv.SelectBucket.decode, session.select_bucket, bucket=False),
+    Opcode.GetClusterConfig: Route(kv.GetClusterConfig.decode, session.get_cluster_config),
+    # documents
+    **_routes(kv_handlers.get, kv.Get, kv.GetQ, kv.GetK, kv.GetKQ),
+    **_routes(kv_handlers.store, kv.Set, kv.SetQ, kv.Add, kv.AddQ, kv.Replace, kv.ReplaceQ),
+    **_routes(kv_handlers.delete, kv.Delete, kv.DeleteQ),
+    **_routes(kv_handlers.concat, kv.Append, kv.Prepend),
+    **_routes(kv_handlers.arith, kv.Increment, kv.Decrement),
+    **_routes(kv_handlers.touch, kv.Touch, kv.GAT),
+    **_routes(kv_handlers.flush, kv.Flush),
+    **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
+    **_routes(stats.stat, kv.Stat),
+    # vbucket control
+    **_routes(vbucket_handlers.set_vbucket, kv.SetVbucket),
+    **_routes(vbucket_handlers.get_vbucket, kv.GetVbucket),
+    **_routes(vbucket_handlers.del_vbucket, kv.DelVbucket),
+    **_routes(vbucket_handlers.all_vb_seqnos, kv.GetAllVbSeqnos),
+    # DCP: Open makes a producer; the rest is the producer's (it refuses what a consumer
+    # would take: AddStream, Mutation...); GetFailoverLog is open to any connection
+    **_routes(dcp_handlers.open_, dcp.DcpOpen),
+    **_routes(dcp_handlers.get_failover_log, dcp.GetFailoverLog),
+    **_routes(dcp_handlers.producer_request, *_PRODUCER_REQUESTS),
+    Opcode.DcpSnapshotMarker: Route(dcp.decode_snapshot_marker, dcp_handlers.producer_request),
+    Opcode.DcpDeletion: Route(dcp.decode_deletion, dcp_handlers.producer_request),
+}
+
+# Answers a DCP consumer sends back to the producer's own requests.
+CONSUMER_RESPONSES = frozenset({Opcode.DcpNoop, Opcode.DcpSetVbucketState})
+
+
+def handle(conn: Connection, frame: Frame) -> bytes | None:
+    """The bytes answering ``frame`` (None: no answer); see the module docstring."""
+    if not frame.is_request:
+        return _response(conn, frame)
+    route = ROUTES.get(frame.opcode)
+    if route is None:
+        return error_answer(frame, Status.UnknownCommand)
+    if route.auth and conn.user is None:
+        return error_answer(frame, Status.Eaccess)
+    if route.bucket and conn.bucket_name is None:
+        return error_answer(frame, Status.NoBucket)
+    try:
+        answer = route.handler(conn, route.decode(frame))
+    except Reply as reply:
+        return error_answer(frame, reply.status, reply.value, reply.datatype)
+    except CodecError as exc:
+        return error_answer(frame, exc.status, exc.message.encode()[:1024])
+    if answer is None or type(answer) is bytes:
+        return answer
+    if type(answer) is list:
+        return b"".join([m.encode() for m in answer])
+    return answer.encode()  # type: ignore[union-attr]
+
+
+def _response(conn: Connection, frame: Frame) -> bytes | None:
+    if conn.dcp is None or frame.opcode not in CONSUMER_RESPONSES:
+        return error_answer(frame, Status.UnknownCommand)
+    try:
+        msg = decode_message(frame)
+    except CodecError:
+        return None  # a malformed answer to a server message: nothing sensible to say
+    dcp_handlers.consumer_response(conn, msg)
+    return None
+
+
+def error_answer(frame: Frame, status: int, value: bytes = b"", datatype: int = 0) -> bytes:
+    """A GenericResponse to ``frame`` with ``status``: every refusal, whoever refuses."""
+    return GenericResponse(
+        opcode=frame.opcode,
+        opaque=frame.opaque,
+        status=status,
+        value=value,
+        datatype=datatype,
+        to_server=frame.magic == Magic.ServerRequest,
+    ).encode()

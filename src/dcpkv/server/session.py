@@ -1,0 +1,100 @@
+"""Session opcodes: the gates a connection passes before it may touch data.
+
+Theory of operation
+-------------------
+A connection moves through three gates: Hello (optional, negotiates features: only those
+this server implements are acknowledged), SASL (PLAIN or SCRAM, :mod:`dcpkv.server.auth`),
+SelectBucket. The dispatcher enforces the gates (Eaccess before authentication, NoBucket
+before a bucket is selected); the handlers here move a connection through them, and answer
+the opcodes any client may send at any time (Noop, Version, Quit, GetErrorMap) or once in a
+bucket (GetClusterConfig).
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from dcpkv import __version__
+from dcpkv.protocol import kv
+from dcpkv.protocol.base import GenericResponse
+from dcpkv.protocol.constants import Datatype, HelloFeature, Status
+from dcpkv.server.auth import AuthFailed, SaslSession
+from dcpkv.server.connection import SUPPORTED_FEATURES, CloseConnection, Connection, Reply
+from dcpkv.server.error_map import error_map_json
+
+_AGENT_MAX = 200  # characters of a Hello agent kept for logs and stats
+
+
+def ok(req: kv.Request) -> GenericResponse:
+    """The empty success answer to ``req``."""
+    return GenericResponse(opcode=req.opcode, opaque=req.opaque)
+
+
+def noop(conn: Connection, req: kv.Noop) -> GenericResponse:
+    return ok(req)
+
+
+def version(conn: Connection, req: kv.Version) -> kv.VersionResponse:
+    return kv.VersionResponse(opaque=req.opaque, version=f"dcpkv-{__version__}")
+
+
+def quit_(conn: Connection, req: kv.Quit) -> None:
+    raise CloseConnection(ok(req).encode())
+
+
+def hello(conn: Connection, req: kv.Hello) -> kv.HelloResponse:
+    conn.agent = req.agent[:_AGENT_MAX]
+    conn.features = {HelloFeature(f) for f in req.features if f in SUPPORTED_FEATURES}
+    return kv.HelloResponse(opaque=req.opaque, features=tuple(sorted(conn.features)))
+
+
+def sasl_list_mechs(conn: Connection, req: kv.SaslListMechs) -> kv.SaslListMechsResponse:
+    mechanisms = SaslSession.list_mechanisms().decode()
+    return kv.SaslListMechsResponse(opaque=req.opaque, mechanisms=mechanisms)
+
+
+def sasl_auth(conn: Connection, req: kv.SaslAuth) -> kv.SaslAuthResponse:
+    conn.sasl = SaslSession(conn.server.users)
+    try:
+        done, answer = conn.sasl.start(req.mechanism, bytes(req.data))
+    except AuthFailed as exc:
+        _refuse_login(conn, exc)
+    if not done:
+        return kv.SaslAuthResponse(opaque=req.opaque, status=Status.AuthContinue, data=answer)
+    conn.authenticated(conn.sasl.user)
+    return kv.SaslAuthResponse(opaque=req.opaque, data=b"Authenticated")
+
+
+def sasl_step(conn: Connection, req: kv.SaslStep) -> kv.SaslStepResponse:
+    if conn.sasl is None:
+        raise Reply(Status.AuthError)
+    try:
+        answer = conn.sasl.step(req.mechanism, bytes(req.data))
+    except AuthFailed as exc:
+        _refuse_login(conn, exc)
+    conn.authenticated(conn.sasl.user)
+    return kv.SaslStepResponse(opaque=req.opaque, data=answer)
+
+
+def _refuse_login(conn: Connection, exc: AuthFailed) -> NoReturn:
+    conn.server.log.info("auth failed from %s: %s", conn.peer, exc)
+    conn.user = None
+    raise Reply(Status.AuthError, b"Authentication failed") from None
+
+
+def select_bucket(conn: Connection, req: kv.SelectBucket) -> GenericResponse:
+    if req.bucket not in conn.server.buckets:
+        raise Reply(Status.KeyEnoent, f"no bucket named {req.bucket!r}".encode())
+    conn.bucket_name = req.bucket
+    return ok(req)
+
+
+def get_error_map(conn: Connection, req: kv.GetErrorMap) -> kv.GetErrorMapResponse:
+    return kv.GetErrorMapResponse(
+        opaque=req.opaque, error_map=error_map_json(req.version), datatype=Datatype.JSON
+    )
+
+
+def get_cluster_config(conn: Connection, req: kv.GetClusterConfig) -> kv.GetClusterConfigResponse:
+    config = conn.server.cluster_map(conn.bucket_name)
+    return kv.GetClusterConfigResponse(opaque=req.opaque, config=config, datatype=Datatype.JSON)

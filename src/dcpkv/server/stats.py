@@ -1,0 +1,117 @@
+"""The Stat opcode: one StatResponse per statistic, ended by one with an empty name.
+
+Theory of operation
+-------------------
+The request's key names a group and, after a space, an argument (``vbucket-seqno 5``). Each
+group is a generator of (name, value) pairs over the selected bucket: the default group
+(process, memory, persistence), ``vbucket-seqno``, ``failovers``, ``vbucket`` (states) and
+``dcp`` (every producer of the bucket, spec 002 naming: ``stat:name`` per connection and
+``stat:vbucket:name`` per stream, plus bucket totals). An unknown group answers KeyEnoent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from dcpkv import __version__
+from dcpkv.dcp.producer import DcpProducer
+from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.protocol import kv
+from dcpkv.protocol.constants import Status
+from dcpkv.server.connection import Connection, Reply, not_my_vbucket
+
+STARTED = time.time()
+
+Stats = Iterator[tuple[str, object]]
+
+
+def stat(conn: Connection, req: kv.Stat) -> list[kv.StatResponse]:
+    group, _, arg = req.group.partition(" ")
+    stats = _GROUPS.get(group)
+    if stats is None:
+        raise Reply(Status.KeyEnoent, f"no stat group {group!r}".encode())
+    answer = [
+        kv.StatResponse(opaque=req.opaque, name=name, value=str(value))
+        for name, value in stats(conn, arg.strip())
+    ]
+    answer.append(kv.StatResponse(opaque=req.opaque))  # an empty name ends the answer
+    return answer
+
+
+def _selected(conn: Connection, arg: str) -> list[VBucket]:
+    vbuckets = conn.bucket.vbuckets
+    if not arg:
+        return [vbuckets[vb] for vb in sorted(vbuckets)]
+    if not arg.isdigit():
+        raise Reply(Status.Einval, b"the stat argument must be a vbucket number")
+    vbucket = vbuckets.get(int(arg))
+    if vbucket is None:
+        raise not_my_vbucket(conn)
+    return [vbucket]
+
+
+def _general(conn: Connection, arg: str) -> Stats:
+    bucket = conn.bucket
+    vbuckets = list(bucket.vbuckets.values())
+    now = time.time()
+    yield "pid", os.getpid()
+    yield "uptime", int(now - STARTED)
+    yield "time", int(now)
+    yield "version", __version__
+    yield "curr_connections", conn.server.connections
+    yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
+    yield "mem_used", bucket.memory_used
+    yield "ep_total_persisted", bucket.items_persisted
+    yield "ep_persistence_lag_ms", round(bucket.persistence_lag() * 1000)
+    yield "ep_max_size", bucket.memory_quota
+    for state in VBucketState:
+        yield f"vb_{state.value}_num", sum(1 for vb in vbuckets if vb.state == state)
+
+
+def _seqnos(conn: Connection, arg: str) -> Stats:
+    for vb in _selected(conn, arg):
+        yield f"vb_{vb.id}:high_seqno", vb.high_seqno
+        yield f"vb_{vb.id}:abs_high_seqno", vb.high_seqno
+        yield f"vb_{vb.id}:purge_seqno", vb.purge_seqno
+        yield f"vb_{vb.id}:uuid", vb.uuid
+
+
+def _failovers(conn: Connection, arg: str) -> Stats:
+    for vb in _selected(conn, arg):
+        entries = vb.failover.entries
+        yield f"vb_{vb.id}:num_entries", len(entries)
+        for i, entry in enumerate(entries):
+            yield f"vb_{vb.id}:{i}:id", entry.uuid
+            yield f"vb_{vb.id}:{i}:seq", entry.seqno
+
+
+def _vbuckets(conn: Connection, arg: str) -> Stats:
+    for vb in _selected(conn, arg):
+        yield f"vb_{vb.id}", vb.state.value
+
+
+def dcp_stats(conn: Connection, arg: str = "") -> Stats:
+    """Totals for the selected bucket, then each producer's own stats, by connection name."""
+    producers = sorted(
+        (c.dcp for (bucket, _), c in conn.server.dcp_producers.items()
+         if bucket == conn.bucket_name and isinstance(c.dcp, DcpProducer)),
+        key=lambda p: p.name,
+    )  # fmt: skip
+    yield "ep_dcp_count", len(producers)
+    yield "ep_dcp_producer_count", len(producers)
+    yield "ep_dcp_items_sent", sum(p.items_sent for p in producers)
+    yield "ep_dcp_total_bytes", sum(p.bytes_sent for p in producers)
+    for producer in producers:
+        yield f"type:{producer.name}", "producer"
+        yield from producer.stats().items()
+
+
+_GROUPS: dict[str, Callable[[Connection, str], Stats]] = {
+    "": _general,
+    "vbucket-seqno": _seqnos,
+    "failovers": _failovers,
+    "vbucket": _vbuckets,
+    "dcp": dcp_stats,
+}

@@ -1,0 +1,67 @@
+"""Vbucket control: the states a node holds its vbuckets in, and their seqnos.
+
+Theory of operation
+-------------------
+SetVbucket creates a vbucket or changes its state (the DCP producers of the bucket hear of it
+through the bucket's state listeners and end the streams that must end); GetVbucket reads a
+state; DelVbucket drops a vbucket and its data; GetAllVbSeqnos lists high seqnos, optionally of
+one state only (dead vbuckets are left out unless asked for). On a cluster, the manager is the
+one client of these opcodes.
+"""
+
+from __future__ import annotations
+
+from dcpkv.engine.item import EngineError
+from dcpkv.engine.vbucket import VBucketState
+from dcpkv.protocol import kv
+from dcpkv.protocol.base import GenericResponse
+from dcpkv.protocol.constants import Status, VbucketState
+from dcpkv.server.connection import Connection, Reply
+from dcpkv.server.kv_handlers import present, refusal
+from dcpkv.server.session import ok
+
+# The engine names states, the wire numbers them.
+_WIRE_STATE = {
+    VbucketState.Active: VBucketState.ACTIVE,
+    VbucketState.Replica: VBucketState.REPLICA,
+    VbucketState.Pending: VBucketState.PENDING,
+    VbucketState.Dead: VBucketState.DEAD,
+}
+_STATE_WIRE = {v: k for k, v in _WIRE_STATE.items()}
+
+
+def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
+    if not 0 <= req.vbucket < conn.bucket.num_vbuckets:
+        raise Reply(Status.Einval, b"vbucket id out of range")
+    try:
+        conn.bucket.set_vbucket_state(req.vbucket, _WIRE_STATE[VbucketState(req.state)])
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    return ok(req)
+
+
+def get_vbucket(conn: Connection, req: kv.GetVbucket) -> kv.GetVbucketResponse:
+    vbucket = present(conn, req.vbucket)
+    return kv.GetVbucketResponse(opaque=req.opaque, state=_STATE_WIRE[vbucket.state])
+
+
+def del_vbucket(conn: Connection, req: kv.DelVbucket) -> GenericResponse:
+    present(conn, req.vbucket)
+    # Storage I/O on the loop: rare and admin-only; the bucket's I/O lock orders it against
+    # the flusher thread.
+    try:
+        conn.bucket.delete_vbucket(req.vbucket)
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    return ok(req)
+
+
+def all_vb_seqnos(conn: Connection, req: kv.GetAllVbSeqnos) -> kv.GetAllVbSeqnosResponse:
+    wanted = _WIRE_STATE[VbucketState(req.state)] if req.state else None
+    vbuckets = conn.bucket.vbuckets
+    seqnos = tuple(
+        (vb, vbuckets[vb].high_seqno)
+        for vb in sorted(vbuckets)
+        if (vbuckets[vb].state == wanted if wanted else vbuckets[vb].state != VBucketState.DEAD)
+    )
+    return kv.GetAllVbSeqnosResponse(opaque=req.opaque, seqnos=seqnos)
