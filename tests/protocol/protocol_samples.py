@@ -73,7 +73,7 @@ _MARKER_FLAGS = st.one_of(st.sampled_from(list(SnapshotFlag)), U32)
 _OVERRIDES: dict[type[Message], dict[str, st.SearchStrategy[Any]]] = {
     kv.Hello: {"features": st.lists(U16, max_size=20).map(tuple)},
     kv.HelloResponse: {"features": st.lists(U16, max_size=20).map(tuple)},
-    kv.SetVbucket: {"state": st.sampled_from(list(VbucketState))},
+    kv.SetVbucket: {"state": st.sampled_from(list(VbucketState)), "meta": st.binary(max_size=40)},
     kv.GetVbucketResponse: {"state": st.sampled_from(list(VbucketState))},
     kv.GetAllVbSeqnos: {"state": st.none() | st.sampled_from(list(VbucketState))},
     kv.GetAllVbSeqnosResponse: {
@@ -213,6 +213,7 @@ EXAMPLES: list[Message] = [
     kv.GetAllVbSeqnos(state=VbucketState.Active),
     kv.ObserveSeqno(vbucket=2, vbucket_uuid=MAX64),
     kv.GetClusterConfig(),
+    kv.SetClusterConfig(bucket="default", config=b'{"rev":7}'),
     kv.GetErrorMap(version=2),
     kv.GetResponse(flags=0x02000000, value=b"{}", cas=77),
     kv.GetQResponse(flags=1, value=b"x"),

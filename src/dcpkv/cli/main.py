@@ -64,6 +64,15 @@ def server(
             "memory only (the crash tests use it to lose unpersisted writes on kill -9)."
         ),
     ] = None,
+    managed: Annotated[
+        bool,
+        typer.Option(
+            "--managed",
+            help="A node of a cluster: a new bucket starts with no vbuckets, and the cluster "
+            "manager sets their states and the cluster map (without it, one node is the whole "
+            "cluster and holds every vbucket active).",
+        ),
+    ] = False,
 ) -> None:
     """Run the key-value data server until SIGINT/SIGTERM."""
     from dcpkv.server.app import run
@@ -81,6 +90,7 @@ def server(
             user=user,
             password=password,
             flush_interval_s=flush_interval,
+            managed=managed or None,
         )
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)

@@ -31,6 +31,15 @@ bucket first drops DCP cursors that pin old checkpoints (their streams fall back
 then ejects persisted values down to a low watermark; if still over quota, the write fails
 with TempFail (the flusher must catch up first).
 
+State CAS (spec 002, "ordering of partition state transitions"): a manager that loses a
+connection mid-command may send the next state change while the first is still in flight, and
+the two could land out of order. So the bucket has one *state CAS*, random at start-up:
+:meth:`Bucket.set_vbucket_state` and :meth:`Bucket.delete_vbucket` given a CAS other than the
+current one change nothing and raise :class:`StateCasMismatch` (which carries the current
+CAS); an accepted change moves the CAS on, and the caller learns the new one. A CAS of 0 is
+unconditional (warm-up, a single node's own set-up, the producer's takeover handoff: those
+move the CAS on too, so a manager that did not see them must re-read before its next change).
+
 Listeners (for the server's DCP push path; the engine itself never waits on anything):
 ``seqno_listeners`` are called with a vbucket id after every item that vbucket queues (under
 the vbucket's lock, from whichever thread wrote: a listener must only take note and return);
@@ -55,7 +64,7 @@ from types import TracebackType
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.failover_table import FailoverTable
 from dcpkv.engine.hlc import Clock, SystemClock
-from dcpkv.engine.item import Item, NotMyVbucket, TempFail
+from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
 from dcpkv.engine.storage import DEFAULT_HISTORY_WINDOW, CompactResult, Storage, VBState
 from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket, VBucketState
 
@@ -63,6 +72,16 @@ DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
 WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
 _ADMIT_RECHECK = 256  # recount memory every N writes, or sooner when close to the quota
+
+
+class StateCasMismatch(EngineError):
+    """A state change carried a stale state CAS; ``cas`` is the current one."""
+
+    status = "KeyEexists"
+
+    def __init__(self, cas: int) -> None:
+        super().__init__(f"vbucket state CAS mismatch: the current state CAS is {cas}")
+        self.cas = cas
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:
@@ -113,6 +132,8 @@ class Bucket:
         self._dirty_since: float | None = None
         self._inflight_since: float | None = None
         self.state_listeners: list[Callable[[int], None]] = []
+        # Random 63-bit start: a restarted node never reuses the CAS a manager last saw.
+        self.state_cas = self.rng.getrandbits(63) | 1
         self.warmed_up_after_clean_shutdown = self.warmup()
 
     def __enter__(self) -> Bucket:
@@ -135,11 +156,18 @@ class Bucket:
             raise NotMyVbucket(f"vbucket {vb} does not exist here")
         return vbucket
 
-    def set_vbucket_state(self, vb: int, state: VBucketState | str) -> VBucket:
-        """Create the vbucket (fresh failover table at 0) or change its state."""
+    def _check_state_cas(self, cas: int) -> None:
+        if cas and cas != self.state_cas:
+            raise StateCasMismatch(self.state_cas)
+
+    def set_vbucket_state(self, vb: int, state: VBucketState | str, *, cas: int = 0) -> VBucket:
+        """Create the vbucket (fresh failover table at 0) or change its state; ``cas`` (when
+        not 0) must be the current state CAS (see the module docstring)."""
         if not 0 <= vb < self.num_vbuckets:
             raise NotMyVbucket(f"vbucket {vb} is outside 0..{self.num_vbuckets - 1}")
         state = VBucketState(state)
+        self._check_state_cas(cas)
+        self.state_cas += 1
         vbucket = self.vbuckets.get(vb)
         if vbucket is None:
             vbucket = self._make(vb, state, FailoverTable.fresh(0, rng=self.rng), None)
@@ -149,7 +177,9 @@ class Bucket:
         self._state_changed(vb)
         return vbucket
 
-    def delete_vbucket(self, vb: int) -> None:
+    def delete_vbucket(self, vb: int, *, cas: int = 0) -> None:
+        self._check_state_cas(cas)
+        self.state_cas += 1
         with self._io_lock:
             vbucket = self.vbuckets.pop(vb, None)
             if vbucket is not None:

@@ -567,16 +567,29 @@ class SelectBucket(Request):
 
 @dataclass(slots=True, kw_only=True)
 class SetVbucket(Request):
+    """The new state in the extras: 1 byte in current servers, 4 in older ones (both are
+    read; 4 are written, which both kinds of server read). An optional value (datatype JSON)
+    carries extra vbucket information, kept raw. The header's CAS carries the bucket's state
+    CAS when the sender orders its state changes (spec 002; 0: unconditional)."""
+
     OPCODE = Opcode.SetVbucket
-    EXTRAS = _U32
-    EXTRAS_FIELDS = ("state",)
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "meta"
     state: int = VbucketState.Active
+    meta: Bytes = b""
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        return pack(_U32, "SetVbucket extras", self.state), b"", self.meta
 
     @classmethod
     def _fields(cls, frame: Frame) -> dict[str, Any]:
-        fields = generic_fields(cls, frame)
-        fields["state"] = _vbucket_state(fields["state"], "SetVbucket state")
-        return fields
+        key_field(cls, frame.key)
+        extras = frame.extras
+        if len(extras) == 1:
+            state = extras[0]
+        else:
+            (state,) = unpack_exact(_U32, extras, "SetVbucket extras (1 or 4 bytes)")
+        return {"state": _vbucket_state(state, "SetVbucket state"), "meta": frame.value}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -708,6 +721,21 @@ class ObserveSeqnoResponse(Response):
 
 
 @dataclass(slots=True, kw_only=True)
+class SetClusterConfig(Request):
+    """How a cluster manager hands a node the map: key = bucket name, value = the config
+    JSON (raw; the node reads its ``rev``)."""
+
+    OPCODE = Opcode.SetClusterConfig
+    KEY = Part.OPTIONAL
+    KEY_FIELD = "bucket"
+    KEY_TEXT = True
+    VALUE = Part.REQUIRED
+    VALUE_FIELD = "config"
+    bucket: str = ""
+    config: Bytes = b""
+
+
+@dataclass(slots=True, kw_only=True)
 class GetClusterConfig(Request):
     OPCODE = Opcode.GetClusterConfig
 
@@ -744,7 +772,7 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     Get, GetQ, GetK, GetKQ, Set, SetQ, Add, AddQ, Replace, ReplaceQ, Delete, DeleteQ,
     Append, Prepend, Touch, GAT, Increment, Decrement, Quit, Flush, Noop, Version, Stat,
     Hello, SaslListMechs, SaslAuth, SaslStep, SelectBucket, SetVbucket, GetVbucket, DelVbucket,
-    GetAllVbSeqnos, ObserveSeqno, GetClusterConfig, GetErrorMap,
+    GetAllVbSeqnos, ObserveSeqno, SetClusterConfig, GetClusterConfig, GetErrorMap,
 )  # fmt: skip
 
 RESPONSE_TYPES: tuple[type[Response], ...] = (

@@ -265,7 +265,7 @@ class DataServer:
                 num_vbuckets=bc.vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
             )
-            if not bucket.vbuckets:
+            if not bucket.vbuckets and not self.config.managed:
                 for vb in range(bc.vbuckets):
                     bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
                 bucket.flush_once()

@@ -2,14 +2,38 @@
 
 The official SDKs connect to the addresses the map names and route each key to the node the
 ``vBucketMap`` says is active for it, so the map must carry the host and port clients really
-reach. A one-node server is active for every vbucket and has no replicas; the cluster layer
-(later) supplies real maps through the same function.
+reach. A one-node server is active for every vbucket and has no replicas. On a cluster the
+manager pushes each node the map (SetClusterConfig): :class:`PushedConfig` reads its version,
+``(revEpoch, rev)``, which only grows: a node keeps the newest it was given.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PushedConfig:
+    """A config JSON as a manager pushed it: kept raw (clients get it byte for byte)."""
+
+    raw: bytes
+    version: tuple[int, int]  # (revEpoch, rev): compared as a pair, epoch first
+
+    @classmethod
+    def parse(cls, raw: bytes) -> PushedConfig:
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"the cluster config is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ValueError("the cluster config must be a JSON object")
+        rev, epoch = doc.get("rev"), doc.get("revEpoch", 0)
+        for name, value in (("rev", rev), ("revEpoch", epoch)):
+            if type(value) is not int or value < 0:
+                raise ValueError(f"the cluster config needs a non-negative integer {name!r}")
+        return cls(raw, (epoch, rev))  # type: ignore[arg-type]
 
 
 def cluster_map(

@@ -59,6 +59,9 @@ class ServerConfig:
     # purge interval"; 3 days there too). A consumer that was away longer gets rolled back to 0.
     tombstone_purge_age_s: float = 3 * 24 * 3600
     compaction_interval_s: float = 3600
+    # A node of a cluster: new buckets start with no vbuckets; the manager gives them states
+    # and the map. Otherwise one node is the whole cluster (every vbucket active).
+    managed: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -92,11 +95,11 @@ def load_config(path: Path | None) -> ServerConfig:
 
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
     numbers = ("port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s")
-    known = {"host", "data_dir", "users", "buckets", *numbers}
+    known = {"host", "data_dir", "users", "buckets", "managed", *numbers}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", *numbers) if k in doc}
+    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", "managed", *numbers) if k in doc}
     if "data_dir" in doc:
         kwargs["data_dir"] = Path(doc["data_dir"])
     if "users" in doc:

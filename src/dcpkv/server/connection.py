@@ -42,11 +42,14 @@ SUPPORTED_FEATURES = frozenset(
 class Reply(Exception):
     """Answer the current request with ``status`` (and an optional value) and go on."""
 
-    def __init__(self, status: Status, value: bytes = b"", *, datatype: int = 0) -> None:
+    def __init__(
+        self, status: Status, value: bytes = b"", *, datatype: int = 0, cas: int = 0
+    ) -> None:
         super().__init__(status.name)
         self.status = status
         self.value = value
         self.datatype = datatype
+        self.cas = cas
 
 
 class CloseConnection(Exception):

@@ -56,6 +56,11 @@ def _open(decode: Callable[[Frame], Message], handler: Handler, *, bucket: bool 
     return Route(decode, handler, auth=False, bucket=bucket)
 
 
+def _no_bucket(decode: Callable[[Frame], Message], handler: Handler) -> Route:
+    """A route that needs a login but no selected bucket (it names its bucket itself)."""
+    return Route(decode, handler, bucket=False)
+
+
 def _routes(handler: Handler, *types: type[kv.Request]) -> dict[int, Route]:
     return {t.OPCODE: Route(t.decode, handler) for t in types}
 
@@ -79,7 +84,7 @@ ROUTES: dict[int, Route] = {
     Opcode.SaslAuth: _open(kv.SaslAuth.decode, session.sasl_auth),
     Opcode.SaslStep: _open(kv.SaslStep.decode, session.sasl_step),
     Opcode.GetErrorMap: _open(kv.GetErrorMap.decode, session.get_error_map),
-    Opcode.SelectBucket: Route(kv.SelectBucket.decode, session.select_bucket, bucket=False),
+    Opcode.SelectBucket: _no_bucket(kv.SelectBucket.decode, session.select_bucket),
     Opcode.GetClusterConfig: Route(kv.GetClusterConfig.decode, session.get_cluster_config),
     # documents
     **_routes(kv_handlers.get, kv.Get, kv.GetQ, kv.GetK, kv.GetKQ),
@@ -96,6 +101,7 @@ ROUTES: dict[int, Route] = {
     **_routes(vbucket_handlers.get_vbucket, kv.GetVbucket),
     **_routes(vbucket_handlers.del_vbucket, kv.DelVbucket),
     **_routes(vbucket_handlers.all_vb_seqnos, kv.GetAllVbSeqnos),
+    Opcode.SetClusterConfig: _no_bucket(kv.SetClusterConfig.decode, session.set_cluster_config),
     # DCP: Open makes a producer; the rest is the producer's (it refuses what a consumer
     # would take: AddStream, Mutation...); GetFailoverLog is open to any connection
     **_routes(dcp_handlers.open_, dcp.DcpOpen),
@@ -123,7 +129,7 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     try:
         answer = route.handler(conn, route.decode(frame))
     except Reply as reply:
-        return error_answer(frame, reply.status, reply.value, reply.datatype)
+        return error_answer(frame, reply.status, reply.value, reply.datatype, reply.cas)
     except CodecError as exc:
         return error_answer(frame, exc.status, exc.message.encode()[:1024])
     if answer is None or type(answer) is bytes:
@@ -144,7 +150,9 @@ def _response(conn: Connection, frame: Frame) -> bytes | None:
     return None
 
 
-def error_answer(frame: Frame, status: int, value: bytes = b"", datatype: int = 0) -> bytes:
+def error_answer(
+    frame: Frame, status: int, value: bytes = b"", datatype: int = 0, cas: int = 0
+) -> bytes:
     """A GenericResponse to ``frame`` with ``status``: every refusal, whoever refuses."""
     return GenericResponse(
         opcode=frame.opcode,
@@ -152,5 +160,6 @@ def error_answer(frame: Frame, status: int, value: bytes = b"", datatype: int = 
         status=status,
         value=value,
         datatype=datatype,
+        cas=cas,
         to_server=frame.magic == Magic.ServerRequest,
     ).encode()

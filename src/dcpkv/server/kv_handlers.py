@@ -28,6 +28,7 @@ the seqno the mutation got, which a client uses with ObserveSeqno or as a DCP re
 
 from __future__ import annotations
 
+from dcpkv.engine.bucket import StateCasMismatch
 from dcpkv.engine.item import EngineError, Item, KeyNotFound
 from dcpkv.engine.vbucket import VBucket, VBucketState
 from dcpkv.protocol import kv
@@ -56,6 +57,8 @@ def refusal(conn: Connection, exc: EngineError) -> Reply:
     status = engine_status(exc)
     if status == Status.NotMyVbucket:
         return not_my_vbucket(conn)
+    if isinstance(exc, StateCasMismatch):  # the current state CAS, so the manager can retry
+        return Reply(status, str(exc).encode(), cas=exc.cas)
     return Reply(status)
 
 

@@ -95,6 +95,19 @@ def get_error_map(conn: Connection, req: kv.GetErrorMap) -> kv.GetErrorMapRespon
     )
 
 
+def set_cluster_config(conn: Connection, req: kv.SetClusterConfig) -> GenericResponse:
+    """The manager's map for a bucket (the key, or the selected bucket): kept when its
+    (revEpoch, rev) is newer than the one held, ignored when not (a delayed push)."""
+    name = req.bucket or conn.bucket_name
+    if name is None or name not in conn.server.buckets:
+        raise Reply(Status.KeyEnoent, f"no bucket named {name!r}".encode())
+    try:
+        conn.server.set_cluster_config(name, bytes(req.config))
+    except ValueError as exc:
+        raise Reply(Status.Einval, str(exc).encode()) from None
+    return ok(req)
+
+
 def get_cluster_config(conn: Connection, req: kv.GetClusterConfig) -> kv.GetClusterConfigResponse:
     config = conn.server.cluster_map(conn.bucket_name)
     return kv.GetClusterConfigResponse(opaque=req.opaque, config=config, datatype=Datatype.JSON)

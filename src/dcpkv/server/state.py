@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dcpkv.server.auth import UserStore
-from dcpkv.server.cluster_map import cluster_map_json
+from dcpkv.server.cluster_map import PushedConfig, cluster_map_json
 from dcpkv.server.config import ServerConfig
 
 
@@ -22,17 +22,44 @@ class ServerState:
     connections: int = 0  # open client connections (the shell keeps it current)
     # (bucket, DCP connection name) -> the Connection that opened it as a producer
     dcp_producers: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # bucket -> the newest map a cluster manager pushed (SetClusterConfig)
+    cluster_configs: dict[str, PushedConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users))
 
+    def set_cluster_config(self, bucket: str, config: bytes) -> bool:
+        """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;
+        whether it was. ValueError when it is not a config (no integer ``rev``...)."""
+        pushed = PushedConfig.parse(config)
+        held = self.cluster_configs.get(bucket)
+        if held is not None and pushed.version <= held.version:
+            return False
+        self.cluster_configs[bucket] = pushed
+        return True
+
     def cluster_map(self, bucket: str | None) -> bytes:
         name = bucket or self.config.buckets[0].name
+        pushed = self.cluster_configs.get(name)
+        if pushed is not None:
+            return pushed.raw
         bucket_config = self.config.bucket(name)
+        num_vbuckets = bucket_config.vbuckets if bucket_config else 1024
         return cluster_map_json(
             bucket=name,
             host=self.config.host,
             port=self.port if self.port is not None else self.config.port,
-            num_vbuckets=bucket_config.vbuckets if bucket_config else 1024,
+            num_vbuckets=num_vbuckets,
             rev=self.cluster_rev,
+            vbucket_map=self._own_vbucket_map(name, num_vbuckets),
         )
+
+    def _own_vbucket_map(self, name: str, num_vbuckets: int) -> list[list[int]]:
+        """Until a manager pushes a map: this node (index 0) for the vbuckets it holds
+        active, -1 ("nobody") for the rest (a managed node before its first map)."""
+        bucket = self.buckets.get(name)
+        vbuckets = getattr(bucket, "vbuckets", {})
+        return [
+            [0] if (vb := vbuckets.get(i)) is not None and vb.state == "active" else [-1]
+            for i in range(num_vbuckets)
+        ]

@@ -2,6 +2,11 @@
 
 Theory of operation
 -------------------
+State changes are ordered by the bucket's state CAS (spec 002): SetVbucket and DelVbucket carry
+it in the header's CAS (0: unconditional); a stale one is refused with KeyExists and the current
+CAS, and changes nothing; an accepted one answers with the new CAS. GetVbucket answers the
+current CAS too, which is how a manager discovers it.
+
 SetVbucket creates a vbucket or changes its state (the DCP producers of the bucket hear of it
 through the bucket's state listeners and end the streams that must end); GetVbucket reads a
 state; DelVbucket drops a vbucket and its data; GetAllVbSeqnos lists high seqnos, optionally of
@@ -18,7 +23,6 @@ from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import Status, VbucketState
 from dcpkv.server.connection import Connection, Reply
 from dcpkv.server.kv_handlers import present, refusal
-from dcpkv.server.session import ok
 
 # The engine names states, the wire numbers them.
 _WIRE_STATE = {
@@ -31,29 +35,33 @@ _STATE_WIRE = {v: k for k, v in _WIRE_STATE.items()}
 
 
 def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
-    if not 0 <= req.vbucket < conn.bucket.num_vbuckets:
+    bucket = conn.bucket
+    if not 0 <= req.vbucket < bucket.num_vbuckets:
         raise Reply(Status.Einval, b"vbucket id out of range")
+    state = _WIRE_STATE[VbucketState(req.state)]
     try:
-        conn.bucket.set_vbucket_state(req.vbucket, _WIRE_STATE[VbucketState(req.state)])
+        bucket.set_vbucket_state(req.vbucket, state, cas=req.cas)
     except EngineError as exc:
         raise refusal(conn, exc) from None
-    return ok(req)
+    return GenericResponse(opcode=req.opcode, opaque=req.opaque, cas=bucket.state_cas)
 
 
 def get_vbucket(conn: Connection, req: kv.GetVbucket) -> kv.GetVbucketResponse:
     vbucket = present(conn, req.vbucket)
-    return kv.GetVbucketResponse(opaque=req.opaque, state=_STATE_WIRE[vbucket.state])
+    state = _STATE_WIRE[vbucket.state]
+    return kv.GetVbucketResponse(opaque=req.opaque, state=state, cas=conn.bucket.state_cas)
 
 
 def del_vbucket(conn: Connection, req: kv.DelVbucket) -> GenericResponse:
     present(conn, req.vbucket)
+    bucket = conn.bucket
     # Storage I/O on the loop: rare and admin-only; the bucket's I/O lock orders it against
     # the flusher thread.
     try:
-        conn.bucket.delete_vbucket(req.vbucket)
+        bucket.delete_vbucket(req.vbucket, cas=req.cas)
     except EngineError as exc:
         raise refusal(conn, exc) from None
-    return ok(req)
+    return GenericResponse(opcode=req.opcode, opaque=req.opaque, cas=bucket.state_cas)
 
 
 def all_vb_seqnos(conn: Connection, req: kv.GetAllVbSeqnos) -> kv.GetAllVbSeqnosResponse:

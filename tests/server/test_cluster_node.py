@@ -1,0 +1,98 @@
+"""A data node of a cluster, driven as the cluster manager drives it: a real server subprocess
+started with ``--managed``, vbucket states and the map set over the wire (spec 002)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from kvclient import KVClient
+from serverproc import ServerProcess
+
+from dcpkv.protocol.constants import Datatype, Opcode, Status, VbucketState
+
+ACTIVE, REPLICA = struct.pack(">I", VbucketState.Active), struct.pack(">I", VbucketState.Replica)
+
+
+@pytest.fixture
+def node(server_factory: type[ServerProcess], tmp_path: Path) -> KVClient:
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--managed")
+    srv.start()
+    client = KVClient(srv.port)
+    assert client.login().status == Status.Success
+    return client
+
+
+def config(rev: int, epoch: int = 0) -> bytes:
+    return json.dumps({"rev": rev, "revEpoch": epoch, "name": "default",
+                       "vBucketServerMap": {"vBucketMap": [[0]] * 16}}).encode()  # fmt: skip
+
+
+def test_a_managed_node_holds_no_vbucket_until_told(node: KVClient) -> None:
+    assert node.set(b"k", b"v", vbucket=3).status == Status.NotMyVbucket
+    assert node.call(Opcode.GetAllVbSeqnos).value == b""
+    before = json.loads(node.call(Opcode.GetClusterConfig).value)["vBucketServerMap"]
+    assert before["vBucketMap"] == [[-1]] * 16  # nobody: no map was pushed yet
+    assert node.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=3).status == Status.Success
+    after = json.loads(node.call(Opcode.GetClusterConfig).value)["vBucketServerMap"]
+    assert after["vBucketMap"][3] == [0] and after["vBucketMap"][4] == [-1]
+    assert node.set(b"k", b"v", vbucket=3).status == Status.Success
+    assert node.call(Opcode.SetVbucket, extras=REPLICA, vbucket=4).status == Status.Success
+    assert node.set(b"k", b"v", vbucket=4).status == Status.NotMyVbucket  # replicas take no writes
+
+
+def test_a_delayed_stale_state_change_is_refused(node: KVClient) -> None:
+    """The spec's mis-ordering: the manager sends "active", loses the connection, re-reads the
+    CAS and sends "replica"; the first command, still in the network, arrives last. It carries
+    the old CAS, so it is refused with the current one and changes nothing."""
+    first = node.call(Opcode.SetVbucket, extras=REPLICA, vbucket=5)
+    assert first.status == Status.Success and first.cas != 0
+    cas_before_race = first.cas
+    delayed = node.frame(Opcode.SetVbucket, extras=ACTIVE, vbucket=5, cas=cas_before_race)
+    newer = node.call(Opcode.SetVbucket, extras=REPLICA, vbucket=5, cas=cas_before_race)
+    assert newer.status == Status.Success and newer.cas != cas_before_race
+    node.send(delayed)
+    refused = node.recv_frame()
+    assert refused.status == Status.KeyEexists and refused.cas == newer.cas
+    state = node.call(Opcode.GetVbucket, vbucket=5)
+    assert struct.unpack(">I", state.value) == (VbucketState.Replica,)
+    assert state.cas == newer.cas  # how a manager re-reads the CAS
+    # with the current CAS the manager's retry goes through; deletion is ordered the same way
+    retry = node.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=5, cas=state.cas)
+    assert retry.status == Status.Success
+    assert node.call(Opcode.DelVbucket, vbucket=5, cas=state.cas).status == Status.KeyEexists
+    assert node.call(Opcode.DelVbucket, vbucket=5, cas=retry.cas).status == Status.Success
+
+
+def test_the_pushed_map_is_served_and_only_moves_forward(node: KVClient) -> None:
+    assert node.call(Opcode.SetClusterConfig, key=b"default", value=config(5),
+                     datatype=Datatype.JSON).status == Status.Success  # fmt: skip
+    assert json.loads(node.call(Opcode.GetClusterConfig).value)["rev"] == 5
+    # an older map arriving late is ignored; a newer epoch wins whatever its rev
+    node.call(Opcode.SetClusterConfig, key=b"default", value=config(3))
+    assert json.loads(node.call(Opcode.GetClusterConfig).value)["rev"] == 5
+    node.call(Opcode.SetClusterConfig, key=b"default", value=config(1, epoch=2))
+    served = json.loads(node.call(Opcode.GetClusterConfig).value)
+    assert (served["revEpoch"], served["rev"]) == (2, 1)
+    # NotMyVbucket carries the same map, so a smart client re-routes
+    miss = node.get(b"k", vbucket=9)
+    assert miss.status == Status.NotMyVbucket and json.loads(miss.value) == served
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "status"),
+    [
+        (b"default", b"{not json", Status.Einval),
+        (b"default", b'{"rev": -1}', Status.Einval),
+        (b"default", b"[1, 2]", Status.Einval),
+        (b"nope", b'{"rev": 1}', Status.KeyEnoent),
+    ],
+)
+def test_a_bad_map_is_refused_and_changes_nothing(
+    node: KVClient, key: bytes, value: bytes, status: Status
+) -> None:
+    before = node.call(Opcode.GetClusterConfig).value
+    assert node.call(Opcode.SetClusterConfig, key=key, value=value).status == status
+    assert node.call(Opcode.GetClusterConfig).value == before
