@@ -37,10 +37,10 @@ from pathlib import Path
 import typer
 
 from dcpkv.cli.kvrequest import KVSession
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
-from dcpkv.engine.vbucket import VBucketState
 from dcpkv.protocol import FrameParser, dcp
-from dcpkv.protocol.base import U64_MAX
 from dcpkv.protocol.constants import Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
@@ -159,7 +159,7 @@ def high_seqnos(port: int) -> dict[int, int]:
 
 
 def writer(port: int, count: int, vbuckets: int) -> None:
-    from dcpkv.engine.bucket import vbucket_for_key
+    from dcpkv.core.vbucket import vbucket_for_key
     from dcpkv.protocol.frame import encode_frame
 
     sock = socket.create_connection(("127.0.0.1", port))

@@ -29,6 +29,7 @@ from kvclient import KVClient
 from serverproc import ServerProcess
 from sparkhelp import server_docs, vb
 
+from dcpkv.core.status import Status
 from dcpkv.pipelines import sample_data
 from dcpkv.pipelines.backup import (
     BackupError,
@@ -39,7 +40,7 @@ from dcpkv.pipelines.backup import (
     run_backup,
 )
 from dcpkv.pipelines.backup_layout import committed_runs, verify
-from dcpkv.protocol.constants import Opcode, Status
+from dcpkv.protocol.constants import Opcode
 
 CLI = [sys.executable, "-m", "dcpkv.cli.main"]
 

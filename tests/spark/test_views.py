@@ -12,11 +12,12 @@ from typing import Any
 from kvclient import KVClient
 from sparkhelp import server_docs, vb
 
+from dcpkv.core.status import Status
 from dcpkv.pipelines import example_views
 from dcpkv.pipelines.mirror import SourceSettings, start_mirror
 from dcpkv.pipelines.sample_data import changes, documents
 from dcpkv.pipelines.views import create_view, query_view, start_view, stats
-from dcpkv.protocol.constants import Opcode, Status
+from dcpkv.protocol.constants import Opcode
 
 MAP = "dcpkv.pipelines.example_views:revenue_by_country"
 

@@ -27,9 +27,10 @@ from collections import deque
 
 from dcpkv.client.flow_control import Liveness, counts_for_flow_control
 from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_payload
+from dcpkv.core.status import Status
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse, Message, Request
-from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser
 from dcpkv.protocol.messages import decode_message
 

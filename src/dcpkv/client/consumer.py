@@ -78,9 +78,10 @@ from dcpkv.client.flow_control import FlowControl, Liveness
 from dcpkv.client.kv import Document, KVSession
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
 from dcpkv.protocol import dcp
-from dcpkv.protocol.base import U64_MAX, Message, Response
+from dcpkv.protocol.base import Message, Response
 from dcpkv.protocol.constants import Opcode, OpenFlag
 from dcpkv.protocol.errors import CodecError
 

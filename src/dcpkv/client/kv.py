@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import ClientError, Connection, authenticate, status_name
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.status import Status
 from dcpkv.protocol import dcp, kv
-from dcpkv.protocol.constants import Status
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,9 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
 
-U64_MAX = (1 << 64) - 1
 FORMAT_VERSION = 1
 DEFAULT_MAX_CONSISTENT_POINTS = 64
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
 
 
 class ImpossibleHistoryError(ValueError):

@@ -46,26 +46,22 @@ from __future__ import annotations
 
 import random
 import threading
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
-from dcpkv.engine.failover_table import FailoverTable
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import Item, NotMyVbucket, TempFail
 from dcpkv.engine.storage import DEFAULT_HISTORY_WINDOW, CompactResult, Storage, VBState
-from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket, VBucketState
+from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket
 
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
 WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
 _ADMIT_RECHECK = 256  # recount memory every N writes, or sooner when close to the quota
-
-
-def vbucket_for_key(key: bytes, num_vbuckets: int) -> int:
-    return ((zlib.crc32(key) >> 16) & 0x7FFF) % num_vbuckets
 
 
 class Bucket:

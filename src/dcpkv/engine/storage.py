@@ -61,7 +61,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcpkv.engine.failover_table import FailoverTable, FailoverTableError, entries_from_json_obj
+from dcpkv.core.failover_table import FailoverTable, FailoverTableError, entries_from_json_obj
 from dcpkv.engine.item import Item
 
 FORMAT_VERSION = 1

@@ -46,7 +46,7 @@ from typing import Any
 
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.kv import KVSession
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.pipelines.backup_layout import (
     DATA,
     FORMAT,

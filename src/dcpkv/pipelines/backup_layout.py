@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.spark.plan import branch_moved, restart_point
 from dcpkv.spark.sparkoffsets import SparkOffsetError, SparkOffsets
 

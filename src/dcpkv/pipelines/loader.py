@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from dcpkv.cli.kvrequest import KVSession as AdminSession
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.kv import KVSession
-from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.pipelines.sample_data import changes, documents
 from dcpkv.spark.kvwriter import Endpoint, KVWriter, WriteOp
 

@@ -11,7 +11,7 @@ names the offending field, so a server can reply and close without guessing.
 
 from __future__ import annotations
 
-from dcpkv.protocol.constants import Status
+from dcpkv.core.status import Status
 
 
 class CodecError(Exception):

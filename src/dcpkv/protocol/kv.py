@@ -20,6 +20,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.base import (
     Part,
     Request,
@@ -33,7 +35,7 @@ from dcpkv.protocol.base import (
     unpack_exact,
     value_field,
 )
-from dcpkv.protocol.constants import HelloFeature, Opcode, Status, VbucketState
+from dcpkv.protocol.constants import HelloFeature, Opcode
 from dcpkv.protocol.frame import Bytes, Frame
 
 _U16 = struct.Struct(">H")
@@ -48,9 +50,9 @@ _OBSERVE_1 = struct.Struct(">BHQQQQQ")
 _FEATURE_BY_VALUE = {f.value: f for f in HelloFeature}
 
 
-def _vbucket_state(value: int, what: str) -> VbucketState:
+def _vbucket_state(value: int, what: str) -> VBucketState:
     try:
-        return VbucketState(value)
+        return VBucketState(value)
     except ValueError:
         raise einval(what, f"{value} is not a vbucket state (1-4)") from None
 
@@ -465,7 +467,7 @@ class SetVbucket(Request):
     OPCODE = Opcode.SetVbucket
     EXTRAS = _U32
     EXTRAS_FIELDS = ("state",)
-    state: int = VbucketState.Active
+    state: int = VBucketState.ACTIVE
 
     @classmethod
     def _fields(cls, frame: Frame) -> dict[str, Any]:
@@ -484,7 +486,7 @@ class GetVbucketResponse(Response):
     OPCODE = Opcode.GetVbucket
     VALUE_STRUCT = _U32
     VALUE_FIELDS = ("state",)
-    state: int = VbucketState.Active
+    state: int = VBucketState.ACTIVE
 
     @classmethod
     def _fields(cls, frame: Frame) -> dict[str, Any]:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dcpkv import __version__
-from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import Frame, encode_frame
 from dcpkv.server.auth import AuthFailed, SaslSession
 from dcpkv.server.cluster_map import cluster_map_json

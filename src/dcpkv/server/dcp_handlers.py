@@ -32,10 +32,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from dcpkv.core.status import Status
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import Message
-from dcpkv.protocol.constants import Opcode, OpenFlag, Status
+from dcpkv.protocol.constants import Opcode, OpenFlag
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message

@@ -35,9 +35,11 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from dcpkv import __version__
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import EngineError, Item
-from dcpkv.engine.vbucket import VBucket, VBucketState
-from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode, Status, VbucketState
+from dcpkv.engine.vbucket import VBucket
+from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode
 from dcpkv.protocol.frame import Frame
 from dcpkv.server.connection import Connection, Reply, handler, not_my_vbucket, response
 
@@ -53,13 +55,6 @@ _OBSERVE_FAILOVER = struct.Struct(">BHQQQQQ")
 _QUIET = frozenset(
     {Opcode.GetQ, Opcode.GetKQ, Opcode.SetQ, Opcode.AddQ, Opcode.ReplaceQ, Opcode.DeleteQ}
 )
-_WIRE_STATE = {
-    VbucketState.Active: VBucketState.ACTIVE,
-    VbucketState.Replica: VBucketState.REPLICA,
-    VbucketState.Pending: VBucketState.PENDING,
-    VbucketState.Dead: VBucketState.DEAD,
-}
-_STATE_WIRE = {v: k for k, v in _WIRE_STATE.items()}
 STARTED = time.time()
 
 T = TypeVar("T")
@@ -327,7 +322,7 @@ def _general_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
     yield "mem_used", bucket.memory_used
     yield "ep_max_size", bucket.memory_quota
     for state in VBucketState:
-        yield f"vb_{state.value}_num", sum(1 for vb in vbuckets if vb.state == state)
+        yield f"vb_{state.label}_num", sum(1 for vb in vbuckets if vb.state == state)
 
 
 def _seqno_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
@@ -349,7 +344,7 @@ def _failover_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
 
 def _vbucket_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
     for vb in _selected(conn, arg):
-        yield f"vb_{vb.id}", vb.state.value
+        yield f"vb_{vb.id}", vb.state.label
 
 
 # -- vbucket control ---------------------------------------------------------------------------
@@ -358,7 +353,7 @@ def _vbucket_stats(conn: Connection, arg: str) -> Iterator[tuple[str, object]]:
 def _wire_state(raw: bytes) -> VBucketState:
     (code,) = _U32.unpack(raw)
     try:
-        return _WIRE_STATE[VbucketState(code)]
+        return VBucketState(code)
     except ValueError:
         raise Reply(Status.Einval, f"unknown vbucket state {code}".encode()) from None
 
@@ -375,7 +370,7 @@ def _set_vbucket(conn: Connection, frame: Frame) -> bytes:
 @handler(Opcode.GetVbucket)
 def _get_vbucket(conn: Connection, frame: Frame) -> bytes:
     vbucket = _present(conn, frame)
-    return response(frame, value=_U32.pack(_STATE_WIRE[vbucket.state]))
+    return response(frame, value=_U32.pack(vbucket.state))
 
 
 @handler(Opcode.DelVbucket)

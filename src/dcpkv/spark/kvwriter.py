@@ -27,11 +27,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dcpkv.engine.bucket import vbucket_for_key
-from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.core.status import Status, retryable
+from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import FrameParser, encode_frame
 
-RETRYABLE = frozenset({Status.NotMyVbucket, Status.Etmpfail, Status.Ebusy, Status.Enomem})
 DEFAULT_WINDOW = 1024
 FIRST_BACKOFF = 0.01
 MAX_BACKOFF = 1.0
@@ -138,7 +138,7 @@ class KVWriter:
                     op.delete and frame.status == Status.KeyEnoent
                 ):
                     self.written += 1
-                elif frame.status in RETRYABLE:
+                elif retryable(frame.status):
                     retry.append(op)
                 else:
                     raise KVWriteError(f"write of key {op.key!r} refused: {_status(frame.status)}")

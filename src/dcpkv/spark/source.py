@@ -56,7 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from dcpkv.client.sync import SyncConsumer
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.spark.kvwriter import Endpoint, KVWriter, WriteOp
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
 from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread, targets
