@@ -36,7 +36,7 @@ from pathlib import Path
 
 import typer
 
-from dcpkv.cli.kvrequest import KVSession
+from dcpkv.client.blocking import BlockingKV
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
@@ -105,9 +105,9 @@ class Consumer:
     """One DCP producer connection; counts what arrives."""
 
     def __init__(self, port: int) -> None:
-        session = KVSession("127.0.0.1", port, timeout=120)
+        session = BlockingKV("127.0.0.1", port, timeout=120)
         session.login("Administrator", "password", "default")
-        # DcpOpen needs extras, which KVSession.call does not send: build it with the codec.
+        # DcpOpen needs extras, which BlockingKV.call does not send: build it with the codec.
         session.sock.sendall(dcp.DcpOpen(name="bench:consumer", flags=OpenFlag.Producer).encode())
         next(iter(session.frames()))
         self.sock, self.parser = session.sock, session.parser
@@ -152,7 +152,7 @@ class Consumer:
 
 
 def high_seqnos(port: int) -> dict[int, int]:
-    with KVSession("127.0.0.1", port) as s:
+    with BlockingKV("127.0.0.1", port) as s:
         s.login("Administrator", "password", "default")
         frame = s.call(Opcode.GetAllVbSeqnos)
     return dict(struct.iter_unpack(">HQ", bytes(frame.value)))

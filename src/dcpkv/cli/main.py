@@ -148,6 +148,14 @@ def compact(
     )
 
 
+def format_table(rows: list[tuple[str, str]]) -> str:
+    """Two left-aligned columns, the first as wide as its longest name."""
+    if not rows:
+        return ""
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
 @app.command()
 def stats(
     group: Annotated[
@@ -160,10 +168,10 @@ def stats(
     bucket: Annotated[str, typer.Option(help="Bucket to read.")] = "default",
 ) -> None:
     """Print a running server's stats of one group as a table."""
-    from dcpkv.cli.kvrequest import KVSession, RequestFailed, format_table
+    from dcpkv.client.blocking import BlockingKV, RequestFailed
 
     try:
-        with KVSession(host, port) as session:
+        with BlockingKV(host, port) as session:
             session.login(user, password, bucket)
             rows = session.stats(group)
     except (OSError, RequestFailed) as exc:

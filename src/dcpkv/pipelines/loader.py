@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dcpkv.cli.kvrequest import KVSession as AdminSession
+from dcpkv.client.blocking import BlockingKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.kv import KVSession
 from dcpkv.core.vbucket import vbucket_for_key
@@ -49,7 +49,7 @@ class SampleInfo:
 
 def bucket_vbuckets(ep: Endpoint) -> tuple[int, int]:
     """(active vbuckets, items) of the bucket, from the general stats."""
-    with AdminSession(ep.host, ep.port) as session:
+    with BlockingKV(ep.host, ep.port) as session:
         session.login(ep.user, ep.password, ep.bucket)
         stats = dict(session.stats(""))
     return int(stats["vb_active_num"]), int(stats["curr_items"])

@@ -1,4 +1,4 @@
-"""A tiny blocking key-value session for the command line, built on the codec alone.
+"""A blocking key-value client for callers without an event loop, built on the codec alone.
 
 Theory of operation
 -------------------
@@ -22,7 +22,7 @@ class RequestFailed(Exception):
     """The server answered a request with a non-success status."""
 
 
-class KVSession:
+class BlockingKV:
     def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.parser = FrameParser()
@@ -32,7 +32,7 @@ class KVSession:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> KVSession:
+    def __enter__(self) -> BlockingKV:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -90,11 +90,3 @@ def _check(frame: Frame) -> None:
             name = f"0x{frame.status:02x}"
         message = bytes(frame.value).decode("utf-8", "replace")[:200]
         raise RequestFailed(f"{name}: {message}" if message else name)
-
-
-def format_table(rows: list[tuple[str, str]]) -> str:
-    """Two left-aligned columns, the first as wide as its longest name."""
-    if not rows:
-        return ""
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
