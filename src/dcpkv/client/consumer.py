@@ -215,7 +215,7 @@ class Consumer:
 
     def _route(self, vbucket: int) -> tuple[str, int]:
         """The node that holds ``vbucket``: the configured one until a cluster map exists."""
-        return self.config.host, self.config.port
+        return self.config.connection.host, self.config.connection.port
 
     # -- streaming --------------------------------------------------------------------------
 
@@ -327,7 +327,8 @@ class Consumer:
 
     async def _handshake(self, conn: Connection) -> None:
         cfg = self.config
-        await authenticate(conn, cfg.user, cfg.password, cfg.bucket)
+        c = cfg.connection
+        await authenticate(conn, c.user, c.password, c.bucket)
         flags = OpenFlag.Producer | (OpenFlag(0) if cfg.include_values else OpenFlag.NoValue)
         await conn.call_ok(dcp.DcpOpen(name=cfg.name, flags=flags))
         if cfg.buffer_size:

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from dcpkv.client import events
 from dcpkv.client.offsets import VbucketOffset, VbucketProgress
 from dcpkv.client.rollback_point import ImpossibleHistoryError, consumer_rollback_point
+from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import retryable
@@ -64,7 +65,7 @@ from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import Opcode, StreamEndReason
 
 
-class StreamStateError(Exception):
+class StreamStateError(DcpkvError):
     """An event that is illegal in the stream's current state (a caller or producer bug)."""
 
 

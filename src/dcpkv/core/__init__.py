@@ -12,6 +12,8 @@ another to learn them. This package imports nothing else of ``dcpkv`` (the layer
 
 ``seqno``           U64_MAX, the seqno and uuid types      ``vbucket``   key hashing, VBucketState
 ``failover_table``  a vbucket's branches, JSON/wire forms  ``rollback``  the producer's decision
-``status``          status codes and their error-map attributes
+``status``          status codes and their error-map attributes (retryable, refresh the map)
 ``errors``          DcpkvError, the root of every exception the project raises
+``defaults``        the embedded host, port, bucket and credentials server and clients share
+``files``           the durable atomic replacement of a file (write, fsync, rename, fsync dir)
 """

@@ -103,6 +103,14 @@ ERROR_MAP: dict[Status, ErrorInfo] = {
 _BY_CODE: dict[int, ErrorInfo] = {int(status): info for status, info in ERROR_MAP.items()}
 
 
+def status_name(status: int) -> str:
+    """``NotMyVbucket`` for a status we know, ``0x2a`` for one we do not."""
+    try:
+        return Status(status).name
+    except ValueError:
+        return f"0x{status:02x}"
+
+
 def attributes(status: int) -> frozenset[ErrorAttribute]:
     """The error-map attributes of ``status`` (none for a status the map does not list)."""
     info = _BY_CODE.get(status)

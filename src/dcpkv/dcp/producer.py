@@ -74,6 +74,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
@@ -108,7 +109,7 @@ _PRIORITIES = frozenset({"low", "medium", "high"})
 _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
 
 
-class ProducerError(Exception):
+class ProducerError(DcpkvError):
     """A request the producer refuses; ``status`` is the memcached status to answer with."""
 
     def __init__(self, status: Status, message: str) -> None:

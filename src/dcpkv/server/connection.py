@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dcpkv import __version__
+from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import Frame, encode_frame
@@ -49,8 +50,10 @@ SUPPORTED_FEATURES = frozenset(
 )
 
 
-class Reply(Exception):
+class Reply(DcpkvError):
     """Answer the current request with ``status`` (and an optional value) and go on."""
+
+    status: Status
 
     def __init__(self, status: Status, value: bytes = b"") -> None:
         super().__init__(status.name)
@@ -58,7 +61,7 @@ class Reply(Exception):
         self.value = value
 
 
-class CloseConnection(Exception):
+class CloseConnection(DcpkvError):
     """Stop reading this connection after writing what is queued (Quit, fatal errors)."""
 
 

@@ -63,16 +63,11 @@ T = TypeVar("T")
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def engine_status(exc: EngineError) -> Status:
-    """The wire status an engine refusal names (an unknown name is a bug: Einternal)."""
-    return Status.__members__.get(exc.status, Status.Einternal)
-
-
 def _engine(conn: Connection, op: Callable[[], T]) -> T:
     try:
         return op()
     except EngineError as exc:
-        status = engine_status(exc)
+        status = exc.status
         if status == Status.NotMyVbucket:
             raise not_my_vbucket(conn) from None
         raise Reply(status) from None
