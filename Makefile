@@ -23,11 +23,14 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
+## lint: ruff, the layer contract (import-linter, see pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
+	$(BIN)/lint-imports
 
 ## bench: every benchmark under bench/
 bench: $(STAMP)

@@ -36,11 +36,11 @@ from pathlib import Path
 
 import typer
 
-from dcpkv.cli.kvrequest import KVSession
+from dcpkv.client.blocking import BlockingKV
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
-from dcpkv.engine.vbucket import VBucketState
 from dcpkv.protocol import FrameParser, dcp
-from dcpkv.protocol.base import U64_MAX
 from dcpkv.protocol.constants import Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
@@ -105,9 +105,9 @@ class Consumer:
     """One DCP producer connection; counts what arrives."""
 
     def __init__(self, port: int) -> None:
-        session = KVSession("127.0.0.1", port, timeout=120)
+        session = BlockingKV("127.0.0.1", port, timeout=120)
         session.login("Administrator", "password", "default")
-        # DcpOpen needs extras, which KVSession.call does not send: build it with the codec.
+        # DcpOpen needs extras, which BlockingKV.call does not send: build it with the codec.
         session.sock.sendall(dcp.DcpOpen(name="bench:consumer", flags=OpenFlag.Producer).encode())
         next(iter(session.frames()))
         self.sock, self.parser = session.sock, session.parser
@@ -152,14 +152,14 @@ class Consumer:
 
 
 def high_seqnos(port: int) -> dict[int, int]:
-    with KVSession("127.0.0.1", port) as s:
+    with BlockingKV("127.0.0.1", port) as s:
         s.login("Administrator", "password", "default")
         frame = s.call(Opcode.GetAllVbSeqnos)
     return dict(struct.iter_unpack(">HQ", bytes(frame.value)))
 
 
 def writer(port: int, count: int, vbuckets: int) -> None:
-    from dcpkv.engine.bucket import vbucket_for_key
+    from dcpkv.core.vbucket import vbucket_for_key
     from dcpkv.protocol.frame import encode_frame
 
     sock = socket.create_connection(("127.0.0.1", port))

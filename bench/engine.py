@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.item import Item
 from dcpkv.engine.storage import Storage, VBState
-from dcpkv.engine.vbucket import VBucketState
 
 VALUE = b"x" * 100
 

@@ -38,10 +38,11 @@ from typing import Annotated
 import typer
 
 from _server import bench_server  # bench/ is on sys.path: the script's own folder
-from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol import dcp
-from dcpkv.protocol.base import U64_MAX
-from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, OpenFlag, Status
+from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import FrameParser, encode_frame
 
 VBUCKETS = 1024

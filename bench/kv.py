@@ -41,8 +41,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dcpkv.engine.bucket import vbucket_for_key
-from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import FrameParser, encode_frame
 
 VALUE = b"v" * 100

@@ -32,6 +32,7 @@ import dcpkv.spark
 from dcp import loaded_server  # bench/dcp.py (the script's folder is on sys.path)
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
+from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.spark.plan import VbTarget
 from dcpkv.spark.read import stream_events
@@ -45,7 +46,7 @@ def raw_rate(port: int) -> tuple[int, float]:
     """Mutations streamed by one SyncConsumer from 0 to the high seqnos; (count, seconds)."""
     start = time.perf_counter()
     count = 0
-    with SyncConsumer(ClientConfig(port=port, name="bench:raw")) as consumer:
+    with SyncConsumer(ClientConfig(ConnectionSettings.at(port=port), name="bench:raw")) as consumer:
         for event in consumer.stream(start="beginning", end="now"):
             if isinstance(event, events.Mutation):
                 count += 1
@@ -55,7 +56,7 @@ def raw_rate(port: int) -> tuple[int, float]:
 def task_path_rate(port: int) -> tuple[int, float]:
     """The same stream as :func:`raw_rate`, driven the way a Spark task drives it
     (``dcpkv.spark.read.stream_events``), in one process."""
-    config = ClientConfig(port=port, name="bench:chunked")
+    config = ClientConfig(ConnectionSettings.at(port=port), name="bench:chunked")
     with SyncConsumer(config) as consumer:
         seqnos = consumer.vbucket_seqnos()
     work = [VbTarget(vb, VbPosition.at(0, 0), high, high) for vb, (_u, high) in seqnos.items()]

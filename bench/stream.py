@@ -29,12 +29,15 @@ from dcp import loaded_server
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
+from dcpkv.client.settings import ConnectionSettings
 
 
 async def consume(port: int) -> tuple[int, float]:
     count = 0
     start = time.perf_counter()
-    async with Consumer(ClientConfig(port=port, name="bench:consumer")) as consumer:
+    async with Consumer(
+        ClientConfig(ConnectionSettings.at(port=port), name="bench:consumer")
+    ) as consumer:
         async for ev in consumer.stream(end="now"):
             if type(ev) is events.Mutation:
                 count += 1

@@ -16,8 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from kvclient import KVClient
 from serverproc import ServerProcess, tracked_servers
 
-from dcpkv.engine.bucket import vbucket_for_key
-from dcpkv.protocol.constants import Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.protocol.constants import Opcode
 
 VBUCKETS = 16  # serverproc starts every server with --vbuckets 16
 

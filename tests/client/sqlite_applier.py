@@ -16,6 +16,7 @@ from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.offsets import Offsets
+from dcpkv.client.settings import ConnectionSettings
 
 COMMIT_EVERY = 50
 
@@ -44,7 +45,9 @@ async def main(port: int, path: str, until_now: bool) -> None:
     db = open_db(path)
     row = db.execute("SELECT offsets FROM state WHERE id = 0").fetchone()
     offsets = Offsets.from_json(row[0]) if row else Offsets()
-    config = ClientConfig(port=port, name="test:applier", noop_interval=1.0, max_backoff=0.2)
+    config = ClientConfig(
+        ConnectionSettings.at(port=port), name="test:applier", noop_interval=1.0, max_backoff=0.2
+    )
     async with Consumer(config, offsets=offsets) as consumer:
         pending = 0
         db.execute("BEGIN")

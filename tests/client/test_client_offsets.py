@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpkv.client.offsets import (
-    U64_MAX,
     OffsetError,
     Offsets,
     OffsetsFileError,
@@ -18,8 +17,9 @@ from dcpkv.client.offsets import (
     VbucketProgress,
     temp_path,
 )
-from dcpkv.engine.failover_table import FailoverEntry, FailoverTable
-from dcpkv.engine.rollback import needs_rollback
+from dcpkv.core.failover_table import FailoverEntry, FailoverTable
+from dcpkv.core.rollback import needs_rollback
+from dcpkv.core.seqno import U64_MAX
 
 U = 0x1111
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from dcpkv.client import events
 from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
 from dcpkv.client.mutation_log import MutationLog
-from dcpkv.engine.failover_table import FailoverTable
-from dcpkv.engine.rollback import needs_rollback
+from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.rollback import needs_rollback
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import Message
 from dcpkv.protocol.constants import StreamEndReason

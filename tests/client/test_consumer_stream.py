@@ -13,10 +13,11 @@ from dcpkv.client.consumer_stream import (
     StreamStateError,
 )
 from dcpkv.client.offsets import VbucketOffset, VbucketProgress
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.status import Status
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import Opcode, Status, StreamEndReason
+from dcpkv.protocol.constants import Opcode, StreamEndReason
 from dcpkv.protocol.frame import FrameParser
 from dcpkv.protocol.messages import decode_message
 

@@ -21,6 +21,7 @@ from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets
+from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 
 EVENT_TIMEOUT_S = 60.0  # a safety net against hangs, never an assertion on speed
@@ -28,7 +29,9 @@ MAX_EVENTS = 200_000
 
 
 def config(port: int, name: str = "test:client") -> ClientConfig:
-    return ClientConfig(port=port, name=name, noop_interval=1.0, max_backoff=0.5)
+    return ClientConfig(
+        ConnectionSettings.at(port=port), name=name, noop_interval=1.0, max_backoff=0.5
+    )
 
 
 class App:
@@ -251,7 +254,11 @@ def test_dead_connection_is_noticed_and_resumed(server: ServerProcess) -> None:
 
     async def main() -> Consumer:
         app = App()
-        consumer = Consumer(ClientConfig(port=server.port, noop_interval=0.2, max_backoff=0.2))
+        consumer = Consumer(
+            ClientConfig(
+                ConnectionSettings.at(port=server.port), noop_interval=0.2, max_backoff=0.2
+            )
+        )
         it = consumer.stream()
         await follow(it, consumer, app, await consumer.vbucket_seqnos())
         assert server.proc is not None
@@ -278,7 +285,9 @@ def test_include_values_false_streams_keys_without_values(server: ServerProcess)
     keys = {f"nv{i}".encode() for i in range(50)}
     for key in sorted(keys):
         w.set(key, key * 3)
-    cfg = ClientConfig(port=server.port, name="test:novalue", include_values=False)
+    cfg = ClientConfig(
+        ConnectionSettings.at(port=server.port), name="test:novalue", include_values=False
+    )
     with SyncConsumer(cfg) as sync:
         got = [ev for ev in sync.stream(end="now") if isinstance(ev, events.Mutation)]
     assert {ev.key for ev in got} == keys

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dcpkv.client.rollback_point import ImpossibleHistoryError, consumer_rollback_point
-from dcpkv.engine.failover_table import FailoverEntry as E
+from dcpkv.core.failover_table import FailoverEntry as E
 
 CAFEBABE, DEADBEEF, BA5EBA11 = 0xCAFEBABE, 0xDEADBEEF, 0xBA5EBA11
 

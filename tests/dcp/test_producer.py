@@ -10,20 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import BATCH_ITEMS, DcpProducer, ProducerError
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
-from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import dcp
-from dcpkv.protocol.base import U64_MAX, GenericResponse, Message
+from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import (
     Opcode,
     OpenFlag,
     SnapshotFlag,
-    Status,
     StreamEndReason,
     StreamRequestFlag,
-    VbucketState,
 )
 from dcpkv.protocol.frame import FrameParser
 from dcpkv.protocol.messages import decode_message
@@ -562,7 +563,7 @@ def test_takeover_hands_the_vbucket_over(bucket: Bucket, clock: ManualClock) -> 
     assert isinstance(request(p, flags=StreamRequestFlag.TakeOver), dcp.StreamRequestOk)
     c.drain(p)
     pending = c.messages[-1]
-    assert isinstance(pending, dcp.SetVbucketState) and pending.state == VbucketState.Pending
+    assert isinstance(pending, dcp.SetVbucketState) and pending.state == VBucketState.PENDING
     assert c.seqno[0] == 12 and vb.state == VBucketState.ACTIVE
     vb.set(b"late", b"written before the consumer's ack")
     assert c.drain(p) == []  # waits for the ack, sends nothing
@@ -572,7 +573,7 @@ def test_takeover_hands_the_vbucket_over(bucket: Bucket, clock: ManualClock) -> 
     p.vbucket_state_changed(0)  # the handoff's own stream is spared
     tail = c.drain(p)
     active = tail[-1]
-    assert isinstance(active, dcp.SetVbucketState) and active.state == VbucketState.Active
+    assert isinstance(active, dcp.SetVbucketState) and active.state == VBucketState.ACTIVE
     assert c.docs[0][b"late"] == b"written before the consumer's ack" and c.seqno[0] == 13
     assert c.drain(p) == []
     ack(p, active)

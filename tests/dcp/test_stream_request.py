@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dcpkv.core.failover_table import FailoverEntry, FailoverTable
+from dcpkv.core.rollback import REASON_NO_COMMON_HISTORY, reason_ahead, reason_purged
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.stream_request import (
     Accept,
     Refuse,
@@ -12,14 +16,11 @@ from dcpkv.dcp.stream_request import (
     VBucketView,
     decide_stream_request,
 )
-from dcpkv.engine.failover_table import FailoverEntry, FailoverTable
-from dcpkv.engine.rollback import REASON_NO_COMMON_HISTORY, reason_ahead, reason_purged
-from dcpkv.protocol.constants import Status, VbucketState
 from dcpkv.protocol.constants import StreamRequestFlag as F
 
 TABLE = FailoverTable([FailoverEntry(2222, 3), FailoverEntry(1111, 0)])
 ACTIVE = VBucketView(
-    VbucketState.Active, high_seqno=10, persisted_seqno=8, purge_seqno=0, failover_table=TABLE
+    VBucketState.ACTIVE, high_seqno=10, persisted_seqno=8, purge_seqno=0, failover_table=TABLE
 )
 MAX = 2**64 - 1
 
@@ -37,21 +38,21 @@ def req(start=0, end=MAX, uuid=0, snap=None, flags: int = 0, purge=None) -> Stre
         (
             "dead vbucket",
             req(),
-            VBucketView(VbucketState.Dead, 10, 8, 0, TABLE),
+            VBucketView(VBucketState.DEAD, 10, 8, 0, TABLE),
             False,
             Refuse(Status.NotMyVbucket, ""),
         ),
         (
             "replica ok",
             req(),
-            VBucketView(VbucketState.Replica, 10, 8, 0, TABLE),
+            VBucketView(VBucketState.REPLICA, 10, 8, 0, TABLE),
             False,
             Accept(0, MAX, 0, 0, 0),
         ),
         (
             "replica, ActiveVbOnly",
             req(flags=F.ActiveVbOnly),
-            VBucketView(VbucketState.Replica, 10, 8, 0, TABLE),
+            VBucketView(VBucketState.REPLICA, 10, 8, 0, TABLE),
             False,
             Refuse(Status.NotMyVbucket, ""),
         ),
@@ -101,14 +102,14 @@ def req(start=0, end=MAX, uuid=0, snap=None, flags: int = 0, purge=None) -> Stre
         (
             "rollback: purge",
             req(start=5, uuid=2222, snap=(4, 6)),
-            VBucketView(VbucketState.Active, 10, 8, 5, TABLE),
+            VBucketView(VBucketState.ACTIVE, 10, 8, 5, TABLE),
             False,
             RollbackTo(0, reason_purged(5)),
         ),
         (
             "purge known from json",
             req(start=5, uuid=2222, snap=(4, 6), purge=5),
-            VBucketView(VbucketState.Active, 10, 8, 5, TABLE),
+            VBucketView(VBucketState.ACTIVE, 10, 8, 5, TABLE),
             False,
             Accept(5, MAX, 4, 6, 2222),
         ),
@@ -129,7 +130,7 @@ def req(start=0, end=MAX, uuid=0, snap=None, flags: int = 0, purge=None) -> Stre
         (
             "empty vbucket to 0",
             req(end=0),
-            VBucketView(VbucketState.Active, 0, 0, 0, TABLE),
+            VBucketView(VBucketState.ACTIVE, 0, 0, 0, TABLE),
             False,
             Accept(0, 0, 0, 0, 0),
         ),

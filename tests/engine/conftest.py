@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
-from dcpkv.engine.failover_table import FailoverTable
 from dcpkv.engine.hlc import ManualClock
-from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.engine.vbucket import VBucket
 
 BucketFactory = Callable[..., Bucket]
 

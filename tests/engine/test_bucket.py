@@ -11,18 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dcpkv.engine.bucket import vbucket_for_key
-from dcpkv.engine.failover_table import FailoverTable
+from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import Item, KeyNotFound, NotMyVbucket, TempFail
-from dcpkv.engine.vbucket import VBucketState
 
 from .conftest import BucketFactory
-
-
-def test_vbucket_for_key_is_the_sdk_crc() -> None:
-    # CRC32 of b"foo" is 0x8c736521: (0x8c73 & 0x7fff) % 1024
-    assert vbucket_for_key(b"foo", 1024) == (0x8C73 & 0x7FFF) % 1024
-    assert all(0 <= vbucket_for_key(b"k%d" % i, 64) < 64 for i in range(100))
 
 
 def test_missing_vbucket_is_not_my_vbucket(open_bucket: BucketFactory) -> None:

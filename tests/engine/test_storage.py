@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dcpkv.engine.failover_table import FailoverTable
+from dcpkv.core.failover_table import FailoverTable
 from dcpkv.engine.item import Item
 from dcpkv.engine.storage import CorruptDatabaseError, Storage, VBState
 

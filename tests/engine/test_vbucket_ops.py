@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.item import (
     DeltaBadval,
@@ -15,7 +16,7 @@ from dcpkv.engine.item import (
     NotStored,
     TooBig,
 )
-from dcpkv.engine.vbucket import NO_CREATE, VBucket, VBucketState, absolute_expiry
+from dcpkv.engine.vbucket import NO_CREATE, VBucket, absolute_expiry
 
 GOOD_CAS = -1  # placeholder in the tables: "the current item's CAS"
 BAD_CAS = 12345

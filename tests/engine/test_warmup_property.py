@@ -10,10 +10,11 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.item import KeyNotFound
-from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.engine.vbucket import VBucket
 
 KEYS = [b"a", b"b", b"c", b"d"]
 Op = tuple[str, int, bytes]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from dcpkv.app.node import LocalNode, NodeError
+from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.loader import (
     MARKER_KEY,
     ChangeGenerator,
@@ -18,8 +20,6 @@ from dcpkv.pipelines.loader import (
     load_sample,
     loaded_sample,
 )
-from dcpkv.pipelines.node import LocalNode, NodeError
-from dcpkv.spark.kvwriter import Endpoint
 
 VBUCKETS = 8
 
@@ -40,8 +40,8 @@ def node(tmp_path: Path) -> Iterator[LocalNode]:
     node.stop()
 
 
-def endpoint(node: LocalNode) -> Endpoint:
-    return Endpoint("127.0.0.1", node.port, "Administrator", "password", "default")
+def endpoint(node: LocalNode) -> ConnectionSettings:
+    return ConnectionSettings.at(port=node.port)
 
 
 def test_node_starts_on_a_free_port_and_stops_cleanly(node: LocalNode) -> None:

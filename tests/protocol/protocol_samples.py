@@ -14,18 +14,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import GenericResponse, Message, Part, Request, Response
-from dcpkv.protocol.constants import (
-    HelloFeature,
-    Opcode,
-    OpenFlag,
-    SnapshotFlag,
-    Status,
-    StreamEndReason,
-    VbucketState,
-)
+from dcpkv.protocol.constants import HelloFeature, Opcode, OpenFlag, SnapshotFlag, StreamEndReason
 
 U8 = st.integers(0, 0xFF)
 U16 = st.integers(0, 0xFFFF)
@@ -73,9 +67,9 @@ _MARKER_FLAGS = st.one_of(st.sampled_from(list(SnapshotFlag)), U32)
 _OVERRIDES: dict[type[Message], dict[str, st.SearchStrategy[Any]]] = {
     kv.Hello: {"features": st.lists(U16, max_size=20).map(tuple)},
     kv.HelloResponse: {"features": st.lists(U16, max_size=20).map(tuple)},
-    kv.SetVbucket: {"state": st.sampled_from(list(VbucketState)), "meta": st.binary(max_size=40)},
-    kv.GetVbucketResponse: {"state": st.sampled_from(list(VbucketState))},
-    kv.GetAllVbSeqnos: {"state": st.none() | st.sampled_from(list(VbucketState))},
+    kv.SetVbucket: {"state": st.sampled_from(list(VBucketState)), "meta": st.binary(max_size=40)},
+    kv.GetVbucketResponse: {"state": st.sampled_from(list(VBucketState))},
+    kv.GetAllVbSeqnos: {"state": st.none() | st.sampled_from(list(VBucketState))},
     kv.GetAllVbSeqnosResponse: {
         "seqnos": st.lists(st.tuples(U16, U64_EDGY), max_size=50).map(tuple)
     },
@@ -85,7 +79,7 @@ _OVERRIDES: dict[type[Message], dict[str, st.SearchStrategy[Any]]] = {
         "last_persisted_seqno": U64_EDGY,
         "current_seqno": U64_EDGY,
     },
-    dcp.SetVbucketState: {"state": st.sampled_from(list(VbucketState))},
+    dcp.SetVbucketState: {"state": st.sampled_from(list(VBucketState))},
     dcp.StreamEnd: {"reason": st.one_of(st.sampled_from(list(StreamEndReason)), U32)},
     dcp.StreamRequest: {
         "value": st.one_of(st.just(b""), st.builds(dcp.stream_request_value, U64_EDGY))
@@ -206,11 +200,11 @@ EXAMPLES: list[Message] = [
     kv.SaslAuth(mechanism="PLAIN", data=b"\0user\0password"),
     kv.SaslStep(mechanism="SCRAM-SHA512", data=b"c=biws,r=abc"),
     kv.SelectBucket(bucket="default"),
-    kv.SetVbucket(state=VbucketState.Replica, vbucket=3),
+    kv.SetVbucket(state=VBucketState.REPLICA, vbucket=3),
     kv.GetVbucket(vbucket=3),
     kv.DelVbucket(vbucket=3),
     kv.GetAllVbSeqnos(),
-    kv.GetAllVbSeqnos(state=VbucketState.Active),
+    kv.GetAllVbSeqnos(state=VBucketState.ACTIVE),
     kv.ObserveSeqno(vbucket=2, vbucket_uuid=MAX64),
     kv.GetClusterConfig(),
     kv.SetClusterConfig(bucket="default", config=b'{"rev":7}'),
@@ -241,7 +235,7 @@ EXAMPLES: list[Message] = [
     kv.SaslListMechsResponse(mechanisms="SCRAM-SHA512 PLAIN"),
     kv.SaslAuthResponse(status=Status.AuthContinue, data=b"r=abc,s=salt,i=4096"),
     kv.SaslStepResponse(data=b"v=proof"),
-    kv.GetVbucketResponse(state=VbucketState.Dead),
+    kv.GetVbucketResponse(state=VBucketState.DEAD),
     kv.GetAllVbSeqnosResponse(seqnos=((0, 5), (1023, MAX64))),
     kv.ObserveSeqnoResponse(vbucket=1, vbucket_uuid=2, last_persisted_seqno=3, current_seqno=4),
     kv.ObserveSeqnoResponse(
@@ -281,7 +275,7 @@ EXAMPLES: list[Message] = [
     dcp.GetFailoverLogResponse(failover_log=_fl((5, 0))),
     dcp.StreamEnd(reason=StreamEndReason.Rollback, vbucket=7),
     dcp.StreamEnd(reason=0xFFFF_FFFF),
-    dcp.SetVbucketState(state=VbucketState.Pending),
+    dcp.SetVbucketState(state=VBucketState.PENDING),
     dcp.SnapshotMarker(start_seqno=1, end_seqno=MAX64, flags=SnapshotFlag.Disk),
     dcp.SnapshotMarkerV2_0(
         start_seqno=1, end_seqno=8, flags=2, max_visible_seqno=8, high_completed_seqno=7

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_samples import EXAMPLES
 
-from dcpkv.protocol import CodecError, Frame, FrameParser, Status, decode_message, encode_frame
+from dcpkv.core.status import Status
+from dcpkv.protocol import CodecError, Frame, FrameParser, decode_message, encode_frame
 from dcpkv.protocol.dcp import Mutation
 from dcpkv.protocol.frame import encode_framing_item
 

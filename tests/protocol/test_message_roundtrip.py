@@ -60,7 +60,7 @@ def test_decoded_bytes_are_zero_copy_views() -> None:
 
 
 def test_stream_request_ok_reuses_failover_table_wire_format() -> None:
-    from dcpkv.engine.failover_table import FailoverEntry, encode_wire
+    from dcpkv.core.failover_table import FailoverEntry, encode_wire
 
     log = (FailoverEntry(0xAA, 10), FailoverEntry(0xBB, 0))
     wire = StreamRequestOk(failover_log=log).encode()

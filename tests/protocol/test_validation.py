@@ -6,7 +6,8 @@ import struct
 
 import pytest
 
-from dcpkv.protocol import CodecError, FrameParser, Status, decode_message, encode_frame
+from dcpkv.core.status import Status
+from dcpkv.protocol import CodecError, FrameParser, decode_message, encode_frame
 from dcpkv.protocol.dcp import DcpOpen, Mutation, SnapshotMarker, StreamRequestOk
 from dcpkv.protocol.kv import Get, SetVbucket
 

@@ -19,10 +19,12 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.status import Status
 from dcpkv.protocol import dcp, kv
-from dcpkv.protocol.base import U64_MAX, GenericResponse, Message, Response
-from dcpkv.protocol.constants import Magic, Opcode, OpenFlag, Status
+from dcpkv.protocol.base import GenericResponse, Message, Response
+from dcpkv.protocol.constants import Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import FrameParser, encode_frame
 from dcpkv.protocol.messages import decode_message
 

@@ -11,7 +11,8 @@ import struct
 import time
 from collections.abc import Iterator
 
-from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dcpkv.core.status import Status
 from dcpkv.protocol import kv
-from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.server.app import DataServer, KVProtocol
 from dcpkv.server.config import ServerConfig, with_cli_flags

@@ -11,9 +11,11 @@ import pytest
 from kvclient import KVClient
 from serverproc import ServerProcess
 
-from dcpkv.protocol.constants import Datatype, Opcode, Status, VbucketState
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
+from dcpkv.protocol.constants import Datatype, Opcode
 
-ACTIVE, REPLICA = struct.pack(">I", VbucketState.Active), struct.pack(">I", VbucketState.Replica)
+ACTIVE, REPLICA = struct.pack(">I", VBucketState.ACTIVE), struct.pack(">I", VBucketState.REPLICA)
 
 
 @pytest.fixture
@@ -57,7 +59,7 @@ def test_a_delayed_stale_state_change_is_refused(node: KVClient) -> None:
     refused = node.recv_frame()
     assert refused.status == Status.KeyEexists and refused.cas == newer.cas
     state = node.call(Opcode.GetVbucket, vbucket=5)
-    assert struct.unpack(">I", state.value) == (VbucketState.Replica,)
+    assert struct.unpack(">I", state.value) == (VBucketState.REPLICA,)
     assert state.cas == newer.cas  # how a manager re-reads the CAS
     # with the current CAS the manager's retry goes through; deletion is ordered the same way
     retry = node.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=5, cas=state.cas)

@@ -7,7 +7,8 @@ import json
 import pytest
 import scramp
 
-from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import CloseConnection, Connection

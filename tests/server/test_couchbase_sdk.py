@@ -32,7 +32,7 @@ from couchbase.options import (
 from kvclient import KVClient, poll_rounds
 from serverproc import ServerProcess
 
-from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.core.vbucket import vbucket_for_key
 
 VBUCKETS = 16  # what ServerProcess starts the server with
 

@@ -22,7 +22,8 @@ from dcpclient import DcpClient, VbState, all_vb_seqnos
 from kvclient import KVClient
 from serverproc import ServerProcess
 
-from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import (
@@ -30,7 +31,6 @@ from dcpkv.protocol.constants import (
     Opcode,
     OpenFlag,
     SnapshotFlag,
-    Status,
     StreamEndReason,
     StreamRequestFlag,
 )

@@ -24,8 +24,9 @@ from pathlib import Path
 from kvclient import KVClient, poll_rounds
 from serverproc import ServerProcess
 
-from dcpkv.engine.bucket import vbucket_for_key
-from dcpkv.protocol.constants import HelloFeature, Status
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.protocol.constants import HelloFeature
 
 VBUCKETS = 16  # what ServerProcess starts the server with
 WRITERS = 4

@@ -14,7 +14,8 @@ from pathlib import Path
 from kvclient import KVClient, poll_rounds
 from serverproc import ServerProcess
 
-from dcpkv.protocol.constants import HelloFeature, Status
+from dcpkv.core.status import Status
+from dcpkv.protocol.constants import HelloFeature
 
 QUOTA_MB = 1
 VALUE_SIZE = 100 * 1024

@@ -9,7 +9,8 @@ import pytest
 from kvclient import KVClient, poll_rounds
 from serverproc import ServerProcess
 
-from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 
 
 @pytest.fixture

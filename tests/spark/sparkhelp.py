@@ -9,8 +9,9 @@ from typing import Any
 
 from kvclient import KVClient
 
-from dcpkv.engine.bucket import vbucket_for_key
-from dcpkv.protocol.constants import Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.protocol.constants import Opcode
 
 VBUCKETS = 8
 PAST = 30 * 24 * 3600 + 1  # an absolute expiry in 1970: expired the moment it is read

@@ -29,17 +29,18 @@ from kvclient import KVClient
 from serverproc import ServerProcess
 from sparkhelp import server_docs, vb
 
+from dcpkv.client.settings import ConnectionSettings
+from dcpkv.core.status import Status
 from dcpkv.pipelines import sample_data
 from dcpkv.pipelines.backup import (
     BackupError,
-    Endpoint,
     cut_points,
     parse_to_seqnos,
     restore,
     run_backup,
 )
 from dcpkv.pipelines.backup_layout import committed_runs, verify
-from dcpkv.protocol.constants import Opcode, Status
+from dcpkv.protocol.constants import Opcode
 
 CLI = [sys.executable, "-m", "dcpkv.cli.main"]
 
@@ -108,7 +109,7 @@ def _build(spark: Any, sc: Scenario, src: ServerProcess) -> None:
     sc.keys |= set(docs)
     src.terminate()  # a clean stop persists run 1's data...
     src.start()
-    run_backup(spark, sc.root, Endpoint(port=src.port))
+    run_backup(spark, sc.root, ConnectionSettings.at(port=src.port))
     sc.truth[1] = server_docs(src.port, sc.keys)
 
     b = _b_changes(sorted(docs))
@@ -126,9 +127,9 @@ def _build(spark: Any, sc: Scenario, src: ServerProcess) -> None:
     c = {k: v for k, v in c.items() if vb(k) != 0}
     _write(src.port, dict(c))
     sc.keys |= set(c)
-    run_backup(spark, sc.root, Endpoint(port=src.port))
+    run_backup(spark, sc.root, ConnectionSettings.at(port=src.port))
     sc.truth[3] = server_docs(src.port, sc.keys)
-    run_backup(spark, sc.root, Endpoint(port=src.port))
+    run_backup(spark, sc.root, ConnectionSettings.at(port=src.port))
     listed = _cli("backup", "list", "--from", str(sc.root))
     assert listed.returncode == 0, listed.stderr
     sc.cli_list = listed.stdout
@@ -241,7 +242,7 @@ def test_what_a_crashed_run_left_is_ignored(scenario: Scenario, tmp_path: Path) 
 
 def test_restore_into_a_fresh_server_equals_the_source(spark: Any, scenario: Scenario) -> None:
     target = scenario.fresh_server("full")
-    result = restore(spark, scenario.root, Endpoint(port=target.port))
+    result = restore(spark, scenario.root, ConnectionSettings.at(port=target.port))
     assert result.runs == 4 and result.rollbacks_applied == len(
         committed_runs(scenario.root)[2].manifest["rollbacks"]
     )
@@ -256,7 +257,12 @@ def test_point_in_time_restore_to_run_1(spark: Any, scenario: Scenario) -> None:
     run1 = committed_runs(scenario.root)[0]
     seqnos = {str(v): pos.offset.seqno for v, pos in run1.end.items()}
     target = scenario.fresh_server("pit1")
-    restore(spark, scenario.root, Endpoint(port=target.port), parse_to_seqnos(json.dumps(seqnos)))
+    restore(
+        spark,
+        scenario.root,
+        ConnectionSettings.at(port=target.port),
+        parse_to_seqnos(json.dumps(seqnos)),
+    )
     assert server_docs(target.port, scenario.keys) == scenario.truth[1]
 
 
@@ -264,7 +270,12 @@ def test_point_in_time_restore_of_a_state_the_server_lost(spark: Any, scenario: 
     # run 2's manifest as the FILE form: the state after run 2, which the crash destroyed
     manifest = committed_runs(scenario.root)[1].path / "manifest.json"
     target = scenario.fresh_server("pit2")
-    restore(spark, scenario.root, Endpoint(port=target.port), parse_to_seqnos(str(manifest)))
+    restore(
+        spark,
+        scenario.root,
+        ConnectionSettings.at(port=target.port),
+        parse_to_seqnos(str(manifest)),
+    )
     assert server_docs(target.port, scenario.keys) == scenario.truth[2]
 
 
@@ -274,7 +285,7 @@ def test_restore_refuses_a_backup_that_does_not_verify(
     root = _copy(scenario, tmp_path)
     shutil.rmtree(root / "runs" / "000001")
     with pytest.raises(BackupError, match="does not verify"):
-        restore(spark, root, Endpoint(port=1))
+        restore(spark, root, ConnectionSettings.at(port=1))
 
 
 # -- pure helpers ---------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from serverproc import ServerProcess
 
+from dcpkv.app.node import LocalNode
+from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.loader import load_sample
-from dcpkv.pipelines.node import LocalNode
-from dcpkv.spark.kvwriter import Endpoint
 
 VBUCKETS = 16
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -93,7 +93,7 @@ def test_ctrl_c_stops_everything_and_a_rerun_skips_the_load(tmp_path: Path) -> N
     node = LocalNode(data, tmp_path / "preload.log", port=0, vbuckets=VBUCKETS)
     node.start()
     try:
-        ep = Endpoint("127.0.0.1", node.port, "Administrator", "password", "default")
+        ep = ConnectionSettings.at(port=node.port)
         assert load_sample(ep, VBUCKETS, 2000)
     finally:
         assert node.stop() == 0

@@ -23,7 +23,7 @@ def mirror_docs(spark: Any, path: Path) -> dict[bytes, bytes]:
 
 
 def run_once(spark: Any, port: int, path: Path, **kw: Any) -> None:
-    query = start_mirror(spark, SourceSettings(port=port), path, available_now=True, **kw)
+    query = start_mirror(spark, SourceSettings.at(port=port), path, available_now=True, **kw)
     query.awaitTermination()
     assert query.exception() is None, query.exception()
 
@@ -67,7 +67,7 @@ def test_kill9_rollback_restart_compaction_and_resync(
     run_once(spark, srv.port, path, compact_every=None)
     size = table_bytes(path, mirror_manifest(path))
     files = len(mirror_manifest(path).files)
-    compacted = compact_mirror(spark, path, SourceSettings(port=srv.port))
+    compacted = compact_mirror(spark, path, SourceSettings.at(port=srv.port))
     assert mirror_docs(spark, path) == truth
     assert table_bytes(path, compacted) < size and len(compacted.files) < files
     # A floor above the coming rollback point (as if everything had been persisted) drops the
@@ -91,7 +91,7 @@ def test_readers_see_whole_batches_only(spark: Any, server: Any, tmp_path: Path)
     and the mirror ends equal to the server."""
     path = tmp_path / "m"
     work = Workload(server.port)
-    src = SourceSettings(port=server.port, max_changes_per_trigger=40)
+    src = SourceSettings.at(port=server.port, max_changes_per_trigger=40)
     query = start_mirror(spark, src, path, trigger_seconds=0.2, compact_every=None)
     snapshots = []
     try:

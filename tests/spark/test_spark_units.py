@@ -7,8 +7,9 @@ import json
 import pytest
 from pyspark.sql import Row
 
-from dcpkv.client.offsets import U64_MAX, VbucketOffset
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.client.offsets import VbucketOffset
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
 from dcpkv.spark.options import OptionError, parse_options, parse_vbuckets
 from dcpkv.spark.plan import plan_end, split_budget, spread, targets
 from dcpkv.spark.rows import ARROW_SCHEMA, rollback_row, to_batch

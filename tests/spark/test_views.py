@@ -12,11 +12,12 @@ from typing import Any
 from kvclient import KVClient
 from sparkhelp import server_docs, vb
 
+from dcpkv.core.status import Status
 from dcpkv.pipelines import example_views
 from dcpkv.pipelines.mirror import SourceSettings, start_mirror
 from dcpkv.pipelines.sample_data import changes, documents
 from dcpkv.pipelines.views import create_view, query_view, start_view, stats
-from dcpkv.protocol.constants import Opcode, Status
+from dcpkv.protocol.constants import Opcode
 
 MAP = "dcpkv.pipelines.example_views:revenue_by_country"
 
@@ -70,7 +71,7 @@ def test_view_follows_updates_deletes_and_restarts(spark: Any, server: Any, tmp_
     shop.load(300)
     views = tmp_path / "views"
     create_view(views, "revenue", MAP, "sum")
-    src = SourceSettings(port=server.port)
+    src = SourceSettings.at(port=server.port)
     run_once(start_view(spark, views, "revenue", src, available_now=True))
     assert approx(query_view(None, views, "revenue", group=True)) == approx(shop.revenue(True))
     shop.update(200)  # updates and deletes
@@ -86,7 +87,7 @@ def test_view_on_a_mirror_and_stale_false(spark: Any, server: Any, tmp_path: Pat
     shop.load(200)
     views, mirror = tmp_path / "views", tmp_path / "mirror"
     create_view(views, "statuses", "dcpkv.pipelines.example_views:orders_by_status", "count")
-    src = SourceSettings(port=server.port)
+    src = SourceSettings.at(port=server.port)
     run_once(start_mirror(spark, src, mirror, available_now=True))
     run_once(start_view(spark, views, "statuses", mirror, available_now=True))
     truth = server_docs(server.port, shop.keys)
@@ -109,7 +110,7 @@ def test_stale_false_waits_for_the_changes_before_the_query(
     shop.load(100)
     views = tmp_path / "views"
     create_view(views, "revenue", MAP, "sum")
-    src = SourceSettings(port=server.port)
+    src = SourceSettings.at(port=server.port)
     query = start_view(spark, views, "revenue", src, trigger_seconds=0.2)
     try:
         for _round in range(2):

@@ -21,6 +21,14 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.core.defaults import (
+    DEFAULT_BUCKET,
+    DEFAULT_HOST,
+    DEFAULT_PASSWORD,
+    DEFAULT_PORT,
+    DEFAULT_USER,
+)
+
 backup_app = typer.Typer(
     help="Incremental backups of a bucket (Spark jobs over the change stream).",
     add_completion=False,
@@ -48,11 +56,11 @@ def register(app: typer.Typer) -> None:
 def backup(
     ctx: typer.Context,
     to: Annotated[Path | None, typer.Option(help="The backup folder (created if new).")] = None,
-    host: Host = "127.0.0.1",
-    port: Port = 11210,
-    bucket: Bucket = "default",
-    user: User = "Administrator",
-    password: Password = "password",
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    bucket: Bucket = DEFAULT_BUCKET,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
     master: Master = None,
 ) -> None:
     """Back up what changed since the last run into **--to** as a new run.
@@ -66,9 +74,10 @@ def backup(
     if to is None:
         typer.echo("dcpkv backup: give --to DIR (or a subcommand: list, verify)", err=True)
         raise typer.Exit(2)
-    from dcpkv.pipelines.backup import BACKUP_PHASES, Endpoint, describe_run, run_backup
+    from dcpkv.client.settings import ConnectionSettings
+    from dcpkv.pipelines.backup import BACKUP_PHASES, describe_run, run_backup
 
-    ep = Endpoint(host, port, bucket, user, password)
+    ep = ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
     run = _job(
         "backup", BACKUP_PHASES, lambda spark, phase: run_backup(spark, to, ep, phase), master
     )
@@ -137,17 +146,18 @@ def restore(
             "manifest, or a FILE holding one [default: the end of the backup]."
         ),
     ] = None,
-    host: Host = "127.0.0.1",
-    port: Port = 11210,
-    bucket: Bucket = "default",
-    user: User = "Administrator",
-    password: Password = "password",
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    bucket: Bucket = DEFAULT_BUCKET,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
     master: Master = None,
 ) -> None:
     """Replay a backup's runs (rollbacks honoured) and load the latest version of every key
     into a bucket; deleted keys are deleted. **--to-seqnos** restores a point in time: each
     vbucket as it was when the backup first reached that seqno."""
-    from dcpkv.pipelines.backup import RESTORE_PHASES, BackupError, Endpoint, parse_to_seqnos
+    from dcpkv.client.settings import ConnectionSettings
+    from dcpkv.pipelines.backup import RESTORE_PHASES, BackupError, parse_to_seqnos
     from dcpkv.pipelines.backup import restore as restore_job
 
     try:
@@ -155,7 +165,7 @@ def restore(
     except BackupError as exc:
         typer.echo(f"dcpkv restore: {exc}", err=True)
         raise typer.Exit(2) from None
-    ep = Endpoint(host, port, bucket, user, password)
+    ep = ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
     result = _job(
         "restore", RESTORE_PHASES, lambda spark, phase: restore_job(spark, from_, ep, cut, phase),
         master,

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The commands parse flags and hand over to :mod:`dcpkv.pipelines.demo` and
+The commands parse flags and hand over to :mod:`dcpkv.app.demo` and
 :mod:`dcpkv.pipelines.report`; heavy imports (Spark, matplotlib) happen inside the commands so
 ``dcpkv --help`` stays fast. ``main.py`` registers them in two lines (``report`` joins the
 ``pipeline`` group).
@@ -41,7 +41,7 @@ def demo(
     """
     from rich.console import Console
 
-    from dcpkv.pipelines.demo import DemoSettings, run_demo
+    from dcpkv.app.demo import DemoSettings, run_demo
 
     settings = DemoSettings(
         data_dir=data_dir, port=port, docs=docs, duration=duration, master=master, rate=rate,

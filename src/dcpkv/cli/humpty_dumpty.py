@@ -15,8 +15,9 @@ from typing import Annotated, TextIO
 
 import typer
 
-from dcpkv.engine.failover_table import U64_MAX, FailoverTable, FailoverTableError
-from dcpkv.engine.rollback import needs_rollback
+from dcpkv.core.failover_table import FailoverTable, FailoverTableError
+from dcpkv.core.rollback import needs_rollback
+from dcpkv.core.seqno import U64_MAX
 
 HELP = (
     "Simulate the rollback decision of a DCP producer.\n\n"

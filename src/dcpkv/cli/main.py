@@ -11,6 +11,13 @@ import typer
 
 from dcpkv.cli.demo import demo as demo_command
 from dcpkv.cli.demo import report as report_command
+from dcpkv.core.defaults import (
+    DEFAULT_BUCKET,
+    DEFAULT_HOST,
+    DEFAULT_PASSWORD,
+    DEFAULT_PORT,
+    DEFAULT_USER,
+)
 
 app = typer.Typer(
     name="dcpkv",
@@ -158,22 +165,30 @@ def compact(
     )
 
 
+def format_table(rows: list[tuple[str, str]]) -> str:
+    """Two left-aligned columns, the first as wide as its longest name."""
+    if not rows:
+        return ""
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
 @app.command()
 def stats(
     group: Annotated[
         str, typer.Argument(help="Stat group: '' (general), dcp, vbucket-seqno, failovers...")
     ] = "",
-    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Server port.")] = 11210,
-    user: Annotated[str, typer.Option(help="User name.")] = "Administrator",
-    password: Annotated[str, typer.Option(help="Its password.")] = "password",
-    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = "default",
+    host: Annotated[str, typer.Option(help="Server address.")] = DEFAULT_HOST,
+    port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
+    user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
+    password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
+    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = DEFAULT_BUCKET,
 ) -> None:
     """Print a running server's stats of one group as a table."""
-    from dcpkv.cli.kvrequest import KVSession, RequestFailed, format_table
+    from dcpkv.client.blocking import BlockingKV, RequestFailed
 
     try:
-        with KVSession(host, port) as session:
+        with BlockingKV(host, port) as session:
             session.login(user, password, bucket)
             rows = session.stats(group)
     except (OSError, RequestFailed) as exc:
@@ -185,11 +200,11 @@ def stats(
 
 @app.command()
 def stream(
-    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Server port.")] = 11210,
-    bucket: Annotated[str, typer.Option(help="Bucket to stream.")] = "default",
-    user: Annotated[str, typer.Option(help="User name.")] = "Administrator",
-    password: Annotated[str, typer.Option(help="Its password.")] = "password",
+    host: Annotated[str, typer.Option(help="Server address.")] = DEFAULT_HOST,
+    port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
+    bucket: Annotated[str, typer.Option(help="Bucket to stream.")] = DEFAULT_BUCKET,
+    user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
+    password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
     vbuckets: Annotated[
         str | None, typer.Option(help="vbuckets, e.g. 0,1,5-9 [default: all].")
     ] = None,
@@ -213,6 +228,7 @@ def stream(
     from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
     from dcpkv.client.offsets import Offsets, OffsetsFileError
+    from dcpkv.client.settings import ConnectionSettings
 
     try:
         vbs = parse_vbuckets(vbuckets)
@@ -224,9 +240,8 @@ def stream(
     except (ValueError, OffsetsFileError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
         raise typer.Exit(2) from None
-    config = ClientConfig(
-        host=host, port=port, bucket=bucket, user=user, password=password, name=name
-    )
+    connection = ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
+    config = ClientConfig(connection, name=name)
     try:
         code = stream_main(config, vbs, start, to, save_offsets, format_)  # type: ignore[arg-type]
     except BrokenPipeError:  # the reader went away (| head): not an error
@@ -242,11 +257,11 @@ def stream(
 @app.command("failover-log")
 def failover_log(
     vbuckets: Annotated[list[int], typer.Argument(help="vbucket ids.")],
-    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Server port.")] = 11210,
-    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = "default",
-    user: Annotated[str, typer.Option(help="User name.")] = "Administrator",
-    password: Annotated[str, typer.Option(help="Its password.")] = "password",
+    host: Annotated[str, typer.Option(help="Server address.")] = DEFAULT_HOST,
+    port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
+    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = DEFAULT_BUCKET,
+    user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
+    password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
     json_: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
 ) -> None:
     """Print the failover log (newest entry first) of each vbucket."""
@@ -256,8 +271,11 @@ def failover_log(
     from dcpkv.cli.stream import failover_logs
     from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
+    from dcpkv.client.settings import ConnectionSettings
 
-    config = ClientConfig(host=host, port=port, bucket=bucket, user=user, password=password)
+    config = ClientConfig(
+        ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
+    )
     try:
         logs = asyncio.run(failover_logs(config, vbuckets))
     except (OSError, ClientError) as exc:

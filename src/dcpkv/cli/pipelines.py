@@ -18,6 +18,14 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.core.defaults import (
+    DEFAULT_BUCKET,
+    DEFAULT_HOST,
+    DEFAULT_PASSWORD,
+    DEFAULT_PORT,
+    DEFAULT_USER,
+)
+
 pipeline_app = typer.Typer(help="Spark pipelines over the change stream.", no_args_is_help=True)
 view_app = typer.Typer(help="Incremental map/reduce views.", no_args_is_help=True)
 
@@ -28,6 +36,12 @@ User = Annotated[str, typer.Option(help="User name.")]
 Password = Annotated[str, typer.Option(help="Its password.")]
 Once = Annotated[bool, typer.Option("--once", help="Stop once caught up (AvailableNow).")]
 ViewsDir = Annotated[Path, typer.Option(help="Where views live.")]
+
+
+def _connection(host: str, port: int, bucket: str, user: str, password: str) -> Any:
+    from dcpkv.client.settings import ConnectionSettings
+
+    return ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
 
 
 def local_spark() -> Any:
@@ -62,18 +76,18 @@ def _print_batch(stats: Any) -> None:
 def mirror(
     to: Annotated[Path, typer.Option(help="The mirror's folder.")],
     once: Once = False,
-    host: Host = "127.0.0.1",
-    port: Port = 11210,
-    bucket: Bucket = "default",
-    user: User = "Administrator",
-    password: Password = "password",
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    bucket: Bucket = DEFAULT_BUCKET,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
     vbuckets: Annotated[str | None, typer.Option(help="vbuckets, e.g. 0-7.")] = None,
     max_changes: Annotated[int | None, typer.Option(help="Changes per batch at most.")] = None,
 ) -> None:
     """Keep a Parquet table of the bucket's current documents (read it with read_mirror)."""
     from dcpkv.pipelines.mirror import SourceSettings, start_mirror
 
-    source = SourceSettings(host, port, bucket, user, password, vbuckets, max_changes)
+    source = SourceSettings(_connection(host, port, bucket, user, password), vbuckets, max_changes)
     spark = local_spark()
     _run(start_mirror(spark, source, to, available_now=once, on_batch=_print_batch), spark)
 
@@ -101,17 +115,17 @@ def run(
     once: Once = False,
     views_dir: ViewsDir = Path("./dcpkv-views"),
     mirror: Annotated[Path | None, typer.Option(help="Follow this mirror instead.")] = None,
-    host: Host = "127.0.0.1",
-    port: Port = 11210,
-    bucket: Bucket = "default",
-    user: User = "Administrator",
-    password: Password = "password",
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    bucket: Bucket = DEFAULT_BUCKET,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
 ) -> None:
     """Keep a view up to date from the server (or a mirror)."""
     from dcpkv.pipelines.mirror import SourceSettings
     from dcpkv.pipelines.views import start_view
 
-    source = mirror or SourceSettings(host, port, bucket, user, password)
+    source = mirror or SourceSettings(_connection(host, port, bucket, user, password))
     spark = local_spark()
     query = start_view(spark, views_dir, name, source, available_now=once, on_batch=_print_batch)
     _run(query, spark)
@@ -128,17 +142,17 @@ def query(
     stale: Annotated[str, typer.Option(help="ok, or false: wait for the server's changes.")] = "ok",
     timeout: Annotated[float, typer.Option(help="stale=false: seconds at most.")] = 60.0,
     views_dir: ViewsDir = Path("./dcpkv-views"),
-    host: Host = "127.0.0.1",
-    port: Port = 11210,
-    bucket: Bucket = "default",
-    user: User = "Administrator",
-    password: Password = "password",
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    bucket: Bucket = DEFAULT_BUCKET,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
 ) -> None:
     """Query a view; one JSON row per line."""
     from dcpkv.pipelines.mirror import SourceSettings
     from dcpkv.pipelines.views import ViewError, query_view
 
-    source = SourceSettings(host, port, bucket, user, password)
+    source = SourceSettings(_connection(host, port, bucket, user, password))
     try:
         rows = query_view(
             None,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from dcpkv.client.settings import ConnectionSettings
 
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """Where to connect, as whom, and how the DCP connection behaves.
+    """Where to connect, as whom (``connection``), and how the DCP connection behaves.
 
     ``buffer_size`` is the flow-control window negotiated with ``connection_buffer_size``
     (0 disables flow control); ``noop_interval`` the producer's Noop period in seconds (the
@@ -17,11 +19,7 @@ class ClientConfig:
     only need keys and metadata (the producer then never reads ejected values back from disk).
     """
 
-    host: str = "127.0.0.1"
-    port: int = 11210
-    bucket: str = "default"
-    user: str = "Administrator"
-    password: str = "password"
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     name: str = "dcpkv-client"
     buffer_size: int = 20 * 1024 * 1024
     noop_interval: float = 10.0

@@ -27,9 +27,11 @@ from collections import deque
 
 from dcpkv.client.flow_control import Liveness, counts_for_flow_control
 from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_payload
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status, status_name
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse, Message, Request
-from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser
 from dcpkv.protocol.messages import decode_message
 
@@ -38,7 +40,7 @@ MAX_VALUE_LEN = 64 * 1024 * 1024
 _RESPONSES = frozenset({Magic.ClientResponse, Magic.AltClientResponse, Magic.ServerResponse})
 
 
-class ClientError(Exception):
+class ClientError(DcpkvError):
     """The server refused a request (``status``), or the connection broke."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
@@ -50,15 +52,8 @@ class AuthError(ClientError):
     """Authentication or bucket selection failed: retrying will not help."""
 
 
-class DeadConnectionError(ConnectionError):
+class DeadConnectionError(DcpkvError, ConnectionError):
     """Two noop intervals without a frame from the producer."""
-
-
-def status_name(status: int) -> str:
-    try:
-        return Status(status).name
-    except ValueError:
-        return f"0x{status:02x}"
 
 
 class Connection:

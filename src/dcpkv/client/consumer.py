@@ -78,9 +78,10 @@ from dcpkv.client.flow_control import FlowControl, Liveness
 from dcpkv.client.kv import Document, KVSession
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
 from dcpkv.protocol import dcp
-from dcpkv.protocol.base import U64_MAX, Message, Response
+from dcpkv.protocol.base import Message, Response
 from dcpkv.protocol.constants import Opcode, OpenFlag
 from dcpkv.protocol.errors import CodecError
 
@@ -214,7 +215,7 @@ class Consumer:
 
     def _route(self, vbucket: int) -> tuple[str, int]:
         """The node that holds ``vbucket``: the configured one until a cluster map exists."""
-        return self.config.host, self.config.port
+        return self.config.connection.host, self.config.connection.port
 
     # -- streaming --------------------------------------------------------------------------
 
@@ -326,7 +327,8 @@ class Consumer:
 
     async def _handshake(self, conn: Connection) -> None:
         cfg = self.config
-        await authenticate(conn, cfg.user, cfg.password, cfg.bucket)
+        c = cfg.connection
+        await authenticate(conn, c.user, c.password, c.bucket)
         flags = OpenFlag.Producer | (OpenFlag(0) if cfg.include_values else OpenFlag.NoValue)
         await conn.call_ok(dcp.DcpOpen(name=cfg.name, flags=flags))
         if cfg.buffer_size:

@@ -56,13 +56,16 @@ from collections.abc import Sequence
 from dcpkv.client import events
 from dcpkv.client.offsets import VbucketOffset, VbucketProgress
 from dcpkv.client.rollback_point import ImpossibleHistoryError, consumer_rollback_point
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.status import retryable
 from dcpkv.protocol import dcp
-from dcpkv.protocol.base import U64_MAX, GenericResponse, Message, Request
-from dcpkv.protocol.constants import Opcode, Status, StreamEndReason
+from dcpkv.protocol.base import GenericResponse, Message, Request
+from dcpkv.protocol.constants import Opcode, StreamEndReason
 
 
-class StreamStateError(Exception):
+class StreamStateError(DcpkvError):
     """An event that is illegal in the stream's current state (a caller or producer bug)."""
 
 
@@ -126,7 +129,6 @@ END_DONE_REASONS = frozenset(
 )
 END_FAILED_REASONS = frozenset({StreamEndReason.LostPrivileges})
 # Refusals worth asking again for (after a cluster-map reload for NotMyVbucket).
-RETRY_STATUSES = frozenset({Status.NotMyVbucket, Status.Etmpfail, Status.Ebusy, Status.Enomem})
 
 _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
 _ADVANCES = (dcp.SeqnoAdvanced, dcp.SystemEvent)
@@ -259,7 +261,7 @@ class ConsumerStream:
         return events.Rollback(self.vbucket, offset.seqno, producer_seqno, failed, offset)
 
     def _refused(self, status: int) -> events.StreamRefused:
-        retry = status in RETRY_STATUSES
+        retry = retryable(status)
         self._move(ConsumerEvent.REFUSED_RETRY if retry else ConsumerEvent.REFUSED)
         return events.StreamRefused(self.vbucket, status, retry, self.offset)
 

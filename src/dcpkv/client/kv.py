@@ -15,10 +15,10 @@ import asyncio
 from dataclasses import dataclass
 
 from dcpkv.client.config import ClientConfig
-from dcpkv.client.connection import ClientError, Connection, authenticate, status_name
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.client.connection import ClientError, Connection, authenticate
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.status import Status, status_name
 from dcpkv.protocol import dcp, kv
-from dcpkv.protocol.constants import Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +38,11 @@ class KVSession:
 
     @classmethod
     async def open(cls, config: ClientConfig, host: str | None = None, port: int | None = None):
-        conn = await Connection.open(
-            host or config.host, port or config.port, config.connect_timeout
-        )
+        c = config.connection
+        conn = await Connection.open(host or c.host, port or c.port, config.connect_timeout)
         try:
             await asyncio.wait_for(
-                authenticate(conn, config.user, config.password, config.bucket),
+                authenticate(conn, c.user, c.password, c.bucket),
                 config.connect_timeout,
             )
         except BaseException:

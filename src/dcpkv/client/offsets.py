@@ -54,18 +54,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.files import atomic_write
+from dcpkv.core.seqno import U64_MAX
 
-U64_MAX = (1 << 64) - 1
 FORMAT_VERSION = 1
 DEFAULT_MAX_CONSISTENT_POINTS = 64
 
 
-class OffsetError(ValueError):
+class OffsetError(DcpkvError, ValueError):
     """An impossible offset move: the producer broke the stream's rules, or a bug."""
 
 
-class OffsetsFileError(ValueError):
+class OffsetsFileError(DcpkvError, ValueError):
     """An offsets file that cannot be read."""
 
 
@@ -421,7 +423,8 @@ class Offsets:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Replace ``path`` atomically: write a temporary file, fsync it, rename it over."""
-        atomic_write(Path(path), self.to_json().encode())
+        path = Path(path)
+        atomic_write(path, self.to_json().encode(), temp_path(path))
 
     @classmethod
     def load(
@@ -451,22 +454,3 @@ class Offsets:
 def temp_path(path: Path) -> Path:
     """The one temporary name a save writes first (a stale one is simply overwritten)."""
     return path.with_name(path.name + ".tmp")
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    tmp = temp_path(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    # The rename itself lives in the directory: fsync it so it survives a power cut.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

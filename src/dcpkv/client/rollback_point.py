@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.failover_table import FailoverEntry
 
 
-class ImpossibleHistoryError(ValueError):
+class ImpossibleHistoryError(DcpkvError, ValueError):
     """The consumer's log names a branch after the common ancestor the producer never made."""
 
 

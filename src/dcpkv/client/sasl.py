@@ -22,11 +22,13 @@ import hmac
 import secrets
 import unicodedata
 
+from dcpkv.core.errors import DcpkvError
+
 SCRAM_MECHANISM = "SCRAM-SHA512"
 _HASH = "sha512"
 
 
-class SaslError(Exception):
+class SaslError(DcpkvError):
     """The server's SCRAM messages are malformed, or it failed to prove the password."""
 
 

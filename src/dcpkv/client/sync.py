@@ -46,7 +46,7 @@ from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer, End, Start
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.failover_table import FailoverEntry
 
 T = TypeVar("T")
 

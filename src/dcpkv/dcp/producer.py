@@ -91,6 +91,9 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
 from dcpkv.dcp.stream_request import (
     Accept,
@@ -104,17 +107,15 @@ from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
 from dcpkv.engine.hlc import Clock
 from dcpkv.engine.item import Item
 from dcpkv.engine.storage import Backfill
-from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import (
     Opcode,
     OpenFlag,
     SnapshotFlag,
-    Status,
     StreamEndReason,
     StreamRequestFlag,
-    VbucketState,
 )
 from dcpkv.protocol.errors import CodecError
 
@@ -123,15 +124,9 @@ DEFAULT_NOOP_INTERVAL = 20.0
 _BOOLS = {"true": True, "false": False}
 _PRIORITIES = frozenset({"low", "medium", "high"})
 _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
-_WIRE_STATE = {
-    VBucketState.ACTIVE: VbucketState.Active,
-    VBucketState.REPLICA: VbucketState.Replica,
-    VBucketState.PENDING: VbucketState.Pending,
-    VBucketState.DEAD: VbucketState.Dead,
-}
 
 
-class ProducerError(Exception):
+class ProducerError(DcpkvError):
     """A request the producer refuses; ``status`` is the memcached status to answer with."""
 
     def __init__(self, status: Status, message: str) -> None:
@@ -175,7 +170,7 @@ class _Out:
     queued_seqno: int = 0  # the last item seqno put in ``pending`` (what is committed)
     emitted_seqno: int = 0  # the last item seqno handed out by next_messages
     backfill_remaining: int = 0
-    takeover_state: VbucketState | None = None  # the state the handoff sends next
+    takeover_state: VBucketState | None = None  # the state the handoff sends next
 
     @property
     def finished(self) -> bool:
@@ -339,7 +334,7 @@ class DcpProducer:
             emitted_seqno=accept.start,
         )
         if msg.flags & StreamRequestFlag.TakeOver:
-            out.takeover_state = VbucketState.Pending
+            out.takeover_state = VBucketState.PENDING
         if old is not None:
             out.pending = old.pending  # the old stream's StreamEnd must still go out, first
         self._streams[vb.id] = out
@@ -396,8 +391,8 @@ class DcpProducer:
         )  # fmt: skip
         if out is None:
             return  # a stray or late answer: nothing waits for it
-        if out.takeover_state == VbucketState.Pending:
-            out.takeover_state = VbucketState.Active
+        if out.takeover_state == VBucketState.PENDING:
+            out.takeover_state = VBucketState.ACTIVE
             out.stream.handle(StreamEvent.ACKED)
             # After the state event, so our own vbucket_state_changed spares this stream.
             self.bucket.set_vbucket_state(out.stream.vbucket, VBucketState.DEAD)
@@ -820,7 +815,7 @@ def _close_backfill(out: _Out) -> None:
 def _view(vb: VBucket) -> VBucketView:
     with vb.lock:
         return VBucketView(
-            state=_WIRE_STATE[vb.state],
+            state=vb.state,
             high_seqno=vb.high_seqno,
             persisted_seqno=vb.persisted_seqno,
             purge_seqno=vb.purge_seqno,

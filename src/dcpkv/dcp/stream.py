@@ -35,6 +35,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from dcpkv.core.errors import DcpkvError
+
 
 class StreamState(enum.Enum):
     PENDING = "pending"
@@ -69,7 +71,7 @@ TRANSITIONS: dict[tuple[StreamState, StreamEvent], StreamState] = {
 }
 
 
-class StreamStateError(RuntimeError):
+class StreamStateError(DcpkvError, RuntimeError):
     """An event that is not legal in the stream's current state."""
 
 

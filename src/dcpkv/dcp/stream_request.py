@@ -10,7 +10,7 @@ producer"); the first that fails decides the answer:
 2. FromLatest rewrites start and the snapshot to the high seqno, on the current branch;
 3. start <= end, and snap start <= start <= snap end -> Erange;
 4. no stream for the vbucket on this connection yet -> KeyEexists;
-5. the rollback decision (:mod:`dcpkv.engine.rollback`) -> Rollback with the seqno;
+5. the rollback decision (:mod:`dcpkv.core.rollback`) -> Rollback with the seqno;
 6. ToLatest fixes the end at the high seqno, DiskOnly at the persisted seqno;
 7. start <= high seqno -> Erange;
 8. otherwise the stream is accepted and answered with the failover log.
@@ -23,14 +23,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcpkv.engine.failover_table import FailoverTable
-from dcpkv.engine.rollback import needs_rollback
-from dcpkv.protocol.constants import Status, StreamRequestFlag, VbucketState
+from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.rollback import needs_rollback
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
+from dcpkv.protocol.constants import StreamRequestFlag
 
 
 @dataclass(frozen=True, slots=True)
 class VBucketView:
-    state: VbucketState
+    state: VBucketState
     high_seqno: int
     persisted_seqno: int
     purge_seqno: int
@@ -79,9 +81,9 @@ def decide_stream_request(
     req: StreamRequest, vb: VBucketView | None, *, stream_exists: bool
 ) -> Answer:
     flags = req.flags
-    if vb is None or vb.state is VbucketState.Dead:
+    if vb is None or vb.state is VBucketState.DEAD:
         return Refuse(Status.NotMyVbucket, f"vbucket {req.vbucket} is not here")
-    if flags & StreamRequestFlag.ActiveVbOnly and vb.state is not VbucketState.Active:
+    if flags & StreamRequestFlag.ActiveVbOnly and vb.state is not VBucketState.ACTIVE:
         return Refuse(Status.NotMyVbucket, f"vbucket {req.vbucket} is not active here")
 
     start, end, snap_start, snap_end, uuid = (

@@ -1,1 +1,1 @@
-"""The data engine: vbuckets, the failover table, the rollback rules, checkpoints, storage."""
+"""The data engine: vbuckets, checkpoints (the write queue), the flusher, storage, warm-up."""

@@ -56,17 +56,18 @@ from __future__ import annotations
 import random
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
-from dcpkv.engine.failover_table import FailoverTable
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
 from dcpkv.engine.storage import DEFAULT_HISTORY_WINDOW, CompactResult, Storage, VBState
-from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket, VBucketState
+from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket
 
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
@@ -77,7 +78,7 @@ _ADMIT_RECHECK = 256  # recount memory every N writes, or sooner when close to t
 class StateCasMismatch(EngineError):
     """A state change carried a stale state CAS; ``cas`` is the current one."""
 
-    status = "KeyEexists"
+    status = Status.KeyEexists
 
     def __init__(self, cas: int) -> None:
         super().__init__(f"vbucket state CAS mismatch: the current state CAS is {cas}")
@@ -86,10 +87,6 @@ class StateCasMismatch(EngineError):
 
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
-
-
-def vbucket_for_key(key: bytes, num_vbuckets: int) -> int:
-    return ((zlib.crc32(key) >> 16) & 0x7FFF) % num_vbuckets
 
 
 class Bucket:

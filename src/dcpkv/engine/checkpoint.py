@@ -69,13 +69,14 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from dcpkv.core.errors import DcpkvError
 from dcpkv.engine.item import Item
 
 PERSISTENCE_CURSOR = "persistence"
 DEFAULT_CHECKPOINT_MAX_ITEMS = 10_000
 
 
-class CursorDropped(Exception):
+class CursorDropped(DcpkvError):
     """The cursor was dropped (slow consumer, rollback): backfill from disk and re-register."""
 
 

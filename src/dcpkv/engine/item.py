@@ -15,15 +15,17 @@ item (:meth:`Item.evolve`) rather than editing one in place. The only exception 
 of an item that is already persisted: ejecting it builds a copy with ``value=None`` for the
 hash table and leaves the write queue's copy alone.
 
-Every failure of an engine operation is an :class:`EngineError` whose ``status`` is the name of
-the memcached status the server answers with (see ``PROTOCOL.md``); the server maps that name to
-the wire code in one table.
+Every failure of an engine operation is an :class:`EngineError` whose ``status`` is the
+memcached status the server answers with (see ``PROTOCOL.md``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status
 
 # Fixed per-item overhead in the memory accounting: object header, slots and dict entry.
 ITEM_OVERHEAD = 96
@@ -61,46 +63,46 @@ class Item:
         return not self.deleted and self.expiry != 0 and self.expiry <= now
 
 
-class EngineError(Exception):
-    """An operation the engine refused; ``status`` names the memcached status to answer."""
+class EngineError(DcpkvError):
+    """An operation the engine refused; ``status`` is the memcached status to answer."""
 
-    status = "Einternal"
+    status: Status = Status.Einternal
 
 
 class KeyNotFound(EngineError):
-    status = "KeyEnoent"
+    status = Status.KeyEnoent
 
 
 class KeyExists(EngineError):
     """CAS mismatch, or Add on a key that exists."""
 
-    status = "KeyEexists"
+    status = Status.KeyEexists
 
 
 class NotStored(EngineError):
-    status = "NotStored"
+    status = Status.NotStored
 
 
 class DeltaBadval(EngineError):
-    status = "DeltaBadval"
+    status = Status.DeltaBadval
 
 
 class NotMyVbucket(EngineError):
-    status = "NotMyVbucket"
+    status = Status.NotMyVbucket
 
 
 class TempFail(EngineError):
     """Memory is full and nothing could be freed; the client should retry later."""
 
-    status = "Etmpfail"
+    status = Status.Etmpfail
 
 
 class TooBig(EngineError):
-    status = "E2big"
+    status = Status.E2big
 
 
 class Einval(EngineError):
-    status = "Einval"
+    status = Status.Einval
 
 
 ERRORS: tuple[type[EngineError], ...] = (

@@ -62,7 +62,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcpkv.engine.failover_table import FailoverTable, FailoverTableError, entries_from_json_obj
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.failover_table import FailoverTable, FailoverTableError, entries_from_json_obj
 from dcpkv.engine.item import Item
 
 FORMAT_VERSION = 1
@@ -104,7 +105,7 @@ _DOC_COLUMNS = "key, by_seqno, cas, rev_seqno, flags, expiry, datatype, deleted,
 _DELETED, _EXPIRED = 1, 2  # the `deleted` column: 0 live, 1 deleted, 2 deleted by expiry
 
 
-class StorageError(Exception):
+class StorageError(DcpkvError):
     """Storage could not be opened or used."""
 
 

@@ -44,10 +44,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager, Snapshot
-from dcpkv.engine.failover_table import FailoverTable
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
 from dcpkv.engine.item import (
     ITEM_OVERHEAD,
@@ -69,13 +69,6 @@ MAX_KEY_LENGTH = 250
 DEFAULT_MAX_ITEM_SIZE = 20 * 1024 * 1024
 U64 = 1 << 64
 _FLUSH_ALL = 1 << 62
-
-
-class VBucketState(StrEnum):
-    ACTIVE = "active"
-    REPLICA = "replica"
-    PENDING = "pending"
-    DEAD = "dead"
 
 
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
@@ -353,7 +346,7 @@ class VBucket:
 
     def vbstate(self, snapshot: tuple[int, int], high_seqno: int) -> VBState:
         return VBState(
-            state=self.state.value,
+            state=self.state.label,
             failover_json=self.failover.to_json(),
             high_seqno=high_seqno,
             snap_start=snapshot[0],

@@ -46,7 +46,8 @@ from typing import Any
 
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.kv import KVSession
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.client.settings import ConnectionSettings
+from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.pipelines.backup_layout import (
     DATA,
     FORMAT,
@@ -77,42 +78,12 @@ def _quiet(_phase: str) -> None:
     pass
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """A server and bucket to back up from or restore into."""
-
-    host: str = "127.0.0.1"
-    port: int = 11210
-    bucket: str = "default"
-    user: str = "Administrator"
-    password: str = "password"
-
-    def spark_options(self) -> dict[str, str]:
-        return {
-            "host": self.host,
-            "port": str(self.port),
-            "bucket": self.bucket,
-            "user": self.user,
-            "password": self.password,
-        }
-
-    def client_config(self) -> ClientConfig:
-        return ClientConfig(
-            host=self.host,
-            port=self.port,
-            bucket=self.bucket,
-            user=self.user,
-            password=self.password,
-            name="dcpkv-backup",
-        )
-
-
 # -- the server's state, on the driver ------------------------------------------------------
 
 
-def server_state(ep: Endpoint, logs: bool = True) -> tuple[SeqnoMap, dict[int, Any]]:
+def server_state(ep: ConnectionSettings, logs: bool = True) -> tuple[SeqnoMap, dict[int, Any]]:
     """vbucket -> (uuid, high seqno), and (``logs``) vbucket -> failover log."""
-    return asyncio.run(_server_state(ep.client_config(), logs))
+    return asyncio.run(_server_state(ClientConfig(ep, name="dcpkv-backup"), logs))
 
 
 async def _server_state(config: ClientConfig, want_logs: bool) -> tuple[SeqnoMap, dict[int, Any]]:
@@ -131,7 +102,7 @@ async def _server_state(config: ClientConfig, want_logs: bool) -> tuple[SeqnoMap
 # -- one backup run -------------------------------------------------------------------------
 
 
-def run_backup(spark: Any, root: Path, ep: Endpoint, on_phase: Phase = _quiet) -> Run:
+def run_backup(spark: Any, root: Path, ep: ConnectionSettings, on_phase: Phase = _quiet) -> Run:
     """Back up what changed since the last run of ``root`` as a new committed run."""
     with locked(root):
         runs = committed_runs(root)
@@ -158,7 +129,7 @@ def run_backup(spark: Any, root: Path, ep: Endpoint, on_phase: Phase = _quiet) -
         return Run(number, path, manifest)
 
 
-def _start(runs: list[Run], ep: Endpoint, seqnos: SeqnoMap) -> SparkOffsets:
+def _start(runs: list[Run], ep: ConnectionSettings, seqnos: SeqnoMap) -> SparkOffsets:
     if not runs:
         return SparkOffsets.earliest(sorted(seqnos))
     last = runs[-1]
@@ -171,7 +142,9 @@ def _start(runs: list[Run], ep: Endpoint, seqnos: SeqnoMap) -> SparkOffsets:
     return last.end
 
 
-def _read_into(spark: Any, ep: Endpoint, start: SparkOffsets, end: SparkOffsets, out: Path) -> None:
+def _read_into(
+    spark: Any, ep: ConnectionSettings, start: SparkOffsets, end: SparkOffsets, out: Path
+) -> None:
     from pyspark.sql import functions as F
 
     df = (
@@ -220,7 +193,7 @@ def _plural(op: str) -> str:
     return op + "s"
 
 
-def _check_unmoved(ep: Endpoint, planned: SeqnoMap) -> None:
+def _check_unmoved(ep: ConnectionSettings, planned: SeqnoMap) -> None:
     now, _ = server_state(ep, logs=False)
     moved = [vb for vb, (uuid, _high) in planned.items() if now.get(vb, (uuid, 0))[0] != uuid]
     if moved:
@@ -232,7 +205,7 @@ def _check_unmoved(ep: Endpoint, planned: SeqnoMap) -> None:
 
 def _manifest(
     number: int,
-    ep: Endpoint,
+    ep: ConnectionSettings,
     seqnos: SeqnoMap,
     logs: Mapping[int, tuple[FailoverEntry, ...]],
     start: SparkOffsets,
@@ -320,7 +293,7 @@ def cut_points(runs: list[Run], to_seqnos: Mapping[int, int]) -> dict[int, tuple
 def restore(
     spark: Any,
     root: Path,
-    ep: Endpoint,
+    ep: ConnectionSettings,
     to_seqnos: Mapping[int, int] | None = None,
     on_phase: Phase = _quiet,
 ) -> RestoreResult:

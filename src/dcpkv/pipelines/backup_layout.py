@@ -46,7 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.files import fsync_dir, write_fully
 from dcpkv.spark.plan import branch_moved, restart_point
 from dcpkv.spark.sparkoffsets import SparkOffsetError, SparkOffsets
 
@@ -59,7 +61,7 @@ _RUN_NAME = re.compile(r"^\d{6}$")
 _HASH_CHUNK = 1 << 20
 
 
-class BackupError(Exception):
+class BackupError(DcpkvError):
     """A backup or restore that cannot go on (the message says why)."""
 
 
@@ -186,29 +188,21 @@ def sha256_file(path: Path, sync: bool = False) -> str:
 def commit_run(tmp: Path, manifest: dict[str, Any]) -> Path:
     """Write the manifest into ``tmp``, fsync, and rename it to its run number."""
     for folder in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
-        _fsync_dir(folder)
+        fsync_dir(folder)
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     fd = os.open(tmp / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, data)
+        write_fully(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     final = tmp.parent / run_name(manifest["run"])
     if final.exists():
         raise BackupError(f"{final} already exists: another backup committed run {final.name}")
     os.rename(tmp, final)
-    _fsync_dir(tmp.parent)
+    fsync_dir(tmp.parent)
     return final
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- verification ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :func:`load_sample` writes :func:`~dcpkv.pipelines.sample_data.documents` through the sink's
-pipelined :class:`~dcpkv.spark.kvwriter.KVWriter` in chunks (a chunk is many pipelined
+pipelined :class:`~dcpkv.client.writer.KVWriter` in chunks (a chunk is many pipelined
 windows), reporting progress after each chunk and checking whether it should stop, so a
 Ctrl-C during a big load is honoured within one chunk. Only when every document is written
 does it write a *marker* document (:data:`MARKER_KEY`: the size and seed of the sample).
@@ -27,12 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dcpkv.cli.kvrequest import KVSession as AdminSession
+from dcpkv.client.blocking import BlockingKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.kv import KVSession
-from dcpkv.engine.bucket import vbucket_for_key
+from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.writer import KVWriter, WriteOp
+from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.pipelines.sample_data import changes, documents
-from dcpkv.spark.kvwriter import Endpoint, KVWriter, WriteOp
 
 MARKER_KEY = b"_dcpkv::sample"
 LOAD_CHUNK = 4096
@@ -47,22 +48,18 @@ class SampleInfo:
     seed: int
 
 
-def bucket_vbuckets(ep: Endpoint) -> tuple[int, int]:
+def bucket_vbuckets(ep: ConnectionSettings) -> tuple[int, int]:
     """(active vbuckets, items) of the bucket, from the general stats."""
-    with AdminSession(ep.host, ep.port) as session:
-        session.login(ep.user, ep.password, ep.bucket)
+    with BlockingKV.connect(ep) as session:
         stats = dict(session.stats(""))
     return int(stats["vb_active_num"]), int(stats["curr_items"])
 
 
-def loaded_sample(ep: Endpoint, num_vbuckets: int) -> SampleInfo | None:
+def loaded_sample(ep: ConnectionSettings, num_vbuckets: int) -> SampleInfo | None:
     """The sample the bucket already holds (its marker), or None."""
 
     async def read() -> bytes | None:
-        config = ClientConfig(
-            host=ep.host, port=ep.port, bucket=ep.bucket, user=ep.user, password=ep.password
-        )
-        session = await KVSession.open(config)
+        session = await KVSession.open(ClientConfig(ep))
         try:
             doc = await session.get(vbucket_for_key(MARKER_KEY, num_vbuckets), MARKER_KEY)
         finally:
@@ -77,7 +74,7 @@ def loaded_sample(ep: Endpoint, num_vbuckets: int) -> SampleInfo | None:
 
 
 def load_sample(
-    ep: Endpoint,
+    ep: ConnectionSettings,
     num_vbuckets: int,
     total: int,
     *,
@@ -107,7 +104,7 @@ class ChangeGenerator(threading.Thread):
     """Writes ``rate`` sample changes per second until :meth:`stop`."""
 
     def __init__(
-        self, ep: Endpoint, num_vbuckets: int, total: int, *, rate: float, seed: int
+        self, ep: ConnectionSettings, num_vbuckets: int, total: int, *, rate: float, seed: int
     ) -> None:
         super().__init__(name="dcpkv-change-generator", daemon=True)
         self.ep = ep

@@ -36,10 +36,12 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.vtable import Entry, Manifest
 
@@ -48,40 +50,44 @@ RESYNC_ATTEMPTS = 3
 
 @dataclass(frozen=True)
 class SourceSettings:
-    """Where the changes come from: the ``dcpkv`` source's connection options."""
+    """Where the changes come from: the server (``connection``) and which of its changes."""
 
-    host: str = "127.0.0.1"
-    port: int = 11210
-    bucket: str = "default"
-    user: str = "Administrator"
-    password: str = "password"
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     vbuckets: str | None = None
     max_changes_per_trigger: int | None = None
 
+    @classmethod
+    def at(cls, port: int, **kw: Any) -> SourceSettings:
+        """Every change of the default bucket on a local node."""
+        return cls(ConnectionSettings.at(port=port), **kw)
+
     def options(self) -> dict[str, str]:
-        opts = {
-            "host": self.host,
-            "port": str(self.port),
-            "bucket": self.bucket,
-            "user": self.user,
-            "password": self.password,
-        }
+        opts = self.connection.spark_options()
         if self.vbuckets:
             opts["vbuckets"] = self.vbuckets
         if self.max_changes_per_trigger is not None:
             opts["maxChangesPerTrigger"] = str(self.max_changes_per_trigger)
         return opts
 
-    def client_config(self) -> Any:
-        from dcpkv.client.config import ClientConfig
+    def client_config(self) -> ClientConfig:
+        return ClientConfig(self.connection)
 
-        return ClientConfig(
-            host=self.host,
-            port=self.port,
-            bucket=self.bucket,
-            user=self.user,
-            password=self.password,
-        )
+    # A view's definition records its source (``views``) in this flat JSON form.
+    def to_json_obj(self) -> dict[str, Any]:
+        c = self.connection
+        return {
+            "host": c.host, "port": c.port, "bucket": c.bucket, "user": c.user,
+            "password": c.password, "vbuckets": self.vbuckets,
+            "max_changes_per_trigger": self.max_changes_per_trigger,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json_obj(cls, doc: dict[str, Any]) -> SourceSettings:
+        connection = ConnectionSettings.at(
+            doc["host"], doc["port"], bucket=doc["bucket"], user=doc["user"],
+            password=doc["password"],
+        )  # fmt: skip
+        return cls(connection, doc.get("vbuckets"), doc.get("max_changes_per_trigger"))
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcpkv.core.errors import DcpkvError
+
 METRICS_FILE = "_metrics.jsonl"
 LOG_SCALE_SPREAD = 50
 
 
-class ReportError(RuntimeError):
+class ReportError(DcpkvError, RuntimeError):
     """Nothing to draw: no metrics file, or no batch in it."""
 
 

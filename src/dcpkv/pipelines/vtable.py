@@ -51,7 +51,6 @@ previous manifest has a whole compaction interval to finish.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import uuid
@@ -60,6 +59,8 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+from dcpkv.core.files import atomic_write
 
 MANIFEST = "_manifest.json"
 METRICS = "_metrics.jsonl"
@@ -127,20 +128,7 @@ def commit_manifest(table: Path, manifest: Manifest) -> None:
     """Replace the manifest atomically: a reader sees the old one or the new one, whole."""
     manifest.generation += 1
     tmp = table / f".{MANIFEST}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w") as out:
-        out.write(manifest.to_json())
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, table / MANIFEST)
-    _fsync_dir(table)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write(table / MANIFEST, manifest.to_json().encode(), tmp)
 
 
 def new_data_dir(table: Path, tag: str) -> str:

@@ -8,7 +8,7 @@ message (``kv`` and ``dcp`` modules). Bytes out: every typed message has ``encod
 frames can be built with :func:`encode_frame`. Anything malformed raises :class:`CodecError`
 carrying the status a server should answer. The modules, one concept each:
 
-``constants``  magics, opcodes, statuses, flags       ``frame``     header, framing, parser
+``constants``  magics, opcodes, flags, datatypes     ``frame``     header, framing, parser
 ``errors``     CodecError                             ``base``      typed-message machinery
 ``kv``         key-value messages                     ``dcp``       DCP messages
 ``messages``   decode_message dispatcher
@@ -26,10 +26,8 @@ from dcpkv.protocol.constants import (
     OpenFlag,
     OsoSnapshotFlag,
     SnapshotFlag,
-    Status,
     StreamEndReason,
     StreamRequestFlag,
-    VbucketState,
 )
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
@@ -53,10 +51,8 @@ __all__ = [
     "Request",
     "Response",
     "SnapshotFlag",
-    "Status",
     "StreamEndReason",
     "StreamRequestFlag",
-    "VbucketState",
     "decode_message",
     "encode_frame",
 ]

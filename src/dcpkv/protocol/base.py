@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, ClassVar, Self
 
-from dcpkv.protocol.constants import MAX_KEY_LEN, Magic, Opcode, Status
+from dcpkv.core.status import Status
+from dcpkv.protocol.constants import MAX_KEY_LEN, Magic, Opcode
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Bytes, Frame, encode_frame, encode_stream_id
 
 REQUEST_MAGICS = frozenset({Magic.ClientRequest, Magic.AltClientRequest, Magic.ServerRequest})
 _STATUS_BY_VALUE = {s.value: s for s in Status}
 _OPCODE_BY_VALUE = {o.value: o for o in Opcode}
-U64_MAX = (1 << 64) - 1
 
 
 class Part(IntEnum):

@@ -2,11 +2,13 @@
 
 Theory of operation
 -------------------
-One place for magics, opcodes, status codes, datatype bits, HELLO features and the DCP flag
-sets, all taken from ``PROTOCOL.md``. Values that identify one thing (an opcode, a status) are
-``IntEnum``; values that combine bits (flags, datatype) are ``IntFlag`` so ``JSON | XATTR`` stays
-a member. The codec itself compares plain ints on the hot path (an ``IntEnum`` member *is* an
-int), and only converts to enums when building typed messages.
+One place for magics, opcodes, datatype bits, HELLO features and the DCP flag sets, all taken
+from ``PROTOCOL.md``. Status codes and vbucket states are facts every layer shares, so they
+live in the neutral core (:mod:`dcpkv.core.status`, :mod:`dcpkv.core.vbucket`). Values that
+identify one thing (an opcode, a magic) are ``IntEnum``; values that combine bits (flags,
+datatype) are ``IntFlag`` so ``JSON | XATTR`` stays a member. The codec itself compares plain
+ints on the hot path (an ``IntEnum`` member *is* an int), and only converts to enums when
+building typed messages.
 
 The DCP barrier
 ---------------
@@ -107,33 +109,6 @@ class Opcode(IntEnum):
     DcpBarrier = 0x66  # this project's extension, see the module docstring
 
 
-class Status(IntEnum):
-    Success = 0x00
-    KeyEnoent = 0x01
-    KeyEexists = 0x02
-    E2big = 0x03
-    Einval = 0x04
-    NotStored = 0x05
-    DeltaBadval = 0x06
-    NotMyVbucket = 0x07
-    NoBucket = 0x08
-    Locked = 0x09
-    DcpStreamNotFound = 0x0A
-    OpaqueNoMatch = 0x0B
-    AuthError = 0x20
-    AuthContinue = 0x21
-    Erange = 0x22
-    Rollback = 0x23
-    Eaccess = 0x24
-    NotInitialized = 0x25
-    UnknownCommand = 0x81
-    Enomem = 0x82
-    NotSupported = 0x83
-    Einternal = 0x84
-    Ebusy = 0x85
-    Etmpfail = 0x86
-
-
 class Datatype(IntFlag):
     """Bits of header byte 5. A flag set, not an enum: JSON | Snappy is a legal value."""
 
@@ -171,13 +146,6 @@ class StreamEndReason(IntEnum):
     Rollback = 6
     FilterEmpty = 7
     LostPrivileges = 8
-
-
-class VbucketState(IntEnum):
-    Active = 1
-    Replica = 2
-    Pending = 3
-    Dead = 4
 
 
 class OpenFlag(IntFlag):

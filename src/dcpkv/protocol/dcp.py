@@ -17,7 +17,7 @@ Two opcodes have several layouts, told apart by the extras:
   ``SnapshotMarker``, so ``isinstance(m, SnapshotMarker)`` catches every version.
 * Deletion: 18 bytes = V1 (with nmeta), 21 bytes = V2 (with a delete time).
 
-Failover-log bodies are read and written by ``dcpkv.engine.failover_table`` (one definition
+Failover-log bodies are read and written by ``dcpkv.core.failover_table`` (one definition
 of the 16-byte entry); its errors become ``CodecError(Einval)`` here.
 
 Mutation is the hot path of every stream and is written out by hand: one precompiled
@@ -32,14 +32,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Self
 
-from dcpkv.engine.failover_table import (
-    FailoverEntry,
-    FailoverTableError,
-    decode_wire,
-    encode_wire,
-)
+from dcpkv.core.failover_table import FailoverEntry, FailoverTableError, decode_wire, encode_wire
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.base import (
-    U64_MAX,
     Message,
     Part,
     Request,
@@ -59,9 +56,7 @@ from dcpkv.protocol.constants import (
     Magic,
     Opcode,
     SnapshotMarkerVersion,
-    Status,
     StreamEndReason,
-    VbucketState,
 )
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import HEADER, Bytes, Frame
@@ -352,13 +347,13 @@ class SetVbucketState(Request):
     OPCODE = Opcode.DcpSetVbucketState
     EXTRAS = _U8
     EXTRAS_FIELDS = ("state",)
-    state: int = VbucketState.Active
+    state: int = VBucketState.ACTIVE
 
     @classmethod
     def _fields(cls, frame: Frame) -> dict[str, Any]:
         fields = generic_fields(cls, frame)
         try:
-            fields["state"] = VbucketState(fields["state"])
+            fields["state"] = VBucketState(fields["state"])
         except ValueError:
             raise einval("SetVbucketState state", f"{fields['state']} is not 1-4") from None
         return fields

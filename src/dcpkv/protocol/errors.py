@@ -11,11 +11,14 @@ names the offending field, so a server can reply and close without guessing.
 
 from __future__ import annotations
 
-from dcpkv.protocol.constants import Status
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status
 
 
-class CodecError(Exception):
+class CodecError(DcpkvError):
     """Malformed, oversize or unknown wire data; ``status`` is what a server should answer."""
+
+    status: Status
 
     def __init__(self, status: Status, message: str) -> None:
         super().__init__(message)

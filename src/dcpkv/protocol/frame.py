@@ -29,13 +29,13 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from dcpkv.core.status import Status
 from dcpkv.protocol.constants import (
     DEFAULT_MAX_VALUE_LEN,
     HEADER_LEN,
     MAX_KEY_LEN,
     FramingId,
     Magic,
-    Status,
 )
 from dcpkv.protocol.errors import CodecError
 

@@ -27,6 +27,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.base import (
     REQUEST_MAGICS,
     Part,
@@ -42,7 +44,7 @@ from dcpkv.protocol.base import (
     unpack_exact,
     value_field,
 )
-from dcpkv.protocol.constants import MAX_KEY_LEN, HelloFeature, Magic, Opcode, Status, VbucketState
+from dcpkv.protocol.constants import MAX_KEY_LEN, HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import HEADER, Bytes, Frame
 
 _U16 = struct.Struct(">H")
@@ -60,9 +62,9 @@ _GET_HIT = struct.Struct(">BBHBBHIIQI")  # + flags
 _MUTATED = struct.Struct(">BBHBBHIIQQQ")  # + vbucket uuid, seqno (MutationSeqno)
 
 
-def _vbucket_state(value: int, what: str) -> VbucketState:
+def _vbucket_state(value: int, what: str) -> VBucketState:
     try:
-        return VbucketState(value)
+        return VBucketState(value)
     except ValueError:
         raise einval(what, f"{value} is not a vbucket state (1-4)") from None
 
@@ -575,7 +577,7 @@ class SetVbucket(Request):
     OPCODE = Opcode.SetVbucket
     VALUE = Part.OPTIONAL
     VALUE_FIELD = "meta"
-    state: int = VbucketState.Active
+    state: int = VBucketState.ACTIVE
     meta: Bytes = b""
 
     def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
@@ -602,7 +604,7 @@ class GetVbucketResponse(Response):
     OPCODE = Opcode.GetVbucket
     VALUE_STRUCT = _U32
     VALUE_FIELDS = ("state",)
-    state: int = VbucketState.Active
+    state: int = VBucketState.ACTIVE
 
     @classmethod
     def _fields(cls, frame: Frame) -> dict[str, Any]:

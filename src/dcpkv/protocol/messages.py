@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dcpkv.core.status import Status
 from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import GenericResponse, Message, opcode_name
-from dcpkv.protocol.constants import Magic, Status
+from dcpkv.protocol.constants import Magic
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 

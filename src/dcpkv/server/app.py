@@ -64,11 +64,12 @@ from functools import partial
 from pathlib import Path
 from typing import cast
 
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.storage import BucketLock
-from dcpkv.engine.vbucket import VBucketState
-from dcpkv.protocol.constants import HEADER_LEN, Magic, Status
+from dcpkv.protocol.constants import HEADER_LEN, Magic
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import FrameParser, encode_frame
 from dcpkv.server.config import ServerConfig

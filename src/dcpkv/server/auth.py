@@ -20,12 +20,13 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass, field
 
+from dcpkv.core.errors import DcpkvError
 from dcpkv.server.scram import HASHES, ScramCredentials, ScramError, ScramServer, new_salt
 
 MECHANISMS = (*HASHES, "PLAIN")
 
 
-class AuthFailed(Exception):
+class AuthFailed(DcpkvError):
     """Authentication failed; the message says why (for the server log, not the client)."""
 
 

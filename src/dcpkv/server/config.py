@@ -22,17 +22,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PORT = 11210
+from dcpkv.core.defaults import (
+    DEFAULT_BUCKET,
+    DEFAULT_HOST,
+    DEFAULT_PASSWORD,
+    DEFAULT_PORT,
+    DEFAULT_USER,
+)
+from dcpkv.core.errors import DcpkvError
+
 DEFAULT_VBUCKETS = 1024
 
 
-class ConfigError(ValueError):
+class ConfigError(DcpkvError, ValueError):
     """A config file or flag value that cannot be used."""
 
 
 @dataclass(frozen=True)
 class BucketConfig:
-    name: str = "default"
+    name: str = DEFAULT_BUCKET
     vbuckets: int = DEFAULT_VBUCKETS
     memory_quota_mb: int = 256
 
@@ -49,11 +57,11 @@ class BucketConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     data_dir: Path = Path("./dcpkv-data")
     buckets: tuple[BucketConfig, ...] = (BucketConfig(),)
-    users: dict[str, str] = field(default_factory=lambda: {"Administrator": "password"})
+    users: dict[str, str] = field(default_factory=lambda: {DEFAULT_USER: DEFAULT_PASSWORD})
     flush_interval_s: float = 0.05
     # Tombstones older than this are purged by the periodic compaction (Couchbase's "metadata
     # purge interval"; 3 days there too). A consumer that was away longer gets rolled back to 0.
@@ -138,7 +146,7 @@ def with_cli_flags(
     if given:
         flags["buckets"] = (replace(first, **given), *config.buckets[1:])
     if user is not None or password is not None:
-        name = user if user is not None else next(iter(config.users), "Administrator")
-        secret = password if password is not None else config.users.get(name, "password")
+        name = user if user is not None else next(iter(config.users), DEFAULT_USER)
+        secret = password if password is not None else config.users.get(name, DEFAULT_PASSWORD)
         flags["users"] = {name: secret}
     return config.with_overrides(**flags)

@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dcpkv.protocol.constants import HelloFeature, Status
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status
+from dcpkv.protocol.constants import HelloFeature
 
 if TYPE_CHECKING:
     from dcpkv.server.state import ServerState
@@ -39,7 +41,7 @@ SUPPORTED_FEATURES = frozenset(
 )
 
 
-class Reply(Exception):
+class Reply(DcpkvError):
     """Answer the current request with ``status`` (and an optional value) and go on."""
 
     def __init__(
@@ -52,7 +54,7 @@ class Reply(Exception):
         self.cas = cas
 
 
-class CloseConnection(Exception):
+class CloseConnection(DcpkvError):
     """Stop reading this connection after writing what is queued (Quit, fatal errors); the
     first argument, when given, is the last answer to write."""
 

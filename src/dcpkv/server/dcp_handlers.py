@@ -27,10 +27,11 @@ them to :func:`consumer_response`. ``stat dcp`` is a group of :mod:`dcpkv.server
 
 from __future__ import annotations
 
+from dcpkv.core.status import Status
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import OpenFlag, Status
+from dcpkv.protocol.constants import OpenFlag
 from dcpkv.server.connection import Connection, Reply, not_my_vbucket
 from dcpkv.server.session import ok
 

@@ -30,9 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dcpkv.core.status import Status
 from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import Magic, Opcode, Status
+from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message

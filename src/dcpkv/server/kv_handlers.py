@@ -28,12 +28,14 @@ the seqno the mutation got, which a client uses with ObserveSeqno or as a DCP re
 
 from __future__ import annotations
 
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import StateCasMismatch
 from dcpkv.engine.item import EngineError, Item, KeyNotFound
-from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode, Status
+from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode
 from dcpkv.server.connection import Connection, Reply, not_my_vbucket
 from dcpkv.server.session import ok
 
@@ -48,13 +50,8 @@ _SET = frozenset({Opcode.Set, Opcode.SetQ})
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def engine_status(exc: EngineError) -> Status:
-    """The wire status an engine refusal names (an unknown name is a bug: Einternal)."""
-    return Status.__members__.get(exc.status, Status.Einternal)
-
-
 def refusal(conn: Connection, exc: EngineError) -> Reply:
-    status = engine_status(exc)
+    status = exc.status
     if status == Status.NotMyVbucket:
         return not_my_vbucket(conn)
     if isinstance(exc, StateCasMismatch):  # the current state CAS, so the manager can retry

@@ -49,6 +49,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dcpkv.core.errors import DcpkvError
+
 # Couchbase spells the mechanisms without the dash after SHA.
 HASHES = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}
 DEFAULT_ITERATIONS = 4096
@@ -61,7 +63,7 @@ _CBIND = {"n": "biws", "y": "eSws"}
 _FAKE_SALT_KEY = secrets.token_bytes(32)
 
 
-class ScramError(Exception):
+class ScramError(DcpkvError):
     """The exchange failed; the message says why (for the server log only)."""
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import NoReturn
 
 from dcpkv import __version__
+from dcpkv.core.status import Status
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.protocol.constants import Datatype, HelloFeature, Status
+from dcpkv.protocol.constants import Datatype, HelloFeature
 from dcpkv.server.auth import AuthFailed, SaslSession
 from dcpkv.server.connection import SUPPORTED_FEATURES, CloseConnection, Connection, Reply
 from dcpkv.server.error_map import error_map_json

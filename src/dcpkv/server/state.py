@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map_json
 from dcpkv.server.config import ServerConfig
@@ -60,6 +61,6 @@ class ServerState:
         bucket = self.buckets.get(name)
         vbuckets = getattr(bucket, "vbuckets", {})
         return [
-            [0] if (vb := vbuckets.get(i)) is not None and vb.state == "active" else [-1]
+            [0] if (vb := vbuckets.get(i)) is not None and vb.state == VBucketState.ACTIVE else [-1]
             for i in range(num_vbuckets)
         ]

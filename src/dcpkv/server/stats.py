@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable, Iterator
 
 from dcpkv import __version__
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import DcpProducer
-from dcpkv.engine.vbucket import VBucket, VBucketState
+from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import kv
-from dcpkv.protocol.constants import Status
 from dcpkv.server.connection import Connection, Reply, not_my_vbucket
 
 STARTED = time.time()
@@ -67,7 +68,7 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "ep_persistence_lag_ms", round(bucket.persistence_lag() * 1000)
     yield "ep_max_size", bucket.memory_quota
     for state in VBucketState:
-        yield f"vb_{state.value}_num", sum(1 for vb in vbuckets if vb.state == state)
+        yield f"vb_{state.label}_num", sum(1 for vb in vbuckets if vb.state == state)
 
 
 def _seqnos(conn: Connection, arg: str) -> Stats:
@@ -89,7 +90,7 @@ def _failovers(conn: Connection, arg: str) -> Stats:
 
 def _vbuckets(conn: Connection, arg: str) -> Stats:
     for vb in _selected(conn, arg):
-        yield f"vb_{vb.id}", vb.state.value
+        yield f"vb_{vb.id}", vb.state.label
 
 
 def dcp_stats(conn: Connection, arg: str = "") -> Stats:

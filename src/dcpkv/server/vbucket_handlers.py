@@ -16,29 +16,20 @@ one client of these opcodes.
 
 from __future__ import annotations
 
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import EngineError
-from dcpkv.engine.vbucket import VBucketState
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.protocol.constants import Status, VbucketState
 from dcpkv.server.connection import Connection, Reply
 from dcpkv.server.kv_handlers import present, refusal
-
-# The engine names states, the wire numbers them.
-_WIRE_STATE = {
-    VbucketState.Active: VBucketState.ACTIVE,
-    VbucketState.Replica: VBucketState.REPLICA,
-    VbucketState.Pending: VBucketState.PENDING,
-    VbucketState.Dead: VBucketState.DEAD,
-}
-_STATE_WIRE = {v: k for k, v in _WIRE_STATE.items()}
 
 
 def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
     bucket = conn.bucket
     if not 0 <= req.vbucket < bucket.num_vbuckets:
         raise Reply(Status.Einval, b"vbucket id out of range")
-    state = _WIRE_STATE[VbucketState(req.state)]
+    state = VBucketState(req.state)
     try:
         bucket.set_vbucket_state(req.vbucket, state, cas=req.cas)
     except EngineError as exc:
@@ -48,8 +39,7 @@ def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
 
 def get_vbucket(conn: Connection, req: kv.GetVbucket) -> kv.GetVbucketResponse:
     vbucket = present(conn, req.vbucket)
-    state = _STATE_WIRE[vbucket.state]
-    return kv.GetVbucketResponse(opaque=req.opaque, state=state, cas=conn.bucket.state_cas)
+    return kv.GetVbucketResponse(opaque=req.opaque, state=vbucket.state, cas=conn.bucket.state_cas)
 
 
 def del_vbucket(conn: Connection, req: kv.DelVbucket) -> GenericResponse:
@@ -65,7 +55,7 @@ def del_vbucket(conn: Connection, req: kv.DelVbucket) -> GenericResponse:
 
 
 def all_vb_seqnos(conn: Connection, req: kv.GetAllVbSeqnos) -> kv.GetAllVbSeqnosResponse:
-    wanted = _WIRE_STATE[VbucketState(req.state)] if req.state else None
+    wanted = VBucketState(req.state) if req.state else None
     vbuckets = conn.bucket.vbuckets
     seqnos = tuple(
         (vb, vbuckets[vb].high_seqno)

@@ -7,8 +7,9 @@ parsed and checked here, on the driver, when the source or sink is created, so t
 a clear error at ``load()`` / ``start()`` time instead of a task failure on an executor. The
 parsed :class:`SourceOptions` is a small frozen dataclass: it is pickled into every task.
 
-``nodes`` (``host:port[,host:port...]``) takes precedence over ``host``/``port``; the first
-node is used (one node is the whole cluster here). ``vbuckets`` is a list of ids and ranges
+``nodes`` (``host:port[,host:port...]``) takes precedence over ``host``/``port``; they make
+the :class:`~dcpkv.client.settings.ConnectionSettings` the source and sink connect with (to the
+first node: one node is the whole cluster here). ``vbuckets`` is a list of ids and ranges
 (``"0,1,5-9"``); empty means every vbucket the server has.
 """
 
@@ -17,26 +18,30 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dcpkv.client.config import ClientConfig
+from dcpkv.client.settings import ConnectionSettings, Node, NodeError, parse_nodes, parse_port
+from dcpkv.core.defaults import (
+    DEFAULT_BUCKET,
+    DEFAULT_HOST,
+    DEFAULT_PASSWORD,
+    DEFAULT_PORT,
+    DEFAULT_USER,
+)
+from dcpkv.core.errors import DcpkvError
 from dcpkv.spark.sparkoffsets import SparkOffsets
 
-DEFAULT_PORT = 11210
 MODES = ("changes", "documents")
 
 
-class OptionError(ValueError):
+class OptionError(DcpkvError, ValueError):
     """An option of the ``dcpkv`` format has an unusable value."""
 
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    bucket: str = "default"
-    user: str = "Administrator"
-    password: str = "password"
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     vbuckets: tuple[int, ...] = ()  # empty: all the server has
     starting: str | SparkOffsets = "earliest"  # "earliest", "latest" or offsets
     ending: str | SparkOffsets = "latest"  # batch "changes" mode only
@@ -45,15 +50,19 @@ class SourceOptions:
     include_values: bool = True
     mode: str = "changes"  # batch reads only
 
+    @property
+    def host(self) -> str:
+        return self.connection.host
+
+    @property
+    def port(self) -> int:
+        return self.connection.port
+
     def client_config(self) -> ClientConfig:
         # A producer drops an existing connection when another opens with the same name, so
         # every consumer (one per task and per driver call) gets a name of its own.
         return ClientConfig(
-            host=self.host,
-            port=self.port,
-            bucket=self.bucket,
-            user=self.user,
-            password=self.password,
+            self.connection,
             name=f"dcpkv-spark:{os.getpid()}:{uuid.uuid4().hex[:12]}",
             include_values=self.include_values,
         )
@@ -72,13 +81,14 @@ class SourceOptions:
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Parse Spark's option map (keys compared case-insensitively)."""
     opts = {k.lower(): v for k, v in options.items()}
-    host, port = _address(opts)
+    connection = ConnectionSettings(
+        _nodes(opts),
+        bucket=opts.get("bucket", DEFAULT_BUCKET),
+        user=opts.get("user", DEFAULT_USER),
+        password=opts.get("password", DEFAULT_PASSWORD),
+    )
     return SourceOptions(
-        host=host,
-        port=port,
-        bucket=opts.get("bucket", "default"),
-        user=opts.get("user", "Administrator"),
-        password=opts.get("password", "password"),
+        connection=connection,
         vbuckets=parse_vbuckets(opts.get("vbuckets", "")),
         starting=_offsets_option(opts.get("startingoffsets", "earliest"), "startingOffsets"),
         ending=_offsets_option(opts.get("endingoffsets", "latest"), "endingOffsets"),
@@ -106,25 +116,16 @@ def parse_vbuckets(text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _address(opts: Mapping[str, str]) -> tuple[str, int]:
-    nodes = opts.get("nodes", "").strip()
-    if nodes:
-        first = nodes.split(",")[0].strip()
-        host, sep, port = first.rpartition(":")
-        if not sep:
-            return first, DEFAULT_PORT
-        return host, _port(port)
-    return opts.get("host", "127.0.0.1"), _port(opts.get("port", str(DEFAULT_PORT)))
-
-
-def _port(text: str) -> int:
+def _nodes(opts: Mapping[str, str]) -> tuple[Node, ...]:
     try:
-        port = int(text)
-    except ValueError:
-        raise OptionError(f"port {text!r} is not a number") from None
-    if not 0 < port < 65536:
-        raise OptionError(f"port {port} is outside 1..65535")
-    return port
+        nodes = opts.get("nodes", "").strip()
+        if nodes:
+            return parse_nodes(nodes)
+        return (
+            Node(opts.get("host", DEFAULT_HOST), parse_port(opts.get("port", str(DEFAULT_PORT)))),
+        )
+    except NodeError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _positive(opts: Mapping[str, str], key: str) -> int | None:

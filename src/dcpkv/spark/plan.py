@@ -9,7 +9,7 @@ always give the same plan, which Spark relies on when it re-runs a batch from it
 
 Where a vbucket restarts. A vbucket still on the branch its offset names resumes at its seqno.
 One whose branch moved (the server restarted after losing unpersisted writes, or failed over)
-is judged with the producer's own rule (``dcpkv.engine.rollback.needs_rollback``) on the
+is judged with the producer's own rule (``dcpkv.core.rollback.needs_rollback``) on the
 current failover log: no rollback means it resumes at its seqno; a rollback to R means the
 client will land on the newest consistent point ``p <= R`` the offset knows, and re-stream
 from there. The "seqno distance" of a vbucket is its high seqno minus that restart point: an
@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dcpkv.engine.failover_table import FailoverEntry, FailoverTable
-from dcpkv.engine.rollback import needs_rollback
+from dcpkv.core.failover_table import FailoverEntry, FailoverTable
+from dcpkv.core.rollback import needs_rollback
 from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 
 DEFAULT_MAX_PARTITIONS = 16

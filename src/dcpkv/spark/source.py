@@ -26,7 +26,7 @@ vbucket from 0 to the high seqnos seen while planning and keeps the last version
 (``read.document_rows``): one row per live document, consistent per vbucket at those seqnos.
 
 Sink (:class:`DcpkvWriter`, :class:`DcpkvStreamWriter`). Each task writes its rows through a
-pipelined :class:`~dcpkv.spark.kvwriter.KVWriter`; the vbucket count for routing keys is read
+pipelined :class:`~dcpkv.client.writer.KVWriter`; the vbucket count for routing keys is read
 once on the driver. Rows with ``op`` deletion/expiration delete the key, rollback rows are
 skipped, anything else upserts ``key``/``value``/``flags``/``expiry``.
 """
@@ -55,9 +55,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
-from dcpkv.engine.failover_table import FailoverEntry
-from dcpkv.spark.kvwriter import Endpoint, KVWriter, WriteOp
+from dcpkv.client.writer import KVWriter, WriteOp
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
 from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread, targets
 from dcpkv.spark.read import change_rows, document_rows
@@ -67,7 +69,7 @@ from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 DELETE_OPS = frozenset({"deletion", "expiration", "delete"})
 
 
-class SinkError(ValueError):
+class SinkError(DcpkvError, ValueError):
     """A row the sink cannot write (no key, a value of the wrong type)."""
 
 
@@ -252,12 +254,13 @@ class DcpkvCommit(WriterCommitMessage):
     written: int
 
 
-def _sink_setup(opts: SourceOptions, schema: StructType) -> tuple[Endpoint, int, tuple[str, ...]]:
+def _sink_setup(
+    opts: SourceOptions, schema: StructType
+) -> tuple[ConnectionSettings, int, tuple[str, ...]]:
     columns = tuple(schema.fieldNames())
     if "key" not in columns:
         raise SinkError(f"the dcpkv sink needs a key column; the DataFrame has {list(columns)}")
-    endpoint = Endpoint(opts.host, opts.port, opts.user, opts.password, opts.bucket)
-    return endpoint, len(server_seqnos(opts)), columns
+    return opts.connection, len(server_seqnos(opts)), columns
 
 
 def row_op(row: Any, columns: tuple[str, ...]) -> WriteOp | None:
@@ -290,14 +293,16 @@ def _bytes(value: Any, what: str) -> bytes:
 
 
 class _SinkTask:
-    def __init__(self, endpoint: Endpoint, num_vbuckets: int, columns: tuple[str, ...]) -> None:
-        self.endpoint = endpoint
+    def __init__(
+        self, connection: ConnectionSettings, num_vbuckets: int, columns: tuple[str, ...]
+    ) -> None:
+        self.connection = connection
         self.num_vbuckets = num_vbuckets
         self.columns = columns
 
     def write(self, iterator: Iterator[Any]) -> DcpkvCommit:
         ops = (op for op in (row_op(r, self.columns) for r in iterator) if op is not None)
-        with KVWriter(self.endpoint, self.num_vbuckets) as writer:
+        with KVWriter(self.connection, self.num_vbuckets) as writer:
             return DcpkvCommit(writer.write(ops))
 
 

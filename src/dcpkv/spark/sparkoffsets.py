@@ -31,15 +31,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dcpkv.client.offsets import U64_MAX, Offsets, VbucketOffset
-from dcpkv.engine.failover_table import FailoverEntry
+from dcpkv.client.offsets import Offsets, VbucketOffset
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
 
 FORMAT = 1
 MAX_POINTS = 8
 _FIELDS = ("vb_uuid", "seqno", "snap_start", "snap_end")
 
 
-class SparkOffsetError(ValueError):
+class SparkOffsetError(DcpkvError, ValueError):
     """A source offset (from a checkpoint or an option) that cannot be used."""
 
 

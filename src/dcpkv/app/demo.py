@@ -5,7 +5,7 @@ Theory of operation
 The job runs in phases, each handing the next what it needs, and each undone in reverse
 order however the job ends:
 
-1. **Node.** A ``dcpkv server`` child process (:class:`~dcpkv.pipelines.node.LocalNode`) on
+1. **Node.** A ``dcpkv server`` child process (:class:`~dcpkv.app.node.LocalNode`) on
    the embedded defaults, its data in the data dir. A taken port is reported, exit 1.
 2. **Sample.** :func:`~dcpkv.pipelines.loader.load_sample` with a progress bar, unless the
    bucket's marker says the sample is already there (a re-run resumes, it does not reload).
@@ -57,6 +57,9 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from dcpkv.app.node import LocalNode, NodeError
+from dcpkv.client.settings import ConnectionSettings
+from dcpkv.core.defaults import DEFAULT_PORT
 from dcpkv.pipelines.loader import (
     ChangeGenerator,
     SampleInfo,
@@ -64,8 +67,6 @@ from dcpkv.pipelines.loader import (
     load_sample,
     loaded_sample,
 )
-from dcpkv.pipelines.node import LocalNode, NodeError
-from dcpkv.spark.kvwriter import Endpoint
 
 VIEW_NAME = "revenue_by_country"
 VIEW_MAP = "dcpkv.pipelines.example_views:revenue_by_country"
@@ -80,7 +81,7 @@ RATE_WINDOW_S = 10.0
 @dataclass(frozen=True)
 class DemoSettings:
     data_dir: Path = Path("./dcpkv-data")
-    port: int = 11210
+    port: int = DEFAULT_PORT
     docs: int = 30_000
     duration: float | None = None
     master: str | None = None
@@ -189,7 +190,7 @@ class RateColumn(ProgressColumn):
 
 
 def ensure_sample(
-    ep: Endpoint, num_vbuckets: int, docs: int, stopper: Stopper, console: Console
+    ep: ConnectionSettings, num_vbuckets: int, docs: int, stopper: Stopper, console: Console
 ) -> SampleInfo | None:
     """The sample the bucket holds, loading it first when missing; None when stopped."""
     existing = loaded_sample(ep, num_vbuckets)
@@ -216,7 +217,7 @@ def ensure_sample(
 
 
 def where_to_look(settings: DemoSettings, paths: DemoPaths, port: int, master: str) -> str:
-    port_opt = "" if port == 11210 else f" --port {port}"
+    port_opt = "" if port == DEFAULT_PORT else f" --port {port}"
     views_opt = f" --views-dir {paths.views}"  # `dcpkv view`'s own default is elsewhere
     return "\n".join(
         [
@@ -251,7 +252,7 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
             return 1
         stack.callback(_stop_node, node, console)
         console.print(f"Node up: 127.0.0.1:{port} (pid {node.pid}), data in {settings.data_dir}")
-        ep = Endpoint("127.0.0.1", port, "Administrator", "password", "default")
+        ep = ConnectionSettings.at(port=port)
         num_vbuckets, _items = bucket_vbuckets(ep)
         sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
         if sample is None or stopper.stopped:
@@ -293,7 +294,7 @@ class _Pipelines:
         self.spark = spark
         self.master = master
         self.paths = paths
-        self.source = SourceSettings(port=port)
+        self.source = SourceSettings.at(port=port)
         create_view(paths.views, VIEW_NAME, VIEW_MAP, VIEW_REDUCE)
         self.mirror, self.view = PipelineStats(), PipelineStats()
         self.sampled = Sampled()

@@ -29,12 +29,15 @@ import sys
 import time
 from pathlib import Path
 
+from dcpkv.core.defaults import DEFAULT_HOST, DEFAULT_PORT
+from dcpkv.core.errors import DcpkvError
+
 START_TIMEOUT_S = 120.0  # a big bucket's warm-up happens before the port is bound
 STOP_TIMEOUT_S = 60.0  # the final flush of everything still in memory
 PR_SET_PDEATHSIG = 1
 
 
-class NodeError(RuntimeError):
+class NodeError(DcpkvError, RuntimeError):
     """The server could not be started; the message says why and what to do."""
 
 
@@ -57,7 +60,7 @@ class LocalNode:
     """One ``dcpkv server`` child process on ``host:port`` with its data in ``data_dir``."""
 
     def __init__(
-        self, data_dir: Path, log_path: Path, *, host: str = "127.0.0.1", port: int = 11210,
+        self, data_dir: Path, log_path: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
         vbuckets: int = 1024,
     ) -> None:  # fmt: skip
         self.data_dir = data_dir

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dcpkv.engine.failover_table import (
-    U64_MAX,
+from dcpkv.core.failover_table import (
     FailoverEntry,
     FailoverTable,
     FailoverTableError,
     decode_wire,
     entries_from_json_obj,
 )
+from dcpkv.core.seqno import U64_MAX
 
 E = FailoverEntry
 u64 = st.integers(min_value=0, max_value=U64_MAX)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcpkv.engine.failover_table import FailoverTable
+from dcpkv.core.failover_table import FailoverTable
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from dcpkv.engine.failover_table import U64_MAX, FailoverEntry, FailoverTable
-from dcpkv.engine.rollback import (
+from dcpkv.core.failover_table import FailoverEntry, FailoverTable
+from dcpkv.core.rollback import (
     REASON_NO_COMMON_HISTORY,
     Rollback,
     adjust_snapshot,
@@ -17,6 +17,7 @@ from dcpkv.engine.rollback import (
     reason_ahead,
     reason_purged,
 )
+from dcpkv.core.seqno import U64_MAX
 
 # The producer of spec 001: branch 1111 from 0, branch 2222 from 3, high seqno 10.
 SPEC_TABLE = FailoverTable([FailoverEntry(2222, 3), FailoverEntry(1111, 0)])

@@ -27,12 +27,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.seqno import U64_MAX
+
 DEFAULT_CAPACITY = 25
-U64_MAX = (1 << 64) - 1
 _ENTRY = struct.Struct(">QQ")
 
 
-class FailoverTableError(ValueError):
+class FailoverTableError(DcpkvError, ValueError):
     """A failover table in JSON or wire form that cannot be read."""
 
 

@@ -1,0 +1,147 @@
+"""Bulk writes over the blocking client: pipelined Set/Delete windows with retries.
+
+Theory of operation
+-------------------
+Writes go in *windows*: up to ``window`` operations are sent in one
+:meth:`~dcpkv.client.blocking.BlockingKV.pipeline` call, then every answer is read back.
+Pipelining is what makes this fast: one round trip per window instead of one per document.
+
+Within a window a key appears at most once (:meth:`KVWriter.write` keeps the last operation
+for a key), because a retried operation is sent *after* the others of its window: two
+operations on one key in one window could then land in the wrong order.
+
+Answers: Success is done; a Delete of a missing key (KeyEnoent) is done too (the goal, no
+document, is reached). A status the error map calls retryable (:func:`dcpkv.core.status.
+retryable`: a vbucket moving, a flusher catching up) is sent again after a capped exponential
+backoff, up to ``max_attempts`` rounds. A lost connection (a server restart) reconnects and
+resends what had no answer (Set and Delete are idempotent). Anything else is a
+:class:`KVWriteError` naming the key and the status.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dcpkv.client.blocking import BlockingKV, KVRequest, RequestFailed
+from dcpkv.client.settings import ConnectionSettings
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status, retryable, status_name
+from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.protocol.constants import Opcode
+
+DEFAULT_WINDOW = 1024
+DEFAULT_TIMEOUT = 30.0
+FIRST_BACKOFF = 0.01
+MAX_BACKOFF = 1.0
+_SET_EXTRAS = struct.Struct(">II")
+
+
+class KVWriteError(DcpkvError, RuntimeError):
+    """A write the server refused for good, or that kept failing past the retry budget."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOp:
+    """Upsert ``key`` (``delete`` False) with value/flags/expiry, or delete it."""
+
+    key: bytes
+    delete: bool = False
+    value: bytes = b""
+    flags: int = 0
+    expiry: int = 0
+
+
+class KVWriter:
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        num_vbuckets: int,
+        *,
+        window: int = DEFAULT_WINDOW,
+        max_attempts: int = 30,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.settings = settings
+        self.num_vbuckets = num_vbuckets
+        self.window = window
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self.written = 0
+        self.session: BlockingKV | None = None
+
+    def __enter__(self) -> KVWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def write(self, ops: Iterable[WriteOp]) -> int:
+        """Apply ``ops`` in order (the last operation on a key wins); the number applied."""
+        pending: dict[bytes, WriteOp] = {}
+        for op in ops:
+            # A repeated key closes the window first: its two operations must not share one.
+            if op.key in pending or len(pending) >= self.window:
+                self._flush(pending)
+                pending = {}
+            pending[op.key] = op
+        self._flush(pending)
+        return self.written
+
+    def _flush(self, window: dict[bytes, WriteOp]) -> None:
+        todo = list(window.values())
+        for attempt in range(self.max_attempts):
+            if not todo:
+                return
+            if attempt:
+                time.sleep(min(MAX_BACKOFF, FIRST_BACKOFF * 2**attempt))
+            try:
+                todo = self._round(todo)
+            except OSError:
+                self.close()  # reconnect and resend everything unanswered
+        if todo:
+            raise KVWriteError(
+                f"{len(todo)} writes still failing after {self.max_attempts} attempts "
+                f"(first key {todo[0].key!r})"
+            )
+
+    def _round(self, ops: list[WriteOp]) -> list[WriteOp]:
+        """Send ``ops`` as one window; the ones to retry."""
+        answers = self._connected().pipeline([self._request(op) for op in ops])
+        if len(answers) != len(ops):
+            raise ConnectionResetError("the server closed the connection mid-window")
+        retry: list[WriteOp] = []
+        for op, frame in zip(ops, answers, strict=True):
+            if frame.status == Status.Success or (op.delete and frame.status == Status.KeyEnoent):
+                self.written += 1
+            elif retryable(frame.status):
+                retry.append(op)
+            else:
+                raise KVWriteError(f"write of key {op.key!r} refused: {status_name(frame.status)}")
+        return retry
+
+    def _request(self, op: WriteOp) -> KVRequest:
+        vb = vbucket_for_key(op.key, self.num_vbuckets)
+        if op.delete:
+            return KVRequest(Opcode.Delete, key=op.key, vbucket=vb)
+        extras = _SET_EXTRAS.pack(op.flags, op.expiry)
+        return KVRequest(Opcode.Set, key=op.key, value=op.value, extras=extras, vbucket=vb)
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _connected(self) -> BlockingKV:
+        if self.session is None:
+            try:
+                self.session = BlockingKV.connect(self.settings, self.timeout)
+            except RequestFailed as exc:
+                raise KVWriteError(f"login refused: {exc}") from None
+        return self.session

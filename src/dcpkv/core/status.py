@@ -1,0 +1,133 @@
+"""Status codes and what they mean to a client: the facts behind the error map.
+
+Theory of operation
+-------------------
+Every response carries a status (``PROTOCOL.md``). A client needs to know more than its
+number: may it send the request again, now or later; must it refresh its cluster map first
+(NotMyVbucket: the vbucket lives elsewhere now); is the connection still usable. Couchbase
+publishes these facts as the *error map* (GetErrorMap, negotiated with Xerror): per status a
+name, a description and attributes such as ``retry-now``, ``retry-later``, ``fetch-config``,
+``conn-state-invalidated``. They are written down once, here, in :data:`ERROR_MAP`: the server
+serves it, and every client decides from it (:func:`retryable`, :func:`refreshes_map`) instead
+of keeping its own list. Only the statuses this server answers have an entry; the others
+have no attributes (never retried).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+
+class Status(IntEnum):
+    Success = 0x00
+    KeyEnoent = 0x01
+    KeyEexists = 0x02
+    E2big = 0x03
+    Einval = 0x04
+    NotStored = 0x05
+    DeltaBadval = 0x06
+    NotMyVbucket = 0x07
+    NoBucket = 0x08
+    Locked = 0x09
+    DcpStreamNotFound = 0x0A
+    OpaqueNoMatch = 0x0B
+    AuthError = 0x20
+    AuthContinue = 0x21
+    Erange = 0x22
+    Rollback = 0x23
+    Eaccess = 0x24
+    NotInitialized = 0x25
+    UnknownCommand = 0x81
+    Enomem = 0x82
+    NotSupported = 0x83
+    Einternal = 0x84
+    Ebusy = 0x85
+    Etmpfail = 0x86
+
+
+class ErrorAttribute(StrEnum):
+    """The error map's attribute names (Couchbase's ``ErrorMap.md``), the ones we use."""
+
+    SUCCESS = "success"
+    ITEM_ONLY = "item-only"
+    INVALID_INPUT = "invalid-input"
+    FETCH_CONFIG = "fetch-config"
+    CONN_STATE_INVALIDATED = "conn-state-invalidated"
+    AUTH = "auth"
+    SUPPORT = "support"
+    SPECIAL_HANDLING = "special-handling"
+    TEMP = "temp"
+    INTERNAL = "internal"
+    RETRY_NOW = "retry-now"
+    RETRY_LATER = "retry-later"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """One status in the error map: its description and attributes, in the map's order."""
+
+    desc: str
+    attrs: tuple[ErrorAttribute, ...]
+
+
+def _info(desc: str, *attrs: str) -> ErrorInfo:
+    return ErrorInfo(desc, tuple(ErrorAttribute(a) for a in attrs))
+
+
+ERROR_MAP: dict[Status, ErrorInfo] = {
+    Status.Success: _info("Success", "success"),
+    Status.KeyEnoent: _info("Not found", "item-only"),
+    Status.KeyEexists: _info("CAS mismatch or key exists", "item-only"),
+    Status.E2big: _info("Value or key too large", "invalid-input"),
+    Status.Einval: _info("Invalid arguments", "invalid-input"),
+    Status.NotStored: _info("Not stored", "item-only"),
+    Status.DeltaBadval: _info("Value is not a number", "item-only", "invalid-input"),
+    Status.NotMyVbucket: _info("Vbucket not on this node", "fetch-config", "invalid-input"),
+    Status.NoBucket: _info("No bucket selected", "conn-state-invalidated"),
+    Status.DcpStreamNotFound: _info("No such DCP stream", "invalid-input"),
+    Status.AuthError: _info("Authentication failed", "auth", "conn-state-invalidated"),
+    Status.AuthContinue: _info("Authentication continues", "auth", "support"),
+    Status.Erange: _info("Range error", "invalid-input"),
+    Status.Rollback: _info("Rollback required", "special-handling"),
+    Status.Eaccess: _info("No access", "auth", "conn-state-invalidated"),
+    Status.NotInitialized: _info("Not initialized", "conn-state-invalidated", "retry-later"),
+    Status.UnknownCommand: _info("Unknown command", "support", "invalid-input"),
+    Status.Enomem: _info("Out of memory", "temp", "retry-later"),
+    Status.NotSupported: _info("Not supported", "support"),
+    Status.Einternal: _info("Internal error", "internal"),
+    Status.Ebusy: _info("Busy", "temp", "retry-now"),
+    Status.Etmpfail: _info("Temporary failure", "temp", "retry-later"),
+}
+# Looked up by plain int too: a frame's status field is not converted to the enum on the hot path.
+_BY_CODE: dict[int, ErrorInfo] = {int(status): info for status, info in ERROR_MAP.items()}
+
+
+def status_name(status: int) -> str:
+    """``NotMyVbucket`` for a status we know, ``0x2a`` for one we do not."""
+    try:
+        return Status(status).name
+    except ValueError:
+        return f"0x{status:02x}"
+
+
+def attributes(status: int) -> frozenset[ErrorAttribute]:
+    """The error-map attributes of ``status`` (none for a status the map does not list)."""
+    info = _BY_CODE.get(status)
+    return frozenset(info.attrs) if info is not None else frozenset()
+
+
+def refreshes_map(status: int) -> bool:
+    """The request went to the wrong node: refresh the cluster map, then send it again."""
+    return ErrorAttribute.FETCH_CONFIG in attributes(status)
+
+
+def retryable(status: int) -> bool:
+    """The same request may succeed if sent again on this connection: the failure was
+    temporary (``retry-now``/``retry-later``, the connection still usable) or the cluster map
+    moved (``fetch-config``)."""
+    attrs = attributes(status)
+    if ErrorAttribute.CONN_STATE_INVALIDATED in attrs:
+        return False
+    retry = ErrorAttribute.RETRY_NOW in attrs or ErrorAttribute.RETRY_LATER in attrs
+    return retry or ErrorAttribute.FETCH_CONFIG in attrs

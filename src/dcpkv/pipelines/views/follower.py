@@ -1,0 +1,127 @@
+"""The mirror follower: a view fed by a mirror's batches instead of the server.
+
+Theory of operation
+-------------------
+See the package docstring (:mod:`dcpkv.pipelines.views`) for how a view works as a whole.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from dcpkv.pipelines import vtable
+from dcpkv.pipelines.mirror import (
+    BatchStats,
+    mirror_schema,
+)
+from dcpkv.pipelines.views.definition import view_rows, view_schema
+
+
+class MirrorTicks(DataSource):
+    """A streaming source whose offset is a mirror's batch ordinal; its batches hold no rows,
+    they only tell the follower when the mirror has moved."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "dcpkvmirrorticks"
+
+    def schema(self) -> str:
+        return "tick int"
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return _TickReader(Path(self.options["path"]))
+
+
+class _TickReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, mirror: Path) -> None:
+        self.mirror = mirror
+        self._target: int | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"ord": -1}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = vtable.load_manifest(self.mirror).ord
+
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+        ord_ = vtable.load_manifest(self.mirror).ord
+        return {"ord": ord_ if self._target is None else min(ord_, self._target)}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        return [InputPartition(0)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+        return iter(())
+
+
+@dataclass
+class MirrorFollower:
+    """Applies a mirror's new batches to a view (the ``foreachBatch`` of the tick stream)."""
+
+    spark: Any
+    table: Path
+    mirror: Path
+    map_spec: str
+    on_batch: Callable[[BatchStats], None] | None = None
+    compact_every: int = 10
+
+    def start(self, *, available_now: bool, trigger_seconds: float) -> Any:
+        self.spark.dataSource.register(MirrorTicks)
+        ticks = self.spark.readStream.format("dcpkvmirrorticks").option("path", str(self.mirror))
+        writer = ticks.load().writeStream.foreachBatch(self)
+        writer = writer.option("checkpointLocation", str(self.table / "_checkpoint"))
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+        return writer.start()
+
+    def __call__(self, _df: Any, batch_id: int) -> None:
+        view = vtable.load_manifest(self.table)
+        if batch_id <= view.batch_id:
+            return
+        started = time.monotonic()
+        mirror = vtable.load_manifest(self.mirror)
+        done = int(view.extra.get("mirror_ord", 0))
+        if done < int(mirror.extra.get("dropped_through", 0)):
+            view.retired.extend(view.files)  # too far behind: rebuild from the mirror
+            view.files, view.entries, done = [], [], 0
+        rows = 0
+        if mirror.files and mirror.ord > done:
+            rows = self._copy_rows(view, mirror, done)
+        new_entries = [e for e in mirror.entries if done < e.ord <= mirror.ord]
+        view.entries.extend(new_entries)
+        view.floors = dict(mirror.floors)
+        view.applied = dict(mirror.applied)
+        view.extra["mirror_ord"] = mirror.ord
+        view.ord = max(view.ord, mirror.ord)
+        view.batch_id = batch_id
+        vtable.commit_manifest(self.table, view)
+        if view.ord - view.compacted_ord >= self.compact_every:
+            vtable.compact(self.spark, self.table, view, view_schema(), {})
+        self._report(batch_id, rows, len(new_entries), started, view)
+
+    def _copy_rows(self, view: vtable.Manifest, mirror: vtable.Manifest, done: int) -> int:
+        from pyspark.sql import functions as F
+
+        paths = [str(self.mirror / f) for f in mirror.files]
+        source = self.spark.read.schema(mirror_schema()).parquet(*paths)
+        new = source.filter((F.col("ord") > done) & (F.col("ord") <= mirror.ord))
+        name = vtable.write_rows(
+            self.table, view_rows(self.map_spec, True)(new), f"m{mirror.ord:08d}"
+        )
+        view.files.append(name)
+        return self.spark.read.parquet(str(self.table / name)).count()
+
+    def _report(
+        self, batch_id: int, rows: int, rollbacks: int, started: float, view: vtable.Manifest
+    ) -> None:
+        stats = BatchStats(batch_id, time.time(), rows, rollbacks, time.monotonic() - started, None)
+        vtable.append_metrics(self.table, stats.__dict__)
+        if self.on_batch is not None:
+            self.on_batch(stats)

@@ -1,0 +1,136 @@
+"""Querying a view: its current emissions, in CouchDB collation, optionally reduced.
+
+Theory of operation
+-------------------
+See the package docstring (:mod:`dcpkv.pipelines.views`) for how a view works as a whole.
+"""
+
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from dcpkv.pipelines import vtable
+from dcpkv.pipelines.mirror import (
+    SourceSettings,
+    caught_up,
+    server_seqnos,
+)
+from dcpkv.pipelines.views.definition import ViewError, canonical, view_definition
+from dcpkv.pipelines.views.reduce import reduce_rows
+
+POLL_SECONDS = 0.2
+
+
+# -- querying -----------------------------------------------------------------------------------
+
+
+def query_view(
+    spark: Any | None,
+    views_dir: Path,
+    name: str,
+    *,
+    key: Any = None,
+    range: tuple[Any, Any] | None = None,
+    group: bool = False,
+    stale: Literal["ok", "false"] = "ok",
+    source: SourceSettings | None = None,
+    timeout: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Rows ``{"id", "key", "value"}`` sorted by emit key (no reduce), or reduced rows
+    ``{"key", "value"}`` (one with key None, or one per emit key with ``group``).
+
+    ``range`` is inclusive at both ends; ``stale="false"`` waits for the view to catch up
+    with the server as it is now (``source`` or the one the view last ran from).
+    """
+    definition = view_definition(views_dir, name)
+    table = Path(views_dir) / name
+    if stale == "false":
+        wait_caught_up(table, source or _recorded_source(definition), timeout)
+    elif stale != "ok":
+        raise ViewError(f"stale must be ok or false, not {stale!r}")
+    rows = current_emissions(table)
+    if key is not None:
+        wanted = canonical(key)
+        rows = [r for r in rows if r[1] == wanted]
+    decoded = [(doc, json.loads(k), json.loads(v)) for doc, k, v in rows]
+    if range is not None:
+        low, high = collation_key(range[0]), collation_key(range[1])
+        decoded = [r for r in decoded if low <= collation_key(r[1]) <= high]
+    decoded.sort(key=lambda r: (collation_key(r[1]), r[0]))
+    reduce = definition.get("reduce")
+    if reduce is None:
+        return [{"id": doc, "key": k, "value": v} for doc, k, v in decoded]
+    return reduce_rows(reduce, [(k, v) for _doc, k, v in decoded], group)
+
+
+def _recorded_source(definition: dict[str, Any]) -> SourceSettings:
+    src = definition.get("source", {})
+    if "server" in src:
+        return SourceSettings.from_json_obj(src["server"])
+    raise ViewError("stale=false needs the server: pass source (the view follows a mirror)")
+
+
+def wait_caught_up(table: Path, source: SourceSettings, timeout: float) -> None:
+    """Block until the view has applied the server's high seqnos of now (same branch)."""
+    highs = server_seqnos(source)
+    deadline = time.monotonic() + timeout
+    while not caught_up(vtable.load_manifest(table).applied_seqnos(), highs):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"view {table.name} did not catch up within {timeout}s")
+        time.sleep(POLL_SECONDS)
+
+
+def current_emissions(table: Path) -> list[tuple[str, str, str]]:
+    """(document key, emit key JSON, emit value JSON) of every current document version."""
+    import pyarrow.parquet as pq
+
+    manifest = vtable.load_manifest(table)
+    latest: dict[bytes, tuple[tuple[int, int, int], str, list[Any]]] = {}
+    cols = ["op", "vbucket", "key", "seqno", "emits", "ord", "pos"]
+    for name in manifest.files:
+        for path in sorted((table / name).rglob("*.parquet")):
+            for row in pq.read_table(path, columns=cols).to_pylist():
+                if row["op"] == "rollback" or _is_dead(row, manifest.entries):
+                    continue
+                order = (row["seqno"], row["ord"], row["pos"])
+                have = latest.get(row["key"])
+                if have is None or have[0] < order:
+                    latest[row["key"]] = (order, row["op"], row["emits"] or [])
+    out = []
+    for doc_key, (_order, op, emits) in latest.items():
+        if op == "mutation":
+            doc = doc_key.decode("utf-8", "replace")
+            out.extend((doc, e["key"], e["value"]) for e in emits)
+    return out
+
+
+def _is_dead(row: dict[str, Any], entries: Iterable[vtable.Entry]) -> bool:
+    place = (row["ord"], row["pos"])
+    for e in entries:
+        if e.vbucket != row["vbucket"]:
+            continue
+        if e.kind == "rollback" and place < (e.ord, e.pos) and row["seqno"] > e.seqno:
+            return True
+        if e.kind == "skip" and place > (e.ord, e.pos) and row["seqno"] <= e.seqno:
+            return True
+    return False
+
+
+def collation_key(value: Any) -> tuple[Any, ...]:
+    """CouchDB's order of JSON values: null < false < true < numbers < strings < arrays <
+    objects; arrays element by element, objects by their (key, value) pairs."""
+    if value is None:
+        return (0,)
+    if value is False:
+        return (1,)
+    if value is True:
+        return (2,)
+    if isinstance(value, int | float):
+        return (3, value)
+    if isinstance(value, str):
+        return (4, value)
+    if isinstance(value, list):
+        return (5, tuple(collation_key(v) for v in value))
+    return (6, tuple((k, collation_key(v)) for k, v in sorted(value.items())))
