@@ -213,12 +213,15 @@ def measure(rate: int, seconds: float) -> dict[str, float]:
         cons_parent, cons_child = ctx.Pipe()
         cons = ctx.Process(target=consumer, args=(port, ready_w, cons_child), daemon=True)
         cons.start()
+        ready_w.close()  # the parent keeps only its own ends: a dead child then reads as EOF
+        cons_child.close()
         if not ready_r.poll(120):
             cons.kill()
             raise SystemExit("the consumer's stream requests were not all answered")
         write_r, write_w = ctx.Pipe(duplex=False)
         wproc = ctx.Process(target=writer, args=(port, rate, seconds, write_w), daemon=True)
         wproc.start()
+        write_w.close()
         sent, acked, elapsed = write_r.recv()
         wproc.join()
         cons_parent.send(len(sent))
