@@ -32,14 +32,22 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
 
-## bench: every benchmark under bench/
+## bench: every benchmark under bench/, each writing its figures as JSON into bench/results/,
+## then the peers on PATH (shared/peerbench/, skipped when absent) and one summary table
+RESULTS := bench/results
 bench: $(STAMP)
-	$(BIN)/python bench/codec.py
-	$(BIN)/python bench/engine.py
-	$(BIN)/python bench/kv.py
-	$(BIN)/python bench/dcp.py
-	$(BIN)/python bench/stream.py
-	$(BIN)/python bench/spark.py
+	rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	$(BIN)/python bench/codec.py --json $(RESULTS)/codec.json
+	$(BIN)/python bench/engine.py --json $(RESULTS)/engine.json
+	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
+	$(BIN)/python bench/dcp.py --json $(RESULTS)/dcp.json
+	$(BIN)/python bench/stream.py --json $(RESULTS)/stream.json
+	$(BIN)/python bench/spark.py --json $(RESULTS)/spark.json
+	$(BIN)/python bench/fanout.py --json $(RESULTS)/fanout.json
+	$(BIN)/python bench/latency.py --json $(RESULTS)/latency.json
+	$(BIN)/python bench/memory.py --json $(RESULTS)/memory.json
+	$(BIN)/python bench/peers.py --results $(RESULTS)
+	$(BIN)/python bench/summary.py $(RESULTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -10,18 +10,22 @@ document change), then times three things with ``time.perf_counter``:
 * decode: parse plus ``Mutation.decode`` of each frame into the typed message (what a
   consumer pays per change).
 
-Rates are printed as a rich table, in messages/s and MB/s of wire bytes.
+Rates are printed as a rich table, in messages/s and MB/s of wire bytes; ``--json PATH``
+writes them for ``make bench``'s summary.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from _report import write_json
 from dcpkv.protocol import FrameParser
 from dcpkv.protocol.dcp import Mutation
 
@@ -50,7 +54,10 @@ def _timed(fn: Callable[[], int]) -> tuple[float, int]:
     return time.perf_counter() - start, n
 
 
-def run(count: int = typer.Option(1_000_000, "--count", help="mutations per run")) -> None:
+def run(
+    count: int = typer.Option(1_000_000, "--count", help="mutations per run"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+) -> None:
     messages = _mutations(count)
     encoded: list[bytes] = []
 
@@ -91,6 +98,11 @@ def run(count: int = typer.Option(1_000_000, "--count", help="mutations per run"
             f"{seconds / count * 1e6:.3f}",
         )
     Console().print(table)
+    write_json(json_out, "codec", {
+        "encode_msgs_per_s": count / enc_s,
+        "parse_msgs_per_s": count / parse_s,
+        "parse_decode_msgs_per_s": count / dec_s,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

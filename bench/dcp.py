@@ -15,7 +15,8 @@ Theory of operation
    consumer has received every one of them.
 5. The codec's ``Mutation.encode`` rate on the same shape is printed as the local ceiling.
 
-Rates are items/s and MB/s of DCP wire bytes received.
+Rates are items/s and MB/s of DCP wire bytes received; ``--json PATH`` writes them for
+``make bench``'s summary.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from _report import write_json
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
@@ -203,7 +206,9 @@ def main(
     count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
     live: int = typer.Option(100_000, "--live", help="items written during the live phase"),
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
+    figures: dict[str, float] = {}
     print(f"DCP bench: {count:,} items of {len(VALUE)} bytes, {vbuckets} vbuckets")
     with loaded_server(count, vbuckets, "dcp") as port:
         highs = high_seqnos(port)
@@ -212,7 +217,10 @@ def main(
         # every vbucket from 0 to its high seqno: one StreamEnd each at the end
         consumer.request_all(dict.fromkeys(highs, 0), highs)
         items, nbytes = consumer.run_until(stream_ends=len(highs))
-        print(_line("backfill, one connection", items, nbytes, time.perf_counter() - start))
+        seconds = time.perf_counter() - start
+        print(_line("backfill, one connection", items, nbytes, seconds))
+        figures |= {"backfill_items": items, "backfill_items_per_s": items / seconds,
+                    "backfill_mb_per_s": nbytes / seconds / 1e6}  # fmt: skip
         consumer.request_all(highs)
         writer_proc = multiprocessing.Process(target=writer, args=(port, live, vbuckets))
         start = time.perf_counter()
@@ -221,10 +229,14 @@ def main(
         seconds = time.perf_counter() - start
         writer_proc.join()
         print(_line("live, concurrent writer", items, nbytes, seconds))
+        figures |= {"live_items": items, "live_items_per_s": items / seconds,
+                    "live_mb_per_s": nbytes / seconds / 1e6}  # fmt: skip
         rate = codec_rate()
         wire = len(dcp.Mutation(key=_key(0), value=VALUE).encode())
         print(f"  codec Mutation.encode (ceiling)                    {rate:>10,.0f} items/s  "
               f"{rate * wire / 1e6:7.1f} MB/s")  # fmt: skip
+        figures["codec_encode_items_per_s"] = rate
+    write_json(json_out, "dcp", figures)
 
 
 if __name__ == "__main__":

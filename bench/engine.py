@@ -1,7 +1,8 @@
 """Engine throughput: front-end sets into a vbucket, and flushes of 100k items to SQLite.
 
-Run: ``.venv/bin/python bench/engine.py [N]`` (default N = 100,000; ``BENCH_DIR`` picks the
-filesystem, default the temp dir, often tmpfs where fsync is free). Prints items/s for:
+Run: ``.venv/bin/python bench/engine.py [N] [--json PATH]`` (default N = 100,000; ``BENCH_DIR``
+picks the filesystem, default the temp dir, often tmpfs where fsync is free). Prints items/s
+(``--json`` also writes them for ``make bench``'s summary) for:
 
 * ``set``: ``VBucket.set`` of N distinct keys (100-byte values) into one active vbucket;
 * ``flush 1 vb``: one ``Bucket.flush_once`` of those N items, synchronous=FULL and NORMAL;
@@ -13,11 +14,14 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
+import typer
+
+from _report import write_json
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.item import Item
@@ -84,17 +88,25 @@ def bench_layout(n: int, vbs: int, layout: str) -> float:
         return elapsed
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+def main(
+    n: Annotated[int, typer.Argument(help="items")] = 100_000,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+) -> None:
     print(f"engine benchmark, {n:,} items of {len(VALUE)} bytes")
+    figures: dict[str, float] = {}
     for sync in ("FULL", "NORMAL"):
         set_time, flush_time = bench_bucket(n, sync)
         if sync == "FULL":
             print(f"  set into one vbucket        {_rate(n, set_time)}")
+            figures["set_items_per_s"] = n / set_time
         print(f"  flush 1 vb, sync={sync:<7}    {_rate(n, flush_time)}")
+        figures[f"flush_{sync.lower()}_items_per_s"] = n / flush_time
     for layout in ("one txn", "txn per vb", "file per vb"):
-        print(f"  64 vbs, {layout:<12}        {_rate(n, bench_layout(n, 64, layout))}")
+        seconds = bench_layout(n, 64, layout)
+        print(f"  64 vbs, {layout:<12}        {_rate(n, seconds)}")
+        figures[f"flush_64vb_{layout.replace(' ', '_')}_items_per_s"] = n / seconds
+    write_json(json_out, "engine", figures)
 
 
 if __name__ == "__main__":
-    main()
+    typer.run(main)

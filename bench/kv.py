@@ -17,7 +17,8 @@ Phases, per connection count: Set of distinct keys (16-byte keys, 100-byte value
 the same keys. Against dcpkv each request carries the key's vbucket (as a smart client would)
 and each connection logs in with SASL PLAIN first; memcached ignores the vbucket field. Any
 answer that is not Success is counted and shown, so a fast wrong answer is not mistaken for a
-fast right one.
+fast right one. ``--json PATH`` writes the rates (``set_ops_per_s_1conn``, memcached's as
+``memcached_set_ops_per_s_1conn``, ...) for ``make bench``'s summary.
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from _report import write_json
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Magic, Opcode
@@ -229,11 +232,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 # -- main ----------------------------------------------------------------------------------------
 
 
-def measure(target: Target, ops: int, batch: int, conn_counts: list[int]) -> list[list[str]]:
+def measure(
+    target: Target, ops: int, batch: int, conn_counts: list[int], figures: dict[str, float]
+) -> list[list[str]]:
+    """The table rows of every phase; the rates also go into ``figures``."""
     rows = []
+    prefix = "" if target.name == "dcpkv" else f"{target.name}_"
     for conns in conn_counts:
         for opcode in (Opcode.Set, Opcode.Get):
             result = asyncio.run(phase(target, opcode, ops, conns, batch))
+            figures[f"{prefix}{opcode.name.lower()}_ops_per_s_{conns}conn"] = result.rate
+            figures[f"{prefix}{opcode.name.lower()}_errors_{conns}conn"] = result.errors
             rows.append([
                 target.name, opcode.name, str(conns), f"{result.ops:,}",
                 f"{result.rate:,.0f}", f"{result.seconds:.2f}", str(result.errors),
@@ -245,18 +254,20 @@ def main(
     ops: int = typer.Option(200_000, help="operations per phase"),
     batch: int = typer.Option(100, help="requests per write"),
     connections: str = typer.Option("1,4", help="connection counts, comma-separated"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
     conn_counts = [int(c) for c in connections.split(",")]
     rows: list[list[str]] = []
+    figures: dict[str, float] = {}
     with (
         tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
         dcpkv_server(Path(tmp)) as target,
     ):
-        rows += measure(target, ops, batch, conn_counts)
+        rows += measure(target, ops, batch, conn_counts, figures)
     binary = shutil.which("memcached")
     if binary:
         with memcached_server(binary) as target:
-            rows += measure(target, ops, batch, conn_counts)
+            rows += measure(target, ops, batch, conn_counts, figures)
     table = Table(title=f"Pipelined KV throughput ({batch} requests per write, {len(VALUE)}-byte "
                   "values, one asyncio client process)")  # fmt: skip
     for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "errors"):
@@ -267,6 +278,7 @@ def main(
     console.print(table)
     if not binary:
         console.print("memcached not on PATH: only dcpkv measured (apt-get install memcached)")
+    write_json(json_out, "kv", figures)
 
 
 if __name__ == "__main__":

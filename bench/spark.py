@@ -15,6 +15,7 @@ Theory of operation
 
 Rates are rows/s. With N cores the query runs N tasks at once, each with its own consumer
 connection, so it can beat the single-consumer ceiling on a machine with spare cores.
+``--json PATH`` writes the rates for ``make bench``'s summary.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 import dcpkv.spark
+from _report import write_json
 from dcp import loaded_server  # bench/dcp.py (the script's folder is on sys.path)
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
@@ -112,7 +114,9 @@ def main(
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
     cores: int = typer.Option(2, "--cores", help="Spark local[N]"),
     partitions: int = typer.Option(0, "--partitions", help="numPartitions (0: default)"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
+    figures: dict[str, float] = {}
     print(f"Spark bench: {count:,} items of 100 bytes, {vbuckets} vbuckets, local[{cores}]")
     with (
         loaded_server(count, vbuckets, "spark", width=34) as port,
@@ -120,15 +124,19 @@ def main(
     ):
         n, seconds = raw_rate(port)
         print(_line("client library (SyncConsumer)", n, seconds))
+        figures["sync_consumer_rows_per_s"] = n / seconds
         n, seconds = task_path_rate(port)
         print(_line("client library, task path", n, seconds))
+        figures["task_path_rows_per_s"] = n / seconds
         started = time.perf_counter()
         spark = spark_session(cores)
         print(f"  Spark session start                {time.perf_counter() - started:7.2f} s")
         seconds = query_rate(spark, port, Path(out), partitions or None)
         rows = spark.read.parquet(str(Path(out) / "parquet")).count()
         print(_line("AvailableNow query -> Parquet", rows, seconds))
+        figures |= {"query_rows_per_s": rows / seconds, "query_rows_missing": count - rows}
         spark.stop()
+    write_json(json_out, "spark", figures)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Theory of operation
 3. CLI: ``dcpkv stream --from beginning --to now --format json > /dev/null`` as a
    subprocess (adds JSON encoding and writing), counting lines through a pipe.
 
-Each prints items/s and the final count against the expected one.
+Each prints items/s and the final count against the expected one; ``--json PATH`` writes the
+rates for ``make bench``'s summary.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_json
 from dcp import loaded_server
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
@@ -60,16 +63,21 @@ def cli(port: int) -> tuple[int, float]:
 def main(
     count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
+    figures: dict[str, float] = {}
     print(f"stream bench: {count:,} items, {vbuckets} vbuckets")
     with loaded_server(count, vbuckets, "stream", width=30) as port:
-        for what, (items, seconds) in (
-            ("Consumer (asyncio), to now", asyncio.run(consume(port))),
-            ("dcpkv stream --format json", cli(port)),
+        for what, metric, (items, seconds) in (
+            ("Consumer (asyncio), to now", "consumer", asyncio.run(consume(port))),
+            ("dcpkv stream --format json", "cli_json", cli(port)),
         ):
+            figures[f"{metric}_items_per_s"] = items / seconds
+            figures[f"{metric}_items_missing"] = count - items
             ok = "ok" if items == count else f"MISMATCH, expected {count:,}"
             print(f"  {what:<30} {items:>10,} items {seconds:7.2f} s "
                   f"{items / seconds:>10,.0f} items/s  ({ok})")  # fmt: skip
+    write_json(json_out, "stream", figures)
 
 
 if __name__ == "__main__":

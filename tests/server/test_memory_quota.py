@@ -11,11 +11,12 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
 from kvclient import KVClient, poll_rounds
 from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
-from dcpkv.protocol.constants import HelloFeature
+from dcpkv.protocol.constants import HelloFeature, Opcode
 
 QUOTA_MB = 1
 VALUE_SIZE = 100 * 1024
@@ -84,3 +85,81 @@ def test_ejected_values_are_read_back_from_disk(server_factory: type, tmp_path: 
             got = c.get(b"k%d" % i)
             assert (got.status, got.value) == (Status.Success, value_of(i))
             assert struct.unpack(">I", got.extras) == (0,)
+
+
+# The quota bounds the process: while a client writes four quotas' worth, the server's RSS
+# grows by at most RSS_MARGIN x the quota plus RSS_SLACK_MB of fixed costs that do not scale
+# with the data (SQLite's page cache and WAL, the allocator's arenas, socket buffers). The
+# same figures are stated in the README's data-server section.
+RSS_QUOTA_MB = 8
+RSS_MARGIN = 1.25
+RSS_SLACK_MB = 16
+MIB = 1024 * 1024
+
+
+def _proc_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def _set_batch(c: KVClient, keys: list[bytes], value: bytes) -> list[bytes]:
+    """Pipelined Sets; the keys answered Etmpfail (answers come in request order)."""
+    extras = struct.pack(">II", 0, 0)
+    c.send(b"".join(c.frame(Opcode.Set, key=k, value=value, extras=extras) for k in keys))
+    refused = []
+    for key in keys:
+        status = c.recv_frame().status
+        if status == Status.Etmpfail:
+            refused.append(key)
+        else:
+            assert status == Status.Success, Status(status)
+    return refused
+
+
+def write_past_quota(c: KVClient, total_bytes: int, value: bytes) -> tuple[int, bool]:
+    """Write ``total_bytes`` of distinct keys, retrying Etmpfail as a client should, until
+    done or refused for a whole polling window; (keys accepted, whether refused for good)."""
+    count = total_bytes // len(value)
+    accepted = 0
+    for base in range(0, count, 200):
+        keys = [b"rss-%012d" % i for i in range(base, min(count, base + 200))]
+        for _ in poll_rounds(limit_s=5.0, pause_s=0.02):
+            refused = _set_batch(c, keys, value)
+            accepted += len(keys) - len(refused)
+            keys = refused
+            if not keys:
+                break
+        if keys:
+            return accepted, True
+    return accepted, False
+
+
+@pytest.mark.parametrize("value_size", [100, 4096], ids=["small-values", "4KiB-values"])
+def test_rss_growth_stays_within_the_quota_margin(
+    server_factory: type, tmp_path: Path, value_size: int
+) -> None:
+    srv: ServerProcess = server_factory(
+        tmp_path / "data", tmp_path / "log", "--memory-quota-mb", str(RSS_QUOTA_MB)
+    )
+    srv.start()
+    with KVClient(srv.port, timeout=60) as c:
+        c.login()
+        pid = int(c.stats()["pid"])
+        assert pid == srv.proc.pid  # type: ignore[union-attr]
+        base_kib = _proc_kib(pid, "VmRSS")
+        value = b"r" * value_size
+        accepted, full = write_past_quota(c, 4 * RSS_QUOTA_MB * MIB, value)
+        peak_kib = _proc_kib(pid, "VmHWM")  # the kernel's high-water mark: no peak is missed
+    if value_size > 1000:
+        # ejecting persisted values makes room: the whole four quotas are accepted
+        assert not full and accepted * value_size == 4 * RSS_QUOTA_MB * MIB
+    else:
+        # small items are mostly key and metadata, which stay resident: the bucket fills up
+        # and refuses, rather than growing past its quota
+        assert full
+    growth_mb = (peak_kib - base_kib) / 1024
+    assert growth_mb <= RSS_QUOTA_MB * RSS_MARGIN + RSS_SLACK_MB, (
+        f"RSS grew {growth_mb:.1f} MiB under a {RSS_QUOTA_MB} MiB quota"
+    )

@@ -163,6 +163,11 @@ class VBucket:
     def memory_used(self) -> int:
         return self._ht_memory + self.checkpoints.memory_used
 
+    @property
+    def table_entries(self) -> int:
+        """Entries in the hash table, tombstones and ejected items included (O(1))."""
+        return len(self._ht)
+
     def __len__(self) -> int:
         """Live (not deleted) keys in the hash table."""
         return sum(1 for i in self._ht.values() if not i.deleted)
