@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager, Snapshot
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
@@ -315,6 +315,14 @@ class VBucket:
                 raise Einval(f"bad snapshot marker {start}..{end} at high seqno {self.high_seqno}")
             self.checkpoints.snapshot_marker(start, end)
             self.replica_snapshot = (start, end)
+
+    def adopt_failover_log(self, entries: Iterable[FailoverEntry]) -> None:
+        """A replica's history is its active's: take the producer's log (spec 002); the next
+        flush persists it with the vbucket's state."""
+        with self.lock:
+            self._require_replica_path()
+            self.failover.replace(list(entries))
+            self._state_dirty = True
 
     def set_with_meta(self, item: Item) -> Item:
         """Store a mutation as the active vbucket made it (seqno, CAS, rev seqno kept)."""
