@@ -326,10 +326,14 @@ class VBucket:
 
     def set_with_meta(self, item: Item) -> Item:
         """Store a mutation as the active vbucket made it (seqno, CAS, rev seqno kept)."""
-        return self._with_meta(item.evolve(deleted=False, delete_time=0, expired=False))
+        if item.deleted or item.delete_time or item.expired:  # a copy only when it must change
+            item = item.evolve(deleted=False, delete_time=0, expired=False)
+        return self._with_meta(item)
 
     def delete_with_meta(self, item: Item) -> Item:
-        return self._with_meta(item.evolve(deleted=True, value=b""))
+        if not item.deleted or item.value:
+            item = item.evolve(deleted=True, value=b"")
+        return self._with_meta(item)
 
     def _with_meta(self, item: Item) -> Item:
         with self.lock:
