@@ -175,3 +175,60 @@ def test_a_replica_rolls_back_what_its_active_lost(
         stats = c.stats(b"dcp")
     rollbacks = sum(int(v) for k, v in stats.items() if k.startswith("rollbacks:"))
     assert rollbacks > 0
+
+
+def push(srv: ServerProcess, servers: list[str], rows: list[list[int]], rev: int) -> None:
+    config = json.dumps({
+        "rev": rev, "name": "default", "nodeLocator": "vbucket",
+        "vBucketServerMap": {"hashAlgorithm": "CRC", "numReplicas": len(rows[0]) - 1,
+                             "serverList": servers, "vBucketMap": rows},
+    }).encode()  # fmt: skip
+    with admin(srv.port) as c:
+        assert c.call(Opcode.SetClusterConfig, key=b"default", value=config).status == 0
+
+
+def set_states(srv: ServerProcess, state: VBucketState) -> None:
+    with admin(srv.port) as c:
+        for vb in range(VBUCKETS):
+            extras = struct.pack(">I", state)
+            assert c.call(Opcode.SetVbucket, extras=extras, vbucket=vb).status == 0
+
+
+def test_failover_promotes_a_replica_and_the_other_replica_rolls_back(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """The spec's failover, node by node (the manager's part done by hand): A active, B and C
+    replicas. B is down while A takes more writes that only C receives; A dies. B, behind C,
+    is promoted (a new failover entry where its history ends) and the map says so; C follows
+    the new map, is told to roll back what B never had, and ends equal to B."""
+    a, b, c = (server_factory(tmp_path / n, tmp_path / f"{n}.log", "--managed") for n in "abc")
+    for srv in (a, b, c):
+        srv.start()
+    servers = [f"127.0.0.1:{s.port}" for s in (a, b, c)]
+    set_states(a, VBucketState.ACTIVE)
+    for srv in (b, c):
+        set_states(srv, VBucketState.REPLICA)
+    for srv in (a, b, c):
+        push(srv, servers, [[0, 1, 2]] * VBUCKETS, rev=1)
+    write(a.port, [b"first-%d" % i for i in range(200)], b"1")
+    wait_caught_up(a.port, b.port)
+    wait_caught_up(a.port, c.port)
+    assert b.terminate() == 0  # B stops cleanly, behind from now on
+    write(a.port, [b"second-%d" % i for i in range(100)], b"2")
+    wait_caught_up(a.port, c.port)
+    a.kill9()
+    b.start(same_port=True)
+    set_states(b, VBucketState.ACTIVE)  # the promotion: a new branch where B's history ends
+    for srv in (b, c):
+        push(srv, servers, [[1, 2, -1]] * VBUCKETS, rev=2)
+    for _ in poll_rounds(60, 0.05):
+        if seqnos(c.port) == seqnos(b.port) and contents(c.port, "c") == contents(b.port, "b"):
+            break
+    else:
+        raise AssertionError("the remaining replica never came back equal to the new active")
+    docs = {k for vbucket in contents(c.port, "c2").values() for k in vbucket}
+    assert docs == {b"first-%d" % i for i in range(200)}
+    assert failover_logs(c.port) == failover_logs(b.port)
+    with admin(c.port) as client:
+        stats = client.stats(b"dcp")
+    assert sum(int(v) for k, v in stats.items() if k.startswith("rollbacks:")) > 0
