@@ -11,6 +11,7 @@ the manager's own message, which the commands print as one line.
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import aiohttp
@@ -39,11 +40,12 @@ def admin_request(
 async def _request(
     base: str, method: str, path: str, user: str, password: str, params: dict[str, str] | None
 ) -> dict[str, Any]:
-    auth = aiohttp.BasicAuth(user, password)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    headers = {"Authorization": f"Basic {token}"}
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     try:
         async with (
-            aiohttp.ClientSession(auth=auth, timeout=timeout) as session,
+            aiohttp.ClientSession(headers=headers, timeout=timeout) as session,
             session.request(method, base + path, data=params) as response,
         ):
             try:
