@@ -89,8 +89,11 @@ def _read_answers(sock: socket.socket, parser: FrameParser, count: int) -> list[
 # -- consumer ------------------------------------------------------------------------------------
 
 
-def consumer(port: int, ready: Connection, results: Connection) -> None:
-    """Stream every vbucket from its high seqno; send back [(recv stamp, [keys])]."""
+def consumer(
+    port: int, ready: Connection, results: Connection, uuids: dict[int, int] | None = None
+) -> None:
+    """Stream every vbucket from its high seqno; send back [(recv stamp, [keys])]. A server
+    that already holds data needs each vbucket's uuid (``uuids``) to accept such a start."""
     sock = _connect(port)
     parser = FrameParser()
     sock.sendall(_AUTH + encode_frame(Magic.ClientRequest, Opcode.GetAllVbSeqnos))
@@ -102,7 +105,8 @@ def consumer(port: int, ready: Connection, results: Connection) -> None:
     _read_answers(sock, parser, 1)
     sock.sendall(b"".join(
         dcp.StreamRequest(opaque=vb, vbucket=vb, start_seqno=high, end_seqno=U64_MAX,
-                          snap_start_seqno=high, snap_end_seqno=high).encode()
+                          snap_start_seqno=high, snap_end_seqno=high,
+                          vbucket_uuid=(uuids or {}).get(vb, 0)).encode()
         for vb, high in highs.items()
     ))  # fmt: skip
     answers, stamps = 0, []

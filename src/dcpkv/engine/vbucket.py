@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager, Snapshot
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
@@ -316,12 +316,24 @@ class VBucket:
             self.checkpoints.snapshot_marker(start, end)
             self.replica_snapshot = (start, end)
 
+    def adopt_failover_log(self, entries: Iterable[FailoverEntry]) -> None:
+        """A replica's history is its active's: take the producer's log (spec 002); the next
+        flush persists it with the vbucket's state."""
+        with self.lock:
+            self._require_replica_path()
+            self.failover.replace(list(entries))
+            self._state_dirty = True
+
     def set_with_meta(self, item: Item) -> Item:
         """Store a mutation as the active vbucket made it (seqno, CAS, rev seqno kept)."""
-        return self._with_meta(item.evolve(deleted=False, delete_time=0, expired=False))
+        if item.deleted or item.delete_time or item.expired:  # a copy only when it must change
+            item = item.evolve(deleted=False, delete_time=0, expired=False)
+        return self._with_meta(item)
 
     def delete_with_meta(self, item: Item) -> Item:
-        return self._with_meta(item.evolve(deleted=True, value=b""))
+        if not item.deleted or item.value:
+            item = item.evolve(deleted=True, value=b"")
+        return self._with_meta(item)
 
     def _with_meta(self, item: Item) -> Item:
         with self.lock:

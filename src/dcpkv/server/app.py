@@ -76,6 +76,7 @@ from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
+from dcpkv.server.replication import Credentials, Replicator
 from dcpkv.server.state import ServerState
 
 log = logging.getLogger("dcpkv.server")
@@ -286,6 +287,8 @@ class DataServer:
         for name, bucket in self.state.buckets.items():
             bucket.seqno_listeners.append(partial(self._on_queued, name))
             bucket.state_listeners.append(partial(self._on_state_change, name))
+        if self.config.managed:
+            self._start_replication()
         self._server = await loop.create_server(
             lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True
         )
@@ -302,6 +305,22 @@ class DataServer:
         if port_file is not None:
             _write_atomically(port_file, f"{port}\n")
         return port
+
+    # -- replication (a managed node) ---------------------------------------------------------
+
+    def _start_replication(self) -> None:
+        user, password = next(iter(self.config.users.items()))
+        for name, bucket in self.state.buckets.items():
+            replicator = Replicator(
+                bucket,
+                me=lambda: f"{self.config.host}:{self.state.port}",
+                config=partial(self.state.pushed_config, name),
+                credentials=Credentials(user, password),
+                executor=self.executor,
+            )
+            self.state.replicators[name] = replicator
+            bucket.state_listeners.append(lambda vb, r=replicator: r.schedule())
+        self.state.config_listeners.append(lambda name: self.state.replicators[name].schedule())
 
     # -- DCP push path -----------------------------------------------------------------------
 
@@ -394,6 +413,8 @@ class DataServer:
             proto.closing = True
             if proto.transport is not None:
                 proto.transport.close()
+        for replicator in self.state.replicators.values():
+            await replicator.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -7,8 +7,9 @@ the handler puts a sans-I/O :class:`DcpProducer` in ``Connection.dcp`` and recor
 connection under (bucket, name) in ``ServerState.dcp_producers``. A second Open with a name
 already in use on that bucket disconnects the first producer and closes its connection
 (cursor names are per connection name, so two live producers must not share one). An Open
-without the Producer flag (a consumer: replication into this node) answers NotSupported until
-replicas exist; so does a second Open on a connection that is already a producer (Einval).
+without the Producer flag answers NotSupported (replication into this node is the node's own
+doing: :mod:`dcpkv.server.replication` dials its sources); a second Open on a connection that
+is already a producer answers Einval.
 
 Every other DCP request arrives decoded (the dispatcher used the codec) and is handed to
 ``DcpProducer.handle``; its answer (None for BufferAck and barriers) is the reply, already
@@ -57,7 +58,7 @@ def open_(conn: Connection, req: dcp.DcpOpen) -> GenericResponse:
     if conn.dcp is not None:
         raise Reply(Status.Einval, b"this connection is already a DCP connection")
     if not req.flags & OpenFlag.Producer:
-        raise Reply(Status.NotSupported, b"DCP consumer connections are not supported yet")
+        raise Reply(Status.NotSupported, b"consumer Open: a node replicates by dialling sources")
     key = (conn.bucket_name or "", req.name)
     old = conn.server.dcp_producers.get(key)
     if old is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,10 @@ class ServerState:
     dcp_producers: dict[tuple[str, str], Any] = field(default_factory=dict)
     # bucket -> the newest map a cluster manager pushed (SetClusterConfig)
     cluster_configs: dict[str, PushedConfig] = field(default_factory=dict)
+    # called with a bucket's name when a newer map was kept (the replicators follow it)
+    config_listeners: list[Callable[[str], None]] = field(default_factory=list)
+    # bucket -> its Replicator on a managed node (dcpkv.server.replication), for stats
+    replicators: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users))
@@ -37,7 +42,13 @@ class ServerState:
         if held is not None and pushed.version <= held.version:
             return False
         self.cluster_configs[bucket] = pushed
+        for listener in list(self.config_listeners):
+            listener(bucket)
         return True
+
+    def pushed_config(self, bucket: str) -> bytes | None:
+        pushed = self.cluster_configs.get(bucket)
+        return pushed.raw if pushed is not None else None
 
     def cluster_map(self, bucket: str | None) -> bytes:
         name = bucket or self.config.buckets[0].name

@@ -1,0 +1,167 @@
+"""The replica side of one DCP connection: a node streams its replica vbuckets from one source.
+
+Theory of operation
+-------------------
+A :class:`DcpConsumer` (kv_engine's name) is sans-I/O: the shell (:mod:`dcpkv.server.replication`)
+dials the source node, writes what :meth:`DcpConsumer.opening` returns, then hands every decoded
+message it reads to :meth:`DcpConsumer.handle` and writes what comes back. Everything about a
+vbucket's stream is its :class:`~dcpkv.dcp.passive_stream.PassiveStream`'s business; the
+consumer keeps the connection: the Open and its controls, opaques, flow control, Noops.
+
+One connection per source node and bucket (spec 002, "How UPR stats are tracked"): it is opened
+as ``Replica:<this node>``, so the source's ``stat dcp`` reads
+``%StatName%:%PartitionID%:Replica:%NodeId%`` for each stream.
+
+Opaques: a stream's opaque is ``OPAQUE_BASE + vbucket``, so the answer to its request and every
+message of the stream find it; the connection's own requests (Open, Controls, CloseStream) use
+opaques below that and their answers need nothing.
+
+Flow control: the consumer asks for a ``connection_buffer_size`` window and acknowledges what it
+has applied once half a window is used, so a slow replica slows its producer instead of
+growing its memory. Noops: the producer sends one when idle; the consumer answers it.
+
+What the shell must do besides writing answers: :meth:`DcpConsumer.handle` returns
+:class:`Rollback` actions (the vbucket must be rolled back on the disk thread, then
+:meth:`rolled_back`), and :meth:`retry_due` lists streams to ask again after a pause (refused,
+ended). :meth:`set_vbuckets` follows the map: new vbuckets are requested, dropped ones closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dcpkv.core.status import Status
+from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
+from dcpkv.engine.bucket import Bucket
+from dcpkv.protocol import dcp
+from dcpkv.protocol.base import GenericResponse, Message
+from dcpkv.protocol.constants import Opcode, OpenFlag
+
+OPAQUE_BASE = 0x1_0000  # stream opaques: OPAQUE_BASE + vbucket (vbuckets are < 65536)
+BUFFER_SIZE = 10 * 1024 * 1024  # the flow-control window asked of the producer
+NOOP_INTERVAL_S = 10
+RETRY_S = 0.25  # a refused or ended stream asks again after this pause (the map may lag)
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    """The producer told vbucket ``vbucket`` to roll back to (at most) ``seqno``."""
+
+    vbucket: int
+    seqno: int
+
+
+class DcpConsumer:
+    def __init__(self, bucket: Bucket, name: str, vbuckets: Iterable[int] = ()) -> None:
+        self.bucket = bucket
+        self.name = name
+        self.streams: dict[int, PassiveStream] = {}
+        self.unacked_bytes = 0
+        self.items_received = 0
+        self._opaque = 0
+        self.set_vbuckets(vbuckets)
+
+    # -- what to send ----------------------------------------------------------------------
+
+    def opening(self, now: float) -> list[bytes]:
+        """Open (asking the source for a producer), controls, then every stream request."""
+        out = [dcp.DcpOpen(opaque=self._next(), name=self.name, flags=OpenFlag.Producer).encode()]
+        for key, value in (
+            ("connection_buffer_size", str(BUFFER_SIZE)),
+            ("enable_noop", "true"),
+            ("set_noop_interval", str(NOOP_INTERVAL_S)),
+        ):
+            out.append(dcp.DcpControl(opaque=self._next(), key=key, value=value).encode())
+        for stream in self.streams.values():
+            if stream.state is not PassiveState.ROLLING_BACK:
+                stream.state = PassiveState.PENDING  # a new connection: every stream asks again
+        return out + self.requests(now)
+
+    def requests(self, now: float) -> list[bytes]:
+        """Stream requests for every stream that should ask now."""
+        return [
+            s.request().encode()
+            for s in self.streams.values()
+            if s.state is PassiveState.PENDING and s.retry_at <= now
+        ]
+
+    def set_vbuckets(self, vbuckets: Iterable[int]) -> list[bytes]:
+        """Follow the map: streams for new vbuckets, CloseStream for the ones no longer ours."""
+        wanted = set(vbuckets)
+        out = []
+        for vb in sorted(set(self.streams) - wanted):
+            stream = self.streams.pop(vb)
+            if stream.state in (PassiveState.AWAITING, PassiveState.READING):
+                out.append(dcp.CloseStream(opaque=self._next(), vbucket=vb).encode())
+            stream.close()
+        for vb in sorted(wanted - set(self.streams)):
+            vbucket = self.bucket.vbuckets.get(vb)
+            if vbucket is not None:
+                self.streams[vb] = PassiveStream(vbucket, OPAQUE_BASE + vb)
+        return out
+
+    def rolled_back(self, vbucket: int) -> None:
+        stream = self.streams.get(vbucket)
+        if stream is not None and stream.state is PassiveState.ROLLING_BACK:
+            stream.rolled_back()
+
+    # -- what arrives ----------------------------------------------------------------------
+
+    def handle(self, msg: Message, size: int, now: float) -> tuple[list[bytes], list[Rollback]]:
+        """Apply one message from the producer; (answers to write, rollbacks to perform)."""
+        if isinstance(msg, dcp.DcpNoop):
+            return [GenericResponse(opcode=Opcode.DcpNoop, opaque=msg.opaque).encode()], []
+        if isinstance(msg, dcp.StreamRequestOk | dcp.StreamRequestRollback | GenericResponse):
+            return [], self._answer(msg, now)
+        stream = self.streams.get(msg.opaque - OPAQUE_BASE)
+        if stream is not None and stream.state is PassiveState.READING:
+            self._apply(stream, msg, now)
+        return self._ack(size), []
+
+    def _answer(self, msg: Message, now: float) -> list[Rollback]:
+        stream = self.streams.get(msg.opaque - OPAQUE_BASE)
+        if stream is None or stream.state is not PassiveState.AWAITING:
+            return []  # an Open/Control/CloseStream answer, or one for a forgotten stream
+        if isinstance(msg, dcp.StreamRequestOk):
+            stream.accepted(msg.failover_log)
+        elif isinstance(msg, dcp.StreamRequestRollback):
+            stream.told_to_roll_back(msg.rollback_seqno)
+            return [Rollback(stream.vbid, msg.rollback_seqno)]
+        elif getattr(msg, "status", Status.Success) != Status.Success:
+            stream.refused(now + RETRY_S)
+        return []
+
+    def _apply(self, stream: PassiveStream, msg: Message, now: float) -> None:
+        if isinstance(msg, dcp.SnapshotMarker):
+            stream.marker(msg)
+        elif isinstance(msg, dcp.Mutation):
+            stream.mutation(msg)
+            self.items_received += 1
+        elif isinstance(msg, dcp.Deletion | dcp.DeletionV2 | dcp.Expiration):
+            stream.deletion(msg)
+            self.items_received += 1
+        elif isinstance(msg, dcp.StreamEnd):
+            stream.ended(now + RETRY_S)
+
+    def _ack(self, size: int) -> list[bytes]:
+        self.unacked_bytes += size
+        if self.unacked_bytes < BUFFER_SIZE // 2:
+            return []
+        acked, self.unacked_bytes = self.unacked_bytes, 0
+        return [dcp.BufferAck(opaque=self._next(), bytes_acked=acked).encode()]
+
+    def _next(self) -> int:
+        self._opaque = (self._opaque + 1) % OPAQUE_BASE
+        return self._opaque
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, str]:
+        n = self.name
+        out = {f"items_received:{n}": str(self.items_received)}
+        for vb, s in sorted(self.streams.items()):
+            out[f"state:{vb}:{n}"] = s.state.value
+            out[f"items_received:{vb}:{n}"] = str(s.items_received)
+            out[f"rollbacks:{vb}:{n}"] = str(s.rollbacks)
+        return out

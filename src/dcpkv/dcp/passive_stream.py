@@ -1,0 +1,136 @@
+"""The replica side of one vbucket's DCP stream: what arrives is applied to a replica vbucket.
+
+Theory of operation
+-------------------
+A :class:`PassiveStream` (kv_engine's name) belongs to a :class:`~dcpkv.dcp.consumer.DcpConsumer`
+and owns nothing but the decisions: it never touches a socket, and the only I/O it causes is
+what the engine does when it applies an item (in memory; the flusher persists later).
+
+Spec 002, "How KV mutations flow into Replicas": the replica keeps the active's seqnos, and
+persists in seqno order; the vbucket's checkpoints hold each snapshot as the marker announced
+it, so the flusher writes whole snapshots (or records where inside one it stopped).
+
+=================  =======================================  ==============================
+state              event                                    then
+=================  =======================================  ==============================
+PENDING            ``request()``: StreamRequest from the     AWAITING
+                   vbucket's own position (high seqno, its
+                   current snapshot, its newest uuid)
+AWAITING           StreamRequest OK + the active's log       READING (the log adopted:
+                                                             a replica's history *is* the
+                                                             active's)
+AWAITING           Rollback to R                             ROLLING_BACK (the shell rolls
+                                                             the vbucket back on the disk
+                                                             thread, then ``rolled_back()``)
+ROLLING_BACK       ``rolled_back()``                         PENDING
+AWAITING           any other refusal (NotMyVbucket...)       PENDING, after a pause (the
+                                                             map may not be there yet)
+READING            marker / mutation / deletion /            READING (applied in order)
+                   expiration
+READING            StreamEnd                                 PENDING (asked again after a
+                                                             pause: the active moved or
+                                                             restarted) or ENDED (closed)
+any                ``close()``                               ENDED
+=================  =======================================  ==============================
+
+Asking again always starts from what the vbucket holds *now*, with its snapshot range, so the
+producer's rollback rules (spec 000) decide whether anything must be undone: a replica never
+guesses.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.seqno import U64_MAX
+from dcpkv.engine.item import Item
+from dcpkv.engine.vbucket import VBucket
+from dcpkv.protocol import dcp
+
+
+class PassiveState(enum.Enum):
+    PENDING = "pending"
+    AWAITING = "awaiting"
+    ROLLING_BACK = "rolling_back"
+    READING = "reading"
+    ENDED = "ended"
+
+
+@dataclass
+class PassiveStream:
+    vbucket: VBucket
+    opaque: int
+    state: PassiveState = PassiveState.PENDING
+    items_received: int = 0
+    rollbacks: int = 0
+    rollback_to: int | None = None  # set while ROLLING_BACK
+    retry_at: float = 0.0  # a PENDING stream asks again from this time on (after a refusal)
+
+    @property
+    def vbid(self) -> int:
+        return self.vbucket.id
+
+    def request(self) -> dcp.StreamRequest:
+        """The stream request to send now (PENDING -> AWAITING)."""
+        vb = self.vbucket
+        with vb.lock:
+            high = vb.high_seqno
+            start, end = vb.replica_snapshot
+            uuid = vb.uuid
+        if not start <= high <= end:
+            start = end = high  # consistent where it stands (a fresh or just reset vbucket)
+        self.state = PassiveState.AWAITING
+        return dcp.StreamRequest(
+            opaque=self.opaque, vbucket=vb.id, start_seqno=high, end_seqno=U64_MAX,
+            vbucket_uuid=uuid, snap_start_seqno=start, snap_end_seqno=end,
+        )  # fmt: skip
+
+    def accepted(self, failover_log: tuple[FailoverEntry, ...]) -> None:
+        self.vbucket.adopt_failover_log(failover_log)
+        self.state = PassiveState.READING
+
+    def told_to_roll_back(self, seqno: int) -> None:
+        self.rollbacks += 1
+        self.rollback_to = seqno
+        self.state = PassiveState.ROLLING_BACK
+
+    def rolled_back(self) -> None:
+        self.rollback_to = None
+        self.state = PassiveState.PENDING
+
+    def refused(self, retry_at: float) -> None:
+        self.state, self.retry_at = PassiveState.PENDING, retry_at
+
+    def ended(self, retry_at: float) -> None:
+        if self.state is not PassiveState.ENDED:
+            self.state, self.retry_at = PassiveState.PENDING, retry_at
+
+    def close(self) -> None:
+        self.state = PassiveState.ENDED
+
+    # -- applying what arrives -------------------------------------------------------------
+
+    def marker(self, msg: dcp.SnapshotMarker) -> None:
+        self.vbucket.replica_snapshot_marker(msg.start_seqno, msg.end_seqno)
+
+    def mutation(self, msg: dcp.Mutation) -> None:
+        self.items_received += 1
+        self.vbucket.set_with_meta(
+            Item(
+                bytes(msg.key), bytes(msg.value), flags=msg.flags, expiry=msg.expiration,
+                cas=msg.cas, rev_seqno=msg.rev_seqno, by_seqno=msg.by_seqno,
+                datatype=msg.datatype,
+            )
+        )  # fmt: skip
+
+    def deletion(self, msg: dcp.Deletion | dcp.DeletionV2 | dcp.Expiration) -> None:
+        self.items_received += 1
+        delete_time = getattr(msg, "delete_time", 0)
+        self.vbucket.delete_with_meta(
+            Item(
+                bytes(msg.key), b"", cas=msg.cas, rev_seqno=msg.rev_seqno, by_seqno=msg.by_seqno,
+                deleted=True, delete_time=delete_time, expired=isinstance(msg, dcp.Expiration),
+            )
+        )  # fmt: skip

@@ -1,0 +1,240 @@
+"""Replication inside a data node: every replica vbucket streams from its active node over DCP.
+
+Theory of operation
+-------------------
+A :class:`Replicator` per bucket reconciles the node's replica vbuckets with the cluster map the
+manager pushed (SetClusterConfig): for every vbucket this node holds as replica, the map's
+``vBucketMap[vb][0]`` names the active node in ``serverList``; vbuckets are grouped by that
+source, and each source gets one :class:`ReplicationLink` (one DCP connection per source node
+and bucket, spec 002). It runs again whenever a map is pushed or a vbucket changes state
+(debounced: one reconcile per loop iteration), so streams follow the map: a vbucket whose
+active moved is re-requested from the new one; one no longer held as replica is closed.
+
+A link is a thin asyncio shell around the sans-I/O :class:`~dcpkv.dcp.consumer.DcpConsumer`:
+connect, log in as the node's admin (SASL PLAIN), select the bucket, write the consumer's
+opening, then feed it every frame read and write what it answers. A rollback the producer
+asks for runs ``Bucket.rollback`` on the server's disk thread (the flusher's: the two never
+interleave), and the stream asks again from where the vbucket then stands. A lost or refused
+connection is retried with backoff (50 ms doubling to 2 s); a stream refused by the source
+(its state not set yet, a map that lags) asks again after a pause.
+
+Front-end writes to a replica are refused by the KV handlers (NotMyVbucket); what arrives
+here is applied with the active's seqnos, CAS and rev seqnos, and persisted by the ordinary
+flusher, one snapshot at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
+from dcpkv.dcp.consumer import DcpConsumer, Rollback
+from dcpkv.engine.bucket import Bucket
+from dcpkv.protocol.constants import Magic, Opcode
+from dcpkv.protocol.errors import CodecError
+from dcpkv.protocol.frame import FrameParser, encode_frame
+from dcpkv.protocol.messages import decode_message
+
+log = logging.getLogger("dcpkv.replication")
+
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
+TICK_S = 0.1  # how often a link looks for streams due to ask again
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    user: str
+    password: str
+
+
+def replica_sources(config: bytes | None, bucket: Bucket, me: str) -> dict[str, set[int]]:
+    """Source node ("host:port") -> the replica vbuckets of ``bucket`` it is active for."""
+    if config is None:
+        return {}
+    vbmap = json.loads(config).get("vBucketServerMap", {})
+    servers, rows = vbmap.get("serverList", []), vbmap.get("vBucketMap", [])
+    sources: dict[str, set[int]] = {}
+    for vb, vbucket in bucket.vbuckets.items():
+        if vbucket.state != VBucketState.REPLICA or vb >= len(rows) or not rows[vb]:
+            continue
+        active = rows[vb][0]
+        if 0 <= active < len(servers) and servers[active] != me:
+            sources.setdefault(servers[active], set()).add(vb)
+    return sources
+
+
+class ReplicationLink:
+    """One DCP connection from this node to ``source``, for some of one bucket's replicas."""
+
+    def __init__(
+        self,
+        bucket: Bucket,
+        source: str,
+        me: str,
+        credentials: Credentials,
+        executor: Executor,
+    ) -> None:
+        self.bucket, self.source = bucket, source
+        self.credentials, self.executor = credentials, executor
+        self.consumer = DcpConsumer(bucket, f"Replica:{me}")
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def set_vbuckets(self, vbuckets: set[int]) -> None:
+        self._send(self.consumer.set_vbuckets(vbuckets))
+        self._send(self.consumer.requests(_now()))
+
+    # -- the connection -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        while True:
+            try:
+                await self._session()
+            except (OSError, EOFError, CodecError, ReplicationRefused) as exc:
+                log.info("replication from %s: %s; retrying in %.2fs", self.source, exc, backoff)
+            finally:
+                self._writer = None
+            await asyncio.sleep(backoff)
+            backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _session(self) -> None:
+        host, port = self.source.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            parser = FrameParser()
+            await self._login(reader, writer, parser)
+            self._writer = writer
+            self._send(self.consumer.opening(_now()))
+            log.info("replicating %d vbuckets from %s", len(self.consumer.streams), self.source)
+            while True:
+                try:
+                    data = await asyncio.wait_for(reader.read(READ_CHUNK), TICK_S)
+                except TimeoutError:
+                    data = None
+                if data == b"":
+                    raise EOFError("the source closed the connection")
+                if data:
+                    self._received(parser, data)
+                self._send(self.consumer.requests(_now()))
+        finally:
+            writer.close()
+
+    async def _login(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: FrameParser
+    ) -> None:
+        creds = self.credentials
+        plain = f"\0{creds.user}\0{creds.password}".encode()
+        for opcode, key, value in (
+            (Opcode.SaslAuth, b"PLAIN", plain),
+            (Opcode.SelectBucket, self.bucket.name.encode(), b""),
+        ):
+            writer.write(encode_frame(Magic.ClientRequest, opcode, key=key, value=value))
+            frame = None
+            while frame is None:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    raise EOFError("the source closed the connection while logging in")
+                frame = next(iter(parser.feed(data)), None)
+            if frame.status != Status.Success:
+                raise ReplicationRefused(f"{Opcode(opcode).name} answered 0x{frame.status:02x}")
+
+    def _received(self, parser: FrameParser, data: bytes) -> None:
+        out: list[bytes] = []
+        now = _now()
+        for frame in parser.feed(data):
+            answers, rollbacks = self.consumer.handle(decode_message(frame), frame.size, now)
+            out.extend(answers)
+            for rollback in rollbacks:
+                asyncio.get_running_loop().create_task(self._roll_back(rollback))
+        self._send(out)
+
+    async def _roll_back(self, rollback: Rollback) -> None:
+        loop = asyncio.get_running_loop()
+        point = await loop.run_in_executor(
+            self.executor, self.bucket.rollback, rollback.vbucket, rollback.seqno
+        )
+        log.info("vbucket %d rolled back to %d (asked %d) from %s",
+                 rollback.vbucket, point, rollback.seqno, self.source)  # fmt: skip
+        self.consumer.rolled_back(rollback.vbucket)
+        self._send(self.consumer.requests(_now()))
+
+    def _send(self, chunks: list[bytes]) -> None:
+        if chunks and self._writer is not None:
+            self._writer.write(b"".join(chunks))
+
+
+class ReplicationRefused(Exception):
+    """The source refused this node's login or bucket."""
+
+
+class Replicator:
+    """Keeps one bucket's replica vbuckets streaming from their active nodes."""
+
+    def __init__(
+        self,
+        bucket: Bucket,
+        me: Callable[[], str],
+        config: Callable[[], bytes | None],
+        credentials: Credentials,
+        executor: Executor,
+    ) -> None:
+        self.bucket, self.me, self.config = bucket, me, config
+        self.credentials, self.executor = credentials, executor
+        self.links: dict[str, ReplicationLink] = {}
+        self._scheduled = False
+
+    def schedule(self) -> None:
+        """Reconcile once, soon (many state changes in a row cost one reconcile)."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._reconcile)
+
+    def _reconcile(self) -> None:
+        self._scheduled = False
+        me = self.me()
+        wanted = replica_sources(self.config(), self.bucket, me)
+        for source in set(self.links) - set(wanted):
+            link = self.links.pop(source)
+            asyncio.get_running_loop().create_task(link.stop())
+        for source, vbuckets in wanted.items():
+            link = self.links.get(source)
+            if link is None:
+                link = ReplicationLink(self.bucket, source, me, self.credentials, self.executor)
+                self.links[source] = link
+                link.set_vbuckets(vbuckets)
+                link.start()
+            else:
+                link.set_vbuckets(vbuckets)
+
+    async def stop(self) -> None:
+        for link in self.links.values():
+            await link.stop()
+        self.links.clear()
+
+    def stats(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for link in self.links.values():
+            out.update(link.consumer.stats())
+        return out
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()

@@ -1,0 +1,195 @@
+"""The replica side of DCP without sockets: a DcpProducer on one bucket feeds a DcpConsumer on
+another through the codec's bytes, as two nodes would."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dcpkv.core.vbucket import VBucketState
+from dcpkv.dcp.consumer import OPAQUE_BASE, RETRY_S, DcpConsumer, Rollback
+from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
+from dcpkv.dcp.producer import DcpProducer
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.hlc import ManualClock
+from dcpkv.protocol import dcp
+from dcpkv.protocol.base import GenericResponse
+from dcpkv.protocol.frame import FrameParser
+from dcpkv.protocol.messages import decode_message
+
+VBS = 4
+
+
+@pytest.fixture
+def buckets(tmp_path: Path) -> Iterator[Callable[[str, VBucketState], Bucket]]:
+    opened: list[Bucket] = []
+
+    def make(name: str, state: VBucketState) -> Bucket:
+        clock, rng = ManualClock(1_700_000_000.0), random.Random(len(opened))
+        bucket = Bucket("default", tmp_path / name, num_vbuckets=VBS, synchronous="NORMAL",
+                        clock=clock, rng=rng)  # fmt: skip
+        for vb in range(VBS):
+            bucket.set_vbucket_state(vb, state)
+        opened.append(bucket)
+        return bucket
+
+    yield make
+    for bucket in opened:
+        if not bucket.closed:
+            bucket.storage.close()
+
+
+class Link:
+    """Bytes both ways between a consumer and a producer, through the codec."""
+
+    def __init__(self, active: Bucket, replica: Bucket) -> None:
+        self.active, self.replica = active, replica
+        self.consumer = DcpConsumer(replica, "Replica:test", range(VBS))
+        self.producer: DcpProducer | None = None
+        self.rollbacks: list[Rollback] = []
+        self.now = 0.0
+
+    def connect(self) -> None:
+        self.producer = None
+        self.to_producer(self.consumer.opening(self.now))
+
+    def to_producer(self, chunks: list[bytes]) -> None:
+        for msg in _decode(chunks):
+            if isinstance(msg, dcp.DcpOpen):
+                self.producer = DcpProducer(self.active, msg.name, msg.flags,
+                                            clock=self.active.clock)  # fmt: skip
+                continue
+            assert self.producer is not None
+            answer = self.producer.handle(msg)
+            if answer:
+                self.to_consumer([answer])
+
+    def to_consumer(self, chunks: list[bytes]) -> None:
+        parser = FrameParser()
+        for chunk in chunks:
+            for frame in parser.feed(chunk):
+                answers, rollbacks = self.consumer.handle(decode_message(frame), frame.size,
+                                                          self.now)  # fmt: skip
+                self.rollbacks += rollbacks
+                self.to_producer(answers)
+
+    def pump(self) -> None:
+        """Until quiet: producer output to the consumer, rollbacks done, requests sent."""
+        for _ in range(100):
+            assert self.producer is not None
+            out = self.producer.next_messages()
+            self.to_consumer(out)
+            for rollback in self.rollbacks:
+                self.replica.rollback(rollback.vbucket, rollback.seqno)
+                self.consumer.rolled_back(rollback.vbucket)
+            done_rollbacks, self.rollbacks = bool(self.rollbacks), []
+            requests = self.consumer.requests(self.now)
+            self.to_producer(requests)
+            if not out and not done_rollbacks and not requests:
+                return
+        raise AssertionError("never quiet")
+
+
+def _decode(chunks: list[bytes]) -> list[object]:
+    parser = FrameParser()
+    return [decode_message(f) for c in chunks for f in parser.feed(c)]
+
+
+def state_of(bucket: Bucket) -> dict[int, dict[bytes, tuple[int, int, bytes, bool]]]:
+    return {
+        vb: {i.key: (i.by_seqno, i.cas, i.value or b"", i.deleted) for i in v.items()}
+        for vb, v in bucket.vbuckets.items()
+    }
+
+
+def write(bucket: Bucket, n: int, prefix: str) -> None:
+    for i in range(n):
+        key = f"{prefix}{i}".encode()
+        bucket.get_vbucket(bucket.vbucket_for(key)).set(key, f"{prefix}-{i}".encode())
+
+
+def test_a_replica_applies_everything_with_the_actives_metadata(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    active, replica = buckets("a", VBucketState.ACTIVE), buckets("b", VBucketState.REPLICA)
+    write(active, 40, "k")
+    active.flush_once()  # part of it from disk, the rest from memory
+    write(active, 20, "m")
+    for key in (b"k3", b"m4"):
+        active.get_vbucket(active.vbucket_for(key)).delete(key)
+    link = Link(active, replica)
+    link.connect()
+    link.pump()
+    assert state_of(replica) == state_of(active)
+    for vb in range(VBS):
+        assert replica.vbuckets[vb].failover.entries == active.vbuckets[vb].failover.entries
+    assert link.consumer.items_received >= 60
+
+
+def test_a_replica_rolls_back_when_its_active_branched(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    active, replica = buckets("a", VBucketState.ACTIVE), buckets("b", VBucketState.REPLICA)
+    write(active, 30, "k")
+    active.flush_once()
+    link = Link(active, replica)
+    link.connect()
+    link.pump()
+    replica.flush_once()
+    write(active, 12, "lost")
+    link.pump()  # the replica now holds writes the active will lose
+    # the active dies without shutting down and comes back from its disk on a new branch
+    fresh = Bucket("default", active.path, num_vbuckets=VBS, synchronous="NORMAL",
+                   clock=active.clock, rng=random.Random(9))  # fmt: skip
+    assert not fresh.warmed_up_after_clean_shutdown
+    link.active = fresh
+    link.connect()
+    link.pump()
+    assert state_of(replica) == state_of(fresh)
+    assert sum(s.rollbacks for s in link.consumer.streams.values()) > 0
+    fresh.storage.close()
+
+
+# -- the passive stream's transitions ---------------------------------------------------------
+
+TRANSITIONS = [
+    # (event, state before, state after)
+    ("accepted", PassiveState.AWAITING, PassiveState.READING),
+    ("told_to_roll_back", PassiveState.AWAITING, PassiveState.ROLLING_BACK),
+    ("rolled_back", PassiveState.ROLLING_BACK, PassiveState.PENDING),
+    ("refused", PassiveState.AWAITING, PassiveState.PENDING),
+    ("ended", PassiveState.READING, PassiveState.PENDING),
+    ("ended", PassiveState.ENDED, PassiveState.ENDED),
+    ("close", PassiveState.READING, PassiveState.ENDED),
+]
+
+
+@pytest.mark.parametrize(("event", "before", "after"), TRANSITIONS)
+def test_passive_stream_transitions(
+    buckets: Callable[[str, VBucketState], Bucket],
+    event: str,
+    before: PassiveState,
+    after: PassiveState,
+) -> None:
+    stream = PassiveStream(buckets("b", VBucketState.REPLICA).vbuckets[0], OPAQUE_BASE)
+    stream.state = before
+    args: dict[str, tuple[object, ...]] = {
+        "accepted": ((),), "told_to_roll_back": (5,), "refused": (RETRY_S,), "ended": (RETRY_S,),
+    }  # fmt: skip
+    getattr(stream, event)(*args.get(event, ()))
+    assert stream.state is after
+
+
+def test_a_refused_stream_asks_again_only_after_a_pause(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    consumer = DcpConsumer(buckets("b", VBucketState.REPLICA), "Replica:test", [0])
+    (request,) = _decode(consumer.requests(now=0.0))
+    assert isinstance(request, dcp.StreamRequest) and request.opaque == OPAQUE_BASE
+    refusal = GenericResponse(opcode=request.opcode, opaque=request.opaque, status=0x07)
+    consumer.handle(refusal, 24, now=1.0)
+    assert consumer.requests(now=1.0) == []
+    assert len(consumer.requests(now=1.0 + RETRY_S)) == 1
