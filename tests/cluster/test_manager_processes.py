@@ -2,8 +2,9 @@
 ports, driven over the HTTP admin API and the ``dcpkv cluster`` commands, checked over the
 memcached protocol on every node.
 
-Replication itself (a replica's data) is the data node's work and not asserted here: these
-tests check the states each node holds, the map each serves, and what the manager sends.
+Replication is the data node's work (``server/replication.py``): these tests check the states
+each node holds, the map each serves and what the manager sends, and, at failover, that what a
+replica received is what the promoted active serves.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,18 @@ def assert_nodes_match(cluster: Cluster, nodes: list[ServerProcess]) -> VBucketM
     return vb_map
 
 
+def high_seqno(node: ServerProcess, vb: int) -> int:
+    with client(node) as kv:
+        return int(kv.stats(f"vbucket-seqno {vb}".encode()).get(f"vb_{vb}:high_seqno", 0))
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(0.05)
+
+
 def key_in(vbucket: int) -> bytes:
     return next(
         k for i in range(10_000) if vbucket_for_key(k := f"k{i}".encode(), VBUCKETS) == vbucket
@@ -157,6 +171,14 @@ def test_manual_failover_promotes_replicas_and_handles_a_stale_state_cas(
     before = assert_nodes_match(cluster, cluster.nodes)
     victim, survivors = cluster.nodes[0], cluster.nodes[1:]
     victim_name = cluster.name(victim)
+    # a write to each vbucket the victim holds active, replicated (over DCP, by the nodes)
+    moving = [vb for vb, s in before.states_of(victim_name).items() if s == VBucketState.ACTIVE]
+    with client(victim) as kv:
+        for vb in moving:
+            assert kv.set(key_in(vb), b"before failover", vbucket=vb).status == Status.Success
+    for vb in moving:
+        replica = cluster.node(before.servers[before.chains[vb][1]])
+        wait_for(lambda r=replica, v=vb: high_seqno(r, v) >= 1, f"vb {vb} replicated")
     # behind the manager's back: a state changed on a survivor, so its state CAS moved
     tampered = survivors[0]
     vb = next(iter(before.states_of(cluster.name(tampered))))
@@ -187,6 +209,9 @@ def test_manual_failover_promotes_replicas_and_handles_a_stale_state_cas(
         if before.servers[chain[0]] == victim_name:  # its replica is the new active
             replica = before.servers[chain[1]]
             assert after.servers[after.chains[vbucket][0]] == replica
+    for vb in moving:  # what the replica had is what the new active serves
+        with client(cluster.node(after.servers[after.chains[vb][0]])) as kv:
+            assert bytes(kv.get(key_in(vb), vbucket=vb).value) == b"before failover"
     status = cluster.status()
     assert status["counters"]["casConflicts"] >= 1
     by_name = {n["hostname"]: n for n in status["nodes"]}
