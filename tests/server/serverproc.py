@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 START_TIMEOUT_S = 30.0
 
@@ -28,13 +29,8 @@ class ServerProcess:
         port = str(self.port) if same_port and self.port else "0"
         port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
         port_file.unlink(missing_ok=True)
-        cmd = [
-            sys.executable, "-m", "dcpkv.cli.main", "server", "--port", port,
-            "--data-dir", str(self.data_dir), "--port-file", str(port_file),
-            "--vbuckets", "16", *self.extra,
-        ]  # fmt: skip
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+            self.proc = subprocess.Popen(self.command(port, port_file), stdout=log, stderr=log)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not port_file.exists():
             if self.proc.poll() is not None:
@@ -44,6 +40,13 @@ class ServerProcess:
             time.sleep(0.02)
         self.port = int(port_file.read_text())
         return self.port
+
+    def command(self, port: str, port_file: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "dcpkv.cli.main", "server", "--port", port,
+            "--data-dir", str(self.data_dir), "--port-file", str(port_file),
+            "--vbuckets", "16", *self.extra,
+        ]  # fmt: skip
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -70,20 +73,24 @@ class ServerProcess:
             self.proc.wait()
 
 
+P = TypeVar("P", bound=ServerProcess)
+
+
 @contextmanager
-def tracked_servers() -> Iterator[type[ServerProcess]]:
-    """A ServerProcess class whose every started instance is reaped (by PID) on exit: the one
-    teardown rule of every test folder's ``server_factory`` fixture."""
+def tracked_servers(base: type[P] = ServerProcess) -> Iterator[type[P]]:  # type: ignore[assignment]
+    """A ServerProcess class (``base`` or a subclass, e.g. the manager's) whose every started
+    instance is reaped (by PID) on exit: the one teardown rule of every test folder's
+    ``server_factory`` fixture."""
     started: list[ServerProcess] = []
 
-    class Tracked(ServerProcess):
+    class Tracked(base):  # type: ignore[valid-type,misc]
         def start(self, *, same_port: bool = False) -> int:
             if self not in started:
                 started.append(self)
             return super().start(same_port=same_port)
 
     try:
-        yield Tracked
+        yield Tracked  # type: ignore[misc]
     finally:
         for proc in started:
             proc.reap()

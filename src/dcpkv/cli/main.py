@@ -303,5 +303,9 @@ from dcpkv.cli.backup import register as _register_backup  # noqa: E402
 
 _register_backup(app)
 
+from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
+
+_register_cluster(app)
+
 if __name__ == "__main__":
     app()

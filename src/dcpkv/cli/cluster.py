@@ -1,0 +1,254 @@
+"""``dcpkv manager`` and ``dcpkv cluster ...``: run the cluster manager, and talk to it.
+
+Theory of operation
+-------------------
+Thin shells: ``manager`` runs :mod:`dcpkv.cluster.service`; ``cluster status|add-node|
+failover|settings`` send one request each to the manager's HTTP API
+(:mod:`dcpkv.cluster.admin_client`) and print the answer (``--json`` for the raw document);
+``cluster up`` runs :mod:`dcpkv.cluster.local`. Heavy imports happen inside the commands so
+``dcpkv --help`` stays fast. A refusal prints the manager's one-line reason and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dcpkv.core.defaults import DEFAULT_BUCKET, DEFAULT_HOST, DEFAULT_PASSWORD, DEFAULT_USER
+
+DEFAULT_MANAGER_PORT = 8091  # Couchbase's REST port
+
+cluster_app = typer.Typer(
+    help="Talk to the cluster manager (status, add-node, failover, settings), or start a "
+    "whole development cluster on this machine (up).",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+)
+
+Url = Annotated[str, typer.Option(help="The manager's admin API.", envvar="DCPKV_MANAGER_URL")]
+User = Annotated[str, typer.Option(help="The cluster admin.")]
+Password = Annotated[str, typer.Option(help="Its password.")]
+Json = Annotated[bool, typer.Option("--json", help="Print the manager's JSON answer.")]
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_MANAGER_PORT}"
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``manager`` and ``cluster`` to the root command."""
+    app.command("manager")(manager)
+    app.add_typer(cluster_app, name="cluster")
+
+
+def manager(
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the cluster configuration (cluster.json) lives.")
+    ] = Path("./dcpkv-manager"),
+    port: Annotated[int, typer.Option(help="HTTP admin API port; 0 picks a free one.")] = (
+        DEFAULT_MANAGER_PORT
+    ),
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = DEFAULT_HOST,
+    node: Annotated[
+        list[str] | None,
+        typer.Option(help="A data node (host:port), repeatable: seeds a new cluster."),
+    ] = None,
+    replicas: Annotated[int, typer.Option(help="Replicas per vbucket, 0-3 (new cluster).")] = 1,
+    vbuckets: Annotated[int, typer.Option(help="vbuckets of the bucket (new cluster).")] = 1024,
+    bucket: Annotated[str, typer.Option(help="The bucket's name (new cluster).")] = (
+        DEFAULT_BUCKET
+    ),
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+    port_file: Annotated[
+        Path | None, typer.Option(help="Write the bound port here once listening.")
+    ] = None,
+) -> None:
+    """Run the cluster manager: it owns the cluster configuration and drives the data nodes.
+
+    On first start (no cluster.json in --data-dir) the --node seeds, which must be
+    `dcpkv server --managed` nodes holding nothing (or this cluster's data), become the
+    cluster: actives and replicas are placed evenly, never a replica with its active, and each
+    node is given its vbucket states and the map over the memcached protocol, as the cluster
+    admin. Later starts load the saved configuration and change nothing on nodes that already
+    match it. The HTTP admin API (`dcpkv cluster ...`) serves until SIGINT/SIGTERM; the data
+    nodes keep serving while the manager is down.
+    """
+    from dcpkv.cluster.config import ClusterConfigError
+    from dcpkv.cluster.manager import Refused
+    from dcpkv.cluster.service import ManagerOptions, run
+
+    options = ManagerOptions(
+        data_dir=data_dir,
+        host=host,
+        port=port,
+        port_file=port_file,
+        seeds=list(node or []),
+        bucket=bucket,
+        vbuckets=vbuckets,
+        replicas=replicas,
+        user=user,
+        password=password,
+    )
+    try:
+        run(options)
+    except (Refused, ClusterConfigError) as exc:
+        typer.echo(f"dcpkv manager: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        typer.echo(f"dcpkv manager: cannot start: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _call(
+    url: str, method: str, path: str, user: str, password: str, **params: str
+) -> dict[str, Any]:
+    from dcpkv.cluster.admin_client import AdminError, admin_request
+
+    try:
+        return admin_request(url, method, path, user=user, password=password, params=params)
+    except AdminError as exc:
+        typer.echo(f"dcpkv cluster: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@cluster_app.command()
+def status(
+    url: Url = DEFAULT_URL,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+    json_: Json = False,
+) -> None:
+    """Nodes (membership, health), vbuckets active and replica on each, replication lag.
+
+    Lag is the number of items a node's replica vbuckets are behind their actives.
+    """
+    doc = _call(url, "GET", "/pools/default", user, password)
+    if json_:
+        typer.echo(json.dumps(doc, indent=1))
+        return
+    for bucket in doc["buckets"]:
+        placed = f"map rev {bucket['rev']}" if bucket["placed"] else "map not placed yet"
+        typer.echo(
+            f"bucket {bucket['name']}: {bucket['numVBuckets']} vbuckets, "
+            f"{bucket['numReplicas']} replica(s), {placed}"
+        )
+    typer.echo(
+        f"{'node':<22} {'membership':<10} {'health':<10} {'active':>6} {'replica':>7} {'lag':>8}"
+    )
+    for n in doc["nodes"]:
+        lag = "?" if n["replicationLag"] is None else str(n["replicationLag"])
+        typer.echo(
+            f"{n['hostname']:<22} {n['clusterMembership']:<10} {n['status']:<10} "
+            f"{n['actives']:>6} {n['replicas']:>7} {lag:>8}"
+        )
+    auto = doc["autoFailover"]
+    typer.echo(f"auto-failover: {'on' if auto['enabled'] else 'off'}, timeout {auto['timeout']} s")
+
+
+@cluster_app.command("add-node")
+def add_node(
+    node: Annotated[str, typer.Argument(help="The data node, host:port of its memcached port.")],
+    url: Url = DEFAULT_URL,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+) -> None:
+    """Add a data node to the cluster.
+
+    The manager checks it first: reachable, accepts the cluster admin, has the bucket with the
+    cluster's vbucket count, and holds no data but this cluster's. A node that fails a check
+    is refused with the reason, and nothing changes. A fresh cluster's map is placed as soon
+    as enough nodes joined for its replicas; a node added to a placed cluster waits, empty,
+    for rebalance.
+    """
+    doc = _call(url, "POST", "/controller/addNode", user, password, hostname=node)
+    placed = "the map is placed" if doc["placed"] else "the map waits for more nodes"
+    typer.echo(f"added {doc['added']}; {placed}")
+
+
+@cluster_app.command()
+def failover(
+    node: Annotated[str, typer.Argument(help="The node to fail over, host:port.")],
+    url: Url = DEFAULT_URL,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+) -> None:
+    """Fail a node over: its vbuckets become active on their replicas.
+
+    For each vbucket the node held active, the replica that persisted the most is promoted;
+    the node leaves the map and every remaining node gets the new map. Refused (nothing
+    changes) for the last node, or when a vbucket it holds active has no replica. Writes the
+    failed node acknowledged only from memory can be lost.
+    """
+    doc = _call(url, "POST", "/controller/failOver", user, password, otpNode=node)
+    typer.echo(
+        f"failed over {doc['failedOver']}: {doc['promoted']} vbucket(s) promoted, "
+        f"map rev {doc['rev']}"
+    )
+
+
+@cluster_app.command()
+def settings(
+    auto_failover: Annotated[
+        bool | None, typer.Option("--auto-failover/--no-auto-failover", help="Switch it.")
+    ] = None,
+    timeout: Annotated[
+        int | None, typer.Option(help="Seconds a node may not answer before auto-failover.")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+) -> None:
+    """Show the automatic-failover settings, or change them (stored by the manager)."""
+    params: dict[str, str] = {}
+    if auto_failover is not None:
+        params["enabled"] = "true" if auto_failover else "false"
+    if timeout is not None:
+        params["timeout"] = str(timeout)
+    method = "POST" if params else "GET"
+    doc = _call(url, method, "/settings/autoFailover", user, password, **params)
+    typer.echo(f"auto-failover: {'on' if doc['enabled'] else 'off'}, timeout {doc['timeout']} s")
+
+
+@cluster_app.command()
+def up(
+    nodes: Annotated[int, typer.Option(help="Data nodes to start.")] = 3,
+    replicas: Annotated[int, typer.Option(help="Replicas per vbucket (0-3).")] = 1,
+    data_dir: Annotated[
+        Path, typer.Option(help="Folder for every node's data, the manager's and the logs.")
+    ] = Path("./dcpkv-cluster"),
+    vbuckets: Annotated[int, typer.Option(help="vbuckets of the bucket.")] = 1024,
+    manager_port: Annotated[
+        int, typer.Option(help="The manager's HTTP port; 0 picks a free one.")
+    ] = 0,
+) -> None:
+    """Start a development cluster on this machine: N managed data nodes and a manager.
+
+    Every process is a child of this command, on free ports, with its data and log under
+    --data-dir (node0/, node0.log, ..., manager/, manager.log); it prints where each listens
+    and waits. Ctrl-C or SIGTERM stops the manager and the nodes cleanly, by PID. Run it again
+    on the same folder to get the same cluster back, on the same ports.
+    """
+    from dcpkv.cluster.local import LocalCluster, LocalClusterError
+
+    if nodes < 1:
+        typer.echo("dcpkv cluster up: --nodes must be at least 1", err=True)
+        raise typer.Exit(2)
+    cluster = LocalCluster(data_dir, nodes, replicas, vbuckets, manager_port)
+    code = 0
+    try:
+        cluster.start()
+        cluster.describe(sys.stdout)
+        code = cluster.wait()
+        if code:
+            typer.echo(
+                f"dcpkv cluster up: the manager exited; see {cluster.manager.log_path}", err=True
+            )
+    except LocalClusterError as exc:
+        typer.echo(f"dcpkv cluster up: {exc}", err=True)
+        code = 1
+    finally:
+        cluster.stop()
+    raise typer.Exit(code)

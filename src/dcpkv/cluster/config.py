@@ -1,0 +1,168 @@
+"""The cluster configuration the manager owns: nodes, buckets and their maps, settings.
+
+Theory of operation
+-------------------
+One JSON document, ``cluster.json`` in the manager's data folder, is the truth the manager
+drives the nodes towards; the nodes only ever hold what it says. Every change is decided in
+memory as a new :class:`ClusterConfig` (the values are frozen), written with
+:func:`~dcpkv.core.files.atomic_write` *before* any node is told (so a manager killed half way
+re-drives the nodes to the same decision on restart), and only then applied. A restart loads
+the file and changes nothing on nodes that already match it.
+
+A node is ``active`` (in the map, or waiting for one) or ``failed`` (failed over: out of the
+map, never driven again until re-added, which rebalance will bring). A bucket has a vbucket
+count, a replica count, a uuid (pushed in its config, so a node tells whose data it holds)
+and, once enough nodes joined, its map. Settings are the automatic failover switch and its
+timeout (5 s by default; the switch is stored and shown, the watcher that acts on it is the
+next step).
+
+Loading refuses a corrupt or unknown file with one clear line (:class:`ClusterConfigError`):
+the manager must never guess a cluster's layout.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from dcpkv.cluster.vbucket_map import VBucketMap
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.files import atomic_write
+
+FILE_NAME = "cluster.json"
+FORMAT = 1
+DEFAULT_AUTO_FAILOVER_TIMEOUT_S = 5
+
+
+class ClusterConfigError(DcpkvError, ValueError):
+    """The cluster configuration file is unreadable, or a change to it is invalid."""
+
+
+class NodeState(StrEnum):
+    ACTIVE = "active"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    name: str  # host:port of its memcached port
+    state: NodeState = NodeState.ACTIVE
+
+    @property
+    def host(self) -> str:
+        return self.name.rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.name.rpartition(":")[2])
+
+
+@dataclass(frozen=True, slots=True)
+class BucketConfig:
+    name: str
+    num_vbuckets: int
+    num_replicas: int
+    uuid: str
+    map: VBucketMap | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    auto_failover_enabled: bool = False
+    auto_failover_timeout_s: int = DEFAULT_AUTO_FAILOVER_TIMEOUT_S
+
+    def to_json(self) -> dict[str, Any]:
+        return {"enabled": self.auto_failover_enabled, "timeout": self.auto_failover_timeout_s}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    nodes: tuple[NodeConfig, ...] = ()
+    buckets: tuple[BucketConfig, ...] = ()
+    settings: Settings = field(default_factory=Settings)
+
+    def node(self, name: str) -> NodeConfig | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def active_nodes(self) -> list[str]:
+        return [n.name for n in self.nodes if n.state == NodeState.ACTIVE]
+
+    def with_node(self, node: NodeConfig) -> ClusterConfig:
+        others = tuple(n for n in self.nodes if n.name != node.name)
+        if self.node(node.name) is None:
+            return replace(self, nodes=(*others, node))
+        return replace(self, nodes=tuple(node if n.name == node.name else n for n in self.nodes))
+
+    def with_bucket(self, bucket: BucketConfig) -> ClusterConfig:
+        kept = tuple(b for b in self.buckets if b.name != bucket.name)
+        return replace(self, buckets=(*kept, bucket))
+
+
+def new_bucket(name: str, num_vbuckets: int, num_replicas: int) -> BucketConfig:
+    return BucketConfig(name, num_vbuckets, num_replicas, uuid.uuid4().hex)
+
+
+# -- the file -------------------------------------------------------------------------------
+
+
+def to_json(config: ClusterConfig) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "nodes": [{"name": n.name, "state": n.state.value} for n in config.nodes],
+        "buckets": [
+            {
+                "name": b.name,
+                "numVBuckets": b.num_vbuckets,
+                "numReplicas": b.num_replicas,
+                "uuid": b.uuid,
+                "map": None if b.map is None else b.map.to_config(b.name, b.uuid),
+            }
+            for b in config.buckets
+        ],
+        "settings": {"autoFailover": config.settings.to_json()},
+    }
+
+
+def from_json(doc: Any) -> ClusterConfig:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"not a format-{FORMAT} cluster configuration")
+    nodes = tuple(NodeConfig(n["name"], NodeState(n["state"])) for n in doc["nodes"])
+    buckets = tuple(
+        BucketConfig(
+            name=b["name"],
+            num_vbuckets=int(b["numVBuckets"]),
+            num_replicas=int(b["numReplicas"]),
+            uuid=str(b["uuid"]),
+            map=None if b["map"] is None else VBucketMap.from_config(b["map"]),
+        )
+        for b in doc["buckets"]
+    )
+    auto = doc["settings"]["autoFailover"]
+    settings = Settings(bool(auto["enabled"]), int(auto["timeout"]))
+    return ClusterConfig(nodes, buckets, settings)
+
+
+def load(data_dir: Path) -> ClusterConfig | None:
+    """The saved configuration, or None when the folder holds none yet."""
+    path = data_dir / FILE_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ClusterConfigError(f"cannot read {path}: {exc}") from None
+    try:
+        return from_json(json.loads(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        message = f"{path} is corrupt ({exc}); refusing to guess the cluster"
+        raise ClusterConfigError(message) from None
+
+
+def save(data_dir: Path, config: ClusterConfig) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    raw = json.dumps(to_json(config), indent=1).encode()
+    atomic_write(data_dir / FILE_NAME, raw, data_dir / f"{FILE_NAME}.tmp")

@@ -1,0 +1,359 @@
+"""The cluster manager (ns_server's role): it owns the configuration and drives the nodes to it.
+
+Theory of operation
+-------------------
+A thin asyncio shell around the sans-I/O parts: the configuration
+(:mod:`~dcpkv.cluster.config`), placement (:mod:`~dcpkv.cluster.vbucket_map`) and the
+failover decision (:mod:`~dcpkv.cluster.failover`). Every change follows one order:
+
+1. decide the next :class:`~dcpkv.cluster.config.ClusterConfig` in memory, refusing bad input
+   before anything is touched (nothing changes on a refusal);
+2. persist it atomically;
+3. *sync* each node it concerns: read the states it holds (``stat vbucket``), send a
+   CAS-ordered SetVbucket for each vbucket whose state differs from the map (vbuckets the map
+   no longer gives the node go dead: their data stays until rebalance deletes it), then push
+   the map (SetClusterConfig, its own copy with ``thisNode``).
+
+Because syncing only sends differences, a restarted manager that loads the file and syncs
+every node sends no SetVbucket at all when nothing changed, and one killed between steps 2
+and 3 finishes the job on restart. Changes are serialized by one lock. A node that cannot be
+reached while syncing is left out of sync; the health watcher's next answered beat syncs it.
+
+Data nodes never depend on the manager at run time: with it down they keep serving the last
+states and map they were given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dcpkv.cluster import config as cfg
+from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
+from dcpkv.cluster.health import HealthWatcher
+from dcpkv.cluster.node_link import Counters, NodeError, NodeLink
+from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.vbucket import VBucketState
+
+log = logging.getLogger("dcpkv.cluster")
+
+
+class Refused(DcpkvError):
+    """An admin request the manager refused; nothing was changed."""
+
+
+class Manager:
+    def __init__(
+        self, data_dir: Path, user: str, password: str, *, heartbeat_s: float = 1.0
+    ) -> None:
+        self.data_dir = data_dir
+        self.user, self.password = user, password
+        self.config = cfg.ClusterConfig()
+        self.counters = Counters()
+        self.links: dict[str, NodeLink] = {}
+        self.out_of_sync: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._heartbeat_s = heartbeat_s
+        self.health: HealthWatcher | None = None
+        self._syncing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- life -------------------------------------------------------------------------------
+
+    async def start(self, *, seeds: list[str], bucket: str, vbuckets: int, replicas: int) -> None:
+        """Load the configuration (or make a new one from the seeds), sync every node, watch
+        their health. Raises :class:`Refused` or a config error when it cannot start."""
+        loaded = cfg.load(self.data_dir)
+        if loaded is None:
+            try:
+                check_placeable(max(replicas + 1, 1), replicas, vbuckets)
+            except PlacementError as exc:
+                raise Refused(str(exc)) from None
+            self.config = cfg.ClusterConfig(buckets=(cfg.new_bucket(bucket, vbuckets, replicas),))
+            async with self._lock:
+                await self._admit(seeds)
+        else:
+            self.config = loaded
+            if seeds:
+                log.info("%s exists: the --node seeds are ignored", cfg.FILE_NAME)
+            async with self._lock:
+                await self._sync_all()
+        self.health = HealthWatcher(self.config.buckets[0].name, self._on_beat, self._heartbeat_s)
+        for name in self.config.active_nodes():
+            self.health.watch(self._link(name))
+
+    async def stop(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        for link in self.links.values():
+            await link.close()
+
+    def _link(self, name: str) -> NodeLink:
+        link = self.links.get(name)
+        if link is None:
+            link = self.links[name] = NodeLink(name, self.user, self.password, self.counters)
+        return link
+
+    # -- syncing nodes ----------------------------------------------------------------------
+
+    async def _sync_all(self) -> None:
+        for name in self.config.active_nodes():
+            await self._sync_node(name)
+
+    async def _sync_node(self, name: str) -> bool:
+        """Drive one node to the configuration; False (and out of sync) when unreachable."""
+        link = self._link(name)
+        try:
+            for bucket in self.config.buckets:
+                if bucket.map is None:
+                    continue
+                await self._sync_states(link, bucket.name, bucket.map)
+                await link.push_config(
+                    bucket.name, bucket.map.to_config(bucket.name, bucket.uuid, this_node=name)
+                )
+        except NodeError as exc:
+            log.warning("node %s is out of sync: %s", name, exc)
+            self.out_of_sync.add(name)
+            return False
+        self.out_of_sync.discard(name)
+        return True
+
+    async def _sync_states(self, link: NodeLink, bucket: str, vb_map: VBucketMap) -> None:
+        held = await link.states(bucket)
+        wanted = vb_map.states_of(link.name)
+        for vb in sorted(set(held) | set(wanted)):
+            state = wanted.get(vb, VBucketState.DEAD)
+            if held.get(vb, VBucketState.DEAD) != state:
+                await link.set_state(bucket, vb, state, held)
+                held[vb] = state
+
+    async def _on_beat(self, name: str, healthy: bool) -> None:
+        if not healthy:
+            self.out_of_sync.add(name)
+        elif name in self.out_of_sync and name not in self._syncing:
+            task = asyncio.get_running_loop().create_task(self._resync(name))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _resync(self, name: str) -> None:
+        self._syncing.add(name)
+        try:
+            async with self._lock:
+                node = self.config.node(name)
+                member = node is not None and node.state == cfg.NodeState.ACTIVE
+                if member and await self._sync_node(name):
+                    log.info("node %s is back and in sync", name)
+        finally:
+            self._syncing.discard(name)
+
+    async def _commit(self, config: cfg.ClusterConfig) -> None:
+        cfg.save(self.data_dir, config)
+        self.config = config
+
+    # -- add-node ---------------------------------------------------------------------------
+
+    async def add_node(self, name: str) -> dict[str, Any]:
+        async with self._lock:
+            await self._admit([name])
+        if self.health is not None:
+            self.health.watch(self._link(name))
+        return {"added": name, "placed": self._placed()}
+
+    async def _admit(self, names: list[str]) -> None:
+        """Validate every node, then commit them all, placing the map of a fresh bucket once
+        enough nodes joined, then sync."""
+        for name in names:
+            await self._validate(name)
+        config = self.config
+        for name in names:
+            config = config.with_node(cfg.NodeConfig(name))
+        active = config.active_nodes()
+        for bucket in config.buckets:
+            if bucket.map is None and len(active) > bucket.num_replicas:
+                chains = plan_initial(len(active), bucket.num_replicas, bucket.num_vbuckets)
+                vb_map = VBucketMap(tuple(active), tuple(chains), bucket.num_replicas)
+                config = config.with_bucket(replace(bucket, map=vb_map))
+        await self._commit(config)
+        await self._sync_all()
+
+    def _placed(self) -> bool:
+        return all(b.map is not None for b in self.config.buckets)
+
+    async def _validate(self, name: str) -> None:
+        _check_address(name)
+        known = self.config.node(name)
+        if known is not None:
+            what = "already a member" if known.state == cfg.NodeState.ACTIVE else "failed over"
+            raise Refused(f"{name} is {what} of this cluster")
+        link = NodeLink(name, self.user, self.password, self.counters)
+        try:
+            for bucket in self.config.buckets:
+                await self._validate_bucket(link, bucket)
+        except NodeError as exc:
+            raise Refused(str(exc)) from None
+        finally:
+            await link.close()
+
+    async def _validate_bucket(self, link: NodeLink, bucket: cfg.BucketConfig) -> None:
+        served = await link.served_config(bucket.name)
+        width = len(served.get("vBucketServerMap", {}).get("vBucketMap", []))
+        if width != bucket.num_vbuckets:
+            raise Refused(
+                f"{link.name} has {width} vbuckets in bucket {bucket.name!r}, the cluster "
+                f"{bucket.num_vbuckets}: start it with --vbuckets {bucket.num_vbuckets}"
+            )
+        held = await link.states(bucket.name)
+        if held and served.get("uuid") != bucket.uuid:
+            raise Refused(
+                f"{link.name} already holds {len(held)} vbucket(s) of bucket {bucket.name!r} "
+                "that this cluster did not give it (another cluster's data, or a node not "
+                "started with --managed): refusing to take it over"
+            )
+
+    # -- failover ---------------------------------------------------------------------------
+
+    async def failover(self, name: str) -> dict[str, Any]:
+        async with self._lock:
+            node = self.config.node(name)
+            if node is None or node.state != cfg.NodeState.ACTIVE:
+                raise Refused(f"{name} is not an active node of this cluster")
+            survivors = [n for n in self.config.active_nodes() if n != name]
+            if not survivors:
+                raise Refused(f"{name} is the last node of the cluster: nothing would serve")
+            config = self.config.with_node(replace(node, state=cfg.NodeState.FAILED))
+            promoted = 0
+            for bucket in self.config.buckets:
+                if bucket.map is None or name not in bucket.map.servers:
+                    continue
+                persisted = await self._persisted(bucket, name)
+                try:
+                    plan = plan_failover(bucket.map, name, persisted)
+                except FailoverRefused as exc:
+                    raise Refused(str(exc)) from None
+                config = config.with_bucket(replace(bucket, map=plan.new_map))
+                promoted += len(plan.promotions)
+            await self._commit(config)
+            if self.health is not None:
+                await self.health.forget(name)
+            link = self.links.pop(name, None)
+            if link is not None:
+                await link.close()
+            self.out_of_sync.discard(name)
+            await self._sync_all()
+        log.info("failed over %s: %d vbucket(s) promoted", name, promoted)
+        return {"failedOver": name, "promoted": promoted, "rev": self._rev()}
+
+    async def _persisted(self, bucket: cfg.BucketConfig, failed: str) -> dict[int, dict[str, int]]:
+        """vbucket -> {replica: persisted seqno} for the vbuckets ``failed`` holds active;
+        a replica that cannot be asked is left out (it cannot be promoted)."""
+        assert bucket.map is not None
+        wanted = vbuckets_to_promote(bucket.map, failed)
+        by_replica: dict[str, list[int]] = {}
+        for vb, replicas in wanted.items():
+            for server in replicas:
+                by_replica.setdefault(server, []).append(vb)
+        persisted: dict[int, dict[str, int]] = {vb: {} for vb in wanted}
+        for server, vbs in by_replica.items():
+            try:
+                seqnos = await self._link(server).persisted_seqnos(bucket.name, vbs)
+            except NodeError as exc:
+                log.warning("cannot ask %s for its persisted seqnos: %s", server, exc)
+                continue
+            for vb, seqno in seqnos.items():
+                persisted[vb][server] = seqno
+        return persisted
+
+    def _rev(self) -> int | None:
+        maps = [b.map for b in self.config.buckets if b.map is not None]
+        return maps[0].rev if maps else None
+
+    # -- settings and status ----------------------------------------------------------------
+
+    async def set_auto_failover(self, enabled: bool, timeout_s: int) -> dict[str, Any]:
+        if not 5 <= timeout_s <= 3600:
+            raise Refused(f"the auto-failover timeout must be 5..3600 seconds, not {timeout_s}")
+        async with self._lock:
+            settings = cfg.Settings(enabled, timeout_s)
+            await self._commit(replace(self.config, settings=settings))
+        return settings.to_json()
+
+    async def status(self) -> dict[str, Any]:
+        lags = await self._replication_lags()
+        nodes = []
+        for node in self.config.nodes:
+            actives = replicas = 0
+            for bucket in self.config.buckets:
+                if bucket.map is not None:
+                    a, r = bucket.map.counts().get(node.name, (0, 0))
+                    actives, replicas = actives + a, replicas + r
+            nodes.append(
+                {
+                    "hostname": node.name,
+                    "clusterMembership": node.state.value,
+                    "status": self._health_of(node),
+                    "inSync": node.name not in self.out_of_sync,
+                    "actives": actives,
+                    "replicas": replicas,
+                    "replicationLag": lags.get(node.name),
+                }
+            )
+        return {
+            "nodes": nodes,
+            "buckets": [
+                {
+                    "name": b.name,
+                    "uuid": b.uuid,
+                    "numVBuckets": b.num_vbuckets,
+                    "numReplicas": b.num_replicas,
+                    "rev": None if b.map is None else b.map.rev,
+                    "placed": b.map is not None,
+                }
+                for b in self.config.buckets
+            ],
+            "autoFailover": self.config.settings.to_json(),
+            "counters": self.counters.to_json(),
+        }
+
+    def _health_of(self, node: cfg.NodeConfig) -> str:
+        if node.state == cfg.NodeState.FAILED:
+            return "failedOver"
+        health = self.health.health.get(node.name) if self.health else None
+        return health.status if health else "unknown"
+
+    async def _replication_lags(self) -> dict[str, int | None]:
+        """node -> items its replica vbuckets are behind their actives (None: unknown)."""
+        lags: dict[str, int | None] = {}
+        for bucket in self.config.buckets:
+            if bucket.map is None:
+                continue
+            actives: dict[int, int] = {}
+            replicas: dict[str, dict[int, int] | None] = {}
+            for name in bucket.map.servers:
+                if self.health is not None and self.health.unhealthy_for(name) > 0:
+                    replicas[name] = None  # do not wait on a node known not to answer
+                    continue
+                try:
+                    link = self._link(name)
+                    actives.update(await link.high_seqnos(bucket.name, VBucketState.ACTIVE))
+                    replicas[name] = await link.high_seqnos(bucket.name, VBucketState.REPLICA)
+                except NodeError:
+                    replicas[name] = None
+            for name, seqnos in replicas.items():
+                if seqnos is None:
+                    lags[name] = None
+                elif lags.get(name, 0) is not None:
+                    behind = sum(max(0, actives.get(vb, 0) - s) for vb, s in seqnos.items())
+                    lags[name] = (lags.get(name) or 0) + behind
+        return lags
+
+
+def _check_address(name: str) -> None:
+    host, sep, port = name.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise Refused(f"{name!r} is not a node address (host:port of its memcached port)")

@@ -1,0 +1,210 @@
+"""The manager's side of one data node: the admin session and the CAS-ordered state changes.
+
+Theory of operation
+-------------------
+A :class:`NodeLink` speaks memcached to one node as the cluster admin, through the client
+library (never the server's code): one asyncio :class:`~dcpkv.client.connection.Connection`
+per bucket, opened on first use and reopened after it breaks. It answers the questions the
+manager asks (which vbuckets the node holds in which state, ``stat vbucket``; the config it
+serves; high and persisted seqnos) and carries out the two commands it gives: a vbucket state
+(SetVbucket) and the map (SetClusterConfig).
+
+State changes follow spec 002, "ordering of partition state transitions": every SetVbucket
+carries the bucket's state CAS as the link last noted it. The first one is discovered with
+GetVbucket on a vbucket the node holds, or, on a node holding none, from the refusal of a
+SetVbucket sent with a CAS no bucket can have (a random 63-bit start, counting up by one per
+change, never reaches 2^64-1), which changes nothing. An accepted change answers with the
+new CAS, noted for the next. A refusal (KeyExists) carries the current CAS: someone else
+changed a state since (another manager, an operator, a node restart). The link notes it,
+counts a conflict and sends the command again, a bounded number of times: the manager's
+decision stands, so re-sending it with the fresh CAS is the spec's "record the correct CAS and
+retry".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status, status_name
+from dcpkv.core.vbucket import VBucketState
+from dcpkv.protocol import kv
+from dcpkv.protocol.constants import Datatype
+
+CONNECT_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 10.0
+CAS_RETRIES = 5
+PROBE_CAS = (1 << 64) - 1  # see the module docstring: refused by every bucket
+
+
+class NodeError(DcpkvError):
+    """A node is unreachable, refused the admin, or refused a command."""
+
+
+@dataclass
+class Counters:
+    """What the links did, shown in the manager's status (tests count state changes)."""
+
+    set_vbucket_sent: int = 0
+    cas_conflicts: int = 0
+    maps_pushed: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "setVbucketSent": self.set_vbucket_sent,
+            "casConflicts": self.cas_conflicts,
+            "mapsPushed": self.maps_pushed,
+        }
+
+
+class NodeLink:
+    def __init__(self, name: str, user: str, password: str, counters: Counters) -> None:
+        self.name = name
+        host, _, port = name.rpartition(":")
+        self.host, self.port = host, int(port)
+        self._user, self._password = user, password
+        self._sessions: dict[str, Connection] = {}
+        self._state_cas: dict[str, int] = {}
+        self.counters = counters
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for conn in sessions:
+            await conn.close()
+
+    async def _session(self, bucket: str) -> Connection:
+        conn = self._sessions.get(bucket)
+        if conn is not None and conn.error is None:
+            return conn
+        self._sessions.pop(bucket, None)
+        self._state_cas.pop(bucket, None)  # a new session may face a restarted node
+        try:
+            conn = await Connection.open(self.host, self.port, CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            raise NodeError(f"cannot reach {self.name}: {exc or type(exc).__name__}") from None
+        try:
+            await asyncio.wait_for(
+                authenticate(conn, self._user, self._password, bucket), CONNECT_TIMEOUT_S
+            )
+        except AuthError as exc:
+            await conn.close()
+            message = f"{self.name} refused the cluster admin or bucket {bucket!r}: {exc}"
+            raise NodeError(message) from None
+        except (OSError, TimeoutError, ClientError) as exc:
+            await conn.close()
+            raise NodeError(f"cannot log in to {self.name}: {exc}") from None
+        self._sessions[bucket] = conn
+        return conn
+
+    async def _call(self, bucket: str, msg: kv.Request) -> Any:
+        conn = await self._session(bucket)
+        try:
+            return await asyncio.wait_for(conn.call(msg), CALL_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            await conn.close()
+            self._sessions.pop(bucket, None)
+            raise NodeError(f"{self.name} did not answer: {exc or 'timeout'}") from None
+
+    # -- questions --------------------------------------------------------------------------
+
+    async def states(self, bucket: str) -> dict[int, VBucketState]:
+        """vbucket -> state, for every vbucket the node holds (dead ones included)."""
+        conn = await self._session(bucket)
+        try:
+            rows = await asyncio.wait_for(conn.stats("vbucket"), CALL_TIMEOUT_S)
+        except (OSError, TimeoutError, ClientError) as exc:
+            raise NodeError(f"{self.name}: stat vbucket failed: {exc}") from None
+        return {int(name[3:]): VBucketState(value) for name, value in rows if name[:3] == "vb_"}
+
+    async def served_config(self, bucket: str) -> dict[str, Any]:
+        answer = await self._call(bucket, kv.GetClusterConfig())
+        if not isinstance(answer, kv.GetClusterConfigResponse):
+            raise NodeError(f"{self.name}: GetClusterConfig: {_status(answer)}")
+        return json.loads(bytes(answer.config))
+
+    async def high_seqnos(self, bucket: str, state: VBucketState) -> dict[int, int]:
+        answer = await self._call(bucket, kv.GetAllVbSeqnos(state=state))
+        if not isinstance(answer, kv.GetAllVbSeqnosResponse):
+            raise NodeError(f"{self.name}: GetAllVbSeqnos: {_status(answer)}")
+        return dict(answer.seqnos)
+
+    async def persisted_seqnos(self, bucket: str, vbuckets: list[int]) -> dict[int, int]:
+        """vbucket -> the seqno the node has persisted (ObserveSeqno, with each vbucket's
+        current uuid from ``stat vbucket-seqno``); vbuckets it does not hold are left out."""
+        conn = await self._session(bucket)
+        rows = await asyncio.wait_for(conn.stats("vbucket-seqno"), CALL_TIMEOUT_S)
+        uuids = {
+            int(name[3:].partition(":")[0]): int(value)
+            for name, value in rows
+            if name.startswith("vb_") and name.endswith(":uuid")
+        }
+        asks = [vb for vb in vbuckets if vb in uuids]
+        answers = await asyncio.gather(
+            *(
+                self._call(bucket, kv.ObserveSeqno(vbucket=vb, vbucket_uuid=uuids[vb]))
+                for vb in asks
+            )
+        )
+        return {
+            vb: a.last_persisted_seqno
+            for vb, a in zip(asks, answers, strict=True)
+            if isinstance(a, kv.ObserveSeqnoResponse)
+        }
+
+    async def noop(self, bucket: str) -> None:
+        answer = await self._call(bucket, kv.Noop())
+        if getattr(answer, "status", Status.Success) != Status.Success:
+            raise NodeError(f"{self.name}: Noop: {_status(answer)}")
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def state_cas(self, bucket: str, held: dict[int, VBucketState]) -> int:
+        """The bucket's state CAS as last noted, discovered when unknown (module docstring)."""
+        cas = self._state_cas.get(bucket)
+        if cas is not None:
+            return cas
+        if held:
+            answer = await self._call(bucket, kv.GetVbucket(vbucket=min(held)))
+        else:
+            answer = await self._call(bucket, kv.SetVbucket(vbucket=0, cas=PROBE_CAS))
+            if answer.status != Status.KeyEexists:
+                raise NodeError(f"{self.name}: the state CAS probe was not refused: {answer}")
+        if getattr(answer, "status", Status.Success) not in (Status.Success, Status.KeyEexists):
+            raise NodeError(f"{self.name}: cannot read the state CAS: {_status(answer)}")
+        self._state_cas[bucket] = answer.cas
+        return answer.cas
+
+    async def set_state(
+        self, bucket: str, vbucket: int, state: VBucketState, held: dict[int, VBucketState]
+    ) -> None:
+        """SetVbucket with the state CAS; on a conflict, note the current CAS and retry."""
+        cas = await self.state_cas(bucket, held)
+        for _ in range(CAS_RETRIES):
+            self.counters.set_vbucket_sent += 1
+            answer = await self._call(bucket, kv.SetVbucket(vbucket=vbucket, state=state, cas=cas))
+            if answer.status == Status.Success:
+                self._state_cas[bucket] = answer.cas
+                return
+            if answer.status != Status.KeyEexists:
+                raise NodeError(f"{self.name}: SetVbucket {vbucket} {state}: {_status(answer)}")
+            self.counters.cas_conflicts += 1
+            cas = self._state_cas[bucket] = answer.cas
+        raise NodeError(f"{self.name}: the state CAS kept changing; gave up on vbucket {vbucket}")
+
+    async def push_config(self, bucket: str, config: dict[str, Any]) -> None:
+        raw = json.dumps(config, separators=(",", ":")).encode()
+        msg = kv.SetClusterConfig(bucket=bucket, config=raw, datatype=Datatype.JSON)
+        answer = await self._call(bucket, msg)
+        if answer.status != Status.Success:
+            raise NodeError(f"{self.name}: SetClusterConfig: {_status(answer)}")
+        self.counters.maps_pushed += 1
+
+
+def _status(answer: Any) -> str:
+    text = bytes(getattr(answer, "value", b"") or b"")[:200].decode("utf-8", "replace")
+    name = status_name(getattr(answer, "status", Status.Success))
+    return f"{name}: {text}" if text else name

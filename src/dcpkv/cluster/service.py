@@ -1,0 +1,84 @@
+"""``dcpkv manager``: the manager and its HTTP API in one process, until SIGINT/SIGTERM.
+
+Theory of operation
+-------------------
+Start the :class:`~dcpkv.cluster.manager.Manager` (load or create the configuration, sync
+every node), then serve the admin API (:mod:`~dcpkv.cluster.http_api`) on the given port (0
+picks a free one; ``--port-file`` receives the bound port once listening, written
+atomically, which is how tests and ``dcpkv cluster up`` find it). A signal stops the API,
+the health watcher and the node sessions; nodes are left exactly as they are: they serve on
+without the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from dcpkv.cluster.http_api import make_app
+from dcpkv.cluster.manager import Manager
+from dcpkv.core.files import atomic_write
+
+log = logging.getLogger("dcpkv.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerOptions:
+    data_dir: Path
+    host: str
+    port: int
+    port_file: Path | None
+    seeds: list[str]
+    bucket: str
+    vbuckets: int
+    replicas: int
+    user: str
+    password: str
+
+
+async def serve(options: ManagerOptions) -> None:
+    manager = Manager(options.data_dir, options.user, options.password)
+    await manager.start(
+        seeds=options.seeds,
+        bucket=options.bucket,
+        vbuckets=options.vbuckets,
+        replicas=options.replicas,
+    )
+    runner = web.AppRunner(make_app(manager), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, options.host, options.port)
+        await site.start()
+        port = runner.addresses[0][1]
+        log.info("dcpkv manager listening on http://%s:%d/", options.host, port)
+        if options.port_file is not None:
+            tmp = options.port_file.with_name(options.port_file.name + ".tmp")
+            atomic_write(options.port_file, str(port).encode(), tmp)
+        await _until_signalled()
+    finally:
+        await runner.cleanup()
+        await manager.stop()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+def run(options: ManagerOptions) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    asyncio.run(serve(options))

@@ -1,0 +1,28 @@
+"""Real processes for the cluster tests: managed data nodes (``tests/server/serverproc.py``)
+and ``dcpkv manager`` subprocesses on free ports. Every process started here is stopped by PID
+at teardown (SIGTERM, then SIGKILL), whatever the test did to it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+
+from managerproc import ManagerProcess, tracked_managers
+from serverproc import ServerProcess, tracked_servers
+
+
+@pytest.fixture
+def server_factory() -> Iterator[type[ServerProcess]]:
+    with tracked_servers() as factory:
+        yield factory
+
+
+@pytest.fixture
+def manager_factory() -> Iterator[type[ManagerProcess]]:
+    with tracked_managers() as factory:
+        yield factory

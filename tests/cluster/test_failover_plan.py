@@ -1,0 +1,105 @@
+"""The failover decision (sans-I/O) and the configuration file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcpkv.cluster import config as cfg
+from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
+from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap, plan_initial
+
+A, B, C = "h:1", "h:2", "h:3"
+
+
+def three_node_map() -> VBucketMap:
+    # vb0: A active, B and C replicas; vb1: B active, A C; vb2: C active, A B; vb3: A, C B
+    chains = ((0, 1, 2), (1, 0, 2), (2, 0, 1), (0, 2, 1))
+    return VBucketMap((A, B, C), chains, 2, rev=4)
+
+
+def test_the_replica_that_persisted_most_takes_over_and_a_leaves_the_map() -> None:
+    current = three_node_map()
+    assert vbuckets_to_promote(current, A) == {0: [B, C], 3: [C, B]}
+    persisted = {0: {B: 5, C: 8}, 3: {C: 3, B: 3}}  # vb3: a tie goes to the first replica
+    plan = plan_failover(current, A, persisted)
+    assert plan.promotions == {0: C, 3: C}
+    new = plan.new_map
+    assert new.servers == (B, C) and new.rev == 5
+    # indexes now: B=0, C=1
+    assert new.chains == ((1, 0, NOBODY), (0, 1, NOBODY), (1, 0, NOBODY), (1, 0, NOBODY))
+
+
+@pytest.mark.parametrize(
+    ("current", "failed", "persisted", "message"),
+    [
+        (VBucketMap((A,), ((0,),), 0), A, {}, "last node"),
+        (
+            VBucketMap((A, B), ((0, -1), (1, 0)), 1),
+            A,
+            {},
+            "vbucket 0 is active on h:1 and has no replica",
+        ),
+        (VBucketMap((A, B), ((0, 1),), 1), A, {}, "no reachable replica"),
+        (VBucketMap((A, B), ((0, 1),), 1), C, {}, "not in the vbucket map"),
+    ],
+)
+def test_failover_is_refused_clearly(
+    current: VBucketMap, failed: str, persisted: dict, message: str
+) -> None:
+    with pytest.raises(FailoverRefused, match=message):
+        plan_failover(current, failed, persisted)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 3), st.integers(1, 64), st.data())
+def test_after_any_failover_every_vbucket_is_active_on_a_survivor(
+    nodes: int, replicas: int, vbuckets: int, data: st.DataObject
+) -> None:
+    replicas = min(replicas, nodes - 1)
+    servers = tuple(f"h:{i}" for i in range(nodes))
+    current = VBucketMap(servers, tuple(plan_initial(nodes, replicas, vbuckets)), replicas)
+    failed = data.draw(st.sampled_from(servers))
+    persisted = {
+        vb: {s: data.draw(st.integers(0, 9)) for s in reps}
+        for vb, reps in vbuckets_to_promote(current, failed).items()
+    }
+    plan = plan_failover(current, failed, persisted)
+    new = plan.new_map
+    assert failed not in new.servers and new.rev == current.rev + 1
+    for vb, chain in enumerate(new.chains):
+        assert chain[0] != NOBODY
+        old_active = current.servers[current.chains[vb][0]]
+        expected = plan.promotions.get(vb, old_active)
+        assert new.servers[chain[0]] == expected
+        if vb in plan.promotions:
+            assert persisted[vb][expected] == max(persisted[vb].values())
+
+
+# -- the configuration file -----------------------------------------------------------------
+
+
+def test_the_config_round_trips_through_its_file(tmp_path: Path) -> None:
+    bucket = cfg.new_bucket("default", 4, 1)
+    vb_map = VBucketMap((A, B), tuple(plan_initial(2, 1, 4)), 1, rev=3)
+    config = cfg.ClusterConfig(
+        nodes=(cfg.NodeConfig(A), cfg.NodeConfig(B), cfg.NodeConfig(C, cfg.NodeState.FAILED)),
+        buckets=(cfg.BucketConfig(bucket.name, 4, 1, bucket.uuid, vb_map),),
+        settings=cfg.Settings(True, 30),
+    )
+    assert cfg.load(tmp_path) is None
+    cfg.save(tmp_path, config)
+    assert cfg.load(tmp_path) == config
+    assert not (tmp_path / "cluster.json.tmp").exists()
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"[]", b'{"format": 99}', b'{"format": 1, "nodes": []}', b"\xff"]
+)
+def test_a_corrupt_config_is_a_clear_error(tmp_path: Path, raw: bytes) -> None:
+    (tmp_path / "cluster.json").write_bytes(raw)
+    with pytest.raises(cfg.ClusterConfigError, match="is corrupt"):
+        cfg.load(tmp_path)
