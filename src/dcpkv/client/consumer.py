@@ -66,7 +66,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import Literal
 
@@ -226,7 +226,7 @@ class Consumer:
         start: Start = "beginning",
         end: End = "forever",
         clamp_ends: bool = False,
-    ) -> AsyncIterator[events.Event]:
+    ) -> AsyncGenerator[events.Event, None]:
         """Stream ``vbuckets`` (default: all of the bucket, or the keys of an ``end`` mapping).
 
         ``start``: "beginning" streams vbuckets the consumer's offsets do not hold from 0 and
@@ -244,7 +244,7 @@ class Consumer:
 
     async def _stream(
         self, vbuckets: list[int] | None, start: Start, end: End, clamp: bool = False
-    ) -> AsyncIterator[events.Event]:
+    ) -> AsyncGenerator[events.Event, None]:
         run = _Run(await self._plan(vbuckets, start, end), clamp=clamp)
         if self._mlog is not None:
             run.owed.update(self._owed_at_start(run))
@@ -351,9 +351,9 @@ class Consumer:
         if run.clamp and sum(cs.needs_request for cs in run.streams.values()) > 1:
             # One Stat for every first request of the session instead of one each.
             run.highs = {vb: high for vb, (_uuid, high) in (await self.vbucket_seqnos()).items()}
-        for cs in run.streams.values():
-            if cs.needs_request:
-                async for ev in self._request(conn, run, cs):
+        for first in run.streams.values():
+            if first.needs_request:
+                async for ev in self._request(conn, run, first):
                     yield ev
         while not run.finished:
             batch = await conn.next_batch(run.retry_timeout(loop.time()))

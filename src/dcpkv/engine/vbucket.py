@@ -41,6 +41,7 @@ short critical sections.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -313,10 +314,12 @@ class VBucket:
 
     def set_with_meta(self, item: Item) -> Item:
         """Store a mutation as the active vbucket made it (seqno, CAS, rev seqno kept)."""
-        return self._with_meta(item.evolve(deleted=False, delete_time=0, expired=False))
+        return self._with_meta(
+            dataclasses.replace(item, deleted=False, delete_time=0, expired=False)
+        )
 
     def delete_with_meta(self, item: Item) -> Item:
-        return self._with_meta(item.evolve(deleted=True, value=b""))
+        return self._with_meta(dataclasses.replace(item, deleted=True, value=b""))
 
     def _with_meta(self, item: Item) -> Item:
         with self.lock:
@@ -405,7 +408,7 @@ class VBucket:
                 if item.deleted or item.value is None or item.by_seqno > self.persisted_seqno:
                     continue
                 freed += len(item.value)
-                self._replace_in_table(key, item.evolve(value=None))
+                self._replace_in_table(key, dataclasses.replace(item, value=None))
         return freed
 
     # -- loading (warm-up, rollback) -------------------------------------------------------
@@ -498,7 +501,7 @@ class VBucket:
                 and current.value is None
                 and current.by_seqno == seqno == stored.by_seqno
             ):
-                self._replace_in_table(key, current.evolve(value=stored.value))
+                self._replace_in_table(key, dataclasses.replace(current, value=stored.value))
 
     def _next_rev(self, key: bytes) -> int:
         previous = self._ht.get(key)
