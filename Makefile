@@ -24,13 +24,15 @@ test: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
-## lint: ruff, the layer contract (import-linter, see pyproject.toml)
+## lint: ruff, the layer contract (import-linter), mypy (see pyproject.toml for both)
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 ## bench: every benchmark under bench/, each writing its figures as JSON into bench/results/,
 ## then the peers on PATH (shared/peerbench/, skipped when absent) and one summary table

@@ -96,19 +96,7 @@ def consumer(
     that already holds data needs each vbucket's uuid (``uuids``) to accept such a start."""
     sock = _connect(port)
     parser = FrameParser()
-    sock.sendall(_AUTH + encode_frame(Magic.ClientRequest, Opcode.GetAllVbSeqnos))
-    frames: list = []
-    while len(frames) < 2:
-        frames += list(parser.feed(sock.recv(1 << 20)))
-    highs = dict(struct.iter_unpack(">HQ", bytes(frames[1].value)))
-    sock.sendall(dcp.DcpOpen(name="bench:latency", flags=OpenFlag.Producer).encode())
-    _read_answers(sock, parser, 1)
-    sock.sendall(b"".join(
-        dcp.StreamRequest(opaque=vb, vbucket=vb, start_seqno=high, end_seqno=U64_MAX,
-                          snap_start_seqno=high, snap_end_seqno=high,
-                          vbucket_uuid=(uuids or {}).get(vb, 0)).encode()
-        for vb, high in highs.items()
-    ))  # fmt: skip
+    streams = _request_streams(sock, parser, uuids or {})
     answers, stamps = 0, []
     sock.settimeout(0.2)
     idle_since = time.perf_counter()
@@ -126,22 +114,47 @@ def consumer(
         now = time.perf_counter()
         if not data:
             break
-        keys = []
-        for frame in parser.feed(data):
-            if frame.opcode == Opcode.DcpMutation:
-                keys.append(bytes(frame.key))
-            elif frame.opcode == Opcode.DcpStreamRequest and frame.magic == Magic.ClientResponse:
-                if frame.status != Status.Success:
-                    raise SystemExit(f"stream request refused: 0x{frame.status:02x}")
-                answers += 1
-                if answers == len(highs):
-                    ready.send(True)
+        keys, answered = _mutation_keys(parser, data)
+        answers += answered
+        if answered and answers == streams:
+            ready.send(True)
         if keys:
             stamps.append((now, keys))
             received += len(keys)
             idle_since = now
     sock.close()
     results.send(stamps)
+
+
+def _request_streams(sock: socket.socket, parser: FrameParser, uuids: dict[int, int]) -> int:
+    """Log in, open a producer, request every vbucket from its high seqno; how many."""
+    sock.sendall(_AUTH + encode_frame(Magic.ClientRequest, Opcode.GetAllVbSeqnos))
+    frames: list = []
+    while len(frames) < 2:
+        frames += list(parser.feed(sock.recv(1 << 20)))
+    highs = dict(struct.iter_unpack(">HQ", bytes(frames[1].value)))
+    sock.sendall(dcp.DcpOpen(name="bench:latency", flags=OpenFlag.Producer).encode())
+    _read_answers(sock, parser, 1)
+    sock.sendall(b"".join(
+        dcp.StreamRequest(opaque=vb, vbucket=vb, start_seqno=high, end_seqno=U64_MAX,
+                          snap_start_seqno=high, snap_end_seqno=high,
+                          vbucket_uuid=uuids.get(vb, 0)).encode()
+        for vb, high in highs.items()
+    ))  # fmt: skip
+    return len(highs)
+
+
+def _mutation_keys(parser: FrameParser, data: bytes) -> tuple[list[bytes], int]:
+    """The keys of the DcpMutations in ``data``, and how many stream requests it answered."""
+    keys, answered = [], 0
+    for frame in parser.feed(data):
+        if frame.opcode == Opcode.DcpMutation:
+            keys.append(bytes(frame.key))
+        elif frame.opcode == Opcode.DcpStreamRequest and frame.magic == Magic.ClientResponse:
+            if frame.status != Status.Success:
+                raise SystemExit(f"stream request refused: 0x{frame.status:02x}")
+            answered += 1
+    return keys, answered
 
 
 # -- writer --------------------------------------------------------------------------------------

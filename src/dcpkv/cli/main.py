@@ -224,26 +224,25 @@ def stream(
     value as UTF-8 or base64 with value_base64, cas, flags, expiry, rev_seqno). Ctrl-C saves
     the offsets and exits 0.
     """
-    from dcpkv.cli.stream import parse_vbuckets, stream_main
+    from dcpkv.cli.stream import parse_end, parse_start, parse_vbuckets, stream_main
     from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
-    from dcpkv.client.offsets import Offsets, OffsetsFileError
+    from dcpkv.client.offsets import OffsetsFileError
     from dcpkv.client.settings import ConnectionSettings
 
     try:
         vbs = parse_vbuckets(vbuckets)
-        if to not in ("now", "forever"):
-            raise ValueError(f"--to must be now or forever, not {to!r}")
+        end = parse_end(to)
         if format_ not in ("json", "table"):
             raise ValueError(f"--format must be json or table, not {format_!r}")
-        start = from_ if from_ in ("beginning", "now") else Offsets.load(from_)
+        start = parse_start(from_)
     except (ValueError, OffsetsFileError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
         raise typer.Exit(2) from None
     connection = ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
     config = ClientConfig(connection, name=name)
     try:
-        code = stream_main(config, vbs, start, to, save_offsets, format_)  # type: ignore[arg-type]
+        code = stream_main(config, vbs, start, end, save_offsets, format_)
     except BrokenPipeError:  # the reader went away (| head): not an error
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

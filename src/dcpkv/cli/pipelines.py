@@ -161,7 +161,7 @@ def query(
             key=None if key is None else _json(key),
             range=None if range_ is None else (_json(range_[0]), _json(range_[1])),
             group=group,
-            stale=stale,  # type: ignore[arg-type]
+            stale=stale,
             source=source,
             timeout=timeout,
         )

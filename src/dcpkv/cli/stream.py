@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
@@ -29,6 +29,24 @@ from dcpkv.client.offsets import Offsets
 
 SAVE_EVERY_EVENTS = 10_000
 SAVE_EVERY_S = 1.0
+
+
+def parse_end(text: str) -> Literal["now", "forever"]:
+    """``--to``: now (the high seqnos at start) or forever."""
+    if text == "now":
+        return "now"
+    if text == "forever":
+        return "forever"
+    raise ValueError(f"--to must be now or forever, not {text!r}")
+
+
+def parse_start(text: str) -> Start:
+    """``--from``: beginning, now, or the path of a saved offsets file."""
+    if text == "beginning":
+        return "beginning"
+    if text == "now":
+        return "now"
+    return Offsets.load(text)
 
 
 def parse_vbuckets(spec: str | None) -> list[int] | None:

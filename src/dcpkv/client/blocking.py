@@ -119,9 +119,13 @@ class BlockingKV:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def call(self, opcode: int, *, key: bytes = b"", value: bytes = b"", **kw: int) -> Frame:
+    def call(
+        self, opcode: int, *, key: bytes = b"", value: bytes = b"", extras: bytes = b"",
+        vbucket: int = 0, cas: int = 0,
+    ) -> Frame:  # fmt: skip
         """One request and its successful answer (else :class:`RequestFailed`)."""
-        frame = self.answer(self.send(opcode, key=key, value=value, **kw))  # type: ignore[arg-type]
+        opaque = self.send(opcode, key=key, value=value, extras=extras, vbucket=vbucket, cas=cas)
+        frame = self.answer(opaque)
         _check(frame)
         return frame
 

@@ -201,11 +201,11 @@ class Connection:
             elif not future.done():
                 future.set_result(decode_message(frame))
             return True
-        future = self._waiting.get(frame.opaque)
-        if future is None:
+        waiter = self._waiting.get(frame.opaque)
+        if waiter is None:
             return False
-        if not future.done():
-            future.set_result(decode_message(frame))
+        if not waiter.done():
+            waiter.set_result(decode_message(frame))
         return True
 
     def _fail(self, exc: BaseException) -> None:

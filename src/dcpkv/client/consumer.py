@@ -13,8 +13,9 @@ after a capped, jittered exponential backoff, resumes each from its offset. The 
 returns once every vbucket reached its end seqno (StreamEnd OK); any other stream end is
 asked again from the offset.
 
-Everything that decides *what* to do lives in the sans-I/O core; this module only decides
-*when*:
+Everything that decides *what* to do lives in the sans-I/O core (each stream's state machine
+in ``consumer_stream.py``; message routing, re-requests, the refusal retry schedule and the
+reconnect backoff in ``session_policy.py``); this module only decides *when*:
 
 * Events are produced one message at a time, only when the application pulls the next event,
   so :attr:`Consumer.offsets` never runs ahead of what the application was given, and a
@@ -66,7 +67,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import Literal
 
@@ -78,11 +79,12 @@ from dcpkv.client.flow_control import FlowControl, Liveness
 from dcpkv.client.kv import Document, KVSession
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
+from dcpkv.client.session_policy import DONE, Backoff, StreamRun
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.protocol import dcp
-from dcpkv.protocol.base import Message, Response
-from dcpkv.protocol.constants import Opcode, OpenFlag
+from dcpkv.protocol.base import Message
+from dcpkv.protocol.constants import OpenFlag
 from dcpkv.protocol.errors import CodecError
 
 log = logging.getLogger("dcpkv.client")
@@ -90,58 +92,13 @@ log = logging.getLogger("dcpkv.client")
 Start = Literal["beginning", "now"] | Offsets
 End = Literal["forever", "now"] | Mapping[int, int]
 
-FIRST_BACKOFF = 0.05
-_STREAM_MESSAGES = (
-    dcp.SnapshotMarker, dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration,
-    dcp.SeqnoAdvanced, dcp.SystemEvent, dcp.StreamEnd,
-)  # fmt: skip
 _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
-_DONE = frozenset({ConsumerState.ENDED, ConsumerState.FAILED})
 # Connection-level failures: the session ends and the streams resume on a new connection.
 _SESSION_ERRORS = (ConnectionError, OSError, TimeoutError, CodecError)
 
 
 class StreamFailedError(ClientError):
     """A vbucket's stream failed for good: refused with a final status, or LostPrivileges."""
-
-
-class _Run:
-    """The streams of one :meth:`Consumer.stream` call, across sessions."""
-
-    __slots__ = ("clamp", "highs", "opaques", "owed", "refusals", "retry_at", "streams")
-
-    def __init__(self, streams: dict[int, ConsumerStream], *, clamp: bool = False) -> None:
-        self.streams = streams
-        self.clamp = clamp  # clamp_ends: see the module docstring
-        self.highs: dict[int, int] = {}  # high seqnos read this session, used once each
-        self.opaques: dict[int, int] = {}  # stream-request opaque -> vbucket, this session
-        self.retry_at: dict[int, float] = {}  # vbucket -> when to ask again after a refusal
-        self.refusals: dict[int, int] = {}
-        self.owed: set[int] = set()  # vbuckets whose mutation-log repair is not committed
-
-    @property
-    def finished(self) -> bool:
-        return all(cs.state in _DONE for cs in self.streams.values())
-
-    def stream_for(self, msg: Message) -> ConsumerStream | None:
-        if isinstance(msg, Response):
-            if msg.opcode != Opcode.DcpStreamRequest:
-                return None
-            vb = self.opaques.pop(msg.opaque, None)
-        elif isinstance(msg, _STREAM_MESSAGES):
-            vb = msg.vbucket
-        else:
-            return None  # barriers, takeover state changes: nothing for a plain consumer
-        return None if vb is None else self.streams.get(vb)
-
-    def retry_timeout(self, now: float) -> float | None:
-        return max(0.0, min(self.retry_at.values()) - now) if self.retry_at else None
-
-    def due_retries(self, now: float) -> list[ConsumerStream]:
-        due = [vb for vb, at in self.retry_at.items() if at <= now]
-        for vb in due:
-            del self.retry_at[vb]
-        return [self.streams[vb] for vb in due]
 
 
 class Consumer:
@@ -226,7 +183,7 @@ class Consumer:
         start: Start = "beginning",
         end: End = "forever",
         clamp_ends: bool = False,
-    ) -> AsyncIterator[events.Event]:
+    ) -> AsyncGenerator[events.Event, None]:
         """Stream ``vbuckets`` (default: all of the bucket, or the keys of an ``end`` mapping).
 
         ``start``: "beginning" streams vbuckets the consumer's offsets do not hold from 0 and
@@ -244,16 +201,16 @@ class Consumer:
 
     async def _stream(
         self, vbuckets: list[int] | None, start: Start, end: End, clamp: bool = False
-    ) -> AsyncIterator[events.Event]:
-        run = _Run(await self._plan(vbuckets, start, end), clamp=clamp)
+    ) -> AsyncGenerator[events.Event, None]:
+        run = StreamRun(await self._plan(vbuckets, start, end), clamp=clamp)
         if self._mlog is not None:
             run.owed.update(self._owed_at_start(run))
-        attempt = 0
+        backoff = Backoff(self.config.max_backoff, rng=self._rng)
         while not run.finished and not self._closed:
             conn: Connection | None = None
             try:
                 conn = await self._open_dcp(run)
-                attempt = 0
+                backoff.opened()
                 async for ev in self._session(conn, run):
                     yield ev
             except AuthError:
@@ -264,18 +221,9 @@ class Consumer:
                 if conn is not None:
                     self._conns.discard(conn)
                     await conn.close()
-                for cs in run.streams.values():
-                    cs.disconnected()
-                run.opaques.clear()
-                run.highs.clear()
+                run.session_ended()
             if not run.finished and not self._closed:
-                await asyncio.sleep(self._backoff(attempt))
-                attempt += 1
-
-    def _backoff(self, attempt: int) -> float:
-        # Jitter keeps a fleet of consumers from reconnecting in lockstep after an outage.
-        cap = min(self.config.max_backoff, FIRST_BACKOFF * 2**attempt)
-        return cap * (0.5 + 0.5 * self._rng.random())
+                await asyncio.sleep(backoff.next_delay())
 
     async def _plan(
         self, vbuckets: list[int] | None, start: Start, end: End
@@ -297,7 +245,7 @@ class Consumer:
             )
         return streams
 
-    def _owed_at_start(self, run: _Run) -> set[int]:
+    def _owed_at_start(self, run: StreamRun) -> set[int]:
         """Vbuckets whose mutation log holds changes above the offset, or lost some: a
         previous run may have applied them (or crashed in a repair), so repair them first."""
         assert self._mlog is not None
@@ -310,8 +258,8 @@ class Consumer:
 
     # -- one connection -----------------------------------------------------------------------
 
-    async def _open_dcp(self, run: _Run) -> Connection:
-        vb = next(vb for vb, cs in run.streams.items() if cs.state not in _DONE)
+    async def _open_dcp(self, run: StreamRun) -> Connection:
+        vb = next(vb for vb, cs in run.streams.items() if cs.state not in DONE)
         host, port = self._route(vb)
         cfg = self.config
         conn = await Connection.open(host, port, cfg.connect_timeout)
@@ -342,44 +290,56 @@ class Consumer:
         await conn.call_ok(dcp.DcpControl(key="set_noop_interval", value=f"{cfg.noop_interval:g}"))
         conn.liveness = Liveness(cfg.noop_interval, asyncio.get_running_loop().time())
 
-    async def _session(self, conn: Connection, run: _Run) -> AsyncIterator[events.Event]:
+    async def _session(self, conn: Connection, run: StreamRun) -> AsyncIterator[events.Event]:
         flow = FlowControl(self.config.buffer_size)
         loop = asyncio.get_running_loop()
-        for vb in sorted(run.owed):
-            async for ev in self._repair(run, run.streams[vb]):
-                yield ev
-        if run.clamp and sum(cs.needs_request for cs in run.streams.values()) > 1:
-            # One Stat for every first request of the session instead of one each.
-            run.highs = {vb: high for vb, (_uuid, high) in (await self.vbucket_seqnos()).items()}
-        for cs in run.streams.values():
-            if cs.needs_request:
-                async for ev in self._request(conn, run, cs):
-                    yield ev
+        async for ev in self._session_start(conn, run):
+            yield ev
         while not run.finished:
             batch = await conn.next_batch(run.retry_timeout(loop.time()))
             if self._mlog is not None:
                 self._log_keys(run, batch)
             for nbytes, msg in batch:
-                cs = run.stream_for(msg)
-                if cs is not None:
-                    for ev in cs.receive(msg):
-                        yield ev
-                        async for follow in self._after(run, cs, ev, loop.time()):
-                            yield follow
-                if nbytes:
-                    flow.received_bytes(nbytes)
-                    ack = flow.take_ack()
-                    if ack is not None:
-                        conn.send(ack)
-                if cs is not None and cs.needs_request and cs.vbucket not in run.retry_at:
-                    async for ev in self._request(conn, run, cs):
-                        yield ev
+                async for ev in self._message(conn, run, flow, nbytes, msg):
+                    yield ev
             for cs in run.due_retries(loop.time()):
                 async for ev in self._request(conn, run, cs):
                     yield ev
 
+    async def _session_start(self, conn: Connection, run: StreamRun) -> AsyncIterator[events.Event]:
+        """Owed repairs first, then every stream's request on the new connection."""
+        for vb in sorted(run.owed):
+            async for ev in self._repair(run, run.streams[vb]):
+                yield ev
+        if run.reads_highs_at_once():
+            run.highs = {vb: high for vb, (_uuid, high) in (await self.vbucket_seqnos()).items()}
+        for cs in run.first_requests():
+            async for ev in self._request(conn, run, cs):
+                yield ev
+
+    async def _message(
+        self, conn: Connection, run: StreamRun, flow: FlowControl, nbytes: int, msg: Message
+    ) -> AsyncIterator[events.Event]:
+        """One received message: its events (and what follows each), its BufferAck, and the
+        stream's next request when it ended or was refused."""
+        loop = asyncio.get_running_loop()
+        cs = run.stream_for(msg)
+        if cs is not None:
+            for ev in cs.receive(msg):
+                yield ev
+                async for follow in self._after(run, cs, ev, loop.time()):
+                    yield follow
+        if nbytes:  # only now: the message's events were handed over (module docstring)
+            flow.received_bytes(nbytes)
+            ack = flow.take_ack()
+            if ack is not None:
+                conn.send(ack)
+        if cs is not None and run.wants_request(cs):
+            async for ev in self._request(conn, run, cs):
+                yield ev
+
     async def _after(
-        self, run: _Run, cs: ConsumerStream, ev: events.Event, now: float
+        self, run: StreamRun, cs: ConsumerStream, ev: events.Event, now: float
     ) -> AsyncIterator[events.Event]:
         """What follows an event, once the application pulled the next one."""
         if isinstance(ev, events.Rollback):
@@ -389,15 +349,14 @@ class Consumer:
             if not ev.will_retry:
                 raise StreamFailedError(f"vbucket {ev.vbucket}: stream refused", ev.status)
             # NotMyVbucket, Etmpfail...: ask again later (a cluster map would re-route here).
-            n = run.refusals[cs.vbucket] = run.refusals.get(cs.vbucket, 0) + 1
-            run.retry_at[cs.vbucket] = now + min(self.config.max_backoff, 0.1 * 2**n)
+            run.refused(cs.vbucket, now, self.config.max_backoff)
         elif isinstance(ev, events.StreamEnd) and cs.state is ConsumerState.FAILED:
             raise StreamFailedError(f"vbucket {ev.vbucket}: stream ended ({ev.reason})")
         elif isinstance(ev, events.StreamStart):
-            run.refusals.pop(cs.vbucket, None)
+            run.started(cs.vbucket)
 
     async def _request(
-        self, conn: Connection, run: _Run, cs: ConsumerStream
+        self, conn: Connection, run: StreamRun, cs: ConsumerStream
     ) -> AsyncIterator[events.Event]:
         """Send the stream request; in mutation-log mode compare failover logs first.
 
@@ -419,7 +378,7 @@ class Consumer:
         run.opaques[opaque] = cs.vbucket
         conn.send(cs.request(opaque=opaque))
 
-    async def _clamp_end(self, run: _Run, cs: ConsumerStream) -> None:
+    async def _clamp_end(self, run: StreamRun, cs: ConsumerStream) -> None:
         high = run.highs.pop(cs.vbucket, None)
         if high is None:
             kv = await self._kv_session()
@@ -430,7 +389,7 @@ class Consumer:
 
     # -- rollbacks and the mutation log -----------------------------------------------------
 
-    async def _rolled_back(self, run: _Run, cs: ConsumerStream) -> AsyncIterator[events.Event]:
+    async def _rolled_back(self, run: StreamRun, cs: ConsumerStream) -> AsyncIterator[events.Event]:
         self.counters["rollbacks"] += 1
         if self._mlog is None:
             return
@@ -438,7 +397,7 @@ class Consumer:
         async for ev in self._repair(run, cs):
             yield ev
 
-    def _log_keys(self, run: _Run, batch: list[tuple[int, Message]]) -> None:
+    def _log_keys(self, run: StreamRun, batch: list[tuple[int, Message]]) -> None:
         assert self._mlog is not None
         entries = [
             (msg.vbucket, msg.by_seqno, bytes(msg.key))
@@ -448,11 +407,11 @@ class Consumer:
         if entries:
             self._mlog.record_many(entries)
 
-    async def _repair(self, run: _Run, cs: ConsumerStream) -> AsyncIterator[events.Event]:
+    async def _repair(self, run: StreamRun, cs: ConsumerStream) -> AsyncIterator[events.Event]:
         """Spec 002's repair of one vbucket at its (rolled-back) offset: module docstring."""
         assert self._mlog is not None
         vb, point = cs.vbucket, cs.offset.seqno
-        if cs.state in _DONE:
+        if cs.state in DONE:
             run.owed.discard(vb)
             return
         plan = self._mlog.repair_plan(vb, point)

@@ -55,7 +55,10 @@ def consumer_rollback_point(
     ]
     producer = [_Row(None, seen_seqno)] + [_Row(e.uuid, e.seqno) for e in producer_log]
 
-    producer_index = {row.uuid: i for i, row in enumerate(producer) if row.uuid is not None}
+    # Keyed by uuid: a sentinel's None is never a key, so it never matches a consumer row.
+    producer_index: dict[int | None, int] = {
+        row.uuid: i for i, row in enumerate(producer) if row.uuid is not None
+    }
     for ci in range(1, len(consumer)):
         pi = producer_index.get(consumer[ci].uuid)
         if pi is not None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -170,7 +170,7 @@ class _Pump:
 
     def __init__(
         self,
-        agen: AsyncIterator[events.Event],
+        agen: AsyncGenerator[events.Event, None],
         offsets: Offsets,
         known: set[int],
         chunk: int,
@@ -248,7 +248,7 @@ class _Pump:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.agen.aclose()  # type: ignore[attr-defined]
+        await self.agen.aclose()
 
 
 async def _make(

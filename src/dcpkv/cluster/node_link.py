@@ -118,7 +118,7 @@ class NodeLink:
             rows = await asyncio.wait_for(conn.stats("vbucket"), CALL_TIMEOUT_S)
         except (OSError, TimeoutError, ClientError) as exc:
             raise NodeError(f"{self.name}: stat vbucket failed: {exc}") from None
-        return {int(name[3:]): VBucketState(value) for name, value in rows if name[:3] == "vb_"}
+        return {int(name[3:]): VBucketState.of(value) for name, value in rows if name[:3] == "vb_"}
 
     async def served_config(self, bucket: str) -> dict[str, Any]:
         answer = await self._call(bucket, kv.GetClusterConfig())

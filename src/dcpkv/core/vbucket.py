@@ -41,6 +41,17 @@ class VBucketState(IntEnum):
             raise ValueError(f"{label!r} is not a vbucket state") from None
 
     @classmethod
+    def of(cls, value: int | str) -> VBucketState:
+        """``VBucketState(value)`` with its types spelled out: a wire number or a stored name
+        (the enum's call accepts both through ``_missing_``, but is typed for numbers only)."""
+        if isinstance(value, int):
+            return cls(value)
+        member = cls._missing_(value)
+        if member is None:
+            raise ValueError(f"{value!r} is not a valid {cls.__name__}")
+        return member
+
+    @classmethod
     def _missing_(cls, value: object) -> VBucketState | None:
         # Called only when ``value`` is no wire number: let a stored name convert too.
         return cls.__members__.get(value.upper()) if isinstance(value, str) else None

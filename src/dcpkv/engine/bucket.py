@@ -175,7 +175,7 @@ class Bucket:
         not 0) must be the current state CAS (see the module docstring)."""
         if not 0 <= vb < self.num_vbuckets:
             raise NotMyVbucket(f"vbucket {vb} is outside 0..{self.num_vbuckets - 1}")
-        state = VBucketState(state)
+        state = VBucketState.of(state)
         self._check_state_cas(cas)
         self.state_cas += 1
         vbucket = self.vbuckets.get(vb)
@@ -236,7 +236,7 @@ class Bucket:
             clean = self.storage.was_clean_shutdown()
             for vb, s in self.storage.vbucket_states().items():
                 failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
-                state = VBucketState(s.state)
+                state = VBucketState.of(s.state)
                 if not clean and state == VBucketState.ACTIVE:
                     failover.create_entry(s.snap_end)
                 vbucket = self._make(vb, state, failover, s)
@@ -275,15 +275,15 @@ class Bucket:
                 self.storage.persist((b.vb, b.items, b.vbstate) for b in batches)
             except BaseException:
                 for b in batches:
-                    if (vbucket := self.vbuckets.get(b.vb)) is not None:
-                        vbucket.flush_failed()
+                    if (failed := self.vbuckets.get(b.vb)) is not None:
+                        failed.flush_failed()
                 self._dirty_since = _earliest(taken_since, self._dirty_since)
                 raise
             finally:
                 self._inflight_since = None
             for b in batches:
-                if (vbucket := self.vbuckets.get(b.vb)) is not None:
-                    vbucket.mark_persisted(b)
+                if (flushed := self.vbuckets.get(b.vb)) is not None:
+                    flushed.mark_persisted(b)
             written = sum(len(b.items) for b in batches)
             self.items_persisted += written
             return written

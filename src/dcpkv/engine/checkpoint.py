@@ -205,11 +205,11 @@ class CheckpointManager:
 
     def _dedup(self, ckpt: Checkpoint, key: bytes) -> None:
         old = ckpt.key_index.get(key)
-        if old is None or ckpt.items[old] is None:
+        if old is None or (stale := ckpt.items[old]) is None:
             return
         if any(c.checkpoint is ckpt and c.pos > old for c in self._cursors.values()):
             return  # somebody read the old version already: it must also see the new one
-        size = ckpt.items[old].size()  # type: ignore[union-attr]
+        size = stale.size()
         ckpt.items[old] = None
         ckpt.memory -= size
         self.memory_used -= size

@@ -21,7 +21,6 @@ memcached status the server answers with (see ``PROTOCOL.md``).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from dcpkv.core.errors import DcpkvError
@@ -33,7 +32,8 @@ ITEM_OVERHEAD = 96
 
 @dataclass(slots=True)
 class Item:
-    """One version of a document (or a tombstone when ``deleted``)."""
+    """One version of a document (or a tombstone when ``deleted``); changed by copying
+    (``dataclasses.replace``), never in place."""
 
     key: bytes
     value: bytes | None = b""  # None: ejected, not resident in memory (read it from storage)
@@ -54,10 +54,6 @@ class Item:
     def size(self) -> int:
         """Bytes this item is charged for in the memory accounting."""
         return ITEM_OVERHEAD + len(self.key) + (len(self.value) if self.value is not None else 0)
-
-    def evolve(self, **changes: object) -> Item:
-        """A copy with some fields changed (items are never changed in place)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def is_expired(self, now: int) -> bool:
         return not self.deleted and self.expiry != 0 and self.expiry <= now

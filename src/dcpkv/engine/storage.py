@@ -58,7 +58,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,7 +269,7 @@ _TRIM_POINTS = _MultiRow(
 _MAX_ROWS = 2048  # rows per statement: 2048 x 11 parameters stays below SQLite's 32766
 
 
-def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: list[tuple[object, ...]]) -> None:
+def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: Sequence[tuple[object, ...]]) -> None:
     """Execute ``stmt`` over ``rows``, many rows per statement.
 
     Chunks are ``_MAX_ROWS`` rows, and the remainder is split into powers of two, so only
@@ -365,7 +365,10 @@ class Storage:
                 "SELECT vb, state, failover, high_seqno, snap_start, snap_end, purge_seqno,"
                 " max_cas, history_start FROM vbstate ORDER BY vb"
             ).fetchall()
-        return {r[0]: VBState(*r[1:7], _u64(r[7]), r[8]) for r in rows}
+        return {
+            vb: VBState(state, failover, high, snap_start, snap_end, purge, _u64(max_cas), hist)
+            for vb, state, failover, high, snap_start, snap_end, purge, max_cas, hist in rows
+        }
 
     def vbucket_state(self, vb: int) -> VBState | None:
         return self.vbucket_states().get(vb)

@@ -41,6 +41,7 @@ short critical sections.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -327,12 +328,12 @@ class VBucket:
     def set_with_meta(self, item: Item) -> Item:
         """Store a mutation as the active vbucket made it (seqno, CAS, rev seqno kept)."""
         if item.deleted or item.delete_time or item.expired:  # a copy only when it must change
-            item = item.evolve(deleted=False, delete_time=0, expired=False)
+            item = dataclasses.replace(item, deleted=False, delete_time=0, expired=False)
         return self._with_meta(item)
 
     def delete_with_meta(self, item: Item) -> Item:
         if not item.deleted or item.value:
-            item = item.evolve(deleted=True, value=b"")
+            item = dataclasses.replace(item, deleted=True, value=b"")
         return self._with_meta(item)
 
     def _with_meta(self, item: Item) -> Item:
@@ -422,7 +423,7 @@ class VBucket:
                 if item.deleted or item.value is None or item.by_seqno > self.persisted_seqno:
                     continue
                 freed += len(item.value)
-                self._replace_in_table(key, item.evolve(value=None))
+                self._replace_in_table(key, dataclasses.replace(item, value=None))
         return freed
 
     # -- loading (warm-up, rollback) -------------------------------------------------------
@@ -515,7 +516,7 @@ class VBucket:
                 and current.value is None
                 and current.by_seqno == seqno == stored.by_seqno
             ):
-                self._replace_in_table(key, current.evolve(value=stored.value))
+                self._replace_in_table(key, dataclasses.replace(current, value=stored.value))
 
     def _next_rev(self, key: bytes) -> int:
         previous = self._ht.get(key)

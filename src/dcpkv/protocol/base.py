@@ -110,6 +110,10 @@ class Message:
     def opcode(self) -> int:
         return self.OPCODE
 
+    def encode(self) -> bytes:
+        """The message's frame; :class:`Request` and :class:`Response` know their magic."""
+        raise NotImplementedError
+
     def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
         return generic_parts(self)
 
@@ -131,9 +135,8 @@ def generic_parts(msg: Message) -> tuple[Bytes, Bytes, Bytes]:
         extras = pack(cls.EXTRAS, f"{what} extras", *[getattr(msg, f) for f in cls.EXTRAS_FIELDS])
     key: Bytes = b""
     if cls.KEY:
-        key = getattr(msg, cls.KEY_FIELD)
-        if cls.KEY_TEXT:
-            key = key.encode()
+        raw_key = getattr(msg, cls.KEY_FIELD)  # str when KEY_TEXT, else bytes
+        key = raw_key.encode() if cls.KEY_TEXT else raw_key
         if cls.KEY is Part.REQUIRED and not key:
             raise einval(f"{what} {cls.KEY_FIELD}", "is required")
     value: Bytes = b""
@@ -142,9 +145,8 @@ def generic_parts(msg: Message) -> tuple[Bytes, Bytes, Bytes]:
             cls.VALUE_STRUCT, f"{what} value", *[getattr(msg, f) for f in cls.VALUE_FIELDS]
         )
     elif cls.VALUE:
-        value = getattr(msg, cls.VALUE_FIELD)
-        if cls.VALUE_TEXT:
-            value = value.encode()
+        raw_value = getattr(msg, cls.VALUE_FIELD)  # str when VALUE_TEXT, else bytes
+        value = raw_value.encode() if cls.VALUE_TEXT else raw_value
         if cls.VALUE is Part.REQUIRED and not value:
             raise einval(f"{what} {cls.VALUE_FIELD}", "is required")
     return extras, key, value
@@ -291,7 +293,7 @@ class GenericResponse(Response):
     or the cluster map for NotMyVbucket) and the empty successes (Noop, Flush, DCP Open...).
     Everything is kept raw."""
 
-    opcode: int  # type: ignore[assignment]  # an instance field here, a property elsewhere
+    opcode: int  # an instance field here, a property elsewhere
     to_server: bool = False  # answers a server request: magic 0x83
     extras: Bytes = b""
     key: Bytes = b""

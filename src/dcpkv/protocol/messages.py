@@ -33,7 +33,7 @@ def _request_table() -> dict[int, Decoder]:
     table: dict[int, Decoder] = {
         t.OPCODE: t.decode for t in (*kv.REQUEST_TYPES, *dcp.REQUEST_TYPES)
     }
-    table.update(dcp.REQUEST_DECODERS)
+    table.update(dcp.REQUEST_DECODERS.items())  # pairs: an Opcode key is an int key
     return table
 
 

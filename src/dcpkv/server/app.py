@@ -64,6 +64,7 @@ from functools import partial
 from pathlib import Path
 from typing import cast
 
+from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import DcpProducer
@@ -303,7 +304,9 @@ class DataServer:
         ]
         log.info("dcpkv listening on %s:%d", self.config.host, port)
         if port_file is not None:
-            _write_atomically(port_file, f"{port}\n")
+            # Atomic: a launcher polling for the file never reads a partial port number.
+            tmp = port_file.with_name(f".{port_file.name}.{os.getpid()}.tmp")
+            atomic_write(port_file, f"{port}\n".encode(), tmp)
         return port
 
     # -- replication (a managed node) ---------------------------------------------------------
@@ -432,12 +435,6 @@ class DataServer:
                 bucket.shutdown()
         for lock in self._locks:
             lock.release()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 async def serve(config: ServerConfig, port_file: Path | None = None) -> None:

@@ -29,11 +29,16 @@ class PushedConfig:
             raise ValueError(f"the cluster config is not JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise ValueError("the cluster config must be a JSON object")
-        rev, epoch = doc.get("rev"), doc.get("revEpoch", 0)
-        for name, value in (("rev", rev), ("revEpoch", epoch)):
-            if type(value) is not int or value < 0:
-                raise ValueError(f"the cluster config needs a non-negative integer {name!r}")
-        return cls(raw, (epoch, rev))  # type: ignore[arg-type]
+        rev = _revision(doc, "rev", None)
+        epoch = _revision(doc, "revEpoch", 0)
+        return cls(raw, (epoch, rev))
+
+
+def _revision(doc: dict[str, object], name: str, default: int | None) -> int:
+    value = doc.get(name, default)
+    if type(value) is not int or value < 0:
+        raise ValueError(f"the cluster config needs a non-negative integer {name!r}")
+    return value
 
 
 def cluster_map(
@@ -73,5 +78,6 @@ def cluster_map(
     }
 
 
-def cluster_map_json(**kwargs: object) -> bytes:
-    return json.dumps(cluster_map(**kwargs), separators=(",", ":")).encode()  # type: ignore[arg-type]
+def cluster_map_json(doc: dict) -> bytes:
+    """A :func:`cluster_map` as the compact JSON a client receives."""
+    return json.dumps(doc, separators=(",", ":")).encode()

@@ -141,10 +141,14 @@ def with_cli_flags(
     """The ``dcpkv server`` flags over ``config``: bucket flags change the first bucket, and
     ``--user``/``--password`` make that the one user (None means "flag not given")."""
     first = config.buckets[0]
-    changes = {"name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb}
-    given = {k: v for k, v in changes.items() if v is not None}
-    if given:
-        flags["buckets"] = (replace(first, **given), *config.buckets[1:])
+    if (bucket, vbuckets, memory_quota_mb) != (None, None, None):
+        changed = replace(
+            first,
+            name=first.name if bucket is None else bucket,
+            vbuckets=first.vbuckets if vbuckets is None else vbuckets,
+            memory_quota_mb=first.memory_quota_mb if memory_quota_mb is None else memory_quota_mb,
+        )
+        flags["buckets"] = (changed, *config.buckets[1:])
     if user is not None or password is not None:
         name = user if user is not None else next(iter(config.users), DEFAULT_USER)
         secret = password if password is not None else config.users.get(name, DEFAULT_PASSWORD)

@@ -44,6 +44,8 @@ SUPPORTED_FEATURES = frozenset(
 class Reply(DcpkvError):
     """Answer the current request with ``status`` (and an optional value) and go on."""
 
+    status: Status  # always a status here, where the root allows None
+
     def __init__(
         self, status: Status, value: bytes = b"", *, datatype: int = 0, cas: int = 0
     ) -> None:

@@ -133,11 +133,11 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
         return error_answer(frame, reply.status, reply.value, reply.datatype, reply.cas)
     except CodecError as exc:
         return error_answer(frame, exc.status, exc.message.encode()[:1024])
-    if answer is None or type(answer) is bytes:
+    if isinstance(answer, Message):  # the common case first
+        return answer.encode()
+    if answer is None or isinstance(answer, bytes):
         return answer
-    if type(answer) is list:
-        return b"".join([m.encode() for m in answer])
-    return answer.encode()  # type: ignore[union-attr]
+    return b"".join([m.encode() for m in answer])
 
 
 def _response(conn: Connection, frame: Frame) -> bytes | None:

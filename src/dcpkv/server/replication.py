@@ -215,14 +215,14 @@ class Replicator:
             link = self.links.pop(source)
             asyncio.get_running_loop().create_task(link.stop())
         for source, vbuckets in wanted.items():
-            link = self.links.get(source)
-            if link is None:
-                link = ReplicationLink(self.bucket, source, me, self.credentials, self.executor)
-                self.links[source] = link
-                link.set_vbuckets(vbuckets)
-                link.start()
-            else:
-                link.set_vbuckets(vbuckets)
+            known = self.links.get(source)
+            if known is not None:
+                known.set_vbuckets(vbuckets)
+                continue
+            link = ReplicationLink(self.bucket, source, me, self.credentials, self.executor)
+            self.links[source] = link
+            link.set_vbuckets(vbuckets)
+            link.start()
 
     async def stop(self) -> None:
         for link in self.links.values():

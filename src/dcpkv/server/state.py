@@ -9,7 +9,7 @@ from typing import Any
 
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.server.auth import UserStore
-from dcpkv.server.cluster_map import PushedConfig, cluster_map_json
+from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
 from dcpkv.server.config import ServerConfig
 
 
@@ -57,7 +57,7 @@ class ServerState:
             return pushed.raw
         bucket_config = self.config.bucket(name)
         num_vbuckets = bucket_config.vbuckets if bucket_config else 1024
-        return cluster_map_json(
+        doc = cluster_map(
             bucket=name,
             host=self.config.host,
             port=self.port if self.port is not None else self.config.port,
@@ -65,6 +65,7 @@ class ServerState:
             rev=self.cluster_rev,
             vbucket_map=self._own_vbucket_map(name, num_vbuckets),
         )
+        return cluster_map_json(doc)
 
     def _own_vbucket_map(self, name: str, num_vbuckets: int) -> list[list[int]]:
         """Until a manager pushes a map: this node (index 0) for the vbuckets it holds

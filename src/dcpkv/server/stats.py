@@ -107,7 +107,7 @@ def dcp_stats(conn: Connection, arg: str = "") -> Stats:
     for producer in producers:
         yield f"type:{producer.name}", "producer"
         yield from producer.stats().items()
-    replicator = conn.server.replicators.get(conn.bucket_name)
+    replicator = conn.server.replicators.get(conn.bucket_name or "")
     if replicator is not None:
         yield from replicator.stats().items()
 

@@ -58,6 +58,10 @@ _OPS = {events.Mutation: "mutation", events.Deletion: "deletion", events.Expirat
 
 def change_row(event: events.Mutation | events.Deletion | events.Expiration, values: bool) -> Row:
     o = event.offset
+    value: bytes | None
+    datatype: int | None
+    flags: int | None
+    expiry: int | None
     if isinstance(event, events.Mutation):
         # Without values the producer sends none (DCP NoValue) and no datatype either.
         value, datatype = (event.value, event.datatype) if values else (None, None)

@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.mirror import (
@@ -34,7 +34,7 @@ def query_view(
     key: Any = None,
     range: tuple[Any, Any] | None = None,
     group: bool = False,
-    stale: Literal["ok", "false"] = "ok",
+    stale: str = "ok",  # "ok" or "false", checked below (the CLI passes the user's text)
     source: SourceSettings | None = None,
     timeout: float = 60.0,
 ) -> list[dict[str, Any]]:
@@ -98,7 +98,7 @@ def current_emissions(table: Path) -> list[tuple[str, str, str]]:
                 have = latest.get(row["key"])
                 if have is None or have[0] < order:
                     latest[row["key"]] = (order, row["op"], row["emits"] or [])
-    out = []
+    out: list[tuple[str, str, str]] = []
     for doc_key, (_order, op, emits) in latest.items():
         if op == "mutation":
             doc = doc_key.decode("utf-8", "replace")
