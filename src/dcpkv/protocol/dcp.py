@@ -22,7 +22,10 @@ of the 16-byte entry); its errors become ``CodecError(Einval)`` here.
 
 Mutation is the hot path of every stream and is written out by hand: one precompiled
 ``struct`` pack of header plus extras then a concatenation to encode; one unpack of the extras
-and memoryview slices (made by the parser) to decode.
+and memoryview slices (made by the parser) to decode. A producer that holds the fields already
+(a stored row, an item) skips the message object: :func:`encode_mutation` is the same bytes as
+``Mutation(...).encode()`` for a request without a stream id, and :data:`MUTATION_HEAD_S64` packs
+a CAS kept as a signed 64-bit integer (SQLite's form) to the very same bytes as the u64.
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
 _MUTATION_EXTRAS_LEN = _MUTATION_EXTRAS.size  # 31
 # header and extras of a mutation in one pack: the whole encode is one call plus a join
 _MUTATION_HEAD = struct.Struct(HEADER.format + _MUTATION_EXTRAS.format[1:])
+# the same layout with the CAS as a signed 64-bit field: two's complement gives the u64's bytes
+MUTATION_HEAD_S64 = struct.Struct(HEADER.format[:-1] + "q" + _MUTATION_EXTRAS.format[1:])
+MUTATION_EXTRAS_LEN = _MUTATION_EXTRAS_LEN
+_REQUEST_MAGIC, _MUTATION_OPCODE = int(Magic.ClientRequest), int(Opcode.DcpMutation)
 _DELETION_V1 = struct.Struct(">QQH")
 _DELETION_V2 = struct.Struct(">QQIB")
 _EXPIRATION = struct.Struct(">QQI")
@@ -492,6 +499,20 @@ class Mutation(Request):
             rev_seqno=rev_seqno, flags=flags, expiration=expiration, lock_time=lock_time,
             nmeta=nmeta, nru=nru,
         )  # fmt: skip
+
+
+def encode_mutation(
+    opaque: int, vbucket: int, cas: int, by_seqno: int, rev_seqno: int, flags: int,
+    expiration: int, datatype: int, key: bytes, value: bytes,
+) -> bytes:  # fmt: skip
+    """``Mutation(...).encode()`` without the object (no stream id, lock time, nmeta or nru):
+    the producer's per-item path. The caller guarantees a key of 1..250 bytes."""
+    head = _MUTATION_HEAD.pack(
+        _REQUEST_MAGIC, _MUTATION_OPCODE, len(key), _MUTATION_EXTRAS_LEN, datatype, vbucket,
+        _MUTATION_EXTRAS_LEN + len(key) + len(value), opaque, cas, by_seqno, rev_seqno, flags,
+        expiration, 0, 0, 0,
+    )  # fmt: skip
+    return head + key + value
 
 
 @dataclass(slots=True, kw_only=True)
