@@ -49,6 +49,9 @@ from typing import Protocol
 from dcpkv.engine.storage import BackfillScan, Row
 
 BATCH_ROWS = 2048  # rows a read takes from disk at once
+# Reads of one producer in flight at once: its streams take turns on the worker, and what is
+# buffered can overshoot the bound by at most one batch.
+MAX_READS = 1
 DEFAULT_BUFFER_BYTES = 8 << 20  # per producer, across its streams' backfills
 
 log = logging.getLogger("dcpkv.dcp.backfill")
@@ -127,6 +130,7 @@ class BackfillManager:
         self.runner: BackfillRunner = runner or InlineRunner()
         self.buffer_bytes = buffer_bytes
         self.buffered = 0  # bytes read and not yet taken by their stream
+        self.reading = 0  # reads submitted and not landed yet
         self._waiting: deque[DiskBackfill] = deque()
         self._lock = threading.Lock()
 
@@ -135,26 +139,37 @@ class BackfillManager:
         self.runner = runner
 
     def _request(self, backfill: DiskBackfill) -> None:
-        """Start a read for ``backfill`` now if the buffer bound allows, else queue it."""
+        """Start a read for ``backfill`` now if the bounds allow, else queue it (FIFO)."""
         with self._lock:
-            if self.buffered >= self.buffer_bytes:
+            if self.reading >= MAX_READS or self.buffered >= self.buffer_bytes:
                 if backfill not in self._waiting:
                     self._waiting.append(backfill)
                 return
-        backfill._start_read()
+            self.reading += 1
+        if not backfill._start_read():
+            self._read_done(0)
 
-    def _landed(self, nbytes: int) -> None:
+    def _read_done(self, nbytes: int) -> None:
+        """A read landed with ``nbytes`` buffered (any thread)."""
         with self._lock:
+            self.reading -= 1
             self.buffered += nbytes
+        self._start_waiting()
 
     def _released(self, nbytes: int) -> None:
+        """A stream took ``nbytes`` out of its buffer."""
         with self._lock:
             self.buffered -= nbytes
-            ready: list[DiskBackfill] = []
-            while self._waiting and self.buffered < self.buffer_bytes:
-                ready.append(self._waiting.popleft())
-        for backfill in ready:
-            backfill.request()
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        with self._lock:
+            if self.reading >= MAX_READS or self.buffered >= self.buffer_bytes:
+                return
+            if not self._waiting:
+                return
+            backfill = self._waiting.popleft()
+        self._request(backfill)
 
     def _forget(self, backfill: DiskBackfill) -> None:
         with self._lock:
@@ -205,12 +220,13 @@ class DiskBackfill:
             error, self._error = self._error, None
             raise error
 
-    def _start_read(self) -> None:
+    def _start_read(self) -> bool:
         with self._lock:
-            if self._reading or self._closed or self.exhausted:
-                return
+            if self._reading or self._closed or self.exhausted or len(self._batches) > 1:
+                return False
             self._reading = True
         self._manager.runner.submit(self._read)
+        return True
 
     def take(self, n: int) -> tuple[list[bytes], list[int]] | None:
         """Up to ``n`` messages and their seqnos; None while nothing is buffered."""
@@ -247,17 +263,18 @@ class DiskBackfill:
         with self._lock:
             self._reading = False
             closed = self._closed
+            landed = batch is not None and bool(batch.messages) and not closed
+            if landed:
+                assert batch is not None
+                self._batches.append(batch)
             if not closed and batch is not None:
-                if batch.messages:
-                    self._batches.append(batch)
                 self.exhausted = exhausted
         if closed:
             self._close_scan()
-            return
-        if batch is not None and batch.messages:
-            self._manager._landed(batch.nbytes)
-        # Even inline: a read started by another stream freeing buffer space must wake ours.
-        self._notify()
+        self._manager._read_done(batch.nbytes if landed and batch is not None else 0)
+        if not closed:
+            # Even inline: a read started for another stream's freed room must wake ours.
+            self._notify()
 
     def close(self) -> None:
         """Stop reading and end the read transaction (now, or when the read in flight lands)."""
