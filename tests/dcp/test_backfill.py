@@ -187,7 +187,12 @@ def test_a_stream_closed_mid_read_lets_go_of_its_snapshot(
 )  # fmt: skip
 @pytest.mark.parametrize("expiry_opcode", [False, True])
 def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool) -> None:
-    owner = SimpleNamespace(name=NAME, flags=OpenFlag(flags), expiry_opcode=expiry_opcode)
+    owner = SimpleNamespace(
+        name=NAME, flags=OpenFlag(flags), expiry_opcode=expiry_opcode,
+        no_value=bool(flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype)),
+        keep_datatype=bool(flags & OpenFlag.NoValueWithUnderlyingDatatype),
+        delete_times=bool(flags & OpenFlag.IncludeDeleteTimes),
+    )  # fmt: skip
     stream = Stream(vbucket=1023, opaque=0xDEADBEEF, flags=0, start=0, end=U64_MAX, vb_uuid=1)
     active = ActiveStream(owner, stream, was_active=True, takeover=False)  # type: ignore[arg-type]
     big_cas = (1 << 64) - 5  # stored as a negative signed 64-bit integer

@@ -62,10 +62,12 @@ from dcpkv.protocol import dcp
 from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason, VbucketState
 
 BATCH_ITEMS = 64  # items a stream queues at a time, from its backfill or from memory
-_NO_VALUE = OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype
 _PACK_S64 = dcp.MUTATION_HEAD_S64.pack
 _EXTRAS_LEN = dcp.MUTATION_EXTRAS_LEN
 _MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
+# Plain ints: Flag arithmetic costs microseconds per snapshot.
+_DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
+_MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
 
 Pending = tuple[bytes, int, int]  # (message, item seqno or 0, consistent-at seqno)
 
@@ -76,6 +78,10 @@ class StreamOwner(Protocol):
     name: str
     bucket: Bucket
     flags: OpenFlag
+    # what the Open flags say about items, as plain bools (Flag arithmetic is slow per item)
+    no_value: bool  # NoValue or NoValueWithUnderlyingDatatype
+    keep_datatype: bool  # NoValueWithUnderlyingDatatype
+    delete_times: bool  # IncludeDeleteTimes
     expiry_opcode: bool
     marker_version: str
     backfills: BackfillManager
@@ -215,7 +221,7 @@ class ActiveStream:
         self.backfill_first = False
         if bf.end > self.queued_seqno:
             start = self.stream.marker_start(self.queued_seqno)
-            self._marker(start, bf.end, SnapshotFlag.Disk, bf.purge_seqno)
+            self._marker(start, bf.end, _DISK, bf.purge_seqno)
         if bf.end < self.stream.end:
             vb = self.owner.bucket.vbuckets[self.stream.vbucket]
             self.cursor = vb.checkpoints.register_cursor(self.cursor_name, bf.end)
@@ -292,7 +298,7 @@ class ActiveStream:
             # Everything up to the end was deduplicated into later seqnos: nothing to send.
             self._advance(min(snap.end, end))
             return
-        flags = SnapshotFlag.Memory | (SnapshotFlag.Checkpoint if snap.checkpoint else 0)
+        flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
         vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
         purge = vb.purge_seqno if vb is not None else 0
         start = self.stream.marker_start(snap.start)
@@ -328,37 +334,39 @@ class ActiveStream:
 
     def _marker(self, start: int, end: int, flags: int, purge: int) -> None:
         stream = self.stream
-        common = {
-            "opaque": stream.opaque,
-            "vbucket": stream.vbucket,
-            "start_seqno": start,
-            "end_seqno": end,
-            "flags": int(flags),
-        }
-        marker: dcp.SnapshotMarker
         version = self.owner.marker_version
+        data: bytes
         if version == "1.0":
-            marker = dcp.SnapshotMarker(**common)
-        elif version == "2.0":
-            marker = dcp.SnapshotMarkerV2_0(**common, max_visible_seqno=end)
+            data = dcp.encode_snapshot_marker(stream.opaque, stream.vbucket, start, end, flags)
         else:
-            marker = dcp.SnapshotMarkerV2_2(**common, max_visible_seqno=end, purge_seqno=purge)
+            common = {
+                "opaque": stream.opaque,
+                "vbucket": stream.vbucket,
+                "start_seqno": start,
+                "end_seqno": end,
+                "flags": int(flags),
+                "max_visible_seqno": end,
+            }
+            if version == "2.0":
+                data = dcp.SnapshotMarkerV2_0(**common).encode()
+            else:
+                data = dcp.SnapshotMarkerV2_2(**common, purge_seqno=purge).encode()
         stream.note_snapshot(start, end)
-        self.pending.append((marker.encode(), 0, 0))
+        self.pending.append((data, 0, 0))
 
     # -- encoding -----------------------------------------------------------------------------
 
     def encode_item(self, item: Item) -> bytes:
         """The wire bytes of one item of this stream (mutation, deletion or expiration)."""
-        stream, flags = self.stream, self.owner.flags
+        stream, owner = self.stream, self.owner
         if item.deleted:
             return self._encode_tombstone(item)
         value, datatype = item.value, item.datatype
-        if flags & _NO_VALUE:
+        if owner.no_value:
             # No value: never read an ejected one back. Plain NoValue also drops the
             # datatype (it described the value), the other flag keeps it.
             value = b""
-            if not flags & OpenFlag.NoValueWithUnderlyingDatatype:
+            if not owner.keep_datatype:
                 datatype = 0
         elif value is None:  # ejected from the hash table's copy: read it back
             stored = self.owner.bucket.get_from_storage(stream.vbucket, item.key)
@@ -376,7 +384,7 @@ class ActiveStream:
             return dcp.Expiration(
                 **head, **seqnos, key=item.key, delete_time=item.delete_time
             ).encode()
-        if self.owner.flags & OpenFlag.IncludeDeleteTimes:
+        if self.owner.delete_times:
             return dcp.DeletionV2(
                 **head, **seqnos, key=item.key, delete_time=item.delete_time
             ).encode()
@@ -392,9 +400,7 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
     extras from the row's fields (the stored CAS is signed: same bytes); tombstones take the
     typed path. Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
-    flags = stream.owner.flags
-    no_value = bool(flags & _NO_VALUE)
-    keep_datatype = bool(flags & OpenFlag.NoValueWithUnderlyingDatatype)
+    no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
     messages: list[bytes] = []
     seqnos: list[int] = []
     append, append_seqno, pack = messages.append, seqnos.append, _PACK_S64

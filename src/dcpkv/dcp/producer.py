@@ -153,6 +153,9 @@ class DcpProducer:
         self.bucket = bucket
         self.name = name
         self.flags = OpenFlag(flags)
+        self.no_value = bool(flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype))
+        self.keep_datatype = bool(flags & OpenFlag.NoValueWithUnderlyingDatatype)
+        self.delete_times = bool(flags & OpenFlag.IncludeDeleteTimes)
         self.clock = clock
         self.buffer_size = 0
         self.unacked_bytes = 0
@@ -419,43 +422,53 @@ class DcpProducer:
         out: list[bytes] = []
         self._drain_notified()
         self._echo_barriers(out)
-        ready, streams = self._ready, self._streams
-        budget, polls, limit = max_bytes, 0, self.buffer_size
-        append = out.append
-        # The loop runs once per message sent: everything it touches is a local.
-        while ready and budget > 0 and (limit == 0 or self.unacked_bytes < limit):
-            vbid = ready.popleft()
+        ready, streams, in_ready = self._ready, self._streams, self._in_ready
+        budget, polls, limit = max_bytes, 0, self.buffer_size or 1 << 63
+        # The loop runs once per message sent: the counters it bumps are locals, written
+        # back before anything else reads them (barrier echoes count bytes too).
+        unacked, sent, items = self.unacked_bytes, 0, 0
+        append, popleft, requeue = out.append, ready.popleft, ready.append
+        while ready and budget > 0 and unacked < limit:
+            vbid = popleft()
             entry = streams.get(vbid)
             if entry is None:
-                self._in_ready.discard(vbid)  # forgotten while it waited in line
+                in_ready.discard(vbid)  # forgotten while it waited in line
                 continue
             polls += 1
-            msg = entry.pending.popleft() if entry.pending else entry.take()
+            pending = entry.pending
+            msg = pending.popleft() if pending else entry.take()
             if msg is not None:
                 data, seqno, covers = msg
                 append(data)
                 size = len(data)
                 budget -= size
-                self.unacked_bytes += size
-                self.bytes_sent += size
+                unacked += size
+                sent += size
                 stream = entry.stream
-                if seqno:
-                    stream.note_item(seqno, size)
-                    self.items_sent += 1
-                else:
-                    stream.bytes_sent += size
+                if seqno:  # an item: Stream.note_item, inlined
+                    stream.last_sent_seqno = seqno
+                    stream.items_sent += 1
+                    items += 1
+                stream.bytes_sent += size
                 if covers > entry.emitted_seqno:
                     entry.emitted_seqno = covers
             if self._barriers:
+                self.unacked_bytes = unacked
                 self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
-            if entry.finished:
-                self._in_ready.discard(vbid)
+                unacked = self.unacked_bytes
+            if msg is None:
+                in_ready.discard(vbid)  # idle until its vbucket queues something
+                if entry.finished:
+                    self._forget(vbid)
+            elif not pending and entry.finished:
+                in_ready.discard(vbid)
                 self._forget(vbid)
-            elif msg is None:
-                self._in_ready.discard(vbid)  # idle until its vbucket queues something
             else:
-                ready.append(vbid)
+                requeue(vbid)
+        self.unacked_bytes = unacked
+        self.bytes_sent += sent
+        self.items_sent += items
         self.stream_polls += polls
         if out:
             self._last_send = self.clock.time()

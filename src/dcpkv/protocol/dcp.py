@@ -85,6 +85,8 @@ _MUTATION_HEAD = struct.Struct(HEADER.format + _MUTATION_EXTRAS.format[1:])
 MUTATION_HEAD_S64 = struct.Struct(HEADER.format[:-1] + "q" + _MUTATION_EXTRAS.format[1:])
 MUTATION_EXTRAS_LEN = _MUTATION_EXTRAS_LEN
 _REQUEST_MAGIC, _MUTATION_OPCODE = int(Magic.ClientRequest), int(Opcode.DcpMutation)
+_MARKER_OPCODE = int(Opcode.DcpSnapshotMarker)
+_MARKER_V1_HEAD = struct.Struct(HEADER.format + _MARKER_V1.format[1:])
 _DELETION_V1 = struct.Struct(">QQH")
 _DELETION_V2 = struct.Struct(">QQIB")
 _EXPIRATION = struct.Struct(">QQI")
@@ -427,6 +429,14 @@ class SnapshotMarkerV2_2(SnapshotMarkerV2_0):
     VALUE_NAMES = (*SnapshotMarkerV2_0.VALUE_NAMES, "purge_seqno", "high_prepared_seqno")
     purge_seqno: int = 0
     high_prepared_seqno: int = 0
+
+
+def encode_snapshot_marker(opaque: int, vbucket: int, start: int, end: int, flags: int) -> bytes:
+    """``SnapshotMarker(...).encode()`` (V1, no stream id) in one pack: a producer's path."""
+    size = _MARKER_V1.size
+    return _MARKER_V1_HEAD.pack(
+        _REQUEST_MAGIC, _MARKER_OPCODE, 0, size, 0, vbucket, size, opaque, 0, start, end, flags
+    )
 
 
 def decode_snapshot_marker(frame: Frame) -> SnapshotMarker:
