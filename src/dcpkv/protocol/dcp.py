@@ -86,6 +86,11 @@ MUTATION_HEAD_S64 = struct.Struct(HEADER.format[:-1] + "q" + _MUTATION_EXTRAS.fo
 MUTATION_EXTRAS_LEN = _MUTATION_EXTRAS_LEN
 _REQUEST_MAGIC, _MUTATION_OPCODE = int(Magic.ClientRequest), int(Opcode.DcpMutation)
 _MARKER_OPCODE = int(Opcode.DcpSnapshotMarker)
+_REQUEST_MAGICS = frozenset(
+    int(m) for m in (Magic.ClientRequest, Magic.AltClientRequest, Magic.ServerRequest)
+)
+_UNPACK_EXTRAS = _MUTATION_EXTRAS.unpack
+_new = object.__new__
 _MARKER_V1_HEAD = struct.Struct(HEADER.format + _MARKER_V1.format[1:])
 _DELETION_V1 = struct.Struct(">QQH")
 _DELETION_V2 = struct.Struct(">QQIB")
@@ -492,7 +497,7 @@ class Mutation(Request):
 
     @classmethod
     def decode(cls, frame: Frame) -> Self:
-        if frame.opcode != Opcode.DcpMutation or not frame.is_request:
+        if frame.opcode != _MUTATION_OPCODE or frame.magic not in _REQUEST_MAGICS:
             check_frame(cls, frame, request=True)
         extras = frame.extras
         if len(extras) != _MUTATION_EXTRAS_LEN:
@@ -500,15 +505,18 @@ class Mutation(Request):
         key = frame.key
         if not key:
             raise einval("Mutation key", "is required (empty key)")
-        by_seqno, rev_seqno, flags, expiration, lock_time, nmeta, nru = _MUTATION_EXTRAS.unpack(
-            extras
+        m = _new(cls)  # every field set below: the keyword __init__ costs 3x these stores
+        m.by_seqno, m.rev_seqno, m.flags, m.expiration, m.lock_time, m.nmeta, m.nru = (
+            _UNPACK_EXTRAS(extras)
         )
-        return cls(
-            opaque=frame.opaque, cas=frame.cas, datatype=frame.datatype, vbucket=frame.vbucket,
-            stream_id=frame.stream_id, key=key, value=frame.value, by_seqno=by_seqno,
-            rev_seqno=rev_seqno, flags=flags, expiration=expiration, lock_time=lock_time,
-            nmeta=nmeta, nru=nru,
-        )  # fmt: skip
+        m.opaque, m.cas, m.datatype, m.vbucket = (
+            frame.opaque,
+            frame.cas,
+            frame.datatype,
+            frame.vbucket,
+        )
+        m.stream_id, m.key, m.value = frame.stream_id, key, frame.value
+        return m
 
 
 def encode_mutation(
