@@ -402,25 +402,22 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
     no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
     messages: list[bytes] = []
-    seqnos: list[int] = []
-    append, append_seqno, pack = messages.append, seqnos.append, _PACK_S64
-    nbytes = 0
+    append, pack = messages.append, _PACK_S64
     for row in rows:
         key, seqno, cas, rev, iflags, expiry, datatype, deleted, _, value = row
         if deleted:
-            data = stream._encode_tombstone(item_from_row(row))
-        else:
-            if no_value:
-                value = b""
-                if not keep_datatype:
-                    datatype = 0
-            head = pack(
-                _MAGIC, _OPCODE, len(key), _EXTRAS_LEN, datatype, vbid,
-                _EXTRAS_LEN + len(key) + len(value), opaque, cas, seqno, rev, iflags, expiry,
-                0, 0, 0,
-            )  # fmt: skip
-            data = head + key + value
-        append(data)
-        append_seqno(seqno)
-        nbytes += len(data)
+            append(stream._encode_tombstone(item_from_row(row)))
+            continue
+        if no_value:
+            value = b""
+            if not keep_datatype:
+                datatype = 0
+        klen = len(key)
+        head = pack(
+            _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
+            opaque, cas, seqno, rev, iflags, expiry, 0, 0, 0,
+        )  # fmt: skip
+        append(head + key + value)
+    seqnos = [row[1] for row in rows]
+    nbytes = sum(map(len, messages))
     return Batch(messages, seqnos, nbytes)
