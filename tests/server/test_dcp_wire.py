@@ -576,17 +576,24 @@ def test_a_get_is_answered_while_another_connection_backfills(
                     ends += 1
                     events.append("end")
 
-    reader = threading.Thread(target=read_dcp)
-    reader.start()
     kv = writer(srv.port)
-    for _ in poll_rounds():
-        if "item" in events:
-            break  # the backfill is under way
-    for i in range(20):
-        key = b"big-%08d" % (i * 997)
-        frame = kv.get(key, vbucket=vb_of(key))
-        assert frame.status == Status.Success and bytes(frame.value) == b"x" * 100
-        events.append("get")
+    # The reader thread parses while this one waits for answers: switch the GIL often, so
+    # the test's own threads are not what orders the events.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        reader = threading.Thread(target=read_dcp)
+        reader.start()
+        for _ in poll_rounds():
+            if "item" in events:
+                break  # the backfill is under way
+        for i in range(5):
+            key = b"big-%08d" % (i * 997)
+            frame = kv.get(key, vbucket=vb_of(key))
+            assert frame.status == Status.Success and bytes(frame.value) == b"x" * 100
+            events.append("get")
+    finally:
+        sys.setswitchinterval(interval)
     reader.join(timeout=120)
     assert not reader.is_alive()
     assert events.count("item") == count and events.count("end") == VBUCKETS
