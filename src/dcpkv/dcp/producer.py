@@ -35,9 +35,10 @@ Ready queue
     only those. A stream joins it when it opens, when its vbucket queues an item (the
     producer subscribes to the bucket's ``seqno_listeners``; the listener may run on any
     thread, so it only appends to a thread-safe deque that ``next_messages`` drains), when a
-    takeover answer or a state change gives it something to do, and when it ends. It leaves
-    when a visit finds nothing to send (``_take`` refills until the stream either has a
-    message or made no progress, so "nothing" means "nothing until the next notification").
+    backfill batch lands (:meth:`notify`, the same deque), when a takeover answer or a state
+    change gives it something to do, and when it ends. It leaves when a visit finds nothing
+    to send (``ActiveStream.take`` refills until the stream either has a message or made no
+    progress, so "nothing" means "nothing until the next notification").
     A stream waiting on the flow-control window stays queued. Invariant: a vbucket is in
     ``_ready`` at most once, exactly when it is in ``_in_ready``. ``stream_polls`` counts the
     visits: the work per write, which a test holds independent of the number of streams.
