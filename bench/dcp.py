@@ -15,8 +15,10 @@ Theory of operation
    consumer has received every one of them.
 5. The codec's ``Mutation.encode`` rate on the same shape is printed as the local ceiling.
 
-Rates are items/s and MB/s of DCP wire bytes received; ``--json PATH`` writes them for
-``make bench``'s summary.
+Rates are items/s and MB/s of DCP wire bytes received, plus the server process's CPU time
+per item (user + system, from /proc, both of its threads): on a machine shared with other
+work the wall-clock rate swings from run to run, the CPU cost per item much less.
+``--json PATH`` writes the figures for ``make bench``'s summary.
 """
 
 from __future__ import annotations
@@ -89,6 +91,15 @@ def start_server(data_dir: Path, vbuckets: int) -> tuple[subprocess.Popen[bytes]
 def loaded_server(count: int, vbuckets: int, label: str, width: int = 28) -> Iterator[int]:
     """A temporary data dir loaded with ``count`` items through the engine, a server on it;
     yields its port, prints the load and warm-up times, and always stops and cleans up."""
+    with loaded_server_proc(count, vbuckets, label, width) as (port, _):
+        yield port
+
+
+@contextmanager
+def loaded_server_proc(
+    count: int, vbuckets: int, label: str, width: int = 28
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """:func:`loaded_server`, yielding the server process too."""
     tmp = Path(tempfile.mkdtemp(prefix=f"dcpkv-bench-{label}-"))
     proc = None
     try:
@@ -96,12 +107,21 @@ def loaded_server(count: int, vbuckets: int, label: str, width: int = 28) -> Ite
         print(f"  {'load through the engine':<{width}} {load(data, count, vbuckets):7.2f} s")
         proc, port, warm = start_server(data, vbuckets)
         print(f"  {'server start (warm-up)':<{width}} {warm:7.2f} s")
-        yield port
+        yield port, proc
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Consumer:
@@ -197,9 +217,10 @@ def codec_rate(n: int = 200_000) -> float:
     return n / (time.perf_counter() - start)
 
 
-def _line(what: str, items: int, nbytes: int, seconds: float) -> str:
+def _line(what: str, items: int, nbytes: int, seconds: float, cpu: float) -> str:
     return (f"  {what:<28} {items:>10,} items in {seconds:7.2f} s  "
-            f"{items / seconds:>10,.0f} items/s  {nbytes / seconds / 1e6:7.1f} MB/s")  # fmt: skip
+            f"{items / seconds:>10,.0f} items/s  {nbytes / seconds / 1e6:7.1f} MB/s  "
+            f"server CPU {cpu / max(items, 1) * 1e6:5.2f} us/item")  # fmt: skip
 
 
 def main(
@@ -210,27 +231,29 @@ def main(
 ) -> None:
     figures: dict[str, float] = {}
     print(f"DCP bench: {count:,} items of {len(VALUE)} bytes, {vbuckets} vbuckets")
-    with loaded_server(count, vbuckets, "dcp") as port:
+    with loaded_server_proc(count, vbuckets, "dcp") as (port, proc):
         highs = high_seqnos(port)
         consumer = Consumer(port)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds(proc.pid)
         # every vbucket from 0 to its high seqno: one StreamEnd each at the end
         consumer.request_all(dict.fromkeys(highs, 0), highs)
         items, nbytes = consumer.run_until(stream_ends=len(highs))
-        seconds = time.perf_counter() - start
-        print(_line("backfill, one connection", items, nbytes, seconds))
+        seconds, cpu = time.perf_counter() - start, cpu_seconds(proc.pid) - cpu
+        print(_line("backfill, one connection", items, nbytes, seconds, cpu))
         figures |= {"backfill_items": items, "backfill_items_per_s": items / seconds,
-                    "backfill_mb_per_s": nbytes / seconds / 1e6}  # fmt: skip
+                    "backfill_mb_per_s": nbytes / seconds / 1e6,
+                    "backfill_server_cpu_us_per_item": cpu / max(items, 1) * 1e6}  # fmt: skip
         consumer.request_all(highs)
         writer_proc = multiprocessing.Process(target=writer, args=(port, live, vbuckets))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds(proc.pid)
         writer_proc.start()
         items, nbytes = consumer.run_until(items=live)
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, cpu_seconds(proc.pid) - cpu
         writer_proc.join()
-        print(_line("live, concurrent writer", items, nbytes, seconds))
+        print(_line("live, concurrent writer", items, nbytes, seconds, cpu))
         figures |= {"live_items": items, "live_items_per_s": items / seconds,
-                    "live_mb_per_s": nbytes / seconds / 1e6}  # fmt: skip
+                    "live_mb_per_s": nbytes / seconds / 1e6,
+                    "live_server_cpu_us_per_item": cpu / max(items, 1) * 1e6}  # fmt: skip
         rate = codec_rate()
         wire = len(dcp.Mutation(key=_key(0), value=VALUE).encode())
         print(f"  codec Mutation.encode (ceiling)                    {rate:>10,.0f} items/s  "

@@ -139,3 +139,34 @@ def test_fuzz_only_codec_errors(data: bytes, cuts: list[int]) -> None:
             decode_message(frame)
         except CodecError as exc:
             assert exc.status in (Status.Einval, Status.E2big, Status.UnknownCommand)
+
+
+def test_the_fast_paths_set_every_field() -> None:
+    """The parser's and Mutation.decode's constructors bypass __init__: they must still set
+    every field of the dataclass (a new field would otherwise be missing)."""
+    import dataclasses
+
+    data = Mutation(key=b"k", value=b"v", by_seqno=5, opaque=3, vbucket=2).encode()
+    (frame,) = FrameParser().feed(data)
+    assert all(hasattr(frame, f.name) for f in dataclasses.fields(Frame))
+    msg = Mutation.decode(frame)
+    assert all(hasattr(msg, f.name) for f in dataclasses.fields(Mutation))
+    assert msg == Mutation(key=b"k", value=b"v", by_seqno=5, opaque=3, vbucket=2)
+
+
+def _parts(f: Frame) -> tuple[int, bytes, bytes, bytes]:
+    return f.opcode, bytes(f.extras), bytes(f.key), bytes(f.value)
+
+
+def test_interleaved_next_frame_and_feed_keep_the_order() -> None:
+    """An iterator suspended in the middle of a chunk while the parser moves on (next_frame,
+    a feed) resumes from where the parser is, not from where it was."""
+    parser = FrameParser()
+    frames = iter(parser.feed(STREAM[: len(STREAM) // 2]))
+    got = [_parts(next(frames))]
+    nxt = parser.next_frame()
+    assert nxt is not None
+    got.append(_parts(nxt))
+    parser.feed(STREAM[len(STREAM) // 2 :])
+    got += [_parts(f) for f in frames]
+    assert got == [_parts(f) for f in FrameParser().feed(STREAM)]

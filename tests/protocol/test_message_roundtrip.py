@@ -65,3 +65,38 @@ def test_stream_request_ok_reuses_failover_table_wire_format() -> None:
     log = (FailoverEntry(0xAA, 10), FailoverEntry(0xBB, 0))
     wire = StreamRequestOk(failover_log=log).encode()
     assert wire[24:] == encode_wire(log)
+
+
+# -- the producer's fast encoders give the typed messages' bytes --------------------------------
+
+
+@pytest.mark.parametrize("cas", [0, 1, (1 << 63) + 5, (1 << 64) - 1])
+def test_fast_mutation_encoders_match_the_typed_message(cas: int) -> None:
+    from dcpkv.protocol import dcp as d
+
+    fields = {
+        "opaque": 0xFFFFFFFF,
+        "vbucket": 1023,
+        "cas": cas,
+        "by_seqno": (1 << 64) - 2,
+        "rev_seqno": 3,
+        "flags": 0xDEADBEEF,
+        "expiration": 2_000_000_000,
+        "datatype": 7,
+    }
+    typed = d.Mutation(key=b"k" * 250, value=b"v" * 300, **fields).encode()  # fmt: skip
+    assert d.encode_mutation(**fields, key=b"k" * 250, value=b"v" * 300) == typed
+    signed = cas - (1 << 64) if cas >= 1 << 63 else cas
+    head = d.MUTATION_HEAD_S64.pack(
+        0x80, 0x57, 250, 31, 7, 1023, 31 + 250 + 300, 0xFFFFFFFF, signed, (1 << 64) - 2, 3,
+        0xDEADBEEF, 2_000_000_000, 0, 0, 0,
+    )  # fmt: skip
+    assert head + b"k" * 250 + b"v" * 300 == typed
+
+
+def test_fast_snapshot_marker_matches_the_typed_message() -> None:
+    from dcpkv.protocol import dcp as d
+
+    typed = d.SnapshotMarker(opaque=9, vbucket=5, start_seqno=1, end_seqno=(1 << 64) - 1,
+                             flags=0x0B).encode()  # fmt: skip
+    assert d.encode_snapshot_marker(9, 5, 1, (1 << 64) - 1, 0x0B) == typed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from dcpclient import DcpClient, VbState, all_vb_seqnos
-from kvclient import KVClient
+from kvclient import KVClient, poll_rounds
 from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
@@ -34,7 +34,7 @@ from dcpkv.protocol.constants import (
     StreamEndReason,
     StreamRequestFlag,
 )
-from dcpkv.protocol.frame import encode_frame
+from dcpkv.protocol.frame import FrameParser, encode_frame
 
 VBUCKETS = 16  # serverproc starts every server with --vbuckets 16
 
@@ -531,3 +531,80 @@ def test_second_server_on_the_same_data_dir_is_refused(server: ServerProcess) ->
     assert second.returncode == 1
     assert "in use by another process" in second.stderr
     assert "Traceback" not in second.stderr
+
+
+# -- backfills are read off the event loop -------------------------------------------------------
+
+
+def _load_through_the_engine(data: Path, count: int) -> dict[int, int]:
+    """A bucket written straight through the engine (nothing in a server's checkpoints)."""
+    from dcpkv.core.vbucket import VBucketState
+    from dcpkv.engine.bucket import Bucket
+
+    with Bucket("default", data, num_vbuckets=VBUCKETS) as bucket:
+        for vb in range(VBUCKETS):
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+        for i in range(count):
+            key = b"big-%08d" % i
+            bucket.get_vbucket(vb_of(key)).set(key, b"x" * 100)
+        bucket.flush_once()
+        return {vb: bucket.vbuckets[vb].high_seqno for vb in range(VBUCKETS)}
+
+
+def _read_items_and_ends(client: DcpClient, events: list[str]) -> None:
+    parser, ends = FrameParser(), 0
+    while ends < VBUCKETS:
+        chunk = client.sock.recv(1 << 20)
+        assert chunk, "server closed the DCP connection"
+        for frame in parser.feed(chunk):
+            if frame.opcode == Opcode.DcpMutation:
+                events.append("item")
+            elif frame.opcode == Opcode.DcpStreamEnd:
+                ends += 1
+                events.append("end")
+
+
+def test_a_get_is_answered_while_another_connection_backfills(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """A large bucket (written through the engine, so the server starts with nothing in its
+    checkpoints and every stream backfills from disk) streamed by one DCP connection, read
+    by a thread; meanwhile another connection's Gets are answered. Ordering, not timing: every
+    Get's answer arrives before the backfill's last StreamEnd."""
+    data, count = tmp_path / "data", 80_000
+    highs = _load_through_the_engine(data, count)
+    srv = server_factory(data, tmp_path / "server.log")
+    srv.start()
+    events: list[str] = []  # "item", "end", "get", appended in the order they were seen
+    dcp_client = DcpClient(srv.port, "bigbackfill", timeout=60)
+    for vb in range(VBUCKETS):
+        dcp_client.send(dcp.StreamRequest(
+            opaque=vb + 1, vbucket=vb, start_seqno=0, end_seqno=highs[vb],
+        ))  # fmt: skip
+
+    kv = writer(srv.port)
+    # The reader thread parses while this one waits for answers: switch the GIL often, so
+    # the test's own threads are not what orders the events.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        reader = threading.Thread(target=_read_items_and_ends, args=(dcp_client, events))
+        reader.start()
+        for _ in poll_rounds():
+            if "item" in events:
+                break  # the backfill is under way
+        for i in range(5):
+            key = b"big-%08d" % (i * 997)
+            frame = kv.get(key, vbucket=vb_of(key))
+            assert frame.status == Status.Success and bytes(frame.value) == b"x" * 100
+            events.append("get")
+    finally:
+        sys.setswitchinterval(interval)
+    reader.join(timeout=120)
+    assert not reader.is_alive()
+    assert events.count("item") == count and events.count("end") == VBUCKETS
+    last_get = max(i for i, e in enumerate(events) if e == "get")
+    last_end = max(i for i, e in enumerate(events) if e == "end")
+    assert last_get < last_end, "the Gets waited for the whole backfill"
+    kv.close()
+    dcp_client.close()

@@ -9,26 +9,18 @@ or the per-message methods) and writes whatever bytes it returns, then asks
 take more, and polls :meth:`noop_due` / :meth:`is_dead` on a timer.
 
 Streams
-    A stream request is answered by :func:`decide_stream_request`; an accepted one becomes a
-    :class:`_Out`: a :class:`Stream` (state machine and accounting) plus where its items come
-    from. It starts by registering a checkpoint cursor at the requested start. If memory no
-    longer holds that point, it *backfills*: one disk snapshot (marker flag Disk) from the
-    start to the persisted high seqno, read lazily from a SQLite read transaction, with a
-    cursor registered at the backfill's end at once so memory keeps what follows. Then it
-    sends memory snapshots from the cursor (flag Memory, plus Checkpoint when the snapshot
-    opens a checkpoint), already deduplicated by the checkpoint manager. A dropped cursor
-    (slow consumer, memory pressure) sends the stream back to disk from the last seqno it
-    queued, as kv_engine does. The marker start follows spec 004: the requested start for
-    the first marker, the backfill's start for later backfills, the cursor's rule otherwise.
+    A stream request is answered by :func:`decide_stream_request`; an accepted one becomes an
+    :class:`~dcpkv.dcp.active_stream.ActiveStream` (:mod:`dcpkv.dcp.active_stream`: the state
+    machine, backfill, memory snapshots and takeover of one vbucket). Its disk backfills are
+    read by the producer's :class:`~dcpkv.dcp.backfill.BackfillManager`, inline by default
+    (sans-I/O, deterministic), in the server's worker thread once the server attaches it
+    (:meth:`DcpProducer.attach`): then a batch landing calls :meth:`DcpProducer.notify`, which
+    queues the stream's vbucket and calls the server's ``wakeup`` so it pumps this connection.
 
 Output and memory
-    Each stream holds a small queue of encoded messages (``pending``). It is refilled only
-    when empty and only when flow control would let something out, with at most
-    :data:`BATCH_ITEMS` items from a backfill or one memory snapshot (a soft limit: the
-    checkpoint manager never splits a checkpoint, so a snapshot is bounded by the bucket's
-    ``checkpoint_max_items``). A slow consumer therefore costs a bounded amount of memory per
-    stream: what it has not read stays on disk or in the checkpoints, which may drop its
-    cursor.
+    Each stream holds a small queue of encoded messages (see the stream's module); what a
+    slow consumer has not read stays on disk or in the checkpoints, and backfill buffers are
+    bounded per producer (``BackfillManager.buffer_bytes``).
 
     ``next_messages`` takes one message per stream per round (round-robin, as kv_engine's
     producer does), while the byte budget of the call and the flow-control window allow: with
@@ -43,9 +35,10 @@ Ready queue
     only those. A stream joins it when it opens, when its vbucket queues an item (the
     producer subscribes to the bucket's ``seqno_listeners``; the listener may run on any
     thread, so it only appends to a thread-safe deque that ``next_messages`` drains), when a
-    takeover answer or a state change gives it something to do, and when it ends. It leaves
-    when a visit finds nothing to send (``_take`` refills until the stream either has a
-    message or made no progress, so "nothing" means "nothing until the next notification").
+    backfill batch lands (:meth:`notify`, the same deque), when a takeover answer or a state
+    change gives it something to do, and when it ends. It leaves when a visit finds nothing
+    to send (``ActiveStream.take`` refills until the stream either has a message or made no
+    progress, so "nothing" means "nothing until the next notification").
     A stream waiting on the flow-control window stays queued. Invariant: a vbucket is in
     ``_ready`` at most once, exactly when it is in ``_in_ready``. ``stream_polls`` counts the
     visits: the work per write, which a test holds independent of the number of streams.
@@ -65,18 +58,14 @@ Driving it (the server's side)
     and write ``answer`` when not None. Whenever the socket is writable, and after every
     handled frame and every engine write to a streamed vbucket: write ``next_messages()``.
     On a timer: write ``noop_due(now)`` if any, close when ``is_dead(now)``. After a
-    vbucket state change: ``vbucket_state_changed(vb)``. On close: ``disconnect()``.
-    Nothing here blocks except the SQLite reads of a backfill batch (``BATCH_ITEMS`` rows).
+    vbucket state change: ``vbucket_state_changed(vb)``. On close: ``disconnect()``. To
+    read backfills off the loop: ``attach(runner, wakeup)`` before the first
+    ``next_messages``, where ``wakeup`` (called from the worker thread) makes the loop pump
+    this connection soon. Unattached, a backfill batch is read inside ``next_messages``.
 
 Takeover (rebalance handoff)
-    A stream requested with the TakeOver flag runs like any other until it has caught up
-    (its memory cursor has nothing more). It then hands the vbucket over as kv_engine does:
-    it sends SetVbucketState(pending) and waits for the consumer's answer; on that answer the
-    producer sets its *own* vbucket dead (no front-end write may land after this point; other
-    streams of the vbucket end with StateChanged), drains what was written meanwhile, sends
-    SetVbucketState(active), waits for the answer, and ends the stream with StreamEnd(OK).
-    The consumer's answers are matched by the stream's opaque. A takeover stream whose cursor
-    is dropped in the handoff ends with TooSlow (the rebalance is retried by its driver).
+    See :mod:`dcpkv.dcp.active_stream`; the producer routes the consumer's answers to our
+    SetVbucketState to the stream in takeover_wait with the same opaque.
 
 Liveness
     With ``enable_noop``, a connection that has sent nothing for an interval sends a Noop;
@@ -88,13 +77,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
+from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream
+from dcpkv.dcp.backfill import BackfillManager, BackfillRunner
+from dcpkv.dcp.stream import Stream, StreamState
 from dcpkv.dcp.stream_request import (
     Accept,
     RollbackTo,
@@ -103,23 +94,20 @@ from dcpkv.dcp.stream_request import (
     decide_stream_request,
 )
 from dcpkv.engine.bucket import Bucket
-from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
 from dcpkv.engine.hlc import Clock
-from dcpkv.engine.item import Item
-from dcpkv.engine.storage import Backfill
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import (
     Opcode,
     OpenFlag,
-    SnapshotFlag,
     StreamEndReason,
     StreamRequestFlag,
 )
 from dcpkv.protocol.errors import CodecError
 
-BATCH_ITEMS = 64  # items a stream pulls from disk or memory at a time
+__all__ = ["BATCH_ITEMS", "DcpProducer", "ProducerError"]
+
 DEFAULT_NOOP_INTERVAL = 20.0
 _BOOLS = {"true": True, "false": False}
 _PRIORITIES = frozenset({"low", "medium", "high"})
@@ -128,6 +116,8 @@ _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
 
 class ProducerError(DcpkvError):
     """A request the producer refuses; ``status`` is the memcached status to answer with."""
+
+    status: Status
 
     def __init__(self, status: Status, message: str) -> None:
         super().__init__(message)
@@ -148,36 +138,6 @@ def _ok(opcode: int, opaque: int) -> bytes:
 
 
 @dataclass(slots=True)
-class _Queued:
-    data: bytes
-    seqno: int | None = None  # the item's seqno (None: marker, stream end)
-    is_item: bool = False
-    covers: int = 0  # once this is sent, the consumer has everything up to this seqno
-
-
-@dataclass(slots=True)
-class _Out:
-    """A stream plus where its next items come from and what is ready to send."""
-
-    stream: Stream
-    cursor_name: str
-    was_active: bool
-    pending: deque[_Queued] = field(default_factory=deque)
-    cursor: Cursor | None = None
-    backfill: Backfill | None = None
-    backfill_items: Iterator[Item] | None = None
-    backfill_first: bool = True  # no marker sent yet for the current backfill
-    queued_seqno: int = 0  # the last item seqno put in ``pending`` (what is committed)
-    emitted_seqno: int = 0  # the last item seqno handed out by next_messages
-    backfill_remaining: int = 0
-    takeover_state: VBucketState | None = None  # the state the handoff sends next
-
-    @property
-    def finished(self) -> bool:
-        return not self.stream.alive and not self.pending
-
-
-@dataclass(slots=True)
 class _Barrier:
     cookie: bytes
     opaque: int
@@ -191,6 +151,9 @@ class DcpProducer:
         self.bucket = bucket
         self.name = name
         self.flags = OpenFlag(flags)
+        self.no_value = bool(flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype))
+        self.keep_datatype = bool(flags & OpenFlag.NoValueWithUnderlyingDatatype)
+        self.delete_times = bool(flags & OpenFlag.IncludeDeleteTimes)
         self.clock = clock
         self.buffer_size = 0
         self.unacked_bytes = 0
@@ -203,7 +166,7 @@ class DcpProducer:
         self.items_sent = 0
         self.bytes_sent = 0
         self.disconnected = False
-        self._streams: dict[int, _Out] = {}
+        self._streams: dict[int, ActiveStream] = {}
         self._ready: deque[int] = deque()  # streams that may have something to send, in turn
         self._in_ready: set[int] = set()  # exactly the vbuckets in _ready
         self._notified: deque[int] = deque()  # vbuckets that queued items (any thread)
@@ -212,7 +175,15 @@ class DcpProducer:
         self._last_send = clock.time()
         self._noop_sent_at: float | None = None
         self._noop_opaques = itertools.count(0x1000_0000)
+        self.backfills = BackfillManager()
+        self.wakeup: Callable[[], None] | None = None  # the server's "pump me soon" (any thread)
         bucket.seqno_listeners.append(self._on_queued)
+
+    def attach(self, runner: BackfillRunner, wakeup: Callable[[], None]) -> None:
+        """Read backfills on ``runner`` (a worker thread); ``wakeup`` is called from that thread
+        when a batch lands, and must make the server call :meth:`next_messages` soon."""
+        self.wakeup = wakeup
+        self.backfills.attach(runner)
 
     # -- requests from the consumer --------------------------------------------------------
 
@@ -316,7 +287,7 @@ class DcpProducer:
         return dcp.StreamRequestOk(opaque=opaque, failover_log=vb.failover.entries).encode()
 
     def _open_stream(
-        self, vb: VBucket, msg: dcp.StreamRequest, accept: Accept, old: _Out | None
+        self, vb: VBucket, msg: dcp.StreamRequest, accept: Accept, old: ActiveStream | None
     ) -> None:
         stream = Stream(
             vbucket=vb.id,
@@ -326,21 +297,18 @@ class DcpProducer:
             end=accept.end,
             vb_uuid=accept.vb_uuid,
         )
-        out = _Out(
+        active = ActiveStream(
+            self,
             stream,
-            cursor_name=f"dcp:{self.name}:{vb.id}",
             was_active=vb.state == VBucketState.ACTIVE,
-            queued_seqno=accept.start,
-            emitted_seqno=accept.start,
+            takeover=bool(msg.flags & StreamRequestFlag.TakeOver),
         )
-        if msg.flags & StreamRequestFlag.TakeOver:
-            out.takeover_state = VBucketState.PENDING
         if old is not None:
-            out.pending = old.pending  # the old stream's StreamEnd must still go out, first
-        self._streams[vb.id] = out
-        self._wake(vb.id)
+            active.pending = old.pending  # the old stream's StreamEnd must still go out, first
+        self._streams[vb.id] = active
+        self.wake(vb.id)
         if accept.start >= accept.end:
-            self._end(out, StreamEndReason.OK)
+            active.end(StreamEndReason.OK)
 
     def close_stream(self, vbucket: int, opaque: int) -> bytes:
         out = self._streams.get(vbucket)
@@ -349,9 +317,9 @@ class DcpProducer:
                 Opcode.DcpCloseStream, opaque, Status.KeyEnoent, f"no stream for vb {vbucket}"
             )
         if self.stream_end_on_close:
-            self._end(out, StreamEndReason.Closed)
+            out.end(StreamEndReason.Closed)
         else:
-            self._end(out, StreamEndReason.Closed, send=False)
+            out.end(StreamEndReason.Closed, send=False)
             out.pending.clear()
             self._forget(vbucket)
         return _ok(Opcode.DcpCloseStream, opaque)
@@ -383,42 +351,28 @@ class DcpProducer:
         self._barriers.append(_Barrier(cookie, opaque, waiting))
 
     def set_vbucket_state_ack(self, opaque: int) -> None:
-        """The consumer answered a takeover stream's SetVbucketState (see the docstring)."""
+        """The consumer answered a takeover stream's SetVbucketState."""
         out = next(
             (o for o in self._streams.values()
              if o.stream.opaque == opaque and o.stream.state is StreamState.TAKEOVER_WAIT),
             None,
         )  # fmt: skip
-        if out is None:
-            return  # a stray or late answer: nothing waits for it
-        if out.takeover_state == VBucketState.PENDING:
-            out.takeover_state = VBucketState.ACTIVE
-            out.stream.handle(StreamEvent.ACKED)
-            # After the state event, so our own vbucket_state_changed spares this stream.
-            self.bucket.set_vbucket_state(out.stream.vbucket, VBucketState.DEAD)
-            self._wake(out.stream.vbucket)  # drain what was written meanwhile, then Active
-        else:
-            self._end(out, StreamEndReason.OK)
+        if out is not None:  # else a stray or late answer: nothing waits for it
+            out.takeover_acked()
 
     # -- events from the engine ---------------------------------------------------------------
 
     def vbucket_state_changed(self, vbucket: int) -> None:
         """End the streams of a vbucket that left the active state (or disappeared)."""
         out = self._streams.get(vbucket)
-        if out is None or not out.stream.alive:
-            return
-        if out.stream.state in (StreamState.TAKEOVER_SEND, StreamState.TAKEOVER_WAIT):
-            return  # the handoff itself moves the vbucket; it ends the stream when done
-        vb = self.bucket.vbuckets.get(vbucket)
-        gone = vb is None or vb.state == VBucketState.DEAD
-        if gone or (out.was_active and vb.state != VBucketState.ACTIVE):
-            self._end(out, StreamEndReason.StateChanged)
+        if out is not None and out.stream.alive:
+            out.vbucket_state_changed()
 
     def disconnect(self) -> None:
         """The connection is gone: release every cursor and backfill, forget everything."""
         for out in self._streams.values():
             if out.stream.alive:
-                self._end(out, StreamEndReason.Disconnected, send=False)
+                out.end(StreamEndReason.Disconnected, send=False)
         self._streams.clear()
         self._ready.clear()
         self._in_ready.clear()
@@ -435,15 +389,23 @@ class DcpProducer:
         if vbucket in self._streams:
             self._notified.append(vbucket)
 
-    def _wake(self, vbid: int) -> None:
+    def wake(self, vbid: int) -> None:
+        """Put a stream in the ready queue (the producer's own thread)."""
         if vbid not in self._in_ready:
             self._in_ready.add(vbid)
             self._ready.append(vbid)
 
+    def notify(self, vbid: int) -> None:
+        """A stream has something new to send (any thread: a backfill batch landed)."""
+        self._notified.append(vbid)
+        wakeup = self.wakeup
+        if wakeup is not None:
+            wakeup()
+
     def _drain_notified(self) -> None:
         notified = self._notified
         while notified:
-            self._wake(notified.popleft())
+            self.wake(notified.popleft())
 
     @property
     def has_ready(self) -> bool:
@@ -456,61 +418,59 @@ class DcpProducer:
         """Encoded DCP messages to send now (round-robin over the ready streams,
         flow-controlled)."""
         out: list[bytes] = []
-        budget = max_bytes
         self._drain_notified()
         self._echo_barriers(out)
-        ready = self._ready
-        while ready and budget > 0 and self._window_open():
-            vbid = ready.popleft()
-            entry = self._streams.get(vbid)
+        ready, streams, in_ready = self._ready, self._streams, self._in_ready
+        budget, polls, limit = max_bytes, 0, self.buffer_size or 1 << 63
+        # The loop runs once per message sent: the counters it bumps are locals, written
+        # back before anything else reads them (barrier echoes count bytes too).
+        unacked, sent, items = self.unacked_bytes, 0, 0
+        append, popleft, requeue = out.append, ready.popleft, ready.append
+        while ready and budget > 0 and unacked < limit:
+            vbid = popleft()
+            entry = streams.get(vbid)
             if entry is None:
-                self._in_ready.discard(vbid)  # forgotten while it waited in line
+                in_ready.discard(vbid)  # forgotten while it waited in line
                 continue
-            self.stream_polls += 1
-            msg = self._take(entry)
+            polls += 1
+            pending = entry.pending
+            msg = pending.popleft() if pending else entry.take()
             if msg is not None:
-                out.append(msg.data)
-                budget -= len(msg.data)
-                self._account(entry, msg)
+                data, seqno, covers = msg
+                append(data)
+                size = len(data)
+                budget -= size
+                unacked += size
+                sent += size
+                stream = entry.stream
+                if seqno:  # an item: Stream.note_item, inlined
+                    stream.last_sent_seqno = seqno
+                    stream.items_sent += 1
+                    items += 1
+                stream.bytes_sent += size
+                if covers > entry.emitted_seqno:
+                    entry.emitted_seqno = covers
             if self._barriers:
+                self.unacked_bytes = unacked
                 self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
-            if entry.finished:
-                self._in_ready.discard(vbid)
+                unacked = self.unacked_bytes
+            if msg is None:
+                in_ready.discard(vbid)  # idle until its vbucket queues something
+                if entry.finished:
+                    self._forget(vbid)
+            elif not pending and entry.finished:
+                in_ready.discard(vbid)
                 self._forget(vbid)
-            elif msg is None:
-                self._in_ready.discard(vbid)  # idle until its vbucket queues something
             else:
-                ready.append(vbid)
+                requeue(vbid)
+        self.unacked_bytes = unacked
+        self.bytes_sent += sent
+        self.items_sent += items
+        self.stream_polls += polls
         if out:
             self._last_send = self.clock.time()
         return out
-
-    def _window_open(self) -> bool:
-        return self.buffer_size == 0 or self.unacked_bytes < self.buffer_size
-
-    def _take(self, out: _Out) -> _Queued | None:
-        # Refill until a message is ready or a refill changes nothing: a refill may move the
-        # stream on without queueing anything (a backfill ending empty hands over to memory),
-        # and an idle stream leaves the ready queue, so "None" must mean "nothing for now".
-        stream = out.stream
-        while not out.pending and stream.alive:
-            before = (stream.state, out.queued_seqno)
-            self._refill(out)
-            if not out.pending and (stream.state, out.queued_seqno) == before:
-                break
-        return out.pending.popleft() if out.pending else None
-
-    def _account(self, out: _Out, msg: _Queued) -> None:
-        size = len(msg.data)
-        self.unacked_bytes += size
-        self.bytes_sent += size
-        out.stream.bytes_sent += 0 if msg.is_item else size
-        if msg.is_item:
-            assert msg.seqno is not None
-            out.stream.note_item(msg.seqno, size)
-            self.items_sent += 1
-        out.emitted_seqno = max(out.emitted_seqno, msg.covers)
 
     def _echo_barriers(self, out: list[bytes]) -> None:
         while self._barriers and not self._barriers[0].waiting:
@@ -520,212 +480,22 @@ class DcpProducer:
             self.bytes_sent += len(data)
             out.append(data)
 
-    def _barrier_progress(self, vbid: int, entry: _Out | None) -> None:
+    def _barrier_progress(self, vbid: int, entry: ActiveStream | None) -> None:
         """Strike ``vbid`` off every barrier whose target it has now reached."""
         for barrier in self._barriers:
             target = barrier.waiting.get(vbid)
             if target is None:
                 continue
-            done = entry is None or entry.finished or entry.emitted_seqno >= target
-            if done or not (entry.stream.alive or entry.pending):
+            if entry is None or entry.finished or entry.emitted_seqno >= target:
                 del barrier.waiting[vbid]
+            elif not (entry.stream.alive or entry.pending):
+                del barrier.waiting[vbid]  # it will send nothing more: nothing to wait for
 
     def _forget(self, vbid: int) -> None:
         # A queued entry stays in _ready and is dropped when reached (no O(n) removal).
         self._streams.pop(vbid, None)
         if self._barriers:
             self._barrier_progress(vbid, None)
-
-    # -- filling a stream's queue ---------------------------------------------------------
-
-    def _refill(self, out: _Out) -> None:
-        stream = out.stream
-        if stream.state is StreamState.PENDING:
-            self._begin(out)
-        if stream.state is StreamState.BACKFILLING:
-            self._refill_from_disk(out)
-        elif stream.state is StreamState.IN_MEMORY:
-            self._refill_from_memory(out)
-        elif stream.state is StreamState.TAKEOVER_SEND:
-            self._refill_takeover(out)
-
-    def _begin(self, out: _Out) -> None:
-        vb = self.bucket.vbuckets[out.stream.vbucket]
-        out.cursor = vb.checkpoints.register_cursor(out.cursor_name, out.queued_seqno)
-        if out.cursor is not None:
-            out.stream.handle(StreamEvent.MEMORY)
-        else:
-            out.stream.handle(StreamEvent.BACKFILL)
-            self._open_backfill(out)
-
-    def _open_backfill(self, out: _Out) -> None:
-        stream = out.stream
-        vbid = stream.vbucket
-        bf = self.bucket.storage.backfill(vbid, out.queued_seqno, stream.end)
-        out.backfill, out.backfill_items, out.backfill_first = bf, iter(bf.items), True
-        out.backfill_remaining = max(0, bf.end - out.queued_seqno)
-        # Pin memory right after the disk snapshot's end, so no backfill is needed next.
-        out.cursor = None
-        if bf.end < stream.end:
-            vb = self.bucket.vbuckets[vbid]
-            out.cursor = vb.checkpoints.register_cursor(out.cursor_name, bf.end)
-
-    def _refill_from_disk(self, out: _Out) -> None:
-        bf, items = out.backfill, out.backfill_items
-        assert bf is not None and items is not None
-        batch = list(itertools.islice(items, BATCH_ITEMS))
-        if out.backfill_first:
-            out.backfill_first = False
-            if bf.end > out.queued_seqno:
-                start = out.stream.marker_start(out.queued_seqno)
-                self._marker(out, start, bf.end, SnapshotFlag.Disk, bf.purge_seqno)
-        for item in batch:
-            self._queue_item(out, item)
-        out.backfill_remaining = max(0, bf.end - out.queued_seqno)
-        if len(batch) == BATCH_ITEMS:
-            return
-        # The disk snapshot is complete: the consumer is consistent at its end.
-        self._advance(out, bf.end)
-        _close_backfill(out)
-        out.backfill_remaining = 0
-        if self._end_if_reached(out):
-            return
-        if out.cursor is None:
-            self._open_backfill(out)  # memory moved on while we read: another disk snapshot
-        else:
-            out.stream.handle(StreamEvent.BACKFILL_DONE)
-
-    def _refill_from_memory(self, out: _Out) -> None:
-        assert out.cursor is not None
-        try:
-            snap = out.cursor.next_snapshot(BATCH_ITEMS)
-        except CursorDropped:
-            out.stream.handle(StreamEvent.CURSOR_DROPPED)
-            self._open_backfill(out)
-            self._refill_from_disk(out)
-            return
-        if snap is None:
-            if out.takeover_state is not None:
-                out.stream.handle(StreamEvent.TAKEOVER)  # caught up: start the handoff
-                self._refill_takeover(out)
-            return
-        self._queue_snapshot(out, snap)
-        self._end_if_reached(out)
-
-    def _refill_takeover(self, out: _Out) -> None:
-        """Drain what memory still holds, then send the next state of the handoff."""
-        assert out.cursor is not None and out.takeover_state is not None
-        try:
-            snap = out.cursor.next_snapshot(BATCH_ITEMS)
-        except CursorDropped:
-            self._end(out, StreamEndReason.TooSlow)
-            return
-        if snap is not None:
-            self._queue_snapshot(out, snap)
-            self._end_if_reached(out)
-            return
-        stream = out.stream
-        msg = dcp.SetVbucketState(
-            opaque=stream.opaque, vbucket=stream.vbucket, state=out.takeover_state
-        )
-        out.pending.append(_Queued(msg.encode()))
-        stream.handle(StreamEvent.STATE_SENT)
-
-    def _queue_snapshot(self, out: _Out, snap: Snapshot) -> None:
-        end = out.stream.end
-        items = [i for i in snap.items if i.by_seqno <= end]
-        if not items:
-            # Everything up to the end was deduplicated into later seqnos: nothing to send.
-            self._advance(out, min(snap.end, end))
-            return
-        flags = SnapshotFlag.Memory | (SnapshotFlag.Checkpoint if snap.checkpoint else 0)
-        vb = self.bucket.vbuckets.get(out.stream.vbucket)
-        purge = vb.purge_seqno if vb is not None else 0
-        start = out.stream.marker_start(snap.start)
-        self._marker(out, start, min(snap.end, end), flags, purge)
-        for item in items:
-            self._queue_item(out, item)
-        if snap.end >= end:
-            self._advance(out, end)
-
-    def _advance(self, out: _Out, seqno: int) -> None:
-        """The consumer is consistent at ``seqno`` once what is queued now has gone out."""
-        out.queued_seqno = max(out.queued_seqno, seqno)
-        if out.pending:
-            out.pending[-1].covers = out.queued_seqno
-        else:
-            out.emitted_seqno = max(out.emitted_seqno, out.queued_seqno)
-
-    def _end_if_reached(self, out: _Out) -> bool:
-        if out.queued_seqno >= out.stream.end:
-            self._end(out, StreamEndReason.OK)
-            return True
-        return False
-
-    def _end(self, out: _Out, reason: StreamEndReason, *, send: bool = True) -> None:
-        stream = out.stream
-        stream.finish(reason)
-        vb = self.bucket.vbuckets.get(stream.vbucket)
-        if vb is not None:
-            vb.checkpoints.drop_cursor(out.cursor_name)
-        out.cursor = None
-        _close_backfill(out)
-        if send:
-            data = dcp.StreamEnd(opaque=stream.opaque, vbucket=stream.vbucket, reason=reason)
-            out.pending.append(_Queued(data.encode(), seqno=None))
-            self._wake(stream.vbucket)
-
-    def _marker(self, out: _Out, start: int, end: int, flags: int, purge: int) -> None:
-        stream = out.stream
-        common = {
-            "opaque": stream.opaque,
-            "vbucket": stream.vbucket,
-            "start_seqno": start,
-            "end_seqno": end,
-            "flags": int(flags),
-        }
-        marker: dcp.SnapshotMarker
-        if self.marker_version == "1.0":
-            marker = dcp.SnapshotMarker(**common)
-        elif self.marker_version == "2.0":
-            marker = dcp.SnapshotMarkerV2_0(**common, max_visible_seqno=end)
-        else:
-            marker = dcp.SnapshotMarkerV2_2(**common, max_visible_seqno=end, purge_seqno=purge)
-        stream.note_snapshot(start, end)
-        out.pending.append(_Queued(marker.encode()))
-
-    def _queue_item(self, out: _Out, item: Item) -> None:
-        data = self._encode_item(out.stream, item)
-        out.pending.append(_Queued(data, item.by_seqno, True, covers=item.by_seqno))
-        out.queued_seqno = item.by_seqno
-
-    def _encode_item(self, stream: Stream, item: Item) -> bytes:
-        head = {"opaque": stream.opaque, "vbucket": stream.vbucket, "cas": item.cas}
-        seqnos = {"by_seqno": item.by_seqno, "rev_seqno": item.rev_seqno}
-        if not item.deleted:
-            value, datatype = item.value, item.datatype
-            if self.flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype):
-                # No value: never read an ejected one back. Plain NoValue also drops the
-                # datatype (it described the value), the other flag keeps it.
-                value = b""
-                if not self.flags & OpenFlag.NoValueWithUnderlyingDatatype:
-                    datatype = 0
-            elif value is None:  # ejected from the hash table's copy: read it back
-                stored = self.bucket.get_from_storage(stream.vbucket, item.key)
-                value = stored.value if stored is not None and stored.value is not None else b""
-            return dcp.Mutation(
-                **head, **seqnos, datatype=datatype, key=item.key, value=value,
-                flags=item.flags, expiration=item.expiry,
-            ).encode()  # fmt: skip
-        if item.expired and self.expiry_opcode:
-            return dcp.Expiration(
-                **head, **seqnos, key=item.key, delete_time=item.delete_time
-            ).encode()
-        if self.flags & OpenFlag.IncludeDeleteTimes:
-            return dcp.DeletionV2(
-                **head, **seqnos, key=item.key, delete_time=item.delete_time
-            ).encode()
-        return dcp.Deletion(**head, **seqnos, key=item.key).encode()
 
     # -- liveness --------------------------------------------------------------------------
 
@@ -774,7 +544,7 @@ class DcpProducer:
                 "snapshots_sent": s.snapshots_sent,
                 "backfill_remaining": out.backfill_remaining,
                 "ready_queue_items": len(out.pending),
-                "ready_queue_bytes": sum(len(q.data) for q in out.pending),
+                "ready_queue_bytes": sum(len(q[0]) for q in out.pending),
             }
             stats.update({f"{k}:{vbid}:{n}": v for k, v in per.items()})
         return {k: str(v) for k, v in stats.items()}
@@ -802,14 +572,6 @@ def _parse_uint(value: str, key: str) -> int:
     if not value.isascii() or not value.isdigit() or int(value) >= 1 << 32:
         raise ProducerError(Status.Einval, f"{key}: {value!r} is not an unsigned 32-bit number")
     return int(value)
-
-
-def _close_backfill(out: _Out) -> None:
-    items = out.backfill_items
-    close = getattr(items, "close", None)
-    if close is not None:
-        close()  # a generator: closing it ends the SQLite read transaction now
-    out.backfill = out.backfill_items = None
 
 
 def _view(vb: VBucket) -> VBucketView:

@@ -75,7 +75,7 @@ class StreamStateError(DcpkvError, RuntimeError):
     """An event that is not legal in the stream's current state."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Stream:
     """One vbucket's stream on a producer connection."""
 

@@ -41,9 +41,10 @@ resuming from below it might miss a deletion and must roll back to 0.
 Threads. Writes (persist, rollback, compact, state) must come from one thread at a time, the
 flusher's; a lock enforces it. Point reads (:meth:`Storage.get`, a value fetch for an ejected
 item) use a second connection under its own lock and may come from any thread; WAL lets them
-run beside a flush. A backfill (:meth:`Storage.scan_by_seqno`, :meth:`Storage.backfill`) opens
-its own connection and reads inside one transaction, a consistent snapshot of the disk however
-long the stream takes.
+run beside a flush. A backfill (:meth:`Storage.open_backfill`, and :meth:`Storage.backfill` /
+:meth:`Storage.scan_by_seqno` built on it) opens its own connection and reads inside one
+transaction, a consistent snapshot of the disk however long the stream takes; that connection
+may be used from any one thread at a time (a DCP backfill reads it in a worker thread).
 
 Unsigned 64-bit CAS values are stored as SQLite's signed 64-bit integers (two's complement).
 """
@@ -161,6 +162,54 @@ class VBState:
 class CompactResult:
     purged: int
     purge_seqno: int
+
+
+# A raw ``documents`` row as a backfill reads it: (key, by_seqno, cas, rev_seqno, flags,
+# expiry, datatype, deleted, delete_time, value). ``cas`` is the signed 64-bit form SQLite keeps
+# (two's complement of the u64), ``deleted`` is 0, DELETED or EXPIRED.
+Row = tuple[bytes, int, int, int, int, int, int, int, int, bytes]
+DELETED, EXPIRED = _DELETED, _EXPIRED
+
+
+class BackfillScan:
+    """An open disk snapshot of one vbucket: ``start`` (exclusive) .. ``end``, latest version
+    per key, read in seqno order by :meth:`read` inside one read transaction.
+
+    Not thread-safe: one thread at a time (any thread). :meth:`close` ends the transaction;
+    reading to the end closes it too, so a finished scan pins no WAL frames.
+    """
+
+    __slots__ = ("_conn", "_cursor", "end", "exhausted", "purge_seqno", "start")
+
+    def __init__(self, conn: sqlite3.Connection, vb: int, start: int, end: int, purge: int) -> None:
+        self.start, self.end, self.purge_seqno = start, end, purge
+        self._conn: sqlite3.Connection | None = conn
+        self._cursor = conn.execute(
+            f"SELECT {_DOC_COLUMNS} FROM documents WHERE vb = ? AND by_seqno > ?"
+            " AND by_seqno <= ? ORDER BY by_seqno",
+            (vb, start, end),
+        )
+        self.exhausted = False
+
+    def read(self, n: int) -> list[Row]:
+        """Up to ``n`` more rows; fewer means the snapshot is read to its end (and closed)."""
+        if self._conn is None:
+            return []
+        rows = self._cursor.fetchmany(n)
+        if len(rows) < n:
+            self.exhausted = True
+            self.close()
+        return rows
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def item_from_row(row: Row) -> Item:
+    """The :class:`Item` of a raw row (see :data:`Row`)."""
+    return _item(row)
 
 
 @dataclass(slots=True)
@@ -472,18 +521,26 @@ class Storage:
 
     def backfill(self, vb: int, start_exclusive: int, end_inclusive: int | None = None) -> Backfill:
         """A disk snapshot read in one transaction; ``end`` defaults to the persisted high."""
+        scan = self.open_backfill(vb, start_exclusive, end_inclusive)
+        return Backfill(scan.start, scan.end, scan.purge_seqno, _items(scan))
+
+    def open_backfill(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> BackfillScan:
+        """Open a disk snapshot (its own connection, one read transaction) for raw rows;
+        ``end`` defaults to the persisted high seqno, and is capped by it."""
         conn = self._open(create=False)
         try:
             conn.execute("BEGIN")
             row = conn.execute(
                 "SELECT high_seqno, purge_seqno FROM vbstate WHERE vb = ?", (vb,)
             ).fetchone()
+            high, purge = row if row else (0, 0)
+            end = high if end_inclusive is None else min(end_inclusive, high)
+            return BackfillScan(conn, vb, start_exclusive, end, purge)
         except BaseException:
             conn.close()
             raise
-        high, purge = row if row else (0, 0)
-        end = high if end_inclusive is None else min(end_inclusive, high)
-        return Backfill(start_exclusive, end, purge, _scan(conn, vb, start_exclusive, end))
 
     # -- rollback and compaction -------------------------------------------------------------
 
@@ -574,18 +631,13 @@ class Storage:
             return CompactResult(count, purge)
 
 
-def _scan(conn: sqlite3.Connection, vb: int, start: int, end: int) -> Iterator[Item]:
+def _items(scan: BackfillScan) -> Iterator[Item]:
     try:
-        cursor = conn.execute(
-            f"SELECT {_DOC_COLUMNS} FROM documents WHERE vb = ? AND by_seqno > ?"
-            " AND by_seqno <= ? ORDER BY by_seqno",
-            (vb, start, end),
-        )
-        while rows := cursor.fetchmany(512):
+        while rows := scan.read(512):
             for row in rows:
                 yield _item(row)
     finally:
-        conn.close()
+        scan.close()
 
 
 def _prune_failover(text: str, seqno: int) -> str:

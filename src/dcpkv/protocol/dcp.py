@@ -22,7 +22,10 @@ of the 16-byte entry); its errors become ``CodecError(Einval)`` here.
 
 Mutation is the hot path of every stream and is written out by hand: one precompiled
 ``struct`` pack of header plus extras then a concatenation to encode; one unpack of the extras
-and memoryview slices (made by the parser) to decode.
+and memoryview slices (made by the parser) to decode. A producer that holds the fields already
+(a stored row, an item) skips the message object: :func:`encode_mutation` is the same bytes as
+``Mutation(...).encode()`` for a request without a stream id, and :data:`MUTATION_HEAD_S64` packs
+a CAS kept as a signed 64-bit integer (SQLite's form) to the very same bytes as the u64.
 """
 
 from __future__ import annotations
@@ -73,6 +76,17 @@ _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
 _MUTATION_EXTRAS_LEN = _MUTATION_EXTRAS.size  # 31
 # header and extras of a mutation in one pack: the whole encode is one call plus a join
 _MUTATION_HEAD = struct.Struct(HEADER.format + _MUTATION_EXTRAS.format[1:])
+# the same layout with the CAS as a signed 64-bit field: two's complement gives the u64's bytes
+MUTATION_HEAD_S64 = struct.Struct(HEADER.format[:-1] + "q" + _MUTATION_EXTRAS.format[1:])
+MUTATION_EXTRAS_LEN = _MUTATION_EXTRAS_LEN
+_REQUEST_MAGIC, _MUTATION_OPCODE = int(Magic.ClientRequest), int(Opcode.DcpMutation)
+_MARKER_OPCODE = int(Opcode.DcpSnapshotMarker)
+_REQUEST_MAGICS = frozenset(
+    int(m) for m in (Magic.ClientRequest, Magic.AltClientRequest, Magic.ServerRequest)
+)
+_UNPACK_EXTRAS = _MUTATION_EXTRAS.unpack
+_new = object.__new__
+_MARKER_V1_HEAD = struct.Struct(HEADER.format + _MARKER_V1.format[1:])
 _DELETION_V1 = struct.Struct(">QQH")
 _DELETION_V2 = struct.Struct(">QQIB")
 _EXPIRATION = struct.Struct(">QQI")
@@ -375,6 +389,12 @@ class SnapshotMarker(Request):
     flags: int = 0
 
 
+# typed as a tuple of any length: V2.2 extends it
+_MARKER_V2_0_NAMES: tuple[str, ...] = (
+    "start_seqno", "end_seqno", "flags", "max_visible_seqno", "high_completed_seqno",
+)  # fmt: skip
+
+
 @dataclass(slots=True, kw_only=True)
 class SnapshotMarkerV2_0(SnapshotMarker):
     """V2.0: extras = version byte 0x00, value = start, end, flags, max visible seqno, high
@@ -382,9 +402,7 @@ class SnapshotMarkerV2_0(SnapshotMarker):
 
     VERSION = SnapshotMarkerVersion.V2_0
     VALUE_LAYOUT = _MARKER_V2_0
-    VALUE_NAMES = (
-        "start_seqno", "end_seqno", "flags", "max_visible_seqno", "high_completed_seqno",
-    )  # fmt: skip
+    VALUE_NAMES = _MARKER_V2_0_NAMES
     max_visible_seqno: int = 0
     high_completed_seqno: int = 0
 
@@ -412,9 +430,17 @@ class SnapshotMarkerV2_2(SnapshotMarkerV2_0):
 
     VERSION = SnapshotMarkerVersion.V2_2
     VALUE_LAYOUT = _MARKER_V2_2
-    VALUE_NAMES = (*SnapshotMarkerV2_0.VALUE_NAMES, "purge_seqno", "high_prepared_seqno")
+    VALUE_NAMES = (*_MARKER_V2_0_NAMES, "purge_seqno", "high_prepared_seqno")
     purge_seqno: int = 0
     high_prepared_seqno: int = 0
+
+
+def encode_snapshot_marker(opaque: int, vbucket: int, start: int, end: int, flags: int) -> bytes:
+    """``SnapshotMarker(...).encode()`` (V1, no stream id) in one pack: a producer's path."""
+    size = _MARKER_V1.size
+    return _MARKER_V1_HEAD.pack(
+        _REQUEST_MAGIC, _MARKER_OPCODE, 0, size, 0, vbucket, size, opaque, 0, start, end, flags
+    )
 
 
 def decode_snapshot_marker(frame: Frame) -> SnapshotMarker:
@@ -470,7 +496,7 @@ class Mutation(Request):
 
     @classmethod
     def decode(cls, frame: Frame) -> Self:
-        if frame.opcode != Opcode.DcpMutation or not frame.is_request:
+        if frame.opcode != _MUTATION_OPCODE or frame.magic not in _REQUEST_MAGICS:
             check_frame(cls, frame, request=True)
         extras = frame.extras
         if len(extras) != _MUTATION_EXTRAS_LEN:
@@ -478,15 +504,32 @@ class Mutation(Request):
         key = frame.key
         if not key:
             raise einval("Mutation key", "is required (empty key)")
-        by_seqno, rev_seqno, flags, expiration, lock_time, nmeta, nru = _MUTATION_EXTRAS.unpack(
-            extras
+        m = _new(cls)  # every field set below: the keyword __init__ costs 3x these stores
+        m.by_seqno, m.rev_seqno, m.flags, m.expiration, m.lock_time, m.nmeta, m.nru = (
+            _UNPACK_EXTRAS(extras)
         )
-        return cls(
-            opaque=frame.opaque, cas=frame.cas, datatype=frame.datatype, vbucket=frame.vbucket,
-            stream_id=frame.stream_id, key=key, value=frame.value, by_seqno=by_seqno,
-            rev_seqno=rev_seqno, flags=flags, expiration=expiration, lock_time=lock_time,
-            nmeta=nmeta, nru=nru,
-        )  # fmt: skip
+        m.opaque, m.cas, m.datatype, m.vbucket = (
+            frame.opaque,
+            frame.cas,
+            frame.datatype,
+            frame.vbucket,
+        )
+        m.stream_id, m.key, m.value = frame.stream_id, key, frame.value
+        return m
+
+
+def encode_mutation(
+    opaque: int, vbucket: int, cas: int, by_seqno: int, rev_seqno: int, flags: int,
+    expiration: int, datatype: int, key: bytes, value: bytes,
+) -> bytes:  # fmt: skip
+    """``Mutation(...).encode()`` without the object (no stream id, lock time, nmeta or nru):
+    the producer's per-item path. The caller guarantees a key of 1..250 bytes."""
+    head = _MUTATION_HEAD.pack(
+        _REQUEST_MAGIC, _MUTATION_OPCODE, len(key), _MUTATION_EXTRAS_LEN, datatype, vbucket,
+        _MUTATION_EXTRAS_LEN + len(key) + len(value), opaque, cas, by_seqno, rev_seqno, flags,
+        expiration, 0, 0, 0,
+    )  # fmt: skip
+    return head + key + value
 
 
 @dataclass(slots=True, kw_only=True)

@@ -25,7 +25,10 @@ bucket's ``seqno_listeners`` mark the bucket dirty, and one ``call_soon`` per lo
 pumps its producers, however many writes there were), when the transport drains below its
 low-water mark (``resume_writing``), and every ``PUMP_TICK_S`` as a safety net. A pump costs
 what the producer's ready queue holds, never O(open streams): the producer itself notes which
-of its streams' vbuckets queued items (see :mod:`dcpkv.dcp.producer`). It never
+of its streams' vbuckets queued items (see :mod:`dcpkv.dcp.producer`). Disk backfills are
+read by ONE backfill worker thread (:class:`~dcpkv.dcp.backfill.BackfillThread`), never on the
+loop: the first pump of a producer attaches it to that thread with a wake-up that, from the
+worker, does ``call_soon_threadsafe`` to pump that connection when a batch lands. It never
 writes while the transport is above its high-water mark, so a slow consumer costs at most
 ``WRITE_HIGH_WATER`` plus one chunk of server memory; what it has not read stays in the
 checkpoints or on disk (the producer's own bound). Every second the liveness timer writes
@@ -67,6 +70,7 @@ from typing import cast
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.storage import BucketLock
@@ -108,6 +112,7 @@ class KVProtocol(asyncio.Protocol):
         self.closing = False
         self.write_paused = False
         self._pump_scheduled = False
+        self._attached: DcpProducer | None = None  # the producer given the backfill thread
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -219,10 +224,27 @@ class KVProtocol(asyncio.Protocol):
         producer = self.producer
         if producer is None or self.closing or self.write_paused or self.transport is None:
             return
+        if producer is not self._attached:
+            self._attach(producer)
         chunks = producer.next_messages(PUMP_CHUNK)
         if chunks:
             # May call pause_writing at once, which stops the next round.
             self.transport.write(b"".join(chunks))
+            self.schedule_pump()
+
+    def _attach(self, producer: DcpProducer) -> None:
+        # Before its first next_messages, which is where backfills start: from now on they
+        # are read in the worker thread, whose landings pump this connection.
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:  # from the worker thread: hop onto the loop
+            loop.call_soon_threadsafe(self._wake_from_thread)
+
+        producer.attach(self.server.backfill_thread, wake)
+        self._attached = producer
+
+    def _wake_from_thread(self) -> None:
+        if not self.closing:
             self.schedule_pump()
 
     def liveness(self, now: float) -> None:
@@ -246,6 +268,9 @@ class DataServer:
         self.state = ServerState(config)
         self.connections: set[KVProtocol] = set()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcpkv-io")
+        # Not the flusher's thread: a flush must never wait behind a backfill read, nor a
+        # backfill behind a flush.
+        self.backfill_thread = BackfillThread()
         self.max_value_len = 0
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -425,6 +450,7 @@ class DataServer:
                 await task
         loop = asyncio.get_running_loop()
         # Same thread as the flusher: the final flush cannot interleave with a running one.
+        self.backfill_thread.stop()  # after every producer let go of its backfills
         await loop.run_in_executor(self.executor, self._shutdown_buckets)
         self.executor.shutdown(wait=True)
         log.info("dcpkv stopped cleanly")

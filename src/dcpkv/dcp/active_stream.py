@@ -1,0 +1,426 @@
+"""One vbucket's stream on a DCP producer connection: where its items come from (kv_engine's
+ActiveStream).
+
+Theory of operation
+-------------------
+An :class:`ActiveStream` is created when the producer accepts a stream request. It drives a
+:class:`~dcpkv.dcp.stream.Stream` (the state machine and the accounting of what was sent) and
+fills a small queue of encoded messages, ``pending``, that the producer takes from one message
+per visit (round-robin over its ready streams, flow-controlled: connection matters stay in
+:mod:`dcpkv.dcp.producer`).
+
+Start
+    The first refill registers a checkpoint cursor at the requested start. If memory no
+    longer holds that point, the stream *backfills*: one disk snapshot (marker flag Disk) from
+    the start to the persisted high seqno, read by a :class:`~dcpkv.dcp.backfill.DiskBackfill`
+    in batches off the event loop. As soon as the snapshot is open, a cursor is registered at
+    its end, so memory keeps what follows. Then the stream sends memory snapshots from the
+    cursor (flag Memory, plus Checkpoint when the snapshot opens a checkpoint), already
+    deduplicated by the checkpoint manager. A dropped cursor (slow consumer, memory pressure)
+    sends the stream back to disk from the last seqno it queued, as kv_engine does. The marker
+    start follows spec 004: the requested start for the first marker, the backfill's start for
+    later backfills, the cursor's rule otherwise.
+
+Output and memory
+    ``pending`` holds ``(bytes, seqno, covers)`` entries: the encoded message, the item's seqno
+    (0 for a marker, a StreamEnd, a state message) and the seqno up to which the consumer is
+    consistent once it is sent. It is refilled only when empty, with at most :data:`BATCH_ITEMS`
+    items from the backfill's buffer or one memory snapshot (a soft limit: the checkpoint
+    manager never splits a checkpoint, so a snapshot is bounded by the bucket's
+    ``checkpoint_max_items``). What the consumer has not read stays on disk (the backfill's
+    buffer is bounded per producer) or in the checkpoints, which may drop the cursor.
+
+Encoding
+    Items become wire bytes without a message object: a backfill's rows are packed straight
+    from their stored fields in the backfill's worker (:func:`encode_rows`), memory items from
+    their :class:`Item` (:meth:`ActiveStream.encode_item`). Both give the bytes the typed
+    messages give (tests/dcp compare them).
+
+Takeover (rebalance handoff)
+    A stream requested with the TakeOver flag runs like any other until it has caught up
+    (its memory cursor has nothing more). It then hands the vbucket over as kv_engine does:
+    it sends SetVbucketState(pending) and waits for the consumer's answer; on that answer it
+    sets its *own* vbucket dead (no front-end write may land after this point; other streams
+    of the vbucket end with StateChanged), drains what was written meanwhile, sends
+    SetVbucketState(active), waits for the answer, and ends with StreamEnd(OK). A takeover
+    stream whose cursor is dropped in the handoff ends with TooSlow (the driver retries).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from dcpkv.core.vbucket import VBucketState
+from dcpkv.dcp.backfill import BackfillManager, Batch, DiskBackfill
+from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
+from dcpkv.engine.item import Item
+from dcpkv.engine.storage import Row, item_from_row
+from dcpkv.protocol import dcp
+from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason
+
+BATCH_ITEMS = 64  # items a stream queues at a time, from its backfill or from memory
+_PACK_S64 = dcp.MUTATION_HEAD_S64.pack
+_EXTRAS_LEN = dcp.MUTATION_EXTRAS_LEN
+_MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
+# Plain ints: Flag arithmetic costs microseconds per snapshot.
+_DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
+_MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
+
+Pending = tuple[bytes, int, int]  # (message, item seqno or 0, consistent-at seqno)
+
+
+class StreamOwner(Protocol):
+    """What a stream needs of its producer connection."""
+
+    name: str
+    bucket: Bucket
+    flags: OpenFlag
+    # what the Open flags say about items, as plain bools (Flag arithmetic is slow per item)
+    no_value: bool  # NoValue or NoValueWithUnderlyingDatatype
+    keep_datatype: bool  # NoValueWithUnderlyingDatatype
+    delete_times: bool  # IncludeDeleteTimes
+    expiry_opcode: bool
+    marker_version: str
+    backfills: BackfillManager
+
+    def wake(self, vbucket: int) -> None:
+        """Put the stream in the ready queue (its thread only)."""
+
+    def notify(self, vbucket: int) -> None:
+        """Put the stream in the ready queue from any thread."""
+
+
+class ActiveStream:
+    """A stream plus where its next items come from and what is ready to send."""
+
+    __slots__ = (
+        "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
+        "emitted_seqno", "owner", "pending", "queued_seqno", "stream", "takeover_state",
+        "was_active",
+    )  # fmt: skip
+
+    def __init__(
+        self, owner: StreamOwner, stream: Stream, *, was_active: bool, takeover: bool
+    ) -> None:
+        self.owner = owner
+        self.stream = stream
+        self.cursor_name = f"dcp:{owner.name}:{stream.vbucket}"
+        self.was_active = was_active
+        self.pending: deque[Pending] = deque()
+        self.cursor: Cursor | None = None
+        self.backfill: DiskBackfill | None = None
+        self.backfill_first = True  # no marker sent yet for the current backfill
+        self.queued_seqno = stream.start  # the last item seqno put in ``pending``
+        self.emitted_seqno = stream.start  # the last seqno the consumer is consistent at
+        self.backfill_remaining = 0
+        # the state the handoff sends next
+        self.takeover_state: VBucketState | None = VBucketState.PENDING if takeover else None
+
+    @property
+    def vbucket(self) -> int:
+        return self.stream.vbucket
+
+    @property
+    def finished(self) -> bool:
+        return self.stream.state is StreamState.DEAD and not self.pending
+
+    # -- the producer's side ------------------------------------------------------------------
+
+    def take(self) -> Pending | None:
+        """The next message to send, or None when there is nothing until a notification."""
+        # Refill until a message is ready or a refill changes nothing: a refill may move the
+        # stream on without queueing anything (a backfill ending empty hands over to memory),
+        # and an idle stream leaves the ready queue, so "None" must mean "nothing for now".
+        pending, stream = self.pending, self.stream
+        while not pending and stream.state is not StreamState.DEAD:
+            before = (stream.state, self.queued_seqno, self.backfill)
+            self._refill()
+            if not pending and (stream.state, self.queued_seqno, self.backfill) == before:
+                break
+        return pending.popleft() if pending else None
+
+    def end(self, reason: StreamEndReason, *, send: bool = True) -> None:
+        """End the stream: release its cursor and backfill; queue StreamEnd if ``send``."""
+        stream = self.stream
+        stream.finish(reason)
+        vb = self.owner.bucket.vbuckets.get(stream.vbucket)
+        if vb is not None:
+            vb.checkpoints.drop_cursor(self.cursor_name)
+        self.cursor = None
+        self._close_backfill()
+        if send:
+            data = dcp.StreamEnd(opaque=stream.opaque, vbucket=stream.vbucket, reason=reason)
+            self.pending.append((data.encode(), 0, 0))
+            self.owner.wake(stream.vbucket)
+
+    def vbucket_state_changed(self) -> None:
+        """End the stream if its vbucket left the active state (or disappeared)."""
+        if self.stream.state in (StreamState.TAKEOVER_SEND, StreamState.TAKEOVER_WAIT):
+            return  # the handoff itself moves the vbucket; it ends the stream when done
+        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
+        state = vb.state if vb is not None else VBucketState.DEAD  # gone counts as dead
+        if state == VBucketState.DEAD or (self.was_active and state != VBucketState.ACTIVE):
+            self.end(StreamEndReason.StateChanged)
+
+    def takeover_acked(self) -> None:
+        """The consumer answered our SetVbucketState (the stream is in takeover_wait)."""
+        if self.takeover_state == VBucketState.PENDING:
+            self.takeover_state = VBucketState.ACTIVE
+            self.stream.handle(StreamEvent.ACKED)
+            # After the state event, so the producer's vbucket_state_changed spares us.
+            self.owner.bucket.set_vbucket_state(self.stream.vbucket, VBucketState.DEAD)
+            self.owner.wake(self.stream.vbucket)  # drain what was written meanwhile
+        else:
+            self.end(StreamEndReason.OK)
+
+    # -- filling ``pending`` ------------------------------------------------------------------
+
+    def _refill(self) -> None:
+        state = self.stream.state
+        if state is StreamState.PENDING:
+            self._begin()
+            state = self.stream.state
+        if state is StreamState.BACKFILLING:
+            self._refill_from_disk()
+        elif state is StreamState.IN_MEMORY:
+            self._refill_from_memory()
+        elif state is StreamState.TAKEOVER_SEND:
+            self._refill_takeover()
+
+    def _begin(self) -> None:
+        vb = self.owner.bucket.vbuckets[self.stream.vbucket]
+        self.cursor = vb.checkpoints.register_cursor(self.cursor_name, self.queued_seqno)
+        if self.cursor is not None:
+            self.stream.handle(StreamEvent.MEMORY)
+        else:
+            self.stream.handle(StreamEvent.BACKFILL)
+            self._open_backfill()
+
+    def _open_backfill(self) -> None:
+        stream = self.stream
+        storage, vbid, start, end = (
+            self.owner.bucket.storage,
+            stream.vbucket,
+            self.queued_seqno,
+            stream.end,
+        )
+        self.backfill = DiskBackfill(
+            self.owner.backfills,
+            lambda: storage.open_backfill(vbid, start, end),
+            self._encode_rows,
+            lambda: self.owner.notify(vbid),
+        )
+        self.backfill_first = True
+        self.cursor = None
+
+    def _backfill_opened(self, bf: DiskBackfill) -> None:
+        """The disk snapshot is open: send its marker, pin memory right after its end."""
+        self.backfill_first = False
+        if bf.end > self.queued_seqno:
+            start = self.stream.marker_start(self.queued_seqno)
+            self._marker(start, bf.end, _DISK, bf.purge_seqno)
+        if bf.end < self.stream.end:
+            vb = self.owner.bucket.vbuckets[self.stream.vbucket]
+            self.cursor = vb.checkpoints.register_cursor(self.cursor_name, bf.end)
+
+    def _refill_from_disk(self) -> None:
+        bf = self.backfill
+        assert bf is not None
+        if self.backfill_first:
+            if not bf.opened:
+                bf.request()  # an inline runner opens it now; a thread notifies us later
+                if not bf.opened:
+                    return
+            self._backfill_opened(bf)
+        taken = bf.take(BATCH_ITEMS)
+        if taken is not None:
+            messages, seqnos = taken
+            self.pending.extend(zip(messages, seqnos, seqnos, strict=True))
+            self.queued_seqno = seqnos[-1]
+        if not bf.finished:
+            # More to come: in the buffer, or being read (its landing notifies us).
+            self.backfill_remaining = max(0, bf.end - self.queued_seqno)
+            return
+        # The disk snapshot is complete: the consumer is consistent at its end.
+        self._advance(bf.end)
+        self._close_backfill()
+        self.backfill_remaining = 0
+        if self._end_if_reached():
+            return
+        if self.cursor is None:
+            self._open_backfill()  # memory moved on while we read: another disk snapshot
+        else:
+            self.stream.handle(StreamEvent.BACKFILL_DONE)
+
+    def _refill_from_memory(self) -> None:
+        assert self.cursor is not None
+        try:
+            snap = self.cursor.next_snapshot(BATCH_ITEMS)
+        except CursorDropped:
+            self.stream.handle(StreamEvent.CURSOR_DROPPED)
+            self._open_backfill()
+            self._refill_from_disk()
+            return
+        if snap is None:
+            if self.takeover_state is not None:
+                self.stream.handle(StreamEvent.TAKEOVER)  # caught up: start the handoff
+                self._refill_takeover()
+            return
+        self._queue_snapshot(snap)
+        self._end_if_reached()
+
+    def _refill_takeover(self) -> None:
+        """Drain what memory still holds, then send the next state of the handoff."""
+        assert self.cursor is not None and self.takeover_state is not None
+        try:
+            snap = self.cursor.next_snapshot(BATCH_ITEMS)
+        except CursorDropped:
+            self.end(StreamEndReason.TooSlow)
+            return
+        if snap is not None:
+            self._queue_snapshot(snap)
+            self._end_if_reached()
+            return
+        stream = self.stream
+        msg = dcp.SetVbucketState(
+            opaque=stream.opaque, vbucket=stream.vbucket, state=self.takeover_state
+        )
+        self.pending.append((msg.encode(), 0, 0))
+        stream.handle(StreamEvent.STATE_SENT)
+
+    def _queue_snapshot(self, snap: Snapshot) -> None:
+        end = self.stream.end
+        items = snap.items if snap.end <= end else [i for i in snap.items if i.by_seqno <= end]
+        if not items:
+            # Everything up to the end was deduplicated into later seqnos: nothing to send.
+            self._advance(min(snap.end, end))
+            return
+        flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
+        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
+        purge = vb.purge_seqno if vb is not None else 0
+        start = self.stream.marker_start(snap.start)
+        self._marker(start, min(snap.end, end), flags, purge)
+        encode, append = self.encode_item, self.pending.append
+        for item in items:
+            seqno = item.by_seqno
+            append((encode(item), seqno, seqno))
+        self.queued_seqno = items[-1].by_seqno
+        if snap.end >= end:
+            self._advance(end)
+
+    def _advance(self, seqno: int) -> None:
+        """The consumer is consistent at ``seqno`` once what is queued now has gone out."""
+        self.queued_seqno = max(self.queued_seqno, seqno)
+        pending = self.pending
+        if pending:
+            data, item_seqno, _ = pending[-1]
+            pending[-1] = (data, item_seqno, self.queued_seqno)
+        else:
+            self.emitted_seqno = max(self.emitted_seqno, self.queued_seqno)
+
+    def _end_if_reached(self) -> bool:
+        if self.queued_seqno >= self.stream.end:
+            self.end(StreamEndReason.OK)
+            return True
+        return False
+
+    def _close_backfill(self) -> None:
+        if self.backfill is not None:
+            self.backfill.close()  # ends the SQLite read transaction now (or when it lands)
+            self.backfill = None
+
+    def _marker(self, start: int, end: int, flags: int, purge: int) -> None:
+        stream = self.stream
+        version = self.owner.marker_version
+        data: bytes
+        if version == "1.0":
+            data = dcp.encode_snapshot_marker(stream.opaque, stream.vbucket, start, end, flags)
+        else:
+            common = {
+                "opaque": stream.opaque,
+                "vbucket": stream.vbucket,
+                "start_seqno": start,
+                "end_seqno": end,
+                "flags": int(flags),
+                "max_visible_seqno": end,
+            }
+            if version == "2.0":
+                data = dcp.SnapshotMarkerV2_0(**common).encode()
+            else:
+                data = dcp.SnapshotMarkerV2_2(**common, purge_seqno=purge).encode()
+        stream.note_snapshot(start, end)
+        self.pending.append((data, 0, 0))
+
+    # -- encoding -----------------------------------------------------------------------------
+
+    def encode_item(self, item: Item) -> bytes:
+        """The wire bytes of one item of this stream (mutation, deletion or expiration)."""
+        stream, owner = self.stream, self.owner
+        if item.deleted:
+            return self._encode_tombstone(item)
+        value, datatype = item.value, item.datatype
+        if owner.no_value:
+            # No value: never read an ejected one back. Plain NoValue also drops the
+            # datatype (it described the value), the other flag keeps it.
+            value = b""
+            if not owner.keep_datatype:
+                datatype = 0
+        elif value is None:  # ejected from the hash table's copy: read it back
+            stored = self.owner.bucket.get_from_storage(stream.vbucket, item.key)
+            value = stored.value if stored is not None and stored.value is not None else b""
+        return dcp.encode_mutation(
+            stream.opaque, stream.vbucket, item.cas, item.by_seqno, item.rev_seqno, item.flags,
+            item.expiry, datatype, item.key, value,
+        )  # fmt: skip
+
+    def _encode_tombstone(self, item: Item) -> bytes:
+        s = self.stream
+        if item.expired and self.owner.expiry_opcode:
+            return dcp.Expiration(
+                opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
+                rev_seqno=item.rev_seqno, key=item.key, delete_time=item.delete_time,
+            ).encode()  # fmt: skip
+        if self.owner.delete_times:
+            return dcp.DeletionV2(
+                opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
+                rev_seqno=item.rev_seqno, key=item.key, delete_time=item.delete_time,
+            ).encode()  # fmt: skip
+        return dcp.Deletion(
+            opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
+            rev_seqno=item.rev_seqno, key=item.key,
+        ).encode()  # fmt: skip
+
+    def _encode_rows(self, rows: list[Row]) -> Batch:
+        """A backfill batch: rows straight to wire bytes (in the backfill's worker thread)."""
+        return encode_rows(self, rows)
+
+
+def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
+    """Stored rows to DCP messages of ``stream``: a mutation is one fused pack of header and
+    extras from the row's fields (the stored CAS is signed: same bytes); tombstones take the
+    typed path. Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
+    opaque, vbid = stream.stream.opaque, stream.stream.vbucket
+    no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
+    messages: list[bytes] = []
+    append, pack = messages.append, _PACK_S64
+    for row in rows:
+        key, seqno, cas, rev, iflags, expiry, datatype, deleted, _, value = row
+        if deleted:
+            append(stream._encode_tombstone(item_from_row(row)))
+            continue
+        if no_value:
+            value = b""
+            if not keep_datatype:
+                datatype = 0
+        klen = len(key)
+        head = pack(
+            _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
+            opaque, cas, seqno, rev, iflags, expiry, 0, 0, 0,
+        )  # fmt: skip
+        append(head + key + value)
+    seqnos = [row[1] for row in rows]
+    nbytes = sum(map(len, messages))
+    return Batch(messages, seqnos, nbytes)
