@@ -264,6 +264,9 @@ class Manager:
             count = config.settings.auto_failover_count + 1
             config = replace(config, settings=replace(config.settings, auto_failover_count=count))
         await self._commit(config)
+        self.auto_held.pop(name, None)
+        if auto_reason is not None:  # shown with the membership it changed, not after the sync
+            self.auto_events.append({"node": name, "reason": auto_reason, "at": time.time()})
         if self.health is not None:
             await self.health.forget(name)
         link = self.links.pop(name, None)
@@ -302,9 +305,6 @@ class Manager:
         if decision.node is not None:
             try:
                 await self._fail_over(decision.node, auto_reason=decision.reason)
-                self.auto_events.append(
-                    {"node": decision.node, "reason": decision.reason, "at": time.time()}
-                )
             except Refused as exc:
                 held[decision.node] = f"failover refused: {exc}"
         for node, why in held.items():
