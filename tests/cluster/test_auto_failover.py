@@ -27,7 +27,7 @@ from couchbase.exceptions import CouchbaseException
 from couchbase.options import ClusterOptions, ClusterTimeoutOptions
 from kvclient import poll_rounds
 from managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
-from replicacheck import contents, failover_logs
+from replicacheck import wait_equal
 from serverproc import ServerProcess
 
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap
@@ -216,14 +216,7 @@ def assert_replicas_equal(cluster: Cluster, vb_map: VBucketMap) -> None:
                 pairs.setdefault(key, []).append(vb)
     assert pairs, "no vbucket has a replica left to compare"
     for (active_name, replica_name), vbs in pairs.items():
-        active, replica = cluster.node(active_name), cluster.node(replica_name)
-        for _ in poll_rounds(60, 0.1):
-            expected = contents(active.port, "check-active", vbs)
-            if contents(replica.port, "check-replica", vbs) == expected:
-                break
-        else:
-            raise AssertionError(f"{replica_name} never became equal to {active_name} for {vbs}")
-        assert failover_logs(replica.port, vbs) == failover_logs(active.port, vbs)
+        wait_equal(cluster.node(active_name).port, cluster.node(replica_name).port, vbs)
 
 
 def test_a_second_node_waits_for_the_count_reset_and_a_node_without_replicas_stays(
