@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,12 +89,21 @@ def test_the_config_round_trips_through_its_file(tmp_path: Path) -> None:
     config = cfg.ClusterConfig(
         nodes=(cfg.NodeConfig(A), cfg.NodeConfig(B), cfg.NodeConfig(C, cfg.NodeState.FAILED)),
         buckets=(cfg.BucketConfig(bucket.name, 4, 1, bucket.uuid, vb_map),),
-        settings=cfg.Settings(True, 30),
+        settings=cfg.Settings(True, 30, auto_failover_count=1),
     )
     assert cfg.load(tmp_path) is None
     cfg.save(tmp_path, config)
     assert cfg.load(tmp_path) == config
     assert not (tmp_path / "cluster.json.tmp").exists()
+
+
+def test_a_config_saved_before_auto_failover_counts_none(tmp_path: Path) -> None:
+    cfg.save(tmp_path, cfg.ClusterConfig(settings=cfg.Settings(True, 30)))
+    doc = json.loads((tmp_path / "cluster.json").read_text())
+    del doc["settings"]["autoFailover"]["count"]  # as the first manager wrote it
+    (tmp_path / "cluster.json").write_text(json.dumps(doc))
+    loaded = cfg.load(tmp_path)
+    assert loaded is not None and loaded.settings == cfg.Settings(True, 30, 0)
 
 
 @pytest.mark.parametrize(

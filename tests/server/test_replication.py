@@ -9,22 +9,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from dcpclient import DcpClient, all_vb_seqnos
-from kvclient import KVClient, poll_rounds
+from kvclient import poll_rounds
+from replicacheck import VBUCKETS, admin, contents, failover_logs, seqnos, wait_caught_up
 from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
-from dcpkv.protocol import dcp
 from dcpkv.protocol.constants import Opcode
-
-VBUCKETS = 16
-
-
-def admin(port: int) -> KVClient:
-    client = KVClient(port)
-    assert client.login().status == Status.Success
-    return client
 
 
 def make_pair(active: ServerProcess, replica: ServerProcess) -> None:
@@ -54,53 +45,6 @@ def delete(port: int, keys: list[bytes]) -> None:
         for key in keys:
             c.send(c.frame(Opcode.Delete, key=key, vbucket=vbucket_for_key(key, VBUCKETS)))
             assert c.recv_frame().status == Status.Success
-
-
-def seqnos(port: int) -> dict[int, int]:
-    client = DcpClient(port, open_=False)
-    try:
-        return all_vb_seqnos(client)
-    finally:
-        client.close()
-
-
-def wait_caught_up(active: int, replica: int) -> dict[int, int]:
-    target = seqnos(active)
-    for _ in poll_rounds(60, 0.02):
-        if seqnos(replica) == target:
-            return target
-    raise AssertionError(f"replica never caught up: {seqnos(replica)} vs {target}")
-
-
-def contents(port: int, name: str) -> dict[int, dict[bytes, tuple[int, bytes | None]]]:
-    """Every vbucket's documents as a DCP consumer from 0 ends with: key -> (the seqno of its
-    latest version, its value or None for a tombstone). (Which older versions a stream shows
-    depends on deduplication, which differs between a node's memory and its disk.)"""
-    client = DcpClient(port, name=name)
-    try:
-        highs = all_vb_seqnos(client)
-        for vb in range(VBUCKETS):
-            assert isinstance(client.stream(vb, start=0, end=highs[vb]), dcp.StreamRequestOk)
-        client.follow_to(highs)
-        return {
-            vb: {key: (seqno, value) for seqno, key, value in sorted(st.versions)}
-            for vb, st in client.vbs.items()
-        }
-    finally:
-        client.close()
-
-
-def failover_logs(port: int) -> dict[int, tuple[object, ...]]:
-    client = DcpClient(port, name="logs")
-    try:
-        logs = {}
-        for vb in range(VBUCKETS):
-            answer = client.call(dcp.GetFailoverLog(vbucket=vb))
-            assert isinstance(answer, dcp.GetFailoverLogResponse)
-            logs[vb] = tuple(answer.failover_log)
-        return logs
-    finally:
-        client.close()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -144,8 +145,19 @@ def status(
             f"{n['hostname']:<22} {n['clusterMembership']:<10} {n['status']:<10} "
             f"{n['actives']:>6} {n['replicas']:>7} {lag:>8}"
         )
-    auto = doc["autoFailover"]
-    typer.echo(f"auto-failover: {'on' if auto['enabled'] else 'off'}, timeout {auto['timeout']} s")
+    _echo_auto_failover(doc["autoFailover"])
+
+
+def _echo_auto_failover(auto: dict[str, Any]) -> None:
+    typer.echo(
+        f"auto-failover: {'on' if auto['enabled'] else 'off'}, timeout {auto['timeout']} s, "
+        f"count {auto['count']} of {auto['maxCount']}"
+    )
+    for event in auto.get("events", []):
+        when = time.strftime("%H:%M:%S", time.localtime(event["at"]))
+        typer.echo(f"  {when} failed over {event['node']} automatically: {event['reason']}")
+    for node, why in auto.get("held", {}).items():
+        typer.echo(f"  {node} is unresponsive and not failed over: {why}")
 
 
 @cluster_app.command("add-node")
@@ -195,13 +207,28 @@ def settings(
         bool | None, typer.Option("--auto-failover/--no-auto-failover", help="Switch it.")
     ] = None,
     timeout: Annotated[
-        int | None, typer.Option(help="Seconds a node may not answer before auto-failover.")
+        int | None,
+        typer.Option(help="Seconds (1-3600) a node may not answer before auto-failover."),
     ] = None,
+    reset_auto_failover_count: Annotated[
+        bool,
+        typer.Option(
+            "--reset-auto-failover-count",
+            help="Acknowledge the automatic failovers done: allow the next one.",
+        ),
+    ] = False,
     url: Url = DEFAULT_URL,
     user: User = DEFAULT_USER,
     password: Password = DEFAULT_PASSWORD,
 ) -> None:
-    """Show the automatic-failover settings, or change them (stored by the manager)."""
+    """Show the automatic-failover settings, or change them (stored by the manager).
+
+    With auto-failover on, a node that answers no heartbeat for the timeout is failed over by
+    the manager, at most one node until an operator resets the count, and never a node holding
+    active a vbucket that has no replica (see `dcpkv cluster status` for why a node is held).
+    """
+    if reset_auto_failover_count:
+        _call(url, "POST", "/settings/autoFailover/resetCount", user, password)
     params: dict[str, str] = {}
     if auto_failover is not None:
         params["enabled"] = "true" if auto_failover else "false"
@@ -209,7 +236,7 @@ def settings(
         params["timeout"] = str(timeout)
     method = "POST" if params else "GET"
     doc = _call(url, method, "/settings/autoFailover", user, password, **params)
-    typer.echo(f"auto-failover: {'on' if doc['enabled'] else 'off'}, timeout {doc['timeout']} s")
+    _echo_auto_failover(doc)
 
 
 @cluster_app.command()

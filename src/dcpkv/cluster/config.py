@@ -12,9 +12,10 @@ the file and changes nothing on nodes that already match it.
 A node is ``active`` (in the map, or waiting for one) or ``failed`` (failed over: out of the
 map, never driven again until re-added, which rebalance will bring). A bucket has a vbucket
 count, a replica count, a uuid (pushed in its config, so a node tells whose data it holds)
-and, once enough nodes joined, its map. Settings are the automatic failover switch and its
-timeout (5 s by default; the switch is stored and shown, the watcher that acts on it is the
-next step).
+and, once enough nodes joined, its map. Settings are the automatic failover switch, its
+timeout (5 s by default) and the count of automatic failovers an operator has not yet
+acknowledged (stored, so a manager restart does not grant a second one:
+:mod:`~dcpkv.cluster.auto_failover`).
 
 Loading refuses a corrupt or unknown file with one clear line (:class:`ClusterConfigError`):
 the manager must never guess a cluster's layout.
@@ -29,6 +30,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from dcpkv.cluster.auto_failover import MAX_COUNT
 from dcpkv.cluster.vbucket_map import VBucketMap
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.files import atomic_write
@@ -36,6 +38,8 @@ from dcpkv.core.files import atomic_write
 FILE_NAME = "cluster.json"
 FORMAT = 1
 DEFAULT_AUTO_FAILOVER_TIMEOUT_S = 5
+# Couchbase 7.1 went down to 1 s; below ~3 heartbeats a busy but live node may be failed over
+MIN_AUTO_FAILOVER_TIMEOUT_S, MAX_AUTO_FAILOVER_TIMEOUT_S = 1, 3600
 
 
 class ClusterConfigError(DcpkvError, ValueError):
@@ -74,9 +78,15 @@ class BucketConfig:
 class Settings:
     auto_failover_enabled: bool = False
     auto_failover_timeout_s: int = DEFAULT_AUTO_FAILOVER_TIMEOUT_S
+    auto_failover_count: int = 0  # automatic failovers since an operator last reset it
 
     def to_json(self) -> dict[str, Any]:
-        return {"enabled": self.auto_failover_enabled, "timeout": self.auto_failover_timeout_s}
+        return {
+            "enabled": self.auto_failover_enabled,
+            "timeout": self.auto_failover_timeout_s,
+            "count": self.auto_failover_count,
+            "maxCount": MAX_COUNT,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +133,14 @@ def to_json(config: ClusterConfig) -> dict[str, Any]:
             }
             for b in config.buckets
         ],
-        "settings": {"autoFailover": config.settings.to_json()},
+        "settings": {"autoFailover": _settings_json(config.settings)},
     }
+
+
+def _settings_json(settings: Settings) -> dict[str, Any]:
+    doc = settings.to_json()
+    del doc["maxCount"]  # a constant of this version, not a setting
+    return doc
 
 
 def from_json(doc: Any) -> ClusterConfig:
@@ -142,7 +158,8 @@ def from_json(doc: Any) -> ClusterConfig:
         for b in doc["buckets"]
     )
     auto = doc["settings"]["autoFailover"]
-    settings = Settings(bool(auto["enabled"]), int(auto["timeout"]))
+    # "count" arrived with automatic failover: a file written before has none to carry
+    settings = Settings(bool(auto["enabled"]), int(auto["timeout"]), int(auto.get("count", 0)))
     return ClusterConfig(nodes, buckets, settings)
 
 

@@ -10,6 +10,8 @@ POST     ``/controller/addNode``       ``hostname=host:port``: validate and add 
 POST     ``/controller/failOver``      ``otpNode=host:port``: fail a node over
 GET      ``/settings/autoFailover``    ``{"enabled":..,"timeout":..}``
 POST     ``/settings/autoFailover``    ``enabled=true|false``, ``timeout=SECONDS``
+POST     ``/settings/autoFailover/     acknowledge automatic failovers: the count
+         resetCount``                  back to 0 (Couchbase's route)
 =======  ============================  ===========================================
 
 Parameters come as a form (what Couchbase's REST API takes) or as a JSON object. Every
@@ -121,6 +123,10 @@ async def _set_auto_failover(request: web.Request) -> web.Response:
     return web.json_response(await request.app[MANAGER].set_auto_failover(enabled, timeout))
 
 
+async def _reset_auto_failover_count(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[MANAGER].reset_auto_failover_count())
+
+
 def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -138,4 +144,5 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_post("/controller/failOver", _fail_over)
     app.router.add_get("/settings/autoFailover", _get_auto_failover)
     app.router.add_post("/settings/autoFailover", _set_auto_failover)
+    app.router.add_post("/settings/autoFailover/resetCount", _reset_auto_failover_count)
     return app

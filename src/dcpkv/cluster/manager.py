@@ -21,17 +21,27 @@ reached while syncing is left out of sync; the health watcher's next answered be
 
 Data nodes never depend on the manager at run time: with it down they keep serving the last
 states and map they were given.
+
+Automatic failover: every heartbeat interval a loop takes the lock, feeds the pure decision
+(:func:`~dcpkv.cluster.auto_failover.decide`) the health watcher's durations, the settings and
+the maps, and carries it out: a chosen node is failed over exactly as by an operator, and the
+count grows in the same configuration write (a manager restart never grants a second one).
+What it did (node, reason, time) and why it holds any other unresponsive node are logged and
+shown in ``status``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dcpkv.cluster import config as cfg
+from dcpkv.cluster.auto_failover import Policy, decide
 from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
 from dcpkv.cluster.health import HealthWatcher
 from dcpkv.cluster.node_link import Counters, NodeError, NodeLink
@@ -61,6 +71,8 @@ class Manager:
         self.health: HealthWatcher | None = None
         self._syncing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.auto_events: list[dict[str, Any]] = []  # what automatic failover did, and why
+        self.auto_held: dict[str, str] = {}  # unresponsive node -> why it is not failed over
 
     # -- life -------------------------------------------------------------------------------
 
@@ -85,12 +97,20 @@ class Manager:
         self.health = HealthWatcher(self.config.buckets[0].name, self._on_beat, self._heartbeat_s)
         for name in self.config.active_nodes():
             self.health.watch(self._link(name))
+        self._spawn(self._auto_failover_loop())
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
         if self.health is not None:
             await self.health.stop()
         for task in list(self._tasks):
             task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for link in self.links.values():
             await link.close()
 
@@ -137,9 +157,7 @@ class Manager:
         if not healthy:
             self.out_of_sync.add(name)
         elif name in self.out_of_sync and name not in self._syncing:
-            task = asyncio.get_running_loop().create_task(self._resync(name))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._resync(name))
 
     async def _resync(self, name: str) -> None:
         self._syncing.add(name)
@@ -220,34 +238,86 @@ class Manager:
 
     async def failover(self, name: str) -> dict[str, Any]:
         async with self._lock:
-            node = self.config.node(name)
-            if node is None or node.state != cfg.NodeState.ACTIVE:
-                raise Refused(f"{name} is not an active node of this cluster")
-            survivors = [n for n in self.config.active_nodes() if n != name]
-            if not survivors:
-                raise Refused(f"{name} is the last node of the cluster: nothing would serve")
-            config = self.config.with_node(replace(node, state=cfg.NodeState.FAILED))
-            promoted = 0
-            for bucket in self.config.buckets:
-                if bucket.map is None or name not in bucket.map.servers:
-                    continue
-                persisted = await self._persisted(bucket, name)
-                try:
-                    plan = plan_failover(bucket.map, name, persisted)
-                except FailoverRefused as exc:
-                    raise Refused(str(exc)) from None
-                config = config.with_bucket(replace(bucket, map=plan.new_map))
-                promoted += len(plan.promotions)
-            await self._commit(config)
-            if self.health is not None:
-                await self.health.forget(name)
-            link = self.links.pop(name, None)
-            if link is not None:
-                await link.close()
-            self.out_of_sync.discard(name)
-            await self._sync_all()
-        log.info("failed over %s: %d vbucket(s) promoted", name, promoted)
+            return await self._fail_over(name, auto_reason=None)
+
+    async def _fail_over(self, name: str, auto_reason: str | None) -> dict[str, Any]:
+        """Fail ``name`` over (the lock held); ``auto_reason`` set: automatically, counted."""
+        node = self.config.node(name)
+        if node is None or node.state != cfg.NodeState.ACTIVE:
+            raise Refused(f"{name} is not an active node of this cluster")
+        survivors = [n for n in self.config.active_nodes() if n != name]
+        if not survivors:
+            raise Refused(f"{name} is the last node of the cluster: nothing would serve")
+        config = self.config.with_node(replace(node, state=cfg.NodeState.FAILED))
+        promoted = 0
+        for bucket in self.config.buckets:
+            if bucket.map is None or name not in bucket.map.servers:
+                continue
+            persisted = await self._persisted(bucket, name)
+            try:
+                plan = plan_failover(bucket.map, name, persisted)
+            except FailoverRefused as exc:
+                raise Refused(str(exc)) from None
+            config = config.with_bucket(replace(bucket, map=plan.new_map))
+            promoted += len(plan.promotions)
+        if auto_reason is not None:
+            count = config.settings.auto_failover_count + 1
+            config = replace(config, settings=replace(config.settings, auto_failover_count=count))
+        await self._commit(config)
+        self.auto_held.pop(name, None)
+        if auto_reason is not None:  # shown with the membership it changed, not after the sync
+            self.auto_events.append({"node": name, "reason": auto_reason, "at": time.time()})
+        if self.health is not None:
+            await self.health.forget(name)
+        link = self.links.pop(name, None)
+        if link is not None:
+            await link.close()
+        self.out_of_sync.discard(name)
+        await self._sync_all()
+        how = "manually" if auto_reason is None else f"automatically ({auto_reason})"
+        log.info("failed over %s %s: %d vbucket(s) promoted", name, how, promoted)
         return {"failedOver": name, "promoted": promoted, "rev": self._rev()}
+
+    # -- automatic failover -----------------------------------------------------------------
+
+    async def _auto_failover_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            try:
+                async with self._lock:
+                    await self._auto_failover_step()
+            except Exception:  # the loop must outlive one failed attempt; the next one retries
+                log.exception("automatic failover failed")
+
+    async def _auto_failover_step(self) -> None:
+        if self.health is None:
+            return
+        settings = self.config.settings
+        policy = Policy(
+            settings.auto_failover_enabled,
+            settings.auto_failover_timeout_s,
+            settings.auto_failover_count,
+        )
+        down_for = {n: self.health.unhealthy_for(n) for n in self.config.active_nodes()}
+        maps = [b.map for b in self.config.buckets if b.map is not None]
+        decision = decide(down_for, policy, maps)
+        held = dict(decision.held)
+        if decision.node is not None:
+            try:
+                await self._fail_over(decision.node, auto_reason=decision.reason)
+            except Refused as exc:
+                held[decision.node] = f"failover refused: {exc}"
+        for node, why in held.items():
+            if self.auto_held.get(node) != why:
+                log.warning("not failing %s over automatically: %s", node, why)
+        self.auto_held = held
+
+    async def reset_auto_failover_count(self) -> dict[str, Any]:
+        async with self._lock:
+            settings = replace(self.config.settings, auto_failover_count=0)
+            await self._commit(replace(self.config, settings=settings))
+        log.info("the auto-failover count was reset")
+        return settings.to_json()
 
     async def _persisted(self, bucket: cfg.BucketConfig, failed: str) -> dict[int, dict[str, int]]:
         """vbucket -> {replica: persisted seqno} for the vbuckets ``failed`` holds active;
@@ -276,10 +346,17 @@ class Manager:
     # -- settings and status ----------------------------------------------------------------
 
     async def set_auto_failover(self, enabled: bool, timeout_s: int) -> dict[str, Any]:
-        if not 5 <= timeout_s <= 3600:
-            raise Refused(f"the auto-failover timeout must be 5..3600 seconds, not {timeout_s}")
+        low, high = cfg.MIN_AUTO_FAILOVER_TIMEOUT_S, cfg.MAX_AUTO_FAILOVER_TIMEOUT_S
+        if not low <= timeout_s <= high:
+            raise Refused(
+                f"the auto-failover timeout must be {low}..{high} seconds, not {timeout_s}"
+            )
         async with self._lock:
-            settings = cfg.Settings(enabled, timeout_s)
+            settings = replace(
+                self.config.settings,
+                auto_failover_enabled=enabled,
+                auto_failover_timeout_s=timeout_s,
+            )
             await self._commit(replace(self.config, settings=settings))
         return settings.to_json()
 
@@ -316,7 +393,11 @@ class Manager:
                 }
                 for b in self.config.buckets
             ],
-            "autoFailover": self.config.settings.to_json(),
+            "autoFailover": {
+                **self.config.settings.to_json(),
+                "events": self.auto_events[-10:],
+                "held": self.auto_held,
+            },
             "counters": self.counters.to_json(),
         }
 
