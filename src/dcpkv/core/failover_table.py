@@ -61,7 +61,7 @@ def _check_u64(value: Any, what: str) -> int:
 class FailoverTable:
     """The failover log of one vbucket, newest entry first."""
 
-    __slots__ = ("_capacity", "_entries", "_rng")
+    __slots__ = ("_capacity", "_entries", "_json", "_rng")
 
     def __init__(
         self,
@@ -75,6 +75,7 @@ class FailoverTable:
         self._capacity = capacity
         self._entries: list[FailoverEntry] = list(entries)[:capacity]
         self._rng = rng or random.SystemRandom()
+        self._json: tuple[tuple[FailoverEntry, ...], str] | None = None
 
     # -- construction -------------------------------------------------------------------
 
@@ -214,7 +215,12 @@ class FailoverTable:
         return [e.to_json_obj() for e in self._entries]
 
     def to_json(self) -> str:
-        return json.dumps(self.to_json_obj(), separators=(",", ":"))
+        # The flusher writes every dirty vbucket's table on every flush, and it rarely
+        # changes: remember the last text with the entries it was made from.
+        entries = tuple(self._entries)
+        if self._json is None or self._json[0] != entries:
+            self._json = (entries, json.dumps(self.to_json_obj(), separators=(",", ":")))
+        return self._json[1]
 
     def to_wire(self) -> bytes:
         return encode_wire(self._entries)

@@ -400,19 +400,14 @@ class DataServer:
         return sum(b.flush_once() for b in self.state.buckets.values() if not b.closed)
 
     async def _flusher(self) -> None:
-        # Runs start one interval apart (not one interval after the last ended): under load a
-        # flush takes longer than the interval, and the pause would only add to how long an
-        # acknowledged write waits for the disk. Then the flushes run back to back.
         loop = asyncio.get_running_loop()
-        interval = self.config.flush_interval_s
         while True:
-            started = loop.time()
+            await asyncio.sleep(self.config.flush_interval_s)
             try:
                 await loop.run_in_executor(self.executor, self._flush_all)
             except Exception:
                 # The batch stays queued in the engine and is retried next round.
                 log.exception("flush failed")
-            await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
 
     async def _expiry_pager(self) -> None:
         while True:
