@@ -45,6 +45,13 @@ def test_a_managed_node_holds_no_vbucket_until_told(node: KVClient) -> None:
     assert node.set(b"k", b"v", vbucket=4).status == Status.NotMyVbucket  # replicas take no writes
 
 
+def test_a_node_holding_nothing_still_tells_its_state_cas(node: KVClient) -> None:
+    missing = node.call(Opcode.GetVbucket, vbucket=7)
+    assert missing.status == Status.NotMyVbucket and missing.cas != 0
+    first = node.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=7, cas=missing.cas)
+    assert first.status == Status.Success and first.cas != missing.cas
+
+
 def test_a_delayed_stale_state_change_is_refused(node: KVClient) -> None:
     """The spec's mis-ordering: the manager sends "active", loses the connection, re-reads the
     CAS and sends "replica"; the first command, still in the network, arrives last. It carries

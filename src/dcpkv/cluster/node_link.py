@@ -10,15 +10,13 @@ serves; high and persisted seqnos) and carries out the two commands it gives: a 
 (SetVbucket) and the map (SetClusterConfig).
 
 State changes follow spec 002, "ordering of partition state transitions": every SetVbucket
-carries the bucket's state CAS as the link last noted it. The first one is discovered with
-GetVbucket on a vbucket the node holds, or, on a node holding none, from the refusal of a
-SetVbucket sent with a CAS no bucket can have (a random 63-bit start, counting up by one per
-change, never reaches 2^64-1), which changes nothing. An accepted change answers with the
-new CAS, noted for the next. A refusal (KeyExists) carries the current CAS: someone else
-changed a state since (another manager, an operator, a node restart). The link notes it,
-counts a conflict and sends the command again, a bounded number of times: the manager's
-decision stands, so re-sending it with the fresh CAS is the spec's "record the correct CAS and
-retry".
+carries the bucket's state CAS as the link last noted it. The first one is read with GetVbucket,
+which carries it whether or not the node holds that vbucket (a node holding none answers
+NotMyVbucket with the CAS), so discovering it changes nothing. An accepted change answers with
+the new CAS, noted for the next. A refusal (KeyExists) carries the current CAS: someone else
+changed a state since (another manager, an operator, a node restart). The link notes it, counts
+a conflict and sends the command again, a bounded number of times: the manager's decision
+stands, so re-sending it with the fresh CAS is the spec's "record the correct CAS and retry".
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ from dcpkv.protocol.constants import Datatype
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 10.0
 CAS_RETRIES = 5
-PROBE_CAS = (1 << 64) - 1  # see the module docstring: refused by every bucket
 
 
 class NodeError(DcpkvError):
@@ -167,13 +164,10 @@ class NodeLink:
         cas = self._state_cas.get(bucket)
         if cas is not None:
             return cas
-        if held:
-            answer = await self._call(bucket, kv.GetVbucket(vbucket=min(held)))
-        else:
-            answer = await self._call(bucket, kv.SetVbucket(vbucket=0, cas=PROBE_CAS))
-            if answer.status != Status.KeyEexists:
-                raise NodeError(f"{self.name}: the state CAS probe was not refused: {answer}")
-        if getattr(answer, "status", Status.Success) not in (Status.Success, Status.KeyEexists):
+        # GetVbucket carries the state CAS, in its NotMyVbucket answer too (a node that holds
+        # nothing yet), so reading it never changes anything.
+        answer = await self._call(bucket, kv.GetVbucket(vbucket=min(held) if held else 0))
+        if getattr(answer, "status", Status.Success) not in (Status.Success, Status.NotMyVbucket):
             raise NodeError(f"{self.name}: cannot read the state CAS: {_status(answer)}")
         self._state_cas[bucket] = answer.cas
         return answer.cas

@@ -5,7 +5,7 @@ Theory of operation
 State changes are ordered by the bucket's state CAS (spec 002): SetVbucket and DelVbucket carry
 it in the header's CAS (0: unconditional); a stale one is refused with KeyExists and the current
 CAS, and changes nothing; an accepted one answers with the new CAS. GetVbucket answers the
-current CAS too, which is how a manager discovers it.
+current CAS too (in its NotMyVbucket answer as well), which is how a manager discovers it.
 
 SetVbucket creates a vbucket or changes its state (the DCP producers of the bucket hear of it
 through the bucket's state listeners and end the streams that must end); GetVbucket reads a
@@ -21,7 +21,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import EngineError
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.server.connection import Connection, Reply
+from dcpkv.server.connection import Connection, Reply, not_my_vbucket
 from dcpkv.server.kv_handlers import present, refusal
 
 
@@ -38,6 +38,11 @@ def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
 
 
 def get_vbucket(conn: Connection, req: kv.GetVbucket) -> kv.GetVbucketResponse:
+    if req.vbucket not in conn.bucket.vbuckets:
+        # Still the state CAS: how a manager reads it from a node that holds nothing yet.
+        refused = not_my_vbucket(conn)
+        refused.cas = conn.bucket.state_cas
+        raise refused
     vbucket = present(conn, req.vbucket)
     return kv.GetVbucketResponse(opaque=req.opaque, state=vbucket.state, cas=conn.bucket.state_cas)
 
