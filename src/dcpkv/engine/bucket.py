@@ -75,7 +75,7 @@ from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
 WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
-_ADMIT_RECHECK = 256  # recount memory every N writes, or sooner when close to the quota
+_ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when the estimate says full
 # What a hash-table entry costs the process beyond Item.size() (ITEM_OVERHEAD + key + value),
 # measured with tracemalloc and RSS deltas on CPython 3.11 (16-byte keys; bench/memory.py):
 # the Item object is 120 bytes, not 96 (+24); the dict slot and index, ~48; the CAS and seqno

@@ -191,17 +191,21 @@ class CheckpointManager:
             if item.by_seqno <= self.high_seqno:
                 raise ValueError(f"seqno {item.by_seqno} is not above {self.high_seqno}")
             ckpt = self.open_checkpoint
-            if len(ckpt) >= self.max_items:
+            items, key, seqno = ckpt.items, item.key, item.by_seqno
+            if len(items) >= self.max_items:
                 ckpt = self._close_open()
-            self._dedup(ckpt, item.key)
-            ckpt.key_index[item.key] = len(ckpt.items)
-            ckpt.items.append(item)
-            ckpt.seqnos.append(item.by_seqno)
+                items = ckpt.items
+            if key in ckpt.key_index:  # (the hot path of a write: few calls, plain ints)
+                self._dedup(ckpt, key)
+            ckpt.key_index[key] = len(items)
+            items.append(item)
+            ckpt.seqnos.append(seqno)
             size = item.size()
             ckpt.memory += size
             self.memory_used += size
-            ckpt.snap_end = max(ckpt.snap_end, item.by_seqno)
-            self.high_seqno = item.by_seqno
+            if seqno > ckpt.snap_end:
+                ckpt.snap_end = seqno
+            self.high_seqno = seqno
 
     def _dedup(self, ckpt: Checkpoint, key: bytes) -> None:
         old = ckpt.key_index.get(key)
