@@ -75,6 +75,7 @@ from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
 WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
+RECLAIM_PAUSE_S = 0.05  # a failed reclaim is not tried again sooner, unless a flush landed
 _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when the estimate says full
 # What a hash-table entry costs the process beyond Item.size() (ITEM_OVERHEAD + key + value),
 # measured with tracemalloc and RSS deltas on CPython 3.11 (16-byte keys; bench/memory.py):
@@ -134,6 +135,8 @@ class Bucket:
         self._io_lock = threading.RLock()
         self._writes = 0
         self._memory_estimate = 0
+        # Set when a reclaim could not make room: (items persisted then, monotonic time).
+        self._full_since: tuple[int, float] | None = None
         self.closed = False
         self.seqno_listeners: list[Callable[[int], None]] = []
         self.items_persisted = 0
@@ -373,6 +376,20 @@ class Bucket:
         if self._writes % _ADMIT_RECHECK == 0 or self._memory_estimate > self.memory_quota:
             self._memory_estimate = self.memory_used + size
         if self._memory_estimate <= self.memory_quota:
+            self._full_since = None
             return
-        if self.reclaim(int(self.memory_quota * LOW_WATERMARK)) + size > self.memory_quota:
+        if self._still_full():
             raise TempFail("memory quota reached; retry after the flusher has caught up")
+        if self.reclaim(int(self.memory_quota * LOW_WATERMARK)) + size > self.memory_quota:
+            self._full_since = (self.items_persisted, time.monotonic())
+            raise TempFail("memory quota reached; retry after the flusher has caught up")
+        self._full_since = None
+
+    def _still_full(self) -> bool:
+        """A reclaim walks every vbucket: after one that could not make room, the next waits
+        until a flush has persisted something (values become ejectable) or a moment has
+        passed, so a full bucket refuses writes in O(1) instead of walking on every one."""
+        if self._full_since is None:
+            return False
+        persisted, since = self._full_since
+        return self.items_persisted == persisted and time.monotonic() - since < RECLAIM_PAUSE_S
