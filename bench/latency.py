@@ -224,28 +224,41 @@ def _quantile_ms(sorted_s: list[float], q: float) -> float:
     return sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))] * 1e3
 
 
-def measure(rate: int, seconds: float) -> dict[str, float]:
+def paced_tail(
+    write_port: int,
+    read_port: int,
+    rate: int,
+    seconds: float,
+    uuids: dict[int, int] | None = None,
+) -> tuple[list[float], list[float], float, dict[int, float]]:
+    """The writer paced into ``write_port`` while the consumer streams ``read_port`` (the same
+    node, or a replica of it): (sent stamps, ack stamps, elapsed, write index -> received)."""
     ctx = multiprocessing.get_context("fork")
-    with bench_server(VBUCKETS, label="latency") as port:
-        ready_r, ready_w = ctx.Pipe(duplex=False)
-        cons_parent, cons_child = ctx.Pipe()
-        cons = ctx.Process(target=consumer, args=(port, ready_w, cons_child), daemon=True)
-        cons.start()
-        ready_w.close()  # the parent keeps only its own ends: a dead child then reads as EOF
-        cons_child.close()
-        if not ready_r.poll(120):
-            cons.kill()
-            raise SystemExit("the consumer's stream requests were not all answered")
-        write_r, write_w = ctx.Pipe(duplex=False)
-        wproc = ctx.Process(target=writer, args=(port, rate, seconds, write_w), daemon=True)
-        wproc.start()
-        write_w.close()
-        sent, acked, elapsed = write_r.recv()
-        wproc.join()
-        cons_parent.send(len(sent))
-        stamps = cons_parent.recv()
-        cons.join()
+    ready_r, ready_w = ctx.Pipe(duplex=False)
+    cons_parent, cons_child = ctx.Pipe()
+    cons = ctx.Process(target=consumer, args=(read_port, ready_w, cons_child, uuids), daemon=True)
+    cons.start()
+    ready_w.close()  # the parent keeps only its own ends: a dead child then reads as EOF
+    cons_child.close()
+    if not ready_r.poll(120):
+        cons.kill()
+        raise SystemExit("the consumer's stream requests were not all answered")
+    write_r, write_w = ctx.Pipe(duplex=False)
+    wproc = ctx.Process(target=writer, args=(write_port, rate, seconds, write_w), daemon=True)
+    wproc.start()
+    write_w.close()
+    sent, acked, elapsed = write_r.recv()
+    wproc.join()
+    cons_parent.send(len(sent))
+    stamps = cons_parent.recv()
+    cons.join()
     received = {int(key[4:]): at for at, keys in stamps for key in keys if key.startswith(b"lat-")}
+    return sent, acked, elapsed, received
+
+
+def measure(rate: int, seconds: float) -> dict[str, float]:
+    with bench_server(VBUCKETS, label="latency") as port:
+        sent, acked, elapsed, received = paced_tail(port, port, rate, seconds)
     ack_lat = sorted(at - acked[i] for i, at in received.items())
     sent_lat = sorted(at - sent[i] for i, at in received.items())
     out = {

@@ -22,7 +22,6 @@ as the cluster manager does (SetVbucket for states, SetClusterConfig for the map
 from __future__ import annotations
 
 import json
-import multiprocessing
 import shutil
 import struct
 import tempfile
@@ -38,7 +37,7 @@ from dcp import load
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Opcode
-from latency import _quantile_ms, consumer, writer
+from latency import _quantile_ms, paced_tail
 
 VBUCKETS = 1024
 
@@ -82,29 +81,10 @@ def build(a: int, b: int, count: int) -> float:
 
 
 def lag(a: int, b: int, rate: int, seconds: float) -> dict[str, float]:
-    ctx = multiprocessing.get_context("fork")
-    ready_r, ready_w = ctx.Pipe(duplex=False)
-    cons_parent, cons_child = ctx.Pipe()
     with _session(b) as kv:
         stats = kv.stats("vbucket-seqno")
     uuids = {int(k[3:].split(":")[0]): int(v) for k, v in stats if k.endswith(":uuid")}
-    cons = ctx.Process(target=consumer, args=(b, ready_w, cons_child, uuids), daemon=True)
-    cons.start()
-    ready_w.close()
-    cons_child.close()
-    if not ready_r.poll(120):
-        cons.kill()
-        raise SystemExit("the consumer's stream requests on the replica were not all answered")
-    write_r, write_w = ctx.Pipe(duplex=False)
-    wproc = ctx.Process(target=writer, args=(a, rate, seconds, write_w), daemon=True)
-    wproc.start()
-    write_w.close()
-    sent, acked, elapsed = write_r.recv()
-    wproc.join()
-    cons_parent.send(len(sent))
-    stamps = cons_parent.recv()
-    cons.join()
-    received = {int(k[4:]): at for at, keys in stamps for k in keys if k.startswith(b"lat-")}
+    sent, acked, elapsed, received = paced_tail(a, b, rate, seconds, uuids)
     lat = sorted(at - acked[i] for i, at in received.items())
     return {
         "achieved_writes_per_s": len(sent) / elapsed,

@@ -407,11 +407,6 @@ class DcpProducer:
         while notified:
             self.wake(notified.popleft())
 
-    @property
-    def has_ready(self) -> bool:
-        """Whether a ``next_messages`` call may find something to send (or a barrier to echo)."""
-        return bool(self._ready or self._notified or self._barriers)
-
     # -- output ----------------------------------------------------------------------------
 
     def next_messages(self, max_bytes: int = 1 << 20) -> list[bytes]:

@@ -46,13 +46,10 @@ class Reply(DcpkvError):
 
     status: Status  # always a status here, where the root allows None
 
-    def __init__(
-        self, status: Status, value: bytes = b"", *, datatype: int = 0, cas: int = 0
-    ) -> None:
+    def __init__(self, status: Status, value: bytes = b"", *, cas: int = 0) -> None:
         super().__init__(status.name)
         self.status = status
         self.value = value
-        self.datatype = datatype
         self.cas = cas
 
 

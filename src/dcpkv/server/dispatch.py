@@ -130,7 +130,7 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     try:
         answer = route.handler(conn, route.decode(frame))
     except Reply as reply:
-        return error_answer(frame, reply.status, reply.value, reply.datatype, reply.cas)
+        return error_answer(frame, reply.status, reply.value, cas=reply.cas)
     except CodecError as exc:
         return error_answer(frame, exc.status, exc.message.encode()[:1024])
     if isinstance(answer, Message):  # the common case first
@@ -151,16 +151,13 @@ def _response(conn: Connection, frame: Frame) -> bytes | None:
     return None
 
 
-def error_answer(
-    frame: Frame, status: int, value: bytes = b"", datatype: int = 0, cas: int = 0
-) -> bytes:
+def error_answer(frame: Frame, status: int, value: bytes = b"", *, cas: int = 0) -> bytes:
     """A GenericResponse to ``frame`` with ``status``: every refusal, whoever refuses."""
     return GenericResponse(
         opcode=frame.opcode,
         opaque=frame.opaque,
         status=status,
         value=value,
-        datatype=datatype,
         cas=cas,
         to_server=frame.magic == Magic.ServerRequest,
     ).encode()
