@@ -75,16 +75,29 @@ def test_promoting_an_existing_replica_copies_nothing_first() -> None:
     views.update({A: v(DEAD, 5), B: v(ACTIVE, 5)})
     assert move.step(views, 2) == [CommitChain(1)]
     move.committed(2)
+    assert move.nodes() == set()  # the sync may now drive both copies to the map
+    assert move.step(views, 3) == [SetState(A, 1, REPLICA)]  # A's dead copy stays on
     views[A] = v(REPLICA, 5)
-    assert move.step(views, 3) == []  # nothing to delete
+    assert move.step(views, 4) == []  # nothing to delete
     assert move.phase is Phase.DONE
+
+
+def test_a_stopped_promotion_puts_both_copies_back() -> None:
+    move = VBucketMove(1, old=(A, B), new=(B, A), now=0.0)
+    views = {A: v(ACTIVE, 5), B: v(REPLICA, 5)}
+    move.step(views, 1)
+    views.update({A: v(DEAD, 5), B: v(PENDING, 5)})
+    assert move.stop(views) == [SetState(B, 1, REPLICA), SetState(A, 1, ACTIVE)]
+    assert move.phase is Phase.REVERTED and move.nodes() == set()
+    assert move.stop(views) == []  # once
 
 
 @pytest.mark.parametrize(
     ("a", "c", "expected"),
     [
-        # A already dead (the handoff began): A back to active, C's copy dead
-        (v(DEAD, 9), v(PENDING, 9), [SetState(A, 0, ACTIVE), SetState(C, 0, DEAD)]),
+        # A already dead (the handoff began): C's copy dead first (so it refuses the
+        # handoff's last step), then A back to active
+        (v(DEAD, 9), v(PENDING, 9), [SetState(C, 0, DEAD), SetState(A, 0, ACTIVE)]),
         # C never became pending: A is still active, only C's copy goes
         (v(ACTIVE, 9), v(REPLICA, 9), [SetState(C, 0, DEAD)]),
         # C unreachable: A back; C's copy is left to the next sync (not in the map: dead)

@@ -15,7 +15,9 @@ count, a replica count, a uuid (pushed in its config, so a node tells whose data
 and, once enough nodes joined, its map. Settings are the automatic failover switch, its
 timeout (5 s by default) and the count of automatic failovers an operator has not yet
 acknowledged (stored, so a manager restart does not grant a second one:
-:mod:`~dcpkv.cluster.auto_failover`).
+:mod:`~dcpkv.cluster.auto_failover`). The rebalance record (:class:`RebalanceConfig`) keeps
+what a rebalance must still do (nodes to take out or back in) and how the last one ended, so
+a manager that died mid-rebalance tells so and a re-run finishes the job.
 
 Loading refuses a corrupt or unknown file with one clear line (:class:`ClusterConfigError`):
 the manager must never guess a cluster's layout.
@@ -89,11 +91,55 @@ class Settings:
         }
 
 
+class Recovery(StrEnum):
+    DELTA = "delta"  # keeps its data: its copies roll back as the rules say, then catch up
+    FULL = "full"  # wiped first
+
+
+class RebalanceState(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"  # found at start-up: the manager died mid-rebalance
+    STOPPED = "stopped"  # by an operator, or by a failover
+    FAILED = "failed"  # a move failed and was reverted
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceConfig:
+    """What a rebalance must still do, so a re-run finishes it (:mod:`.rebalance`): the
+    nodes to take out, the failed-over nodes to take back in, and how the last run ended."""
+
+    state: RebalanceState = RebalanceState.IDLE
+    eject: tuple[str, ...] = ()
+    recover: tuple[tuple[str, Recovery], ...] = ()
+    error: str | None = None
+    moves_at_once: int = 4  # a setting: vbucket moves in flight at a time
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "eject": list(self.eject),
+            "recover": {n: r.value for n, r in self.recover},
+            "error": self.error,
+            "movesAtOnce": self.moves_at_once,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RebalanceConfig:
+        return cls(
+            RebalanceState(doc["state"]),
+            tuple(doc["eject"]),
+            tuple((n, Recovery(r)) for n, r in doc["recover"].items()),
+            doc.get("error"),
+            int(doc.get("movesAtOnce", 4)),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...] = ()
     buckets: tuple[BucketConfig, ...] = ()
     settings: Settings = field(default_factory=Settings)
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -134,6 +180,7 @@ def to_json(config: ClusterConfig) -> dict[str, Any]:
             for b in config.buckets
         ],
         "settings": {"autoFailover": _settings_json(config.settings)},
+        "rebalance": config.rebalance.to_json(),
     }
 
 
@@ -160,7 +207,9 @@ def from_json(doc: Any) -> ClusterConfig:
     auto = doc["settings"]["autoFailover"]
     # "count" arrived with automatic failover: a file written before has none to carry
     settings = Settings(bool(auto["enabled"]), int(auto["timeout"]), int(auto.get("count", 0)))
-    return ClusterConfig(nodes, buckets, settings)
+    # "rebalance" arrived with rebalance: a file written before has none to finish
+    rebalance = RebalanceConfig.from_json(doc["rebalance"]) if "rebalance" in doc else None
+    return ClusterConfig(nodes, buckets, settings, rebalance or RebalanceConfig())
 
 
 def load(data_dir: Path) -> ClusterConfig | None:

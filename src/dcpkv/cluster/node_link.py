@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +124,8 @@ class NodeLink:
             raise NodeError(f"{self.name}: GetClusterConfig: {_status(answer)}")
         return json.loads(bytes(answer.config))
 
-    async def high_seqnos(self, bucket: str, state: VBucketState) -> dict[int, int]:
+    async def high_seqnos(self, bucket: str, state: VBucketState | None) -> dict[int, int]:
+        """vbucket -> high seqno, of the vbuckets in ``state`` (None: all but dead ones)."""
         answer = await self._call(bucket, kv.GetAllVbSeqnos(state=state))
         if not isinstance(answer, kv.GetAllVbSeqnosResponse):
             raise NodeError(f"{self.name}: GetAllVbSeqnos: {_status(answer)}")
@@ -176,18 +178,44 @@ class NodeLink:
         self, bucket: str, vbucket: int, state: VBucketState, held: dict[int, VBucketState]
     ) -> None:
         """SetVbucket with the state CAS; on a conflict, note the current CAS and retry."""
+        self.counters.set_vbucket_sent += 1
+
+        def command(cas: int) -> kv.Request:
+            return kv.SetVbucket(vbucket=vbucket, state=state, cas=cas)
+
+        await self._cas_ordered(bucket, held, command, f"SetVbucket {vbucket} {state}")
+
+    async def delete_vbucket(self, bucket: str, vbucket: int) -> None:
+        """DelVbucket (the copy and its data), CAS-ordered like a state change; a vbucket the
+        node does not hold counts as deleted."""
+
+        def command(cas: int) -> kv.Request:
+            return kv.DelVbucket(vbucket=vbucket, cas=cas)
+
+        try:
+            await self._cas_ordered(bucket, {}, command, f"DelVbucket {vbucket}")
+        except NodeError as exc:
+            if "NotMyVbucket" not in str(exc):
+                raise
+
+    async def _cas_ordered(
+        self,
+        bucket: str,
+        held: dict[int, VBucketState],
+        command: Callable[[int], kv.Request],
+        what: str,
+    ) -> None:
         cas = await self.state_cas(bucket, held)
         for _ in range(CAS_RETRIES):
-            self.counters.set_vbucket_sent += 1
-            answer = await self._call(bucket, kv.SetVbucket(vbucket=vbucket, state=state, cas=cas))
+            answer = await self._call(bucket, command(cas))
             if answer.status == Status.Success:
                 self._state_cas[bucket] = answer.cas
                 return
             if answer.status != Status.KeyEexists:
-                raise NodeError(f"{self.name}: SetVbucket {vbucket} {state}: {_status(answer)}")
+                raise NodeError(f"{self.name}: {what}: {_status(answer)}")
             self.counters.cas_conflicts += 1
             cas = self._state_cas[bucket] = answer.cas
-        raise NodeError(f"{self.name}: the state CAS kept changing; gave up on vbucket {vbucket}")
+        raise NodeError(f"{self.name}: the state CAS kept changing; gave up on {what}")
 
     async def push_config(self, bucket: str, config: dict[str, Any]) -> None:
         raw = json.dumps(config, separators=(",", ":")).encode()

@@ -15,8 +15,9 @@ again preferring a node that already holds a copy. So the number of actives that
 lower bound: the orphans (their node left) plus each node's surplus.
 
 Replicas next, with the same quotas over ``R * V`` copies. A vbucket keeps a replica on a node
-that held any copy of it before (its old active included: that node has the data) unless the
-node left, is the new active, or is already at its quota; the empty slots are filled by the
+that held any copy of it before (its old active included: that node has the data) (or, for a
+delta-recovered node, holds its data outside the map: ``holding``) unless the node left, is
+the new active, or is already at its quota; the empty slots are filled by the
 nodes furthest below their quota (ties: the node holding the fewest replicas of this active's
 vbuckets, so a failover spreads, then the lowest index). A last pass levels the counts to within
 one, moving a copy from the fullest node to the emptiest where the chain allows it.
@@ -28,7 +29,7 @@ that is already balanced over the same nodes comes back unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from dcpkv.cluster.vbucket_map import NOBODY, Chain, VBucketMap, check_placeable
 
@@ -43,16 +44,26 @@ def named_chains(vb_map: VBucketMap) -> list[NamedChain]:
 
 
 def plan_rebalance(
-    current: Sequence[NamedChain], nodes: Sequence[str], num_replicas: int
+    current: Sequence[NamedChain],
+    nodes: Sequence[str],
+    num_replicas: int,
+    holding: Mapping[str, Collection[int]] | None = None,
 ) -> list[Chain]:
-    """Chains (indexes into ``nodes``) for the vbuckets of ``current`` over ``nodes``."""
+    """Chains (indexes into ``nodes``) for the vbuckets of ``current`` over ``nodes``.
+    ``holding``: node -> vbuckets it holds data of outside the map (a delta-recovered node):
+    preferred for a copy after the map's own, as they only need to catch up."""
     check_placeable(len(nodes), num_replicas, len(current))
     index = {name: i for i, name in enumerate(nodes)}
     old = [[index.get(n, NOBODY) if n is not None else NOBODY for n in c] for c in current]
+    extra: list[list[int]] = [[] for _ in current]
+    for node, vbuckets in (holding or {}).items():
+        for vb in vbuckets:
+            if node in index and 0 <= vb < len(current) and index[node] not in old[vb]:
+                extra[vb].append(index[node])
     actives = _plan_actives(old, len(nodes))
     chains = [[a] for a in actives]
     if num_replicas:
-        _plan_replicas(old, chains, len(nodes), num_replicas)
+        _plan_replicas(old, extra, chains, len(nodes), num_replicas)
     return [tuple(c) for c in chains]
 
 
@@ -99,7 +110,9 @@ def _pick(candidates: range, count: list[int], quota: list[int], had: list[int])
     )
 
 
-def _plan_replicas(old: list[list[int]], chains: list[list[int]], n: int, r: int) -> None:
+def _plan_replicas(
+    old: list[list[int]], extra: list[list[int]], chains: list[list[int]], n: int, r: int
+) -> None:
     copies = r * len(chains)
     held = [0] * n
     for chain in old:
@@ -111,7 +124,7 @@ def _plan_replicas(old: list[list[int]], chains: list[list[int]], n: int, r: int
     pairs = [[0] * n for _ in range(n)]
     # keep: a node that had a copy of the vbucket (old replicas first, then the old active)
     for vb, chain in enumerate(chains):
-        for i in [*old[vb][1:], old[vb][0]]:
+        for i in [*old[vb][1:], old[vb][0], *extra[vb]]:
             if len(chain) <= r and i != NOBODY and i not in chain and count[i] < quota[i]:
                 chain.append(i)
                 count[i] += 1

@@ -109,6 +109,7 @@ class VBucketMove:
     progress_at: float = field(init=False)  # when a copy last advanced
     _seen: int = 0  # sum of the copies' high seqnos, to notice progress
     start_highs: dict[str, int] = field(default_factory=dict)  # new copies: high at start
+    transferred_seen: int = 0  # the driver's last reading of ``transferred``
 
     def __post_init__(self) -> None:
         self.since = self.progress_at = self.now
@@ -133,7 +134,12 @@ class VBucketMove:
         return self.phase in (Phase.DONE, Phase.REVERTED)
 
     def nodes(self) -> set[str]:
-        """Every node the move touches (the driver's sync leaves their vbucket alone)."""
+        """The nodes whose copy the move drives now (the driver's sync leaves it alone):
+        every node of both chains until the map changes, then the old copies to delete."""
+        if self.finished:
+            return set()
+        if self.phase is Phase.CLEAN:
+            return {n for n in self.old if n is not None and n not in self.new}
         return {n for n in (*self.old, *self.new) if n is not None}
 
     def transferred(self, views: Views) -> int:
@@ -220,11 +226,22 @@ class VBucketMove:
             return [SetState(self.new_active, self.vbucket, VBucketState.PENDING)]
         return []
 
+    def stop(self, views: Views) -> list[Action]:
+        """The rebalance is stopped: a move whose map is not committed is reverted."""
+        if self.phase in (Phase.BUILD, Phase.TAKEOVER):
+            return self._revert(views, "the rebalance was stopped")
+        return []
+
     def _revert(self, views: Views, why: str) -> list[Action]:
-        """Put the old active back (module docstring); the move ends REVERTED."""
+        """Put the old active back (module docstring); the move ends REVERTED. The new
+        copies go first: a pending copy that is no longer pending refuses the handoff's last
+        step, so the old active is never made active again beside a new one."""
         self.phase, self.error = Phase.REVERTED, why
-        wanted = {} if self.old_active is None else {self.old_active: VBucketState.ACTIVE}
-        wanted.update({n: VBucketState.DEAD for n in self.builders})  # the old one back first
+        wanted = {n: VBucketState.DEAD for n in self.builders}
+        if self.new_active != self.old_active and self.new_active not in self.builders:
+            wanted[self.new_active] = VBucketState.REPLICA  # a promoted replica goes back
+        if self.old_active is not None:
+            wanted[self.old_active] = VBucketState.ACTIVE
         # an unreachable node or one holding no copy is left to the next sync
         return [
             SetState(node, self.vbucket, state)
@@ -238,13 +255,19 @@ class VBucketMove:
             return self._clean_stalled(now)
         if self.target is None:
             self.target = active.high
+        actions: list[Action] = []
+        ready = True
         for i, node in enumerate(self.new):
-            if node is None:
+            view = views.get(node) if node is not None else None
+            if node is None or view is None:
+                ready = ready and node is None
                 continue
-            view = views.get(node)
             wanted = VBucketState.ACTIVE if i == 0 else VBucketState.REPLICA
-            if view is None or view.state is not wanted or view.persisted < self.target:
-                return self._clean_stalled(now)
+            if view.state is not wanted:  # e.g. the old active staying on as a replica
+                actions.append(SetState(node, self.vbucket, wanted))
+            ready = ready and view.state is wanted and view.persisted >= self.target
+        if not ready:
+            return actions or self._clean_stalled(now)
         self.phase = Phase.DONE
         gone = [n for n in self.old if n is not None and n not in self.new]
         return [Delete(node, self.vbucket) for node in gone]
