@@ -79,8 +79,9 @@ class _MapClient:
 class Load:
     """A steady writer and a reader in threads (module docstring)."""
 
-    def __init__(self, nodes: list[ServerProcess], pause_s: float = 0.004) -> None:
+    def __init__(self, nodes: list[ServerProcess], pause_s: float = 0.004, first: int = 0) -> None:
         self.nodes = nodes
+        self.first = first  # the counter starts here (a second load writes higher values)
         self.pause_s = pause_s
         self.acked: dict[bytes, int] = {}
         self.writes = 0
@@ -117,14 +118,14 @@ class Load:
     def _once(self, mc: _MapClient, key: bytes, call: Any) -> Any:
         """``call(kv, vb)`` on the key's active, following the map; None when it moved."""
         vb = vbucket_for_key(key, VBUCKETS)
-        kv = mc.conn(vb)
-        if kv is None:
-            mc.refresh()
-            return None
         try:
+            kv = mc.conn(vb)
+            if kv is None:
+                mc.refresh()
+                return None
             answer = call(kv, vb)
-        except OSError:  # a node killed: drop its connection, re-read the map
-            mc.refresh(next(p for p, c in mc.conns.items() if c is kv))
+        except OSError:  # a node down: drop its connection, re-read the map
+            mc.refresh(port_of(mc.vb_map.servers[mc.vb_map.chains[vb][0]]))
             time.sleep(0.05)
             return None
         if answer.status == Status.NotMyVbucket:
@@ -136,7 +137,7 @@ class Load:
 
     def _write(self) -> None:
         mc = _MapClient(self.nodes)
-        counter = 0
+        counter = self.first
         while not self._stop.is_set():
             key = KEYS[counter % len(KEYS)]
             value = str(counter).encode()
@@ -233,3 +234,40 @@ def rebalance(manager: ManagerProcess, **params: str) -> dict[str, Any]:
 
     wait_for(ended, "the rebalance to end", timeout_s=120)
     return done
+
+
+def wait_progress(manager: ManagerProcess, moved: int) -> None:
+    def far_enough() -> bool:
+        doc = manager.api("GET", "/pools/default/rebalanceProgress")
+        return bool(doc["progress"]["vbucketsMoved"] >= moved or doc["state"] != "running")
+
+    wait_for(far_enough, f"{moved} vbuckets moved", timeout_s=60)
+
+
+def assert_consistent(nodes: list[ServerProcess]) -> None:
+    """Every vbucket is held active by the node the newest map names, and by no other."""
+    vb_map = served_map(nodes)
+    states = {}
+    for node in nodes:
+        with client(node) as kv:
+            rows = kv.stats(b"vbucket")
+        states[f"127.0.0.1:{node.port}"] = {
+            int(k[3:]): v for k, v in rows.items() if k.startswith("vb_")
+        }
+    for vb, chain in enumerate(vb_map.chains):
+        holders = [name for name, held in states.items() if held.get(vb) == "active"]
+        assert holders == [vb_map.servers[chain[0]]], (vb, holders, vb_map.servers[chain[0]])
+
+
+def preload(nodes: list[ServerProcess], count: int) -> None:
+    """``count`` distinct keys written through the map (before any load runs)."""
+    mc = _MapClient(nodes)
+    try:
+        for i in range(count):
+            key = f"pre-{i}".encode()
+            vb = vbucket_for_key(key, VBUCKETS)
+            kv = mc.conn(vb)
+            assert kv is not None
+            assert kv.set(key, b"1", vbucket=vb).status == Status.Success
+    finally:
+        mc.close()

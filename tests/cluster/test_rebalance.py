@@ -14,11 +14,14 @@ from pathlib import Path
 from managerproc import ManagerProcess, client, start_cluster, wait_for
 from rebalancecheck import (
     Load,
+    assert_consistent,
     check_cluster,
     positions,
+    preload,
     rebalance,
     resumes_without_rollback,
     served_map,
+    wait_progress,
 )
 from serverproc import ServerProcess
 
@@ -83,3 +86,144 @@ def test_rebalance_in_then_out_under_load(
     assert cluster.name(leaving) not in members
     assert held_states(leaving) == {}  # its copies were deleted once the new ones persisted
     assert load.writes > 0 and load.reads > 0
+
+
+def test_swap_rebalance(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """One node in and one out in the same run: the newcomer takes the leaver's place."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=2, replicas=1)
+    a, b = cluster.nodes
+    with Load([a, b]) as load:
+        wait_for(lambda: load.writes > 100, "the load to start")
+        where = positions(served_map([a, b]))
+        c = add_node(server_factory, tmp_path, cluster.manager, "n2")
+        load.nodes.append(c)
+        done = rebalance(cluster.manager, ejectedNodes=cluster.name(a))
+        assert done["state"] == "idle", done
+        writes = load.writes
+        wait_for(lambda: load.writes > writes + 100, "writes after the swap")
+    after = check_cluster(cluster, [b, c], load)
+    assert set(after.servers) == {cluster.name(b), cluster.name(c)}
+    resumes_without_rollback(after, where)
+    assert held_states(a) == {}
+
+
+def test_a_stopped_and_an_interrupted_rebalance_finish_when_run_again(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """Stopped by an operator, then the manager killed -9 mid-run: each time the map is
+    consistent (the node it names active for a vbucket is the one holding it active), the
+    nodes keep serving, and a re-run finishes the job."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=2, replicas=1)
+    manager = cluster.manager
+    manager.api("POST", "/settings/rebalance", movesAtOnce="1")
+    nodes = list(cluster.nodes)
+    with Load(nodes) as load:
+        wait_for(lambda: load.writes > 100, "the load to start")
+        nodes.append(add_node(server_factory, tmp_path, manager, "n2"))
+        manager.api("POST", "/controller/rebalance")
+        wait_progress(manager, 2)
+        stopped = manager.api("POST", "/controller/stopRebalance")
+        assert stopped["state"] == "stopped"
+        assert 2 <= stopped["progress"]["vbucketsMoved"] < stopped["progress"]["vbucketsTotal"]
+        assert_consistent(nodes)
+        manager.api("POST", "/controller/rebalance")
+        wait_progress(manager, 1)
+        manager.kill9()
+        writes = load.writes
+        wait_for(lambda: load.writes > writes + 100, "writes with the manager down")
+        manager.start()
+        assert manager.api("GET", "/pools/default/rebalanceProgress")["state"] == "interrupted"
+        assert_consistent(nodes)
+        done = rebalance(manager)
+        assert done["state"] == "idle", done
+        writes = load.writes
+        wait_for(lambda: load.writes > writes + 100, "writes after the rebalance")
+    check_cluster(cluster, nodes, load)
+
+
+def test_a_node_killed_mid_rebalance_is_failed_over_and_a_new_rebalance_finishes(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """The newcomer dies -9 while vbuckets move to it: its moves are abandoned (the old
+    actives put back), the rebalance fails saying why, the node is failed over, and a new
+    rebalance evens the map over the two left. The load pauses around the kill so every
+    acknowledged write is on a replica first (a write acknowledged from one node's memory
+    alone may be lost with it: that is failover's guarantee, not rebalance's)."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=2, replicas=1)
+    manager = cluster.manager
+    manager.api("POST", "/settings/rebalance", movesAtOnce="1")
+    a, b = cluster.nodes
+    with Load([a, b]) as before:
+        wait_for(lambda: before.writes > 100, "the load to start")
+        c = add_node(server_factory, tmp_path, manager, "n2")
+        before.nodes.append(c)
+        manager.api("POST", "/controller/rebalance")
+        wait_progress(manager, 3)
+    wait_for(
+        lambda: all(n["replicationLag"] == 0 for n in cluster.status()["nodes"]),
+        "every replica caught up",
+    )
+    c.kill9()
+    wait_for(
+        lambda: manager.api("GET", "/pools/default/rebalanceProgress")["state"] == "failed",
+        "the rebalance to fail",
+        timeout_s=60,
+    )
+    failed = manager.api("GET", "/pools/default/rebalanceProgress")
+    assert "stopped answering" in failed["error"]
+    manager.api("POST", "/controller/failOver", otpNode=cluster.name(c))
+    with Load([a, b], first=10**6) as after:
+        done = rebalance(manager)
+        assert done["state"] == "idle", done
+        writes = after.writes
+        wait_for(lambda: after.writes > writes + 100, "writes after the rebalance")
+    after.acked = {**before.acked, **after.acked}
+    vb_map = check_cluster(cluster, [a, b], after)
+    assert cluster.name(c) not in [n["hostname"] for n in cluster.status()["nodes"]]
+    assert len(vb_map.servers) == 2
+
+
+def replica_items_received(node: ServerProcess) -> int:
+    """Items the node's replication connections received since it started."""
+    with client(node) as kv:
+        rows = kv.stats(b"dcp")
+    return sum(int(v) for k, v in rows.items() if k.startswith("items_received:Replica:"))
+
+
+def test_delta_recovery_copies_only_what_changed(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """A node stopped and failed over comes back with its data: delta recovery makes its
+    copies replicas again, they roll back as their failover logs say and copy only what was
+    written since, far less than the node holds; everything ends equal."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=3, replicas=1)
+    manager = cluster.manager
+    nodes = list(cluster.nodes)
+    preload(nodes, 3000)
+    c = nodes[2]
+    with Load(nodes) as load:
+        wait_for(lambda: load.writes > 100, "the load to start")
+        wait_for(
+            lambda: all(n["replicationLag"] == 0 for n in cluster.status()["nodes"]),
+            "every replica caught up",
+        )
+        c.terminate()
+        manager.api("POST", "/controller/failOver", otpNode=cluster.name(c))
+        writes = load.writes
+        wait_for(lambda: load.writes > writes + 150, "writes while the node is out")
+        c.start(same_port=True)
+        manager.api(
+            "POST", "/controller/setRecoveryType", otpNode=cluster.name(c), recoveryType="delta"
+        )
+        done = rebalance(manager)
+        assert done["state"] == "idle", done
+        writes = load.writes
+        wait_for(lambda: load.writes > writes + 100, "writes after the recovery")
+    vb_map = check_cluster(cluster, nodes, load)
+    assert cluster.name(c) in vb_map.servers  # back in the map
+    copied = replica_items_received(c)
+    # it held ~2/3 of the 3,000 preloaded items (actives and replicas); a full copy would
+    # send them all again
+    assert 0 < copied < 1000, copied

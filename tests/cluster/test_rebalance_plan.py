@@ -120,3 +120,19 @@ def test_too_few_nodes_for_the_replicas_is_refused() -> None:
     current = named(plan_initial(2, 1, 16), NAMES[:2])
     with pytest.raises(PlacementError, match="1 replica"):
         plan_rebalance(current, NAMES[:1], 1)
+
+
+def test_a_delta_recovered_node_gets_copies_of_what_it_holds() -> None:
+    """n2 failed over (its slots emptied, its actives promoted), then delta-recovered: the
+    planner gives it back copies of the vbuckets it still holds data of."""
+    nodes = NAMES[:3]
+    placed = named(plan_initial(3, 1, 64), nodes)
+    held = {vb for vb, c in enumerate(placed) if nodes[2] in c}
+    after_failover = [
+        (*(n for n in c if n != nodes[2]), None) if nodes[2] in c else c for c in placed
+    ]
+    target = named(plan_rebalance(after_failover, nodes, 1, {nodes[2]: held}), nodes)
+    given = {vb for vb, c in enumerate(target) if nodes[2] in c}
+    assert len(given) >= 40 and given <= held  # its share (~43 copies), all from its data
+    plain = named(plan_rebalance(after_failover, nodes, 1), nodes)
+    assert len({vb for vb, c in enumerate(plain) if nodes[2] in c} & held) < len(given)

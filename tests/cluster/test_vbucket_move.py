@@ -160,3 +160,25 @@ def test_items_transferred_count_what_the_new_copies_received() -> None:
     assert move.transferred({C: v(REPLICA, 3)}) == 0  # a copy that had 3 already
     assert move.transferred({C: v(REPLICA, 10)}) == 7
     assert move.nodes() == {A, B, C}
+
+
+def test_a_move_whose_node_is_down_is_abandoned() -> None:
+    """Mid-handoff (A dead, C pending, then C gone): A back to active at once."""
+    move = VBucketMove(0, old=(A, B), new=(C, B), now=0.0)
+    views: dict[str, NodeView | None] = {A: v(ACTIVE, 9), B: v(REPLICA, 9), C: v(REPLICA, 9)}
+    move.step(views, 1)
+    views.update({A: v(DEAD, 9), C: None})
+    assert move.abandon(views, "c:1 stopped answering") == [SetState(A, 0, ACTIVE)]
+    assert move.phase is Phase.REVERTED and "stopped answering" in (move.error or "")
+
+
+def test_a_move_whose_node_is_down_after_the_map_changed_ends_keeping_old_copies() -> None:
+    move = VBucketMove(0, old=(A, B), new=(C, B), now=0.0)
+    views: dict[str, NodeView | None] = {A: v(ACTIVE, 9), B: v(REPLICA, 9), C: v(REPLICA, 9)}
+    move.step(views, 1)
+    views.update({A: v(DEAD, 9), C: v(ACTIVE, 9)})
+    assert move.step(views, 2) == [CommitChain(0)]
+    move.committed(3)
+    views[B] = None
+    assert move.abandon(views, "b:1 stopped answering") == []
+    assert move.phase is Phase.DONE and "old copies kept" in (move.error or "")

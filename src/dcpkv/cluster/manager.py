@@ -488,8 +488,9 @@ class Manager:
         if self.health is not None:
             self.health.watch(self._link(name))
 
-    def unresponsive(self, name: str) -> bool:
-        return self.health is not None and self.health.unhealthy_for(name) > 0
+    def down_for(self, name: str) -> float:
+        """Seconds ``name`` has not answered heartbeats (0: it answers)."""
+        return self.health.unhealthy_for(name) if self.health is not None else 0.0
 
     async def forget(self, name: str) -> None:
         """Stop watching and driving a node that left."""

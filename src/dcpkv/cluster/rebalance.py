@@ -24,13 +24,15 @@ handoff between them; the manager watches the states and then moves the map.
 The manager's sync (the map's states for every node) leaves alone every vbucket a queued or
 running move holds (:meth:`Rebalancer.held`): the move drives them.
 
-Faults. A move that fails is reverted (old active back) and the rebalance stops, ``failed``,
-with the reason; the moves already done stay done. ``stop`` reverts the running moves whose map
-has not changed yet. A failover stops a running rebalance first. The record in the
-configuration (:class:`~dcpkv.cluster.config.RebalanceConfig`) keeps the nodes to eject and
-recover until a run completes, so after a stop, a failure or a manager restart (a record found
-``running`` at start-up means the manager died mid-run: status says ``interrupted``) running
-``rebalance`` again plans from the map as it now stands and finishes the job.
+Faults. A move whose node stops answering heartbeats for ``NODE_DOWN_S`` is abandoned
+(:meth:`~dcpkv.cluster.vbucket_move.VBucketMove.abandon`). A move that fails is reverted (old
+active back) and the rebalance stops, ``failed``, with the reason; the moves already done stay
+done. ``stop`` reverts the running moves whose map has not changed yet. A failover stops a
+running rebalance first. The record in the configuration
+(:class:`~dcpkv.cluster.config.RebalanceConfig`) keeps the nodes to eject and recover until a
+run completes, so after a stop, a failure or a manager restart (a record found ``running`` at
+start-up means the manager died mid-run: status says ``interrupted``) running ``rebalance``
+again plans from the map as it now stands and finishes the job.
 
 Recovery of a failed-over node: ``full`` wipes its vbuckets (DelVbucket) before it is planned
 in; ``delta`` keeps them, and the planner prefers the node for copies of the vbuckets it holds,
@@ -74,6 +76,7 @@ log = logging.getLogger("dcpkv.cluster")
 
 TICK_S = 0.2
 MAX_MOVES_AT_ONCE = 64
+NODE_DOWN_S = 5.0  # a move whose node missed heartbeats this long is abandoned
 
 
 class RebalanceRefused(DcpkvError):
@@ -289,7 +292,12 @@ class Rebalancer:
         for move in run.running:
             mine = views.get(move.vbucket, {})
             self.progress.items += _grown(move, mine)
-            await self._carry_out(run, move, move.step(mine, now), commits)
+            down = [n for n in sorted(move.nodes()) if self.m.down_for(n) >= NODE_DOWN_S]
+            if down:
+                actions = move.abandon(mine, f"{down[0]} stopped answering")
+            else:
+                actions = move.step(mine, now)
+            await self._carry_out(run, move, actions, commits)
         if commits:
             await self._commit_chains(run, commits)
         return self._retire(run)
@@ -327,7 +335,7 @@ class Rebalancer:
     async def _node_views(
         self, link: NodeLink, bucket: str, vbs: list[int]
     ) -> dict[int, NodeView] | None:
-        if self.m.unresponsive(link.name):
+        if self.m.down_for(link.name) > 0:
             return None  # do not wait on a node known not to answer
         try:
             states = await link.states(bucket)

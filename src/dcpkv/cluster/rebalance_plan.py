@@ -60,7 +60,7 @@ def plan_rebalance(
         for vb in vbuckets:
             if node in index and 0 <= vb < len(current) and index[node] not in old[vb]:
                 extra[vb].append(index[node])
-    actives = _plan_actives(old, len(nodes))
+    actives = _plan_actives([o + e for o, e in zip(old, extra, strict=True)], len(nodes))
     chains = [[a] for a in actives]
     if num_replicas:
         _plan_replicas(old, extra, chains, len(nodes), num_replicas)

@@ -226,6 +226,15 @@ class VBucketMove:
             return [SetState(self.new_active, self.vbucket, VBucketState.PENDING)]
         return []
 
+    def abandon(self, views: Views, why: str) -> list[Action]:
+        """A node of the move is down: revert before the map changed, else end keeping the
+        old copies (the map already names the new ones)."""
+        if self.phase in (Phase.BUILD, Phase.TAKEOVER):
+            return self._revert(views, why)
+        if self.phase is Phase.CLEAN:
+            self.phase, self.error = Phase.DONE, f"{why}; old copies kept"
+        return []
+
     def stop(self, views: Views) -> list[Action]:
         """The rebalance is stopped: a move whose map is not committed is reverted."""
         if self.phase in (Phase.BUILD, Phase.TAKEOVER):
