@@ -76,8 +76,8 @@ def test_rebalance_in_then_out_under_load(
         where = positions(middle)
         # and out again: the first node leaves gracefully
         leaving = nodes[0]
-        done = rebalance(cluster.manager, ejectedNodes=cluster.name(leaving))
-        assert done["state"] == "idle", done
+        out = cluster.manager.cli("cluster", "remove-node", cluster.name(leaving))
+        assert "rebalance: idle" in out and "vbuckets moved" in out, out
         nodes.remove(leaving)
         wait_for(lambda: load.writes > writes_in + 200, "writes after the rebalance out")
     after = check_cluster(cluster, nodes, load)
@@ -99,8 +99,8 @@ def test_swap_rebalance(
         where = positions(served_map([a, b]))
         c = add_node(server_factory, tmp_path, cluster.manager, "n2")
         load.nodes.append(c)
-        done = rebalance(cluster.manager, ejectedNodes=cluster.name(a))
-        assert done["state"] == "idle", done
+        out = cluster.manager.cli("cluster", "rebalance", "--eject", cluster.name(a))
+        assert "rebalance: idle" in out, out
         writes = load.writes
         wait_for(lambda: load.writes > writes + 100, "writes after the swap")
     after = check_cluster(cluster, [b, c], load)
@@ -136,6 +136,7 @@ def test_a_stopped_and_an_interrupted_rebalance_finish_when_run_again(
         manager.start()
         assert manager.api("GET", "/pools/default/rebalanceProgress")["state"] == "interrupted"
         assert_consistent(nodes)
+        assert "rebalance: interrupted" in manager.cli("cluster", "status")
         done = rebalance(manager)
         assert done["state"] == "idle", done
         writes = load.writes

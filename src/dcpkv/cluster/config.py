@@ -42,6 +42,8 @@ FORMAT = 1
 DEFAULT_AUTO_FAILOVER_TIMEOUT_S = 5
 # Couchbase 7.1 went down to 1 s; below ~3 heartbeats a busy but live node may be failed over
 MIN_AUTO_FAILOVER_TIMEOUT_S, MAX_AUTO_FAILOVER_TIMEOUT_S = 1, 3600
+# ns_server moves 4 vbuckets per node at a time; a cluster of a few nodes: about 16 in flight
+DEFAULT_MOVES_AT_ONCE = 16
 
 
 class ClusterConfigError(DcpkvError, ValueError):
@@ -112,7 +114,7 @@ class RebalanceConfig:
     eject: tuple[str, ...] = ()
     recover: tuple[tuple[str, Recovery], ...] = ()
     error: str | None = None
-    moves_at_once: int = 4  # a setting: vbucket moves in flight at a time
+    moves_at_once: int = DEFAULT_MOVES_AT_ONCE  # a setting: vbucket moves in flight at a time
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,7 +132,7 @@ class RebalanceConfig:
             tuple(doc["eject"]),
             tuple((n, Recovery(r)) for n, r in doc["recover"].items()),
             doc.get("error"),
-            int(doc.get("movesAtOnce", 4)),
+            int(doc.get("movesAtOnce", DEFAULT_MOVES_AT_ONCE)),
         )
 
 

@@ -154,6 +154,44 @@ class NodeLink:
             if isinstance(a, kv.ObserveSeqnoResponse)
         }
 
+    async def vbucket_views(
+        self, bucket: str, vbuckets: list[int]
+    ) -> dict[int, tuple[VBucketState | None, int, int]]:
+        """vbucket -> (state or None when not held, high seqno, persisted seqno), asking
+        about these vbuckets only (``stat vbucket N``, ``stat vbucket-seqno N``, ObserveSeqno
+        for a copy that is not dead), all at once: what a rebalance watches every tick."""
+        conn = await self._session(bucket)
+        try:
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(self._vbucket_view(conn, vb) for vb in vbuckets)),
+                CALL_TIMEOUT_S,
+            )
+        except (OSError, TimeoutError, ClientError) as exc:
+            await conn.close()
+            self._sessions.pop(bucket, None)
+            raise NodeError(f"{self.name} did not answer: {exc or 'timeout'}") from None
+        return dict(zip(vbuckets, answers, strict=True))
+
+    @staticmethod
+    async def _vbucket_view(conn: Connection, vb: int) -> tuple[VBucketState | None, int, int]:
+        try:
+            state_rows = await conn.stats(f"vbucket {vb}")
+            seqno_rows = dict(await conn.stats(f"vbucket-seqno {vb}"))
+        except ClientError as exc:
+            if exc.status == Status.NotMyVbucket:
+                return None, 0, 0  # the node holds no copy
+            raise
+        state = VBucketState.of(state_rows[0][1])
+        high = int(seqno_rows[f"vb_{vb}:high_seqno"])
+        if state == VBucketState.DEAD:
+            return state, high, 0
+        uuid = int(seqno_rows[f"vb_{vb}:uuid"])
+        answer = await conn.call(kv.ObserveSeqno(vbucket=vb, vbucket_uuid=uuid))
+        persisted = (
+            answer.last_persisted_seqno if isinstance(answer, kv.ObserveSeqnoResponse) else 0
+        )
+        return state, high, persisted
+
     async def noop(self, bucket: str) -> None:
         answer = await self._call(bucket, kv.Noop())
         if getattr(answer, "status", Status.Success) != Status.Success:

@@ -67,7 +67,6 @@ from dcpkv.cluster.vbucket_move import (
     Views,
 )
 from dcpkv.core.errors import DcpkvError
-from dcpkv.core.vbucket import VBucketState
 
 if TYPE_CHECKING:
     from dcpkv.cluster.manager import Manager
@@ -338,14 +337,11 @@ class Rebalancer:
         if self.m.down_for(link.name) > 0:
             return None  # do not wait on a node known not to answer
         try:
-            states = await link.states(bucket)
-            highs = await link.high_seqnos(bucket, None)
-            live = [vb for vb in vbs if states.get(vb, VBucketState.DEAD) != VBucketState.DEAD]
-            persisted = await link.persisted_seqnos(bucket, live)
+            seen = await link.vbucket_views(bucket, vbs)
         except NodeError as exc:
             log.info("rebalance: %s did not answer: %s", link.name, exc)
             return None
-        return {vb: NodeView(states.get(vb), highs.get(vb, 0), persisted.get(vb, 0)) for vb in vbs}
+        return {vb: NodeView(*seen[vb]) for vb in vbs}
 
     async def _carry_out(
         self,
@@ -383,7 +379,14 @@ class Rebalancer:
         now = time.monotonic()
         for move in done:
             move.committed(now)
-        await self.m.sync_all()
+        # only the map: the states of the moved vbuckets are the moves' own business (clean)
+        for name in self.m.config.active_nodes():
+            try:
+                config = vb_map.to_config(bucket.name, bucket.uuid, this_node=name)
+                await self.m.link(name).push_config(bucket.name, config)
+            except NodeError as exc:  # the next answered heartbeat syncs it
+                log.info("rebalance: %s did not take the map: %s", name, exc)
+                self.m.out_of_sync.add(name)
 
     # -- the end ----------------------------------------------------------------------------
 
