@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpkv.cluster import config as cfg
 from dcpkv.cluster.rebalance_plan import NamedChain, moves, plan_rebalance
 from dcpkv.cluster.vbucket_map import NOBODY, PlacementError, plan_initial
 
@@ -136,3 +138,17 @@ def test_a_delta_recovered_node_gets_copies_of_what_it_holds() -> None:
     assert len(given) >= 40 and given <= held  # its share (~43 copies), all from its data
     plain = named(plan_rebalance(after_failover, nodes, 1), nodes)
     assert len({vb for vb, c in enumerate(plain) if nodes[2] in c} & held) < len(given)
+
+
+def test_the_rebalance_record_survives_the_config_file(tmp_path: Path) -> None:
+    record = cfg.RebalanceConfig(
+        cfg.RebalanceState.RUNNING, ("a:1",), (("b:1", cfg.Recovery.DELTA),), None, 8
+    )
+    config = cfg.ClusterConfig(rebalance=record)
+    cfg.save(tmp_path, config)
+    loaded = cfg.load(tmp_path)
+    assert loaded is not None and loaded.rebalance == record
+    # a file written before rebalance existed has nothing to finish
+    doc = cfg.to_json(config)
+    del doc["rebalance"]
+    assert cfg.from_json(doc).rebalance == cfg.RebalanceConfig()

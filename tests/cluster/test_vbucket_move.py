@@ -156,9 +156,11 @@ def test_a_clean_that_never_persists_ends_keeping_the_old_copies() -> None:
 
 def test_items_transferred_count_what_the_new_copies_received() -> None:
     move = VBucketMove(0, old=(A, B), new=(C, B), now=0.0)
-    assert move.transferred({C: v(None)}) == 0
     assert move.transferred({C: v(REPLICA, 3)}) == 0  # a copy that had 3 already
     assert move.transferred({C: v(REPLICA, 10)}) == 7
+    empty = VBucketMove(0, old=(A, B), new=(C, B), now=0.0)
+    assert empty.transferred({C: v(None)}) == 0
+    assert empty.transferred({C: v(REPLICA, 10)}) == 10  # it had nothing
     assert move.nodes() == {A, B, C}
 
 

@@ -167,8 +167,9 @@ class Rebalancer:
         nodes = [n for n in (*config.active_nodes(), *recovering) if n not in ejecting]
         if not nodes:
             raise RebalanceRefused("every node would leave: nothing would serve")
-        holding = await self._recover(record.recover)
-        plans = self._plan(nodes, holding)
+        holding = await self._holdings(record.recover)
+        plans = self._plan(nodes, holding)  # may refuse: nothing is touched before it
+        await self._wipe([n for n, how in record.recover if how is cfg.Recovery.FULL])
         for name in recovering:
             config = config.with_node(cfg.NodeConfig(name))
         config = replace(
@@ -189,22 +190,30 @@ class Rebalancer:
         log.info("rebalance started: %d vbucket move(s), ejecting %s", total, list(ejecting))
         return {"started": True, "moves": total, "eject": list(ejecting), "nodes": nodes}
 
-    async def _recover(self, recover: tuple[tuple[str, cfg.Recovery], ...]) -> dict[str, set[int]]:
-        """Wipe the fully recovered nodes; what the delta-recovered ones hold, per bucket."""
+    async def _holdings(self, recover: tuple[tuple[str, cfg.Recovery], ...]) -> dict[str, set[int]]:
+        """``bucket\0node`` -> the vbuckets a delta-recovered node holds."""
         holding: dict[str, set[int]] = {}
         for name, how in recover:
+            if how is not cfg.Recovery.DELTA:
+                continue
+            for bucket in self.m.config.buckets:
+                try:
+                    held = await self.m.link(name).states(bucket.name)
+                except NodeError as exc:
+                    raise RebalanceRefused(f"cannot recover {name}: {exc}") from None
+                holding[f"{bucket.name}\0{name}"] = set(held)
+        return holding
+
+    async def _wipe(self, names: list[str]) -> None:
+        """Full recovery: every vbucket of these nodes deleted before they are planned in."""
+        for name in names:
             link = self.m.link(name)
             for bucket in self.m.config.buckets:
                 try:
-                    held = await link.states(bucket.name)
-                    if how is cfg.Recovery.FULL:
-                        for vb in sorted(held):
-                            await link.delete_vbucket(bucket.name, vb)
-                    else:
-                        holding[f"{bucket.name}\0{name}"] = set(held)
+                    for vb in sorted(await link.states(bucket.name)):
+                        await link.delete_vbucket(bucket.name, vb)
                 except NodeError as exc:
-                    raise RebalanceRefused(f"cannot recover {name}: {exc}") from None
-        return holding
+                    raise RebalanceRefused(f"cannot wipe {name}: {exc}") from None
 
     def _plan(
         self, nodes: list[str], holding: dict[str, set[int]]

@@ -147,7 +147,7 @@ class VBucketMove:
         total = 0
         for node in self.builders:
             view = views.get(node)
-            if view is not None and view.state is not None:
+            if view is not None:  # first seen holding nothing: everything it gets is copied
                 start = self.start_highs.setdefault(node, view.high)
                 total += max(0, view.high - start)
         return total
