@@ -311,7 +311,11 @@ class Bucket:
             failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
             vbucket.reset(s, failover, self.storage.load_items(vb))
             self.flush_once()
-            return point
+        # Wake the DCP streams of this vbucket (as a queued item would): each sees the new
+        # generation on its next refill and ends with Rollback, even one idle in memory.
+        for listener in self.seqno_listeners:
+            listener(vb)
+        return point
 
     def compact(
         self,

@@ -146,6 +146,9 @@ class VBucket:
         self._max_deleted_rev = 0
         self._state_dirty = True
         self._unacked: FlushBatch | None = None
+        # How many times this vbucket's history was rolled back (reset): a DCP stream opened
+        # before a rollback carries the old history and must end (kv_engine's Rollback end).
+        self.rollbacks = 0
         # Called (under the lock, so it must only take note) with the vbucket id after every
         # item queued for DCP; the bucket fans it out to its listeners.
         self.on_queued: Callable[[int], None] | None = None
@@ -448,6 +451,7 @@ class VBucket:
             self.purge_seqno = vbstate.purge_seqno
             self.failover = failover
             self._state_dirty = True
+            self.rollbacks += 1
             self.load(items)
 
     # -- internals --------------------------------------------------------------------------
