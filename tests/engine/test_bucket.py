@@ -118,12 +118,13 @@ def test_unclean_without_subprocess_and_replicas_get_no_entry(open_bucket: Bucke
     assert len(again.get_vbucket(1).failover) == 1
 
 
-def test_becoming_active_cuts_a_branch_at_high_seqno(open_bucket: BucketFactory) -> None:
+def test_becoming_active_cuts_a_branch_and_writes_go_on(open_bucket: BucketFactory) -> None:
     bucket = open_bucket()
     vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)
     vb.replica_snapshot_marker(1, 3)
     for seqno in (1, 3):
         vb.set_with_meta(Item(b"k%d" % seqno, b"v", cas=1000 + seqno, rev_seqno=4, by_seqno=seqno))
+    bucket.flush_once()  # (where the branch starts when not: the table below)
     bucket.set_vbucket_state(0, VBucketState.ACTIVE)
     assert vb.failover.latest.seqno == 3
     assert vb.set(b"x", b"y").by_seqno == 4
@@ -217,3 +218,46 @@ def test_eviction_and_tempfail(open_bucket: BucketFactory) -> None:
         except TempFail:
             continue
     assert vb.get(b"k1").value == value + b"!"
+
+
+# The failover entry a vbucket cuts when it becomes active (``VBucket.branch_point``): a
+# promoted replica at the last complete snapshot it persisted, anything else at its high seqno.
+# Each case: the state it is promoted from, the snapshots it received as (marker start, marker
+# end, items received), whether the last one was flushed, and where the new entry starts.
+BRANCH_POINTS = [
+    ("replica, all persisted", VBucketState.REPLICA, [(1, 4, 4)], True, 4),
+    (
+        "replica, last snapshot only in memory",
+        VBucketState.REPLICA,
+        [(1, 4, 4), (5, 8, 4)],
+        False,
+        4,
+    ),
+    ("replica, partial snapshot persisted", VBucketState.REPLICA, [(1, 4, 4), (5, 8, 2)], True, 5),
+    ("pending (a drained takeover)", VBucketState.PENDING, [(1, 4, 4), (5, 8, 2)], False, 6),
+]
+
+
+@pytest.mark.parametrize(
+    ("state", "snapshots", "flush_last", "entry"),
+    [case[1:] for case in BRANCH_POINTS],
+    ids=[case[0] for case in BRANCH_POINTS],
+)
+def test_promotion_branches_at_the_last_complete_persisted_snapshot(
+    open_bucket: BucketFactory,
+    state: VBucketState,
+    snapshots: list[tuple[int, int, int]],
+    flush_last: bool,
+    entry: int,
+) -> None:
+    bucket = open_bucket()
+    vb = bucket.set_vbucket_state(0, state)
+    for n, (start, end, received) in enumerate(snapshots):
+        vb.replica_snapshot_marker(start, end)
+        for seqno in range(start, start + received):
+            vb.set_with_meta(Item(b"k%d" % seqno, b"v", cas=seqno, by_seqno=seqno))
+        if n < len(snapshots) - 1 or flush_last:
+            bucket.flush_once()
+    old = vb.failover.entries
+    bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    assert vb.failover.entries[1:] == old and vb.failover.entries[0].seqno == entry

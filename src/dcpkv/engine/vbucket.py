@@ -352,18 +352,35 @@ class VBucket:
     # -- state ------------------------------------------------------------------------------
 
     def set_state(self, state: VBucketState) -> None:
-        """Move to ``state``; becoming active cuts a new history branch at the high seqno."""
+        """Move to ``state``; becoming active cuts a new history branch (:meth:`branch_point`)."""
         state = VBucketState(state)
         with self.lock:
             if state == self.state:
                 return
             if state == VBucketState.ACTIVE:
-                self.failover.create_entry(self.high_seqno)
+                self.failover.create_entry(self.branch_point())
                 # New active items form their own checkpoints, apart from a replica snapshot.
                 self.checkpoints.close_open_checkpoint()
                 self.replica_snapshot = (self.high_seqno, self.high_seqno)
             self.state = state
             self._state_dirty = True
+
+    def branch_point(self) -> int:
+        """Where a new failover entry starts when this vbucket becomes active.
+
+        A promoted replica (failover) branches at the last complete snapshot it persisted,
+        as kv_engine does and spec 002 asks: its end if the flusher persisted all of it, else
+        its start (a partial snapshot is no consistent point of the old history). What the
+        replica holds above that point is served as the new branch, so a consumer that has it
+        from the old active rolls back to the branch point and gets it again: never wrong,
+        sometimes more than needed. Any other vbucket (a pending one that a takeover drained,
+        a dead one revived) holds a complete history up to its high seqno and branches there,
+        so a consumer that followed the old active needs no rollback after a move.
+        """
+        if self.state != VBucketState.REPLICA:
+            return self.high_seqno
+        start, end = self.persisted_snapshot
+        return end if self.persisted_seqno >= end else start
 
     def vbstate(self, snapshot: tuple[int, int], high_seqno: int) -> VBState:
         return VBState(
