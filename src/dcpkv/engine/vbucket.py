@@ -181,6 +181,17 @@ class VBucket:
         with self.lock:
             return self._ht.get(key)
 
+    def get_meta(self, key: bytes) -> Item | None:
+        """The key's current version, tombstones included (GetMeta): the hash table's entry,
+        else what disk holds (a persisted tombstone leaves the table). The value may be None
+        (ejected): GetMeta answers metadata only."""
+        with self.lock:
+            self._require_active()
+            item = self._ht.get(key)
+        if item is None and self._fetch is not None:
+            item = self._fetch(self.id, key)
+        return item
+
     def items(self) -> list[Item]:
         with self.lock:
             return list(self._ht.values())
