@@ -261,3 +261,33 @@ def test_promotion_branches_at_the_last_complete_persisted_snapshot(
     old = vb.failover.entries
     bucket.set_vbucket_state(0, VBucketState.ACTIVE)
     assert vb.failover.entries[1:] == old and vb.failover.entries[0].seqno == entry
+
+
+def test_divergence_names_what_a_rollback_undoes(open_bucket: BucketFactory) -> None:
+    """Before rolling back, a replica can tell, key by key, its latest version and the one it
+    would return to: what a repair of the new active needs (spec 002, figure 8)."""
+    bucket = open_bucket(history_window=1000)
+    vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)
+    writes = [  # (seqno, key, value or None for a deletion), one snapshot per flush
+        [(1, b"a", b"a1"), (2, b"b", b"b1"), (3, b"gone", b"g1")],
+        [(4, b"a", b"a2"), (5, b"new", b"n1"), (6, b"gone", None)],
+        [(7, b"new", b"n2")],  # memory only: divergence flushes it first
+    ]
+    for n, snapshot in enumerate(writes):
+        vb.replica_snapshot_marker(snapshot[0][0], snapshot[-1][0])
+        for seqno, key, value in snapshot:
+            item = Item(key, value or b"", cas=100 + seqno, by_seqno=seqno)
+            _ = vb.set_with_meta(item) if value else vb.delete_with_meta(item)
+        if n < 2:
+            bucket.flush_once()
+    found = {ours.key: (ours, old) for ours, old in bucket.divergence(0, 3)}
+    assert sorted(found) == [b"a", b"gone", b"new"]  # b is the same at 3
+    ours, old = found[b"a"]
+    assert (ours.value, ours.by_seqno, old and old.value, old and old.cas) == (b"a2", 4, b"a1", 101)
+    ours, old = found[b"gone"]
+    assert ours.deleted and old is not None and old.value == b"g1"
+    ours, old = found[b"new"]
+    assert (ours.value, ours.by_seqno, old) == (b"n2", 7, None)
+    assert bucket.divergence(0, 7) == []  # nothing above the high seqno
+    assert bucket.rollback(0, 3) == 3  # the rollback lands where divergence said
+    assert vb.peek(b"a").value == b"a1"  # type: ignore[union-attr]

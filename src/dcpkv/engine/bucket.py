@@ -69,7 +69,13 @@ from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
-from dcpkv.engine.storage import DEFAULT_HISTORY_WINDOW, CompactResult, Storage, VBState
+from dcpkv.engine.storage import (
+    DEFAULT_HISTORY_WINDOW,
+    CompactResult,
+    Storage,
+    VBState,
+    item_from_row,
+)
 from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket
 
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
@@ -316,6 +322,16 @@ class Bucket:
         for listener in self.seqno_listeners:
             listener(vb)
         return point
+
+    def divergence(self, vb: int, seqno: int) -> list[tuple[Item, Item | None]]:
+        """What :meth:`rollback` to ``seqno`` would undo, key by key: (our latest version,
+        our version at the point it lands on, or None). Flushes first, so memory counts."""
+        with self._io_lock:
+            self.flush_once()
+            return [
+                (item_from_row(ours), None if old is None else item_from_row(old))
+                for ours, old in self.storage.divergence(vb, seqno)
+            ]
 
     def compact(
         self,
