@@ -12,6 +12,8 @@ GET      ``/settings/autoFailover``    ``{"enabled":..,"timeout":..}``
 POST     ``/settings/autoFailover``    ``enabled=true|false``, ``timeout=SECONDS``
 POST     ``/settings/autoFailover/     acknowledge automatic failovers: the count
          resetCount``                  back to 0 (Couchbase's route)
+GET      ``/settings/rollbackRepair``  ``{"repairOnRollback": ..}``
+POST     ``/settings/rollbackRepair``  ``repairOnRollback=true|false`` (spec 002's repair)
 =======  ============================  ===========================================
 
 Parameters come as a form (what Couchbase's REST API takes) or as a JSON object. Every
@@ -127,12 +129,25 @@ async def _reset_auto_failover_count(request: web.Request) -> web.Response:
     return web.json_response(await request.app[MANAGER].reset_auto_failover_count())
 
 
-def _flag(value: object) -> bool:
+async def _get_rollback_repair(request: web.Request) -> web.Response:
+    settings = request.app[MANAGER].config.settings
+    return web.json_response({"repairOnRollback": settings.repair_on_rollback})
+
+
+async def _set_rollback_repair(request: web.Request) -> web.Response:
+    params = await _params(request)
+    if "repairOnRollback" not in params:  # (not _required: a JSON false is a value)
+        raise ValueError("missing parameter 'repairOnRollback'")
+    enabled = _flag(params["repairOnRollback"], "repairOnRollback")
+    return web.json_response(await request.app[MANAGER].set_repair_on_rollback(enabled))
+
+
+def _flag(value: object, name: str = "enabled") -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).lower()
     if text not in ("true", "false"):
-        raise ValueError(f"enabled must be true or false, not {value!r}")
+        raise ValueError(f"{name} must be true or false, not {value!r}")
     return text == "true"
 
 
@@ -145,4 +160,6 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_get("/settings/autoFailover", _get_auto_failover)
     app.router.add_post("/settings/autoFailover", _set_auto_failover)
     app.router.add_post("/settings/autoFailover/resetCount", _reset_auto_failover_count)
+    app.router.add_get("/settings/rollbackRepair", _get_rollback_repair)
+    app.router.add_post("/settings/rollbackRepair", _set_rollback_repair)
     return app
