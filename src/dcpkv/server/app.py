@@ -103,6 +103,7 @@ PREAUTH_MAX_VALUE = 16 * 1024
 # a length beyond this slack is treated as garbage and closes the connection.
 VALUE_SLACK = 1024 * 1024
 EXPIRY_PAGER_INTERVAL_S = 10.0
+FLUSH_RETRY_S = 0.25  # between flush attempts while they fail (a full disk, an I/O error)
 PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yielding the loop
 PUMP_TICK_S = 0.05  # safety-net pump of every producer
 LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
@@ -443,13 +444,23 @@ class DataServer:
 
     async def _flusher(self) -> None:
         loop = asyncio.get_running_loop()
+        failing = False
         while True:
-            await asyncio.sleep(self.config.flush_interval_s)
+            await asyncio.sleep(FLUSH_RETRY_S if failing else self.config.flush_interval_s)
             try:
                 await loop.run_in_executor(self.executor, self._flush_all)
-            except Exception:
-                # The batch stays queued in the engine and is retried next round.
-                log.exception("flush failed")
+            except Exception as exc:
+                # The batch stays queued in the engine and is retried; meanwhile the bucket
+                # answers writes TempFail. Said once, not on every retry.
+                if not failing:
+                    log.error("flush failed: %s: %s; writes answer TempFail until a flush "
+                              "succeeds (retrying every %.2f s)", type(exc).__name__, exc,
+                              FLUSH_RETRY_S)  # fmt: skip
+                failing = True
+            else:
+                if failing:
+                    log.info("flush succeeded again: writes are accepted")
+                failing = False
 
     async def _expiry_pager(self) -> None:
         while True:

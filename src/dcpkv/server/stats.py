@@ -69,6 +69,8 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "mem_used", bucket.memory_used
     yield "ep_total_persisted", bucket.items_persisted
     yield "ep_persistence_lag_ms", round(bucket.persistence_lag() * 1000)
+    yield "ep_item_commit_failed", bucket.flush_failures  # kv_engine's name: failed flushes
+    yield "ep_disk_error", bucket.disk_error or ""
     yield "ep_max_size", bucket.memory_quota
     for state in VBucketState:
         yield f"vb_{state.label}_num", sum(1 for vb in vbuckets if vb.state == state)
