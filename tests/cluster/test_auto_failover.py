@@ -242,6 +242,10 @@ def test_a_second_node_waits_for_the_count_reset_and_a_node_without_replicas_sta
     auto = auto_failover(cluster)
     assert [e["node"] for e in auto["events"]] == [cluster.name(first), cluster.name(second)]
     assert auto["count"] == 1 and not auto["held"]
+    # what automatic failover did is in the configuration file: a restart still shows it
+    cluster.manager.kill9()
+    cluster.manager.start(same_port=True)
+    assert auto_failover(cluster)["events"] == auto["events"]
     with client(last) as kv:  # the last node serves every vbucket
         rows = kv.stats(b"vbucket")
     assert sorted(int(k[3:]) for k, v in rows.items() if v == "active") == list(range(VBUCKETS))

@@ -16,6 +16,10 @@ made a replica with SetVbucket and a map one rev higher, pushed with SetClusterC
    at 0, the next entries are B's at 5 and C's own persisted snapshot at 8, the smaller wins
    (spec 002, "How UPR Replicas/Clients find out where to rollback to") (figure 8);
 5. B takes more; B, C and D end equal (figure 9).
+
+Run twice: as above, and with the cluster's ``repairOnRollback`` on, where C first repairs B
+with what it has above 5 that B never changed (figure 8's "Replica C repairs master"): A's
+6-8, three keys B never had, are added on B with new seqnos and stream back to C and D.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import struct
 from pathlib import Path
 
+import pytest
 from managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
 from replicacheck import contents, failover_logs, wait_equal
 from serverproc import ServerProcess
@@ -92,8 +97,12 @@ def make_replica(
             assert answer.status == Status.Success
 
 
+@pytest.mark.parametrize("repair", [False, True], ids=["rollback", "repair-then-rollback"])
 def test_upr_in_action_on_a_cluster(
-    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+    server_factory: type[ServerProcess],
+    manager_factory: type[ManagerProcess],
+    tmp_path: Path,
+    repair: bool,
 ) -> None:
     cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=3, replicas=2)
     a, b, c = cluster.nodes
@@ -127,6 +136,9 @@ def test_upr_in_action_on_a_cluster(
         assert entries[0][0] != origin[vb][0][0]
         assert persisted(b, vb) == (5, 5)
     write(b, vbs, 2, "four-")  # the new master accepts mutations: 6-7 on B's branch
+    if repair:
+        answer = cluster.manager.api("POST", "/settings/rollbackRepair", repairOnRollback="true")
+        assert answer == {"repairOnRollback": True}
     # figure 7: D joins (the manager) and becomes a replica (by hand)
     d = server_factory(tmp_path / "d", tmp_path / "d.log", "--managed")
     d.start()
@@ -142,12 +154,16 @@ def test_upr_in_action_on_a_cluster(
         wait_equal(b.port, replica.port, vbs)
     expected = contents(b.port, "check-b", vbs)
     for vb in vbs:
-        # B's history: A's 1-5, then its own 6-9; A's 6-11 are nowhere
-        assert sorted(s for s, _, _ in expected[vb].values()) == list(range(1, 10))
-        assert {v for _, _, v in expected[vb].values()} == {b"one-", b"four-", b"five-"}
+        # B's history: A's 1-5, then its own 6-9; A's 6-11 are nowhere, or with the repair,
+        # A's 6-8 (C had them) are B's 8-10 or later
+        values = {b"one-", b"four-", b"five-"} | ({b"two-"} if repair else set())
+        total = 5 + 2 + 2 + (3 if repair else 0)
+        assert sorted(s for s, _, _ in expected[vb].values()) == list(range(1, total + 1))
+        assert {v for _, _, v in expected[vb].values()} == values
         # C rolled back to 5, as the spec's logs say; D, new, had nothing to roll back
         assert f"vbucket {vb} rolled back to 5 (asked 5)" in c.log()
         assert f"vbucket {vb} rolled back" not in d.log()
+        assert (f"vbucket {vb}: repaired 3 of 3 document(s)" in c.log()) == repair
     with client(c) as kv:
         stats = kv.stats(b"dcp")
     assert all(int(stats[f"rollbacks:{vb}:Replica:{cluster.name(c)}"]) == 1 for vb in vbs)

@@ -16,6 +16,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import BATCH_ITEMS, DcpProducer, ProducerError
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
+from dcpkv.engine.item import Item
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
@@ -676,3 +677,48 @@ def test_backfill_that_ends_empty_hands_over_to_memory_at_once(
     assert isinstance(request(p, start=0), dcp.StreamRequestOk)
     c.drain(p)
     assert c.seqno[0] == vb.high_seqno and c.docs[0] == live(vb)
+
+
+# -- a replica that rolls back under its streams ---------------------------------------------
+
+
+def replica_rounds(bucket: Bucket, rounds: int) -> VBucket:
+    """A replica vbucket 2 fed ``rounds`` snapshots of two keys each, every one flushed."""
+    vb = bucket.set_vbucket_state(2, VBucketState.REPLICA)
+    for round_ in range(rounds):
+        seqno = vb.high_seqno
+        vb.replica_snapshot_marker(seqno + 1, seqno + 2)
+        for i, key in enumerate((b"a", b"b")):
+            vb.set_with_meta(Item(key, b"%d" % round_, cas=seqno + 1 + i, by_seqno=seqno + 1 + i))
+        bucket.flush_once()
+    return vb
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle-in-memory", "mid-backfill"])
+def test_replica_rollback_ends_its_streams_with_rollback(
+    open_bucket: Callable[..., Bucket], clock: ManualClock, idle: bool
+) -> None:
+    """A stream opened before its replica vbucket rolls back carries the old history: it ends
+    with Rollback (the consumer re-requests and is told where to roll back), whether it was
+    idle in memory (and must be woken: no write follows) or still reading its disk snapshot."""
+    bucket = open_bucket(history_window=1000, checkpoint_max_items=2)
+    replica_rounds(bucket, 4)  # seqnos 1..8
+    p, c = producer(bucket, clock), Consumer()
+    notified: list[int] = []
+    bucket.seqno_listeners.append(notified.append)
+    assert isinstance(request(p, vb=2), dcp.StreamRequestOk)
+    if idle:
+        c.drain(p)
+        assert c.seqno[2] == 8 and not c.of(dcp.StreamEnd)
+    else:
+        c.receive(p.next_messages(1))  # the disk snapshot is open and partly sent
+        assert c.of(dcp.SnapshotMarker) and c.seqno.get(2, 0) < 8
+    assert bucket.rollback(2, 5) == 4
+    assert notified[-1] == 2  # the rollback woke the vbucket's streams
+    c.drain(p)
+    (end,) = c.of(dcp.StreamEnd)
+    assert end.vbucket == 2 and end.reason == StreamEndReason.Rollback
+    # A new request from where the consumer is gets the rollback answer.
+    again = request(p, vb=2, start=c.seqno.get(2, 0), uuid=bucket.get_vbucket(2).uuid)
+    if c.seqno.get(2, 0) > 4:
+        assert isinstance(again, dcp.StreamRequestRollback) and again.rollback_seqno == 4

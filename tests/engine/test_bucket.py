@@ -118,12 +118,13 @@ def test_unclean_without_subprocess_and_replicas_get_no_entry(open_bucket: Bucke
     assert len(again.get_vbucket(1).failover) == 1
 
 
-def test_becoming_active_cuts_a_branch_at_high_seqno(open_bucket: BucketFactory) -> None:
+def test_becoming_active_cuts_a_branch_and_writes_go_on(open_bucket: BucketFactory) -> None:
     bucket = open_bucket()
     vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)
     vb.replica_snapshot_marker(1, 3)
     for seqno in (1, 3):
         vb.set_with_meta(Item(b"k%d" % seqno, b"v", cas=1000 + seqno, rev_seqno=4, by_seqno=seqno))
+    bucket.flush_once()  # (where the branch starts when not: the table below)
     bucket.set_vbucket_state(0, VBucketState.ACTIVE)
     assert vb.failover.latest.seqno == 3
     assert vb.set(b"x", b"y").by_seqno == 4
@@ -217,3 +218,76 @@ def test_eviction_and_tempfail(open_bucket: BucketFactory) -> None:
         except TempFail:
             continue
     assert vb.get(b"k1").value == value + b"!"
+
+
+# The failover entry a vbucket cuts when it becomes active (``VBucket.branch_point``): a
+# promoted replica at the last complete snapshot it persisted, anything else at its high seqno.
+# Each case: the state it is promoted from, the snapshots it received as (marker start, marker
+# end, items received), whether the last one was flushed, and where the new entry starts.
+BRANCH_POINTS = [
+    ("replica, all persisted", VBucketState.REPLICA, [(1, 4, 4)], True, 4),
+    (
+        "replica, last snapshot only in memory",
+        VBucketState.REPLICA,
+        [(1, 4, 4), (5, 8, 4)],
+        False,
+        4,
+    ),
+    ("replica, partial snapshot persisted", VBucketState.REPLICA, [(1, 4, 4), (5, 8, 2)], True, 5),
+    ("pending (a drained takeover)", VBucketState.PENDING, [(1, 4, 4), (5, 8, 2)], False, 6),
+]
+
+
+@pytest.mark.parametrize(
+    ("state", "snapshots", "flush_last", "entry"),
+    [case[1:] for case in BRANCH_POINTS],
+    ids=[case[0] for case in BRANCH_POINTS],
+)
+def test_promotion_branches_at_the_last_complete_persisted_snapshot(
+    open_bucket: BucketFactory,
+    state: VBucketState,
+    snapshots: list[tuple[int, int, int]],
+    flush_last: bool,
+    entry: int,
+) -> None:
+    bucket = open_bucket()
+    vb = bucket.set_vbucket_state(0, state)
+    for n, (start, end, received) in enumerate(snapshots):
+        vb.replica_snapshot_marker(start, end)
+        for seqno in range(start, start + received):
+            vb.set_with_meta(Item(b"k%d" % seqno, b"v", cas=seqno, by_seqno=seqno))
+        if n < len(snapshots) - 1 or flush_last:
+            bucket.flush_once()
+    old = vb.failover.entries
+    bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    assert vb.failover.entries[1:] == old and vb.failover.entries[0].seqno == entry
+
+
+def test_divergence_names_what_a_rollback_undoes(open_bucket: BucketFactory) -> None:
+    """Before rolling back, a replica can tell, key by key, its latest version and the one it
+    would return to: what a repair of the new active needs (spec 002, figure 8)."""
+    bucket = open_bucket(history_window=1000)
+    vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)
+    writes = [  # (seqno, key, value or None for a deletion), one snapshot per flush
+        [(1, b"a", b"a1"), (2, b"b", b"b1"), (3, b"gone", b"g1")],
+        [(4, b"a", b"a2"), (5, b"new", b"n1"), (6, b"gone", None)],
+        [(7, b"new", b"n2")],  # memory only: divergence flushes it first
+    ]
+    for n, snapshot in enumerate(writes):
+        vb.replica_snapshot_marker(snapshot[0][0], snapshot[-1][0])
+        for seqno, key, value in snapshot:
+            item = Item(key, value or b"", cas=100 + seqno, by_seqno=seqno)
+            _ = vb.set_with_meta(item) if value else vb.delete_with_meta(item)
+        if n < 2:
+            bucket.flush_once()
+    found = {ours.key: (ours, old) for ours, old in bucket.divergence(0, 3)}
+    assert sorted(found) == [b"a", b"gone", b"new"]  # b is the same at 3
+    ours, old = found[b"a"]
+    assert (ours.value, ours.by_seqno, old and old.value, old and old.cas) == (b"a2", 4, b"a1", 101)
+    ours, old = found[b"gone"]
+    assert ours.deleted and old is not None and old.value == b"g1"
+    ours, old = found[b"new"]
+    assert (ours.value, ours.by_seqno, old) == (b"n2", 7, None)
+    assert bucket.divergence(0, 7) == []  # nothing above the high seqno
+    assert bucket.rollback(0, 3) == 3  # the rollback lands where divergence said
+    assert vb.peek(b"a").value == b"a1"  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dcpclient import DcpClient, all_vb_seqnos
+from dcpclient import DcpClient, VbState, all_vb_seqnos
 from kvclient import KVClient, poll_rounds
 
 from dcpkv.core.status import Status
@@ -22,7 +22,8 @@ Doc = tuple[int, int, bytes | None]  # (seqno of the latest version, its CAS, va
 
 
 class StreamStalled(AssertionError):
-    """A stream stopped below the high seqno the node reported."""
+    """A stream stopped below the high seqno the node reported: it ended early (Rollback:
+    the node is a replica that rolled back after the stream opened) or timed out."""
 
 
 def admin(port: int) -> KVClient:
@@ -62,8 +63,16 @@ def contents(
         wanted = sorted(range(VBUCKETS) if vbuckets is None else vbuckets)
         for vb in wanted:
             assert isinstance(client.stream(vb, start=0, end=highs[vb]), dcp.StreamRequestOk)
+
+        def reached_or_ended() -> bool:
+            states = {vb: client.vbs.get(vb, VbState()) for vb in wanted}
+            early = {vb: st.ended for vb, st in states.items() if st.ended not in (None, 0)}
+            if early:
+                raise StreamStalled(f"port {port}: streams ended early (vb: reason) {early}")
+            return all(st.seqno >= highs[vb] for vb, st in states.items())
+
         try:
-            client.follow_to({vb: highs[vb] for vb in wanted})
+            client.follow(reached_or_ended)
         except TimeoutError:
             reached = {vb: st.seqno for vb, st in client.vbs.items()}
             raise StreamStalled(
@@ -106,8 +115,8 @@ def wait_equal(active: int, replica: int, vbuckets: list[int], limit_s: float = 
         try:
             theirs = contents(replica, "check-replica", vbuckets, timeout=2.0)
         except StreamStalled:
-            # seen right after a rollback: a stream of the replica stops below its high
-            # seqno (a producer defect reported to the lead); a new stream gets everything
+            # The replica rolled back after our stream opened (its streams end with
+            # Rollback): the highs we compared are gone; compare again.
             continue
         if theirs == contents(active, "check", vbuckets):
             assert failover_logs(replica, vbuckets) == failover_logs(active, vbuckets)

@@ -248,7 +248,12 @@ def test_rollback_rules_over_the_wire(server: ServerProcess) -> None:
     old_uuid = c.call(dcp.GetFailoverLog(vbucket=5)).failover_log[0].uuid  # type: ignore[attr-defined]
     watcher = DcpClient(server.port, name="watcher")
     assert isinstance(watcher.stream(5), dcp.StreamRequestOk)
-    # A new branch at 6: replica then active again cuts a failover entry at the high seqno.
+    # A new branch at 6: replica then active again cuts a failover entry at the last complete
+    # snapshot the vbucket persisted, so first wait for all 6 writes to be on disk.
+    for _ in poll_rounds():
+        persisted = struct.unpack(">BHQQQ", w.observe(5, old_uuid).value)[3]
+        if persisted >= 6:
+            break
     for state in (2, 1):
         frame = w.call(Opcode.SetVbucket, vbucket=5, extras=struct.pack(">I", state))
         assert frame.status == Status.Success

@@ -283,3 +283,24 @@ def test_flush_refuses_a_delay_and_a_key(client: KVClient) -> None:
     assert client.get(b"stays").value == b"v"
     assert client.call(Opcode.Flush, extras=struct.pack(">I", 0)).status == Status.Success
     assert client.get(b"stays").status == Status.KeyEnoent
+
+
+def test_get_meta_answers_live_documents_and_tombstones(client: KVClient) -> None:
+    """GetMeta (0xa0): deleted, flags, expiry and rev seqno in the extras, the CAS in the
+    header; a tombstone answers too (deleted = 1), from memory and once flushed from disk."""
+    cas = client.set(b"meta-doc", b"v", flags=7).cas
+    got = client.call(Opcode.GetMeta, key=b"meta-doc")
+    assert got.status == Status.Success and got.cas == cas
+    assert struct.unpack(">IIIQ", got.extras) == (0, 7, 0, 1)
+    v2 = client.call(Opcode.GetMeta, key=b"meta-doc", extras=b"\x02")
+    assert len(v2.extras) == 21 and v2.cas == cas
+    deleted = client.call(Opcode.Delete, key=b"meta-doc")
+    uuid = int(client.stats(b"vbucket-seqno 0")["vb_0:uuid"])
+    for flushed in (False, True):
+        got = client.call(Opcode.GetMeta, key=b"meta-doc")
+        assert got.status == Status.Success and got.cas == deleted.cas, flushed
+        assert struct.unpack(">IIIQ", got.extras)[:2] == (1, 7)
+        current = struct.unpack(">BHQQQ", client.observe(0, uuid).value)[4]
+        persisted_after(client, 0, current)
+    assert client.call(Opcode.GetMeta, key=b"never-set").status == Status.KeyEnoent
+    assert client.call(Opcode.GetMeta, key=b"meta-doc", extras=b"\x03").status == Status.Einval

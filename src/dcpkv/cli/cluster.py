@@ -355,15 +355,25 @@ def settings(
     rebalance_moves: Annotated[
         int | None, typer.Option(help="vbucket moves a rebalance runs at a time (1-64).")
     ] = None,
+    repair_on_rollback: Annotated[
+        bool | None,
+        typer.Option(
+            "--repair-on-rollback/--no-repair-on-rollback",
+            help="Before a replica rolls back after a failover, write to the new active the "
+            "documents it has that the new active did not change since (spec 002's repair).",
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     user: User = DEFAULT_USER,
     password: Password = DEFAULT_PASSWORD,
 ) -> None:
-    """Show the automatic-failover settings, or change them (stored by the manager).
+    """Show the cluster's settings, or change them (stored by the manager).
 
     With auto-failover on, a node that answers no heartbeat for the timeout is failed over by
     the manager, at most one node until an operator resets the count, and never a node holding
     active a vbucket that has no replica (see `dcpkv cluster status` for why a node is held).
+    With repair on rollback, writes a failover would drop are saved when nobody changed their
+    documents since: a replica ahead of the promoted one offers them to it before rolling back.
     """
     if reset_auto_failover_count:
         _call(url, "POST", "/settings/autoFailover/resetCount", user, password)
@@ -371,6 +381,10 @@ def settings(
         doc = _call(url, "POST", "/settings/rebalance", user, password,
                     movesAtOnce=str(rebalance_moves))  # fmt: skip
         typer.echo(f"rebalance: {doc['movesAtOnce']} vbucket moves at a time")
+    if repair_on_rollback is not None:
+        flag = "true" if repair_on_rollback else "false"
+        _call(url, "POST", "/settings/rollbackRepair", user, password, repairOnRollback=flag)
+    repair = _call(url, "GET", "/settings/rollbackRepair", user, password)
     params: dict[str, str] = {}
     if auto_failover is not None:
         params["enabled"] = "true" if auto_failover else "false"
@@ -379,6 +393,7 @@ def settings(
     method = "POST" if params else "GET"
     doc = _call(url, method, "/settings/autoFailover", user, password, **params)
     _echo_auto_failover(doc)
+    typer.echo(f"repair on rollback: {'on' if repair['repairOnRollback'] else 'off'}")
 
 
 @cluster_app.command()

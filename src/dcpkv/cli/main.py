@@ -80,6 +80,14 @@ def server(
             "cluster and holds every vbucket active).",
         ),
     ] = False,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(help="Connections served at once; more are closed [default: 4096]."),
+    ] = None,
+    unauth_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a connection may stay without logging in [default: 30]."),
+    ] = None,
 ) -> None:
     """Run the key-value data server until SIGINT/SIGTERM."""
     from dcpkv.server.app import run
@@ -98,6 +106,8 @@ def server(
             password=password,
             flush_interval_s=flush_interval,
             managed=managed or None,
+            max_connections=max_connections,
+            unauth_idle_timeout_s=unauth_timeout,
         )
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)

@@ -83,6 +83,9 @@ class Settings:
     auto_failover_enabled: bool = False
     auto_failover_timeout_s: int = DEFAULT_AUTO_FAILOVER_TIMEOUT_S
     auto_failover_count: int = 0  # automatic failovers since an operator last reset it
+    # A replica that must roll back after a failover first writes to the new active what it
+    # has that the new active did not change since (spec 002; pushed to the nodes in the map)
+    repair_on_rollback: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -137,11 +140,30 @@ class RebalanceConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FailoverEvent:
+    """An automatic failover, kept in the file so status shows it after a manager restart."""
+
+    node: str
+    reason: str
+    at: float  # seconds since the epoch
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "reason": self.reason, "at": self.at}
+
+
+MAX_EVENTS = 20  # the newest automatic failovers kept
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...] = ()
     buckets: tuple[BucketConfig, ...] = ()
     settings: Settings = field(default_factory=Settings)
+    events: tuple[FailoverEvent, ...] = ()
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+
+    def with_event(self, event: FailoverEvent) -> ClusterConfig:
+        return replace(self, events=(*self.events, event)[-MAX_EVENTS:])
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -181,7 +203,11 @@ def to_json(config: ClusterConfig) -> dict[str, Any]:
             }
             for b in config.buckets
         ],
-        "settings": {"autoFailover": _settings_json(config.settings)},
+        "settings": {
+            "autoFailover": _settings_json(config.settings),
+            "repairOnRollback": config.settings.repair_on_rollback,
+        },
+        "events": [e.to_json() for e in config.events],
         "rebalance": config.rebalance.to_json(),
     }
 
@@ -207,11 +233,20 @@ def from_json(doc: Any) -> ClusterConfig:
         for b in doc["buckets"]
     )
     auto = doc["settings"]["autoFailover"]
-    # "count" arrived with automatic failover: a file written before has none to carry
-    settings = Settings(bool(auto["enabled"]), int(auto["timeout"]), int(auto.get("count", 0)))
-    # "rebalance" arrived with rebalance: a file written before has none to finish
+    # "count", "repairOnRollback", "events" and "rebalance" came later: an older file has
+    # none to carry (nor a rebalance to finish)
+    settings = Settings(
+        bool(auto["enabled"]),
+        int(auto["timeout"]),
+        int(auto.get("count", 0)),
+        bool(doc["settings"].get("repairOnRollback", False)),
+    )
+    events = tuple(
+        FailoverEvent(str(e["node"]), str(e["reason"]), float(e["at"]))
+        for e in doc.get("events", [])
+    )
     rebalance = RebalanceConfig.from_json(doc["rebalance"]) if "rebalance" in doc else None
-    return ClusterConfig(nodes, buckets, settings, rebalance or RebalanceConfig())
+    return ClusterConfig(nodes, buckets, settings, events, rebalance or RebalanceConfig())
 
 
 def load(data_dir: Path) -> ClusterConfig | None:

@@ -20,6 +20,8 @@ GET      ``/pools/default/             state, vbuckets moved of total, items
 POST     ``/controller/                ``otpNode=``, ``recoveryType=delta|full``: a
          setRecoveryType``             failed-over node comes back at the next rebalance
 POST     ``/settings/rebalance``       ``movesAtOnce=N``: vbucket moves in flight
+GET      ``/settings/rollbackRepair``  ``{"repairOnRollback": ..}``
+POST     ``/settings/rollbackRepair``  ``repairOnRollback=true|false`` (spec 002's repair)
 =======  ============================  ===========================================
 
 Parameters come as a form (what Couchbase's REST API takes) or as a JSON object. Every
@@ -170,12 +172,25 @@ async def _set_rebalance(request: web.Request) -> web.Response:
     return web.json_response(await request.app[MANAGER].set_rebalance_moves(moves))
 
 
-def _flag(value: object) -> bool:
+async def _get_rollback_repair(request: web.Request) -> web.Response:
+    settings = request.app[MANAGER].config.settings
+    return web.json_response({"repairOnRollback": settings.repair_on_rollback})
+
+
+async def _set_rollback_repair(request: web.Request) -> web.Response:
+    params = await _params(request)
+    if "repairOnRollback" not in params:  # (not _required: a JSON false is a value)
+        raise ValueError("missing parameter 'repairOnRollback'")
+    enabled = _flag(params["repairOnRollback"], "repairOnRollback")
+    return web.json_response(await request.app[MANAGER].set_repair_on_rollback(enabled))
+
+
+def _flag(value: object, name: str = "enabled") -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).lower()
     if text not in ("true", "false"):
-        raise ValueError(f"enabled must be true or false, not {value!r}")
+        raise ValueError(f"{name} must be true or false, not {value!r}")
     return text == "true"
 
 
@@ -193,4 +208,6 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_get("/pools/default/rebalanceProgress", _rebalance_progress)
     app.router.add_post("/controller/setRecoveryType", _set_recovery_type)
     app.router.add_post("/settings/rebalance", _set_rebalance)
+    app.router.add_get("/settings/rollbackRepair", _get_rollback_repair)
+    app.router.add_post("/settings/rollbackRepair", _set_rollback_repair)
     return app

@@ -26,8 +26,8 @@ Automatic failover: every heartbeat interval a loop takes the lock, feeds the pu
 (:func:`~dcpkv.cluster.auto_failover.decide`) the health watcher's durations, the settings and
 the maps, and carries it out: a chosen node is failed over exactly as by an operator, and the
 count grows in the same configuration write (a manager restart never grants a second one).
-What it did (node, reason, time) and why it holds any other unresponsive node are logged and
-shown in ``status``.
+What it did (node, reason, time; kept in the configuration file) and why it holds any other
+unresponsive node are logged and shown in ``status``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ class Manager:
         self.health: HealthWatcher | None = None
         self._syncing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.auto_events: list[dict[str, Any]] = []  # what automatic failover did, and why
         self.auto_held: dict[str, str] = {}  # unresponsive node -> why it is not failed over
         self.rebalancer = Rebalancer(self)
 
@@ -138,15 +137,21 @@ class Manager:
                 if bucket.map is None:
                     continue
                 await self._sync_states(link, bucket.name, bucket.map)
-                await link.push_config(
-                    bucket.name, bucket.map.to_config(bucket.name, bucket.uuid, this_node=name)
-                )
+                await link.push_config(bucket.name, self._pushed_config(bucket, name))
         except NodeError as exc:
             log.warning("node %s is out of sync: %s", name, exc)
             self.out_of_sync.add(name)
             return False
         self.out_of_sync.discard(name)
         return True
+
+    def _pushed_config(self, bucket: cfg.BucketConfig, node: str) -> dict[str, Any]:
+        """The map a node is pushed: its own copy (``thisNode``), plus the settings nodes act
+        on in a ``dcpkv`` section (clients ignore keys they do not know)."""
+        assert bucket.map is not None
+        doc = bucket.map.to_config(bucket.name, bucket.uuid, this_node=node)
+        doc["dcpkv"] = {"repairOnRollback": self.config.settings.repair_on_rollback}
+        return doc
 
     async def _sync_states(self, link: NodeLink, bucket: str, vb_map: VBucketMap) -> None:
         held = await link.states(bucket)
@@ -267,13 +272,12 @@ class Manager:
                 raise Refused(str(exc)) from None
             config = config.with_bucket(replace(bucket, map=plan.new_map))
             promoted += len(plan.promotions)
-        if auto_reason is not None:
+        if auto_reason is not None:  # counted and shown in the write that changes membership
             count = config.settings.auto_failover_count + 1
             config = replace(config, settings=replace(config.settings, auto_failover_count=count))
+            config = config.with_event(cfg.FailoverEvent(name, auto_reason, time.time()))
         await self._commit(config)
         self.auto_held.pop(name, None)
-        if auto_reason is not None:  # shown with the membership it changed, not after the sync
-            self.auto_events.append({"node": name, "reason": auto_reason, "at": time.time()})
         await self.forget(name)
         await self._sync_all()
         how = "manually" if auto_reason is None else f"automatically ({auto_reason})"
@@ -362,6 +366,20 @@ class Manager:
             await self._commit(replace(self.config, settings=settings))
         return settings.to_json()
 
+    async def set_repair_on_rollback(self, enabled: bool) -> dict[str, Any]:
+        """Switch the repair; every node learns it from its map, pushed again one rev up."""
+        async with self._lock:
+            config = replace(
+                self.config, settings=replace(self.config.settings, repair_on_rollback=enabled)
+            )
+            for bucket in config.buckets:
+                if bucket.map is not None:  # same placement; a node keeps only a newer rev
+                    same = bucket.map.with_chains(bucket.map.servers, bucket.map.chains)
+                    config = config.with_bucket(replace(bucket, map=same))
+            await self._commit(config)
+            await self._sync_all()
+        return {"repairOnRollback": enabled}
+
     async def status(self) -> dict[str, Any]:
         lags = await self._replication_lags()
         nodes = []
@@ -397,7 +415,7 @@ class Manager:
             ],
             "autoFailover": {
                 **self.config.settings.to_json(),
-                "events": self.auto_events[-10:],
+                "events": [e.to_json() for e in self.config.events[-10:]],
                 "held": self.auto_held,
             },
             "counters": self.counters.to_json(),
@@ -477,6 +495,9 @@ class Manager:
 
     def link(self, name: str) -> NodeLink:
         return self._link(name)
+
+    def pushed_config(self, bucket: cfg.BucketConfig, node: str) -> dict[str, Any]:
+        return self._pushed_config(bucket, node)
 
     async def commit(self, config: cfg.ClusterConfig) -> None:
         await self._commit(config)

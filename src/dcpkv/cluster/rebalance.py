@@ -334,8 +334,11 @@ class Rebalancer:
                 assert node is not None
                 wanted.setdefault(node, []).append(move.vbucket)
         out: dict[int, Views] = {m.vbucket: {} for m in run.running}
-        for node, vbs in wanted.items():
-            seen = await self._node_views(self.m.link(node), run.name, vbs)
+        asked = list(wanted.items())  # every node at once: a tick waits for the slowest only
+        answers = await asyncio.gather(
+            *(self._node_views(self.m.link(node), run.name, vbs) for node, vbs in asked)
+        )
+        for (node, vbs), seen in zip(asked, answers, strict=True):
             for vb in vbs:
                 out[vb][node] = None if seen is None else seen[vb]
         return out
@@ -384,14 +387,15 @@ class Rebalancer:
                     servers.append(node)
             chains[move.vbucket] = [NOBODY if n is None else servers.index(n) for n in move.new]
         vb_map = bucket.map.with_chains(servers, chains)
-        await self.m.commit(self.m.config.with_bucket(replace(bucket, map=vb_map)))
+        bucket = replace(bucket, map=vb_map)
+        await self.m.commit(self.m.config.with_bucket(bucket))
         now = time.monotonic()
         for move in done:
             move.committed(now)
         # only the map: the states of the moved vbuckets are the moves' own business (clean)
         for name in self.m.config.active_nodes():
             try:
-                config = vb_map.to_config(bucket.name, bucket.uuid, this_node=name)
+                config = self.m.pushed_config(bucket, name)
                 await self.m.link(name).push_config(bucket.name, config)
             except NodeError as exc:  # the next answered heartbeat syncs it
                 log.info("rebalance: %s did not take the map: %s", name, exc)

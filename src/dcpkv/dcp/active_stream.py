@@ -44,6 +44,11 @@ Takeover (rebalance handoff)
     of the vbucket end with StateChanged), drains what was written meanwhile, sends
     SetVbucketState(active), waits for the answer, and ends with StreamEnd(OK). A takeover
     stream whose cursor is dropped in the handoff ends with TooSlow (the driver retries).
+
+Rollback
+    A replica vbucket that rolls back (:meth:`Bucket.rollback`) bumps its ``rollbacks``
+    generation and wakes its streams; a stream opened before that ends with Rollback on its
+    next refill, whatever it was doing (idle in memory, mid-backfill of the old disk snapshot).
 """
 
 from __future__ import annotations
@@ -98,12 +103,18 @@ class ActiveStream:
 
     __slots__ = (
         "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
-        "emitted_seqno", "owner", "pending", "queued_seqno", "stream", "takeover_state",
-        "was_active",
+        "emitted_seqno", "generation", "owner", "pending", "queued_seqno", "stream",
+        "takeover_state", "was_active",
     )  # fmt: skip
 
     def __init__(
-        self, owner: StreamOwner, stream: Stream, *, was_active: bool, takeover: bool
+        self,
+        owner: StreamOwner,
+        stream: Stream,
+        *,
+        was_active: bool,
+        takeover: bool,
+        generation: int = 0,
     ) -> None:
         self.owner = owner
         self.stream = stream
@@ -118,6 +129,7 @@ class ActiveStream:
         self.backfill_remaining = 0
         # the state the handoff sends next
         self.takeover_state: VBucketState | None = VBucketState.PENDING if takeover else None
+        self.generation = generation  # the vbucket's ``rollbacks`` when the stream opened
 
     @property
     def vbucket(self) -> int:
@@ -179,6 +191,13 @@ class ActiveStream:
     # -- filling ``pending`` ------------------------------------------------------------------
 
     def _refill(self) -> None:
+        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
+        if vb is not None and vb.rollbacks != self.generation:
+            # The vbucket rolled back under us (a replica): what we sent may be history that
+            # no longer exists, and a backfill or cursor may mix both. The consumer re-requests
+            # and gets the rollback answer (kv_engine ends such streams the same way).
+            self.end(StreamEndReason.Rollback)
+            return
         state = self.stream.state
         if state is StreamState.PENDING:
             self._begin()

@@ -303,6 +303,7 @@ class DcpProducer:
             stream,
             was_active=vb.state == VBucketState.ACTIVE,
             takeover=bool(msg.flags & StreamRequestFlag.TakeOver),
+            generation=vb.rollbacks,
         )
         if old is not None:
             active.pending = old.pending  # the old stream's StreamEnd must still go out, first

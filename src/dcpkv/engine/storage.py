@@ -408,6 +408,18 @@ class Storage:
 
     # -- vbucket state ---------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def reading(self, what: str) -> Iterator[None]:
+        """SQLite errors met while ``what`` become one clear error naming the file (warm-up
+        reads a damaged file before it writes anything, so the file is left as it was)."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise CorruptDatabaseError(
+                f"{self.path}: {what} cannot read this file ({exc}); it was left untouched: "
+                "restore it from a backup, or move it away to start the bucket empty"
+            ) from exc
+
     def vbucket_states(self) -> dict[int, VBState]:
         with self._write_lock:
             rows = self._db.execute(
@@ -555,10 +567,8 @@ class Storage:
             high, history_start, failover = row
             if seqno >= high:
                 return high
-            point = db.execute(
-                "SELECT max(seqno) FROM flush_points WHERE vb = ? AND seqno <= ?", (vb, seqno)
-            ).fetchone()[0]
-            if self.history_window <= 0 or point is None or point < history_start or point == 0:
+            point = self._rollback_point(db, vb, seqno, history_start)
+            if point is None:
                 point = 0
                 self._wipe(db, vb)
             else:
@@ -575,7 +585,48 @@ class Storage:
             db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
         db.execute("UPDATE vbstate SET history_start = 0 WHERE vb = ?", (vb,))
 
-    def _restore(self, db: sqlite3.Connection, vb: int, point: int) -> None:
+    def divergence(self, vb: int, seqno: int) -> list[tuple[Row, Row | None]]:
+        """What a rollback to ``seqno`` would undo: for every key changed above the point it
+        would land on, (its latest version, its version at that point or None). Empty when
+        the rollback would wipe the vbucket (no history to tell the versions at the point)."""
+        out: list[tuple[Row, Row | None]] = []
+        with self._read_lock:
+            db = self._reader
+            db.execute("BEGIN")  # one consistent state of the disk
+            try:
+                row = db.execute(
+                    "SELECT high_seqno, history_start FROM vbstate WHERE vb = ?", (vb,)
+                ).fetchone()
+                point = None  # (no rollback at all, or a wipe)
+                if row is not None and seqno < row[0]:
+                    point = self._rollback_point(db, vb, seqno, history_start=row[1])
+                for key, old in [] if point is None else self._versions_at(db, vb, point):
+                    ours = db.execute(
+                        f"SELECT {_DOC_COLUMNS} FROM documents WHERE vb = ? AND key = ?",
+                        (vb, key),
+                    ).fetchone()
+                    if ours is not None and ours[1] > point:
+                        out.append((ours, old))
+            finally:
+                db.execute("COMMIT")
+        return out
+
+    def _rollback_point(
+        self, db: sqlite3.Connection, vb: int, seqno: int, history_start: int
+    ) -> int | None:
+        """Where a rollback to ``seqno`` lands: the newest flush point at or below it whose
+        versions the history still holds; None when only a wipe (to 0) gets there."""
+        point: int | None = db.execute(
+            "SELECT max(seqno) FROM flush_points WHERE vb = ? AND seqno <= ?", (vb, seqno)
+        ).fetchone()[0]
+        if self.history_window <= 0 or point is None or point < history_start or point == 0:
+            return None
+        return point
+
+    def _versions_at(
+        self, db: sqlite3.Connection, vb: int, point: int
+    ) -> Iterator[tuple[bytes, Row | None]]:
+        """Every key changed above ``point``, with its version at ``point`` (None: absent)."""
         keys = [
             r[0]
             for r in db.execute(
@@ -585,11 +636,18 @@ class Storage:
             )
         ]
         for key in keys:
+            # The version live at the point: written at or before it, replaced after it. (A
+            # version written after the point and replaced later is not it: the key may not
+            # have existed at the point at all.)
             old = db.execute(
                 f"SELECT {_DOC_COLUMNS} FROM history WHERE vb = ? AND key = ? AND replaced_by > ?"
-                " ORDER BY replaced_by LIMIT 1",
-                (vb, key, point),
+                " AND by_seqno <= ? ORDER BY replaced_by LIMIT 1",
+                (vb, key, point, point),
             ).fetchone()
+            yield key, old
+
+    def _restore(self, db: sqlite3.Connection, vb: int, point: int) -> None:
+        for key, old in list(self._versions_at(db, vb, point)):
             if old is None:
                 db.execute("DELETE FROM documents WHERE vb = ? AND key = ?", (vb, key))
             else:

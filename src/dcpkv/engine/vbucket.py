@@ -147,6 +147,9 @@ class VBucket:
         self._max_deleted_rev = 0
         self._state_dirty = True
         self._unacked: FlushBatch | None = None
+        # How many times this vbucket's history was rolled back (reset): a DCP stream opened
+        # before a rollback carries the old history and must end (kv_engine's Rollback end).
+        self.rollbacks = 0
         # Called (under the lock, so it must only take note) with the vbucket id after every
         # item queued for DCP; the bucket fans it out to its listeners.
         self.on_queued: Callable[[int], None] | None = None
@@ -178,6 +181,17 @@ class VBucket:
         """The hash table's entry for a key, whatever the state, tombstones included."""
         with self.lock:
             return self._ht.get(key)
+
+    def get_meta(self, key: bytes) -> Item | None:
+        """The key's current version, tombstones included (GetMeta): the hash table's entry,
+        else what disk holds (a persisted tombstone leaves the table). The value may be None
+        (ejected): GetMeta answers metadata only."""
+        with self.lock:
+            self._require_active()
+            item = self._ht.get(key)
+        if item is None and self._fetch is not None:
+            item = self._fetch(self.id, key)
+        return item
 
     def items(self) -> list[Item]:
         with self.lock:
@@ -350,7 +364,7 @@ class VBucket:
     # -- state ------------------------------------------------------------------------------
 
     def set_state(self, state: VBucketState, *, transfer: bool = False) -> None:
-        """Move to ``state``; becoming active cuts a new history branch at the high seqno,
+        """Move to ``state``; becoming active cuts a new history branch (:meth:`branch_point`),
         unless ``transfer``: a takeover handed this copy the whole history of the old active
         (which is dead now), so the failover log moves with the vbucket unchanged and a
         consumer following it needs no rollback (kv_engine's ``transfer``)."""
@@ -360,12 +374,29 @@ class VBucket:
                 return
             if state == VBucketState.ACTIVE:
                 if not transfer:
-                    self.failover.create_entry(self.high_seqno)
+                    self.failover.create_entry(self.branch_point())
                 # New active items form their own checkpoints, apart from a replica snapshot.
                 self.checkpoints.close_open_checkpoint()
                 self.replica_snapshot = (self.high_seqno, self.high_seqno)
             self.state = state
             self._state_dirty = True
+
+    def branch_point(self) -> int:
+        """Where a new failover entry starts when this vbucket becomes active.
+
+        A promoted replica (failover) branches at the last complete snapshot it persisted,
+        as kv_engine does and spec 002 asks: its end if the flusher persisted all of it, else
+        its start (a partial snapshot is no consistent point of the old history). What the
+        replica holds above that point is served as the new branch, so a consumer that has it
+        from the old active rolls back to the branch point and gets it again: never wrong,
+        sometimes more than needed. Any other vbucket (a pending one that a takeover drained,
+        a dead one revived) holds a complete history up to its high seqno and branches there,
+        so a consumer that followed the old active needs no rollback after a move.
+        """
+        if self.state != VBucketState.REPLICA:
+            return self.high_seqno
+        start, end = self.persisted_snapshot
+        return end if self.persisted_seqno >= end else start
 
     def vbstate(self, snapshot: tuple[int, int], high_seqno: int) -> VBState:
         return VBState(
@@ -453,6 +484,7 @@ class VBucket:
             self.purge_seqno = vbstate.purge_seqno
             self.failover = failover
             self._state_dirty = True
+            self.rollbacks += 1
             self.load(items)
 
     # -- internals --------------------------------------------------------------------------

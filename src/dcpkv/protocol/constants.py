@@ -80,6 +80,7 @@ class Opcode(IntEnum):
     GetAllVbSeqnos = 0x48
     SelectBucket = 0x89
     ObserveSeqno = 0x91
+    GetMeta = 0xA0
     SetClusterConfig = 0xB4
     GetClusterConfig = 0xB5
     GetErrorMap = 0xFE

@@ -47,6 +47,7 @@ from dcpkv.protocol.base import (
 from dcpkv.protocol.constants import MAX_KEY_LEN, HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import HEADER, Bytes, Frame
 
+_U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -56,6 +57,7 @@ _SEQNO_EXTRAS = struct.Struct(">QQ")  # MutationSeqno: vbucket uuid, seqno
 _VB_SEQNO = struct.Struct(">HQ")
 _OBSERVE_0 = struct.Struct(">BHQQQ")
 _OBSERVE_1 = struct.Struct(">BHQQQQQ")
+_META = struct.Struct(">IIIQ")  # GetMeta answer: deleted, flags, expiry, rev seqno
 _FEATURE_BY_VALUE = {f.value: f for f in HelloFeature}
 # Fast paths: the response header fused with the fixed extras that follow it.
 _GET_HIT = struct.Struct(">BBHBBHIIQI")  # + flags
@@ -719,6 +721,61 @@ class ObserveSeqnoResponse(Response):
         }
 
 
+@dataclass(slots=True, kw_only=True)
+class GetMeta(Request):
+    """A key's metadata, tombstones included (XDCR's conflict check, a replica's repair).
+    Optional 1-byte extras: the answer's version (2 adds the datatype byte)."""
+
+    OPCODE = Opcode.GetMeta
+    KEY = Part.REQUIRED
+    key: Bytes
+    version: int = 1
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        extras = bytes([self.version]) if self.version == 2 else b""
+        return extras, self.key, b""
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        if len(frame.extras) > 1:
+            raise einval("GetMeta extras", f"must be 0 or 1 bytes, got {len(frame.extras)}")
+        version = frame.extras[0] if frame.extras else 1
+        if version not in (1, 2):
+            raise einval("GetMeta version", f"{version} is not 1 or 2")
+        return {**key_field(cls, frame.key), "version": version}
+
+
+@dataclass(slots=True, kw_only=True)
+class GetMetaResponse(Response):
+    """Extras: deleted (u32), flags, expiry, rev seqno (u64), and for version 2 the
+    datatype (u8); the CAS in the header."""
+
+    OPCODE = Opcode.GetMeta
+    deleted: bool = False
+    flags: int = 0
+    expiry: int = 0
+    rev_seqno: int = 0
+    item_datatype: int | None = None  # version 2 only
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        what = "GetMetaResponse extras"
+        extras = pack(_META, what, int(self.deleted), self.flags, self.expiry, self.rev_seqno)
+        if self.item_datatype is not None:
+            extras += pack(_U8, what, self.item_datatype)
+        return extras, b"", b""
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        extras, datatype = frame.extras, None
+        if len(extras) == _META.size + 1:
+            extras, datatype = extras[:-1], extras[-1]
+        deleted, flags, expiry, rev = unpack_exact(_META, extras, "GetMetaResponse extras")
+        return {
+            "deleted": bool(deleted), "flags": flags, "expiry": expiry, "rev_seqno": rev,
+            "item_datatype": datatype,
+        }  # fmt: skip
+
+
 # -- cluster ---------------------------------------------------------------------------------
 
 
@@ -774,7 +831,7 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     Get, GetQ, GetK, GetKQ, Set, SetQ, Add, AddQ, Replace, ReplaceQ, Delete, DeleteQ,
     Append, Prepend, Touch, GAT, Increment, Decrement, Quit, Flush, Noop, Version, Stat,
     Hello, SaslListMechs, SaslAuth, SaslStep, SelectBucket, SetVbucket, GetVbucket, DelVbucket,
-    GetAllVbSeqnos, ObserveSeqno, SetClusterConfig, GetClusterConfig, GetErrorMap,
+    GetAllVbSeqnos, ObserveSeqno, GetMeta, SetClusterConfig, GetClusterConfig, GetErrorMap,
 )  # fmt: skip
 
 RESPONSE_TYPES: tuple[type[Response], ...] = (
@@ -783,7 +840,7 @@ RESPONSE_TYPES: tuple[type[Response], ...] = (
     ReplaceQResponse, DeleteResponse, DeleteQResponse, AppendResponse, PrependResponse,
     TouchResponse, IncrementResponse, DecrementResponse, VersionResponse, StatResponse,
     HelloResponse, SaslListMechsResponse, SaslAuthResponse, SaslStepResponse,
-    GetVbucketResponse, GetAllVbSeqnosResponse, ObserveSeqnoResponse,
+    GetVbucketResponse, GetAllVbSeqnosResponse, ObserveSeqnoResponse, GetMetaResponse,
     GetClusterConfigResponse, GetErrorMapResponse,
 )  # fmt: skip
 

@@ -70,10 +70,17 @@ class ServerConfig:
     # A node of a cluster: new buckets start with no vbuckets; the manager gives them states
     # and the map. Otherwise one node is the whole cluster (every vbucket active).
     managed: bool = False
+    # Limits that keep one client from hurting the others (see server/app.py, "Limits").
+    max_connections: int = 4096
+    unauth_idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be at least 1, not {self.max_connections}")
+        if self.unauth_idle_timeout_s <= 0:
+            raise ConfigError("unauth_idle_timeout_s must be above 0")
         if not self.buckets:
             raise ConfigError("at least one bucket is needed")
 
@@ -102,7 +109,10 @@ def load_config(path: Path | None) -> ServerConfig:
 
 
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
-    numbers = ("port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s")
+    numbers = (
+        "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s",
+        "max_connections", "unauth_idle_timeout_s",
+    )  # fmt: skip
     known = {"host", "data_dir", "users", "buckets", "managed", *numbers}
     unknown = set(doc) - known
     if unknown:

@@ -96,6 +96,7 @@ ROUTES: dict[int, Route] = {
     **_routes(kv_handlers.touch, kv.Touch, kv.GAT),
     **_routes(kv_handlers.flush, kv.Flush),
     **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
+    **_routes(kv_handlers.get_meta, kv.GetMeta),
     **_routes(stats.stat, kv.Stat),
     # vbucket control
     **_routes(vbucket_handlers.set_vbucket, kv.SetVbucket),

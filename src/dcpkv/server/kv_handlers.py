@@ -1,4 +1,4 @@
-"""Document opcodes: the memcached operations on keys, and ObserveSeqno.
+"""Document opcodes: the memcached operations on keys, GetMeta and ObserveSeqno.
 
 Theory of operation
 -------------------
@@ -228,6 +228,23 @@ def _flush_vbucket(conn: Connection, vbucket: VBucket) -> None:
 
 
 # -- observe -----------------------------------------------------------------------------------
+
+
+def get_meta(conn: Connection, req: kv.GetMeta) -> kv.GetMetaResponse:
+    """Metadata of the key's current version, a tombstone's too (deleted = 1); KeyEnoent
+    when the key never existed or its tombstone was purged."""
+    vbucket = active(conn, req.vbucket)
+    try:
+        item = vbucket.get_meta(bytes(req.key))
+    except EngineError as exc:
+        raise refusal(conn, exc) from None
+    if item is None:
+        raise Reply(Status.KeyEnoent)
+    return kv.GetMetaResponse(
+        opaque=req.opaque, cas=item.cas, deleted=item.deleted, flags=item.flags,
+        expiry=item.expiry, rev_seqno=item.rev_seqno,
+        item_datatype=_out_datatype(conn, item) if req.version == 2 else None,
+    )  # fmt: skip
 
 
 def observe_seqno(conn: Connection, req: kv.ObserveSeqno) -> kv.ObserveSeqnoResponse:

@@ -27,6 +27,12 @@ interleave), and the stream asks again from where the vbucket then stands. A los
 connection is retried with backoff (50 ms doubling to 2 s); a stream refused by the source
 (its state not set yet, a map that lags) asks again after a pause.
 
+With the cluster's ``repairOnRollback`` setting on (in the pushed config's ``dcpkv``
+section), a rollback first offers the new active what only this replica has above the
+rollback point (:mod:`dcpkv.dcp.repair` decides per document; a short-lived KV connection to
+the source asks GetMeta and writes). The repair is an offer, never a condition: when it fails
+or times out the rollback goes on.
+
 Front-end writes to a replica are refused by the KV handlers (NotMyVbucket); what arrives
 here is applied with the active's seqnos, CAS and rev seqnos, and persisted by the ordinary
 flusher, one snapshot at a time.
@@ -45,10 +51,13 @@ from dataclasses import dataclass
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.consumer import DcpConsumer, Rollback
+from dcpkv.dcp.repair import Meta, RepairKind, RepairWrite, decide, worth_asking
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.item import Item
+from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.errors import CodecError
-from dcpkv.protocol.frame import FrameParser, encode_frame
+from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.protocol.messages import decode_message
 
 log = logging.getLogger("dcpkv.replication")
@@ -56,6 +65,7 @@ log = logging.getLogger("dcpkv.replication")
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 TICK_S = 0.1  # how often a link looks for streams due to ask again
 READ_CHUNK = 1 << 20
+REPAIR_TIMEOUT_S = 30.0  # a repair longer than this gives up; the rollback goes on
 # replicas follow their active; a pending copy is fed by a takeover stream from it
 _FED = (VBucketState.REPLICA, VBucketState.PENDING)
 
@@ -64,6 +74,14 @@ _FED = (VBucketState.REPLICA, VBucketState.PENDING)
 class Credentials:
     user: str
     password: str
+
+
+def repair_on_rollback(config: bytes | None) -> bool:
+    """The cluster's setting, from the pushed config (off when absent)."""
+    if config is None:
+        return False
+    section = json.loads(config).get("dcpkv", {})
+    return isinstance(section, dict) and section.get("repairOnRollback") is True
 
 
 def replica_sources(config: bytes | None, bucket: Bucket, me: str) -> dict[str, set[int]]:
@@ -93,9 +111,12 @@ class ReplicationLink:
         me: str,
         credentials: Credentials,
         executor: Executor,
+        repair: Callable[[], bool] = lambda: False,
     ) -> None:
         self.bucket, self.source = bucket, source
         self.credentials, self.executor = credentials, executor
+        self.repair = repair
+        self.repaired = 0  # documents this link wrote to its source before rolling back
         self.consumer = DcpConsumer(bucket, f"Replica:{me}")
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -158,13 +179,8 @@ class ReplicationLink:
             (Opcode.SaslAuth, b"PLAIN", plain),
             (Opcode.SelectBucket, self.bucket.name.encode(), b""),
         ):
-            writer.write(encode_frame(Magic.ClientRequest, opcode, key=key, value=value))
-            frame = None
-            while frame is None:
-                data = await reader.read(READ_CHUNK)
-                if not data:
-                    raise EOFError("the source closed the connection while logging in")
-                frame = next(iter(parser.feed(data)), None)
+            request = encode_frame(Magic.ClientRequest, opcode, key=key, value=value)
+            frame = await _call(reader, writer, parser, request)
             if frame.status != Status.Success:
                 raise ReplicationRefused(f"{Opcode(opcode).name} answered 0x{frame.status:02x}")
 
@@ -180,6 +196,8 @@ class ReplicationLink:
 
     async def _roll_back(self, rollback: Rollback) -> None:
         loop = asyncio.get_running_loop()
+        if self.repair():
+            await self._repair(rollback)
         point = await loop.run_in_executor(
             self.executor, self.bucket.rollback, rollback.vbucket, rollback.seqno
         )
@@ -188,13 +206,90 @@ class ReplicationLink:
         self.consumer.rolled_back(rollback.vbucket)
         self._send(self.consumer.requests(_now()))
 
+    async def _repair(self, rollback: Rollback) -> None:
+        """Offer the source what only we have above the rollback point (dcp/repair.py)."""
+        vb, loop = rollback.vbucket, asyncio.get_running_loop()
+        diverged = await loop.run_in_executor(
+            self.executor, self.bucket.divergence, vb, rollback.seqno
+        )
+        candidates = [(ours, base) for ours, base in diverged if worth_asking(ours, base)]
+        if not candidates:
+            return
+        try:
+            done = await asyncio.wait_for(self._write_repairs(vb, candidates), REPAIR_TIMEOUT_S)
+        except (OSError, EOFError, CodecError, ReplicationRefused, TimeoutError) as exc:
+            log.warning("vbucket %d: repairing %s failed (%s); rolling back without it",
+                        vb, self.source, exc)  # fmt: skip
+            return
+        self.repaired += done
+        log.info("vbucket %d: repaired %d of %d document(s) on %s before rolling back",
+                 vb, done, len(candidates), self.source)  # fmt: skip
+
+    async def _write_repairs(self, vb: int, candidates: list[tuple[Item, Item | None]]) -> int:
+        host, port = self.source.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            parser = FrameParser()
+            await self._login(reader, writer, parser)
+            done = 0
+            for ours, base in candidates:
+                ask = kv.GetMeta(key=ours.key, vbucket=vb).encode()
+                answer = await _call(reader, writer, parser, ask)
+                repair = decide(ours, base, _meta(answer))
+                if repair is None:
+                    continue
+                written = await _call(reader, writer, parser, _repair_request(vb, repair))
+                _refuse_if_moved(written)
+                done += written.status == Status.Success  # else changed meanwhile: theirs wins
+            return done
+        finally:
+            writer.close()
+
     def _send(self, chunks: list[bytes]) -> None:
         if chunks and self._writer is not None:
             self._writer.write(b"".join(chunks))
 
 
 class ReplicationRefused(Exception):
-    """The source refused this node's login or bucket."""
+    """The source refused this node's login or bucket (or no longer holds the vbucket)."""
+
+
+async def _call(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: FrameParser, data: bytes
+) -> Frame:
+    """Send one request, read its one answer (the connection carries nothing else)."""
+    writer.write(data)
+    while (frame := next(parser.feed(b""), None)) is None:
+        chunk = await reader.read(READ_CHUNK)
+        if not chunk:
+            raise EOFError("the source closed the connection")
+        parser.feed(chunk)  # takes the bytes now; the frames are read lazily above
+    return frame
+
+
+def _refuse_if_moved(frame: Frame) -> None:
+    if frame.status == Status.NotMyVbucket:
+        raise ReplicationRefused("the source no longer holds the vbucket active")
+
+
+def _meta(frame: Frame) -> Meta | None:
+    _refuse_if_moved(frame)
+    if frame.status == Status.KeyEnoent:
+        return None
+    if frame.status != Status.Success:
+        raise ReplicationRefused(f"GetMeta answered 0x{frame.status:02x}")
+    answer = kv.GetMetaResponse.decode(frame)
+    return Meta(answer.cas, answer.deleted)
+
+
+def _repair_request(vb: int, repair: RepairWrite) -> bytes:
+    if repair.kind is RepairKind.DELETE:
+        return kv.Delete(key=repair.key, cas=repair.cas, vbucket=vb).encode()
+    kind = kv.Set if repair.kind is RepairKind.SET else kv.Add
+    return kind(
+        key=repair.key, value=repair.value, flags=repair.flags, expiration=repair.expiry,
+        cas=repair.cas, datatype=repair.datatype, vbucket=vb,
+    ).encode()  # fmt: skip
 
 
 class Replicator:
@@ -231,7 +326,10 @@ class Replicator:
             if known is not None:
                 known.set_vbuckets(vbuckets)
                 continue
-            link = ReplicationLink(self.bucket, source, me, self.credentials, self.executor)
+            link = ReplicationLink(
+                self.bucket, source, me, self.credentials, self.executor,
+                repair=lambda: repair_on_rollback(self.config()),
+            )  # fmt: skip
             self.links[source] = link
             link.set_vbuckets(vbuckets)
             link.start()
@@ -245,6 +343,7 @@ class Replicator:
         out: dict[str, str] = {}
         for link in self.links.values():
             out.update(link.consumer.stats())
+            out[f"repaired:{link.consumer.name}"] = str(link.repaired)
         return out
 
 
