@@ -33,13 +33,17 @@ dropped. A new active that was a replica of the vbucket already has its data: bu
 caught up and the takeover stream sends only the tail.
 
 Faults (spec step 5): build and clean fail when no copy made progress for ``stall_s``; takeover
-when it outlasts ``takeover_s``. A move that fails before the map changed is *reverted*: the old
-active is set active again (when the handoff had already made it dead; a vbucket going active
-cuts a new failover entry, which never rolls anyone back as nothing was written past it) and
-the copies built for it are set dead (the map does not name them; a later rebalance reuses
-their data). A move whose map is committed cannot be reverted; a failed clean leaves the old
-copies to the next run. Until a move ends, the driver's sync of a node leaves every vbucket of
-the move alone (:meth:`VBucketMove.nodes`): the move drives them.
+when it outlasts ``takeover_s``; the driver abandons a move whose node stops answering
+(:meth:`VBucketMove.abandon`) and reverts the running ones when the rebalance is stopped
+(:meth:`VBucketMove.stop`). A move that fails before the map changed is *reverted*: first the
+new copies go (built ones dead, a promoted replica back to replica), so a pending copy refuses
+the handoff's last step; then the old active is set active again if the handoff had made it
+dead (a vbucket going active cuts a new failover entry, which rolls nobody back as nothing was
+written past it). The map never named the new copies; a later rebalance reuses their data. An
+old active that cannot be reached stays as it is: the operator (or automatic failover) fails
+its node over. A move whose map is committed cannot be reverted; a failed clean leaves the old
+copies to the next run. Until a move ends, the driver's sync leaves its vbucket alone on every
+node of both chains: the move drives them.
 """
 
 from __future__ import annotations
