@@ -9,14 +9,16 @@ moves resumes on its new active without a rollback (the failover log moved with 
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
-from managerproc import ManagerProcess, client, start_cluster, wait_for
+from managerproc import VBUCKETS, ManagerProcess, client, start_cluster, wait_for
 from rebalancecheck import (
     Load,
     assert_consistent,
     check_cluster,
+    port_of,
     positions,
     preload,
     rebalance,
@@ -24,9 +26,13 @@ from rebalancecheck import (
     served_map,
     wait_progress,
 )
+from replicacheck import contents, wait_equal
 from serverproc import ServerProcess
 
 from dcpkv.cluster.vbucket_map import VBucketMap
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState, vbucket_for_key
+from dcpkv.protocol.constants import Opcode
 
 
 def add_node(
@@ -279,3 +285,71 @@ def test_the_issue_story_3_to_4_to_3_then_failover_and_delta_recovery(
     # (the failed node's own vbuckets branched at the promoted copy's last persisted
     # snapshot: a follower there may roll back to it, as failover's rules say)
     resumes_without_rollback(served_map(nodes), where)
+
+
+def keys_in(vb: int, prefix: str, count: int) -> list[bytes]:
+    found = (f"{prefix}{i}".encode() for i in range(100_000))
+    return [k for k in found if vbucket_for_key(k, VBUCKETS) == vb][:count]
+
+
+def set_states(node: ServerProcess, vbs: list[int], state: VBucketState) -> None:
+    """By hand, unconditionally (CAS 0), behind the manager's back."""
+    with client(node) as kv:
+        for vb in vbs:
+            extras = struct.pack(">I", state)
+            assert kv.call(Opcode.SetVbucket, vbucket=vb, extras=extras).status == Status.Success
+
+
+def test_delta_recovery_rolls_back_what_the_failover_dropped(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """C takes writes its replicas never get (their copies set dead by hand for that while,
+    so their streams stop), is stopped and failed over: the promoted replicas branch below
+    those writes. Delta-recovered, C's copies roll back to the branch as the failover logs
+    decide, drop the writes no one else has (lost by the failover, as it warns), then catch
+    up; every copy ends equal to its active."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=3, replicas=1)
+    manager = cluster.manager
+    c = cluster.nodes[2]
+    placed = served_map(cluster.nodes)
+    mine = [vb for vb, ch in enumerate(placed.chains) if placed.servers[ch[0]] == cluster.name(c)]
+    replicas: dict[str, list[int]] = {}
+    for vb in mine:
+        replicas.setdefault(placed.servers[placed.chains[vb][1]], []).append(vb)
+    with client(c) as kv:
+        for vb in mine:
+            for key in keys_in(vb, "kept-", 5):
+                assert kv.set(key, b"kept", vbucket=vb).status == Status.Success
+    wait_for(
+        lambda: all(n["replicationLag"] == 0 for n in cluster.status()["nodes"]),
+        "every replica caught up",
+    )
+    for name, vbs in replicas.items():
+        set_states(cluster.node(name), vbs, VBucketState.DEAD)
+    with client(c) as kv:
+        for vb in mine:
+            for key in keys_in(vb, "lost-", 5):
+                assert kv.set(key, b"lost", vbucket=vb).status == Status.Success
+    c.terminate()  # a clean stop: C persisted what its replicas never got
+    for name, vbs in replicas.items():
+        set_states(cluster.node(name), vbs, VBucketState.REPLICA)
+    manager.api("POST", "/controller/failOver", otpNode=cluster.name(c))
+    c.start(same_port=True)
+    manager.api(
+        "POST", "/controller/setRecoveryType", otpNode=cluster.name(c), recoveryType="delta"
+    )
+    assert rebalance(manager)["state"] == "idle"
+    assert_only_kept(served_map(cluster.nodes), mine)
+    assert "rolled back" in c.log()  # C's copies unwound the writes nobody else had
+
+
+def assert_only_kept(final: VBucketMap, mine: list[int]) -> None:
+    """Every copy equal to its active, which holds the kept keys and none of the lost."""
+    for vb, chain in enumerate(final.chains):
+        active = port_of(final.servers[chain[0]])
+        for replica in chain[1:]:
+            wait_equal(active, port_of(final.servers[replica]), [vb])
+        held = contents(active, "check-lost", [vb])[vb]
+        assert not any(k.startswith(b"lost-") for k in held)  # dropped with the failover
+        if vb in mine:
+            assert {k for k in held if k.startswith(b"kept-")} == set(keys_in(vb, "kept-", 5))
