@@ -4,36 +4,25 @@ saw acknowledged is there afterwards, and its reads never go back in time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
-import pytest
-from couchbase.auth import PasswordAuthenticator
 from couchbase.cluster import Cluster as SdkCluster
+from couchbase.collection import Collection
 from couchbase.exceptions import CouchbaseException
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions
 from managerproc import ManagerProcess, start_cluster
 from rebalancecheck import served_map
+from sdkhelp import connect
 from serverproc import ServerProcess
 
 KEYS = 64
-
-
-@pytest.fixture
-def sdk() -> Iterator[list[SdkCluster]]:
-    opened: list[SdkCluster] = []
-    yield opened
-    for cluster in opened:
-        cluster.close()
 
 
 class SdkLoad:
     """Upserts ever higher counters over a few keys and reads others back, one step at a time
     (driven from the test's thread: the SDK's calls block a second Python thread here)."""
 
-    def __init__(self, cluster: SdkCluster) -> None:
-        self.coll = cluster.bucket("default").default_collection()
+    def __init__(self, coll: Collection) -> None:
+        self.coll = coll
         self.acked: dict[str, int] = {}
         self.seen: dict[str, int] = {}
         self.went_back: list[tuple[str, int, int]] = []
@@ -63,17 +52,7 @@ def test_rebalance_in_under_the_official_sdk(
     sdk: list[SdkCluster],
 ) -> None:
     cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=2, replicas=1)
-    timeouts = ClusterTimeoutOptions(
-        kv_timeout=timedelta(seconds=5), bootstrap_timeout=timedelta(seconds=10)
-    )
-    options = ClusterOptions(
-        PasswordAuthenticator("Administrator", "password"),
-        timeout_options=timeouts,
-        config_poll_interval=timedelta(milliseconds=500),
-    )
-    client = SdkCluster(f"couchbase://127.0.0.1:{cluster.nodes[0].port}", options)
-    sdk.append(client)
-    load = SdkLoad(client)
+    load = SdkLoad(connect(cluster.nodes[0], sdk, kv_timeout_s=5.0))
     while load.i < 4 * KEYS:
         load.step()
     node = server_factory(tmp_path / "n2", tmp_path / "n2.log", "--managed", "--vbuckets", "16")
