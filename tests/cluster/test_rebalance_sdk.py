@@ -19,7 +19,8 @@ KEYS = 64
 
 class SdkLoad:
     """Upserts ever higher counters over a few keys and reads others back, one step at a time
-    (driven from the test's thread: the SDK's calls block a second Python thread here)."""
+    (driven from the test's thread: from a second Python thread its calls did not progress
+    here)."""
 
     def __init__(self, coll: Collection) -> None:
         self.coll = coll
