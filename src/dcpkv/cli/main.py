@@ -306,5 +306,9 @@ from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
 
 _register_cluster(app)
 
+from dcpkv.cli.users import user_app  # noqa: E402
+
+app.add_typer(user_app, name="user")
+
 if __name__ == "__main__":
     app()

@@ -49,12 +49,14 @@ class Counters:
     set_vbucket_sent: int = 0
     cas_conflicts: int = 0
     maps_pushed: int = 0
+    users_pushed: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {
             "setVbucketSent": self.set_vbucket_sent,
             "casConflicts": self.cas_conflicts,
             "mapsPushed": self.maps_pushed,
+            "usersPushed": self.users_pushed,
         }
 
 
@@ -188,6 +190,13 @@ class NodeLink:
             self.counters.cas_conflicts += 1
             cas = self._state_cas[bucket] = answer.cas
         raise NodeError(f"{self.name}: the state CAS kept changing; gave up on vbucket {vbucket}")
+
+    async def push_users(self, bucket: str, users: bytes) -> None:
+        """RbacRefresh: the users document (the node keeps it when its rev is newer)."""
+        answer = await self._call(bucket, kv.RbacRefresh(users=users, datatype=Datatype.JSON))
+        if answer.status != Status.Success:
+            raise NodeError(f"{self.name}: RbacRefresh: {_status(answer)}")
+        self.counters.users_pushed += 1
 
     async def push_config(self, bucket: str, config: dict[str, Any]) -> None:
         raw = json.dumps(config, separators=(",", ":")).encode()

@@ -127,6 +127,7 @@ class KVProtocol(asyncio.Protocol):
         self.conn = Connection(
             self.server.state,
             peer=str(peer),
+            peer_host=str(peer[0]) if isinstance(peer, tuple) else str(peer),
             initial_bucket=self.server.config.buckets[0].name,
         )
         self.conn.kick = self.close

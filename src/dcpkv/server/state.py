@@ -7,10 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcpkv.core.rbac import USERS_FILE
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
 from dcpkv.server.config import ServerConfig
+from dcpkv.server.login_throttle import LoginThrottle
 
 
 @dataclass
@@ -30,9 +32,13 @@ class ServerState:
     config_listeners: list[Callable[[str], None]] = field(default_factory=list)
     # bucket -> its Replicator on a managed node (dcpkv.server.replication), for stats
     replicators: dict[str, Any] = field(default_factory=dict)
+    # failed logins per source address (dcpkv.server.login_throttle)
+    login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    auth_errors: int = 0  # failed logins (stat auth_errors)
+    eaccess: int = 0  # requests refused for want of a role (stat rbac_eaccess)
 
     def __post_init__(self) -> None:
-        self.users = UserStore(dict(self.config.users))
+        self.users = UserStore(dict(self.config.users), path=self.config.data_dir / USERS_FILE)
 
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;

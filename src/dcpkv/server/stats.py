@@ -62,6 +62,9 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "time", int(now)
     yield "version", __version__
     yield "curr_connections", conn.server.connections
+    yield "auth_errors", conn.server.auth_errors
+    yield "auth_throttled", conn.server.login_throttle.throttled
+    yield "rbac_eaccess", conn.server.eaccess
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
     yield "ep_total_persisted", bucket.items_persisted
