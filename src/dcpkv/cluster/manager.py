@@ -52,7 +52,7 @@ from dcpkv.cluster import config as cfg
 from dcpkv.cluster.auto_failover import Policy, decide
 from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
 from dcpkv.cluster.health import HealthWatcher
-from dcpkv.cluster.node_link import Counters, NodeError, NodeLink
+from dcpkv.cluster.node_link import Counters, LinkTls, NodeError, NodeLink
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.rbac import (
@@ -75,9 +75,16 @@ class Refused(DcpkvError):
 
 class Manager:
     def __init__(
-        self, data_dir: Path, user: str, password: str, *, heartbeat_s: float = 1.0
+        self,
+        data_dir: Path,
+        user: str,
+        password: str,
+        *,
+        heartbeat_s: float = 1.0,
+        link_tls: LinkTls | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.link_tls = link_tls
         self.user, self.password = user, password
         self.config = cfg.ClusterConfig()
         self.counters = Counters()
@@ -138,7 +145,9 @@ class Manager:
     def _link(self, name: str) -> NodeLink:
         link = self.links.get(name)
         if link is None:
-            link = self.links[name] = NodeLink(name, self.user, self.password, self.counters)
+            link = self.links[name] = NodeLink(
+                name, self.user, self.password, self.counters, self.link_tls
+            )
         return link
 
     # -- syncing nodes ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ class ServerState:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("dcpkv.server"))
     # The port actually bound (the config may ask for 0, "any free port").
     port: int | None = None
+    tls_port: int | None = None  # the TLS port actually bound, when TLS is on
     cluster_rev: int = 1
     connections: int = 0  # open client connections (the shell keeps it current)
     # (bucket, DCP connection name) -> the Connection that opened it as a producer
@@ -69,6 +70,7 @@ class ServerState:
             port=self.port if self.port is not None else self.config.port,
             num_vbuckets=num_vbuckets,
             rev=self.cluster_rev,
+            tls_port=self.tls_port,
             vbucket_map=self._own_vbucket_map(name, num_vbuckets),
         )
         return cluster_map_json(doc)
