@@ -115,16 +115,19 @@ class Grants:
         by_bucket: dict[str, set[Privilege]] = {}
         for role in roles:
             by_bucket.setdefault(role.bucket, set()).update(ROLE_PRIVILEGES[role.name])
-        return cls({b: frozenset(p) for b, p in by_bucket.items()})
+        everywhere = by_bucket.get(ALL_BUCKETS, set())
+        # Each bucket's set includes what is granted on every bucket: one lookup per request.
+        return cls({b: frozenset(p | everywhere) for b, p in by_bucket.items()})
 
     def can_open(self, bucket: str) -> bool:
         """Any role on ``bucket``: the user may select it and read its metadata."""
         return bucket in self.by_bucket or ALL_BUCKETS in self.by_bucket
 
     def allows(self, needs: frozenset[Privilege], bucket: str | None) -> bool:
-        have = self.by_bucket.get(ALL_BUCKETS, frozenset())
-        if bucket is not None:
-            have = have | self.by_bucket.get(bucket, frozenset())
+        """Whether ``needs`` are granted on ``bucket`` (None: on every bucket)."""
+        have = self.by_bucket.get(bucket or ALL_BUCKETS)
+        if have is None:
+            have = self.by_bucket.get(ALL_BUCKETS, frozenset())
         return needs <= have
 
 
