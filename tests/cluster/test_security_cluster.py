@@ -13,7 +13,7 @@ from pathlib import Path
 from kvclient import KVClient
 from managerproc import ManagerProcess, wait_for
 from serverproc import ServerProcess
-from tlscerts import Certs, make_certs
+from tlscerts import Certs, make_certs, sdk_cluster
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import Opcode
@@ -60,6 +60,19 @@ def user_cli(manager: ManagerProcess, certs: Certs, *args: str) -> subprocess.Co
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
 
+def sdk_over_tls(node: ServerProcess, certs: Certs) -> None:
+    """The official SDK through couchbases://: the map's kvSSL ports lead it to both nodes."""
+    cluster = sdk_cluster(node.tls_port, certs.ca)
+    try:
+        coll = cluster.bucket("default").default_collection()
+        docs = {f"sdk-{i}": {"i": i} for i in range(32)}  # spread over both nodes' vbuckets
+        for key, doc in docs.items():
+            coll.upsert(key, doc)
+        assert {k: coll.get(k).content_as[dict] for k in docs} == docs
+    finally:
+        cluster.close()
+
+
 def login_status(node: ServerProcess, user: str, password: str) -> int:
     with KVClient(node.port) as kv:
         return kv.login(user, password).status
@@ -90,6 +103,7 @@ def test_users_reach_every_node_through_an_https_manager_over_tls_links(
         with KVClient(node.port) as kv:
             assert kv.login("alice", "a-pw").status == Status.Success
             assert kv.set(b"k", b"v").status == Status.Eaccess
+    sdk_over_tls(nodes[0], certs)
     listed = user_cli(manager, certs, "list")
     assert "alice  data_dcp_reader[default]" in listed.stdout
     assert b"a-pw" not in (tmp_path / "m1" / "users.json").read_bytes()

@@ -10,15 +10,11 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from couchbase.auth import PasswordAuthenticator
-from couchbase.cluster import Cluster
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions
 from serverproc import ServerProcess, tracked_servers
-from tlscerts import Certs, make_certs
+from tlscerts import Certs, make_certs, sdk_cluster
 
 from dcpkv.client.blocking import BlockingKV, RequestFailed
 from dcpkv.client.settings import ConnectionSettings
@@ -103,15 +99,7 @@ def test_commands_over_tls_with_a_least_privilege_user(server: ServerProcess, ce
 
 
 def test_the_official_sdk_over_tls(server: ServerProcess, certs: Certs) -> None:
-    timeouts = ClusterTimeoutOptions(
-        kv_timeout=timedelta(seconds=5),
-        connect_timeout=timedelta(seconds=10),
-        bootstrap_timeout=timedelta(seconds=10),
-    )
-    auth = PasswordAuthenticator("Administrator", "password", cert_path=str(certs.ca))
-    cluster = Cluster(
-        f"couchbases://127.0.0.1:{server.tls_port}", ClusterOptions(auth, timeout_options=timeouts)
-    )
+    cluster = sdk_cluster(server.tls_port, certs.ca)
     try:
         coll = cluster.bucket("default").default_collection()
         coll.upsert("sdk-tls", {"over": "tls"})

@@ -9,7 +9,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +63,19 @@ def make_certs(folder: Path) -> Certs:
         client_key=folder / "client.key",
         other_ca=folder / "other.pem",
     )
+
+
+def sdk_cluster(tls_port: int, ca: Path) -> Any:
+    """The official SDK connected with ``couchbases://`` to a TLS port, trusting ``ca``."""
+    from couchbase.auth import PasswordAuthenticator
+    from couchbase.cluster import Cluster
+    from couchbase.options import ClusterOptions, ClusterTimeoutOptions
+
+    timeouts = ClusterTimeoutOptions(
+        kv_timeout=timedelta(seconds=5),
+        connect_timeout=timedelta(seconds=10),
+        bootstrap_timeout=timedelta(seconds=10),
+    )
+    auth = PasswordAuthenticator("Administrator", "password", cert_path=str(ca))
+    options = ClusterOptions(auth, timeout_options=timeouts)
+    return Cluster(f"couchbases://127.0.0.1:{tls_port}", options)

@@ -180,6 +180,12 @@ class Manager:
         assert bucket.map is not None
         doc = bucket.map.to_config(bucket.name, bucket.uuid, this_node=node)
         doc["dcpkv"] = {"repairOnRollback": self.config.settings.repair_on_rollback}
+        if self.link_tls is not None:
+            # The nodes speak TLS where the links reach them: advertised as kvSSL, what an
+            # SDK given couchbases:// connects to.
+            for entry in doc["nodesExt"]:
+                services = entry["services"]
+                services["kvSSL"] = services["kv"] + self.link_tls.port_offset
         return doc
 
     async def _sync_states(self, link: NodeLink, bucket: str, vb_map: VBucketMap) -> None:
