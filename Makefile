@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean venv
+.PHONY: run test lint bench clean venv fuzz chaos
 
 venv: $(STAMP)
 
@@ -33,6 +33,19 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+## fuzz: a long seeded fuzzing run of the server's protocol handling (make test runs 120
+## examples of the same test; this runs FUZZ_EXAMPLES, about 40 s per 2,000)
+FUZZ_EXAMPLES ?= 20000
+fuzz: $(STAMP)
+	DCPKV_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/server/test_fuzz.py
+
+## chaos: the fault-injection suite on a local cluster under load (kill -9, SIGSTOP, cut
+## connections, manager restarts, a failover), then the checks; CHAOS_SEED replays a run
+CHAOS_DURATION ?= 1800
+CHAOS_SEED ?=
+chaos: $(STAMP)
+	$(BIN)/python tests/chaos/chaos.py --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 ## bench: every benchmark under bench/, each writing its figures as JSON into bench/results/,
 ## then the peers on PATH (shared/peerbench/, skipped when absent) and one summary table

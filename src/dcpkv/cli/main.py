@@ -93,6 +93,14 @@ def server(
             "cluster and holds every vbucket active).",
         ),
     ] = False,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(help="Connections served at once; more are closed [default: 4096]."),
+    ] = None,
+    unauth_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a connection may stay without logging in [default: 30]."),
+    ] = None,
 ) -> None:
     """Run the key-value data server until SIGINT/SIGTERM."""
     from dcpkv.server.app import run
@@ -115,6 +123,8 @@ def server(
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_ca=tls_ca,
+            max_connections=max_connections,
+            unauth_idle_timeout_s=unauth_timeout,
         )
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)

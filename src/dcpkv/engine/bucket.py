@@ -23,8 +23,11 @@ The new failover entries are persisted before warm-up returns.
 The flusher (:meth:`Bucket.flush_once`) takes, for every vbucket with something unpersisted,
 the snapshots its persistence cursor has not read, and writes them all, with the vbucket states
 and failover tables, in ONE transaction; only then does it advance the persisted seqnos and
-drop persisted tombstones from the hash tables. If the write fails, the batches are kept and
-written again by the next flush.
+drop persisted tombstones from the hash tables. If the write fails (a full disk, an I/O
+error), the batches are kept and written again by the next flush, and until one succeeds the
+bucket refuses front-end writes with TempFail (``disk_error`` says why): it never acknowledges
+more than it may be unable to persist, and nothing it acknowledged is reported persisted
+before it is. Reads go on. (Replica writes are still taken, into memory: the active decides.)
 
 Memory: a write is admitted while the bucket's memory use is under its quota. Over it, the
 bucket first drops DCP cursors that pin old checkpoints (their streams fall back to a backfill),
@@ -146,6 +149,8 @@ class Bucket:
         self.closed = False
         self.seqno_listeners: list[Callable[[int], None]] = []
         self.items_persisted = 0
+        self.disk_error: str | None = None  # why the last flush failed; None once one succeeds
+        self.flush_failures = 0
         # Monotonic times of the oldest write not yet taken by a flush, and of the oldest write
         # of the flush being written: together, how long an acknowledged write has waited.
         self._dirty_since: float | None = None
@@ -242,16 +247,17 @@ class Bucket:
     def warmup(self) -> bool:
         """Load every vbucket from storage; returns whether the last shutdown was clean."""
         with self._io_lock:
-            clean = self.storage.was_clean_shutdown()
-            for vb, s in self.storage.vbucket_states().items():
-                failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
-                state = VBucketState.of(s.state)
-                if not clean and state == VBucketState.ACTIVE:
-                    failover.create_entry(s.snap_end)
-                vbucket = self._make(vb, state, failover, s)
-                self.vbuckets[vb] = vbucket
-                with_values = self.memory_used < self.memory_quota * WARMUP_VALUE_FRACTION
-                vbucket.load(self.storage.load_items(vb, values=with_values))
+            with self.storage.reading("warm-up"):  # reads only: a damaged file stays as it is
+                clean = self.storage.was_clean_shutdown()
+                for vb, s in self.storage.vbucket_states().items():
+                    failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
+                    state = VBucketState.of(s.state)
+                    if not clean and state == VBucketState.ACTIVE:
+                        failover.create_entry(s.snap_end)
+                    vbucket = self._make(vb, state, failover, s)
+                    self.vbuckets[vb] = vbucket
+                    with_values = self.memory_used < self.memory_quota * WARMUP_VALUE_FRACTION
+                    vbucket.load(self.storage.load_items(vb, values=with_values))
             self.storage.set_clean_shutdown(False)
             self.flush_once()  # the new failover entries must be durable before anyone sees them
             return clean
@@ -282,14 +288,17 @@ class Bucket:
             self._inflight_since = taken_since
             try:
                 self.storage.persist((b.vb, b.items, b.vbstate) for b in batches)
-            except BaseException:
+            except BaseException as exc:
                 for b in batches:
                     if (failed := self.vbuckets.get(b.vb)) is not None:
                         failed.flush_failed()
                 self._dirty_since = _earliest(taken_since, self._dirty_since)
+                self.flush_failures += 1
+                self.disk_error = f"{type(exc).__name__}: {exc}"
                 raise
             finally:
                 self._inflight_since = None
+            self.disk_error = None
             for b in batches:
                 if (flushed := self.vbuckets.get(b.vb)) is not None:
                     flushed.mark_persisted(b)
@@ -386,6 +395,8 @@ class Bucket:
         return self._memory_estimate
 
     def _admit(self, size: int) -> None:
+        if self.disk_error is not None:
+            raise TempFail(f"the flusher cannot persist ({self.disk_error}); retry")
         size += HT_ENTRY_OVERHEAD  # the write may add a hash-table entry
         self._writes += 1
         # The estimate only grows between recounts (a write is charged, what it replaces is

@@ -408,6 +408,18 @@ class Storage:
 
     # -- vbucket state ---------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def reading(self, what: str) -> Iterator[None]:
+        """SQLite errors met while ``what`` become one clear error naming the file (warm-up
+        reads a damaged file before it writes anything, so the file is left as it was)."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise CorruptDatabaseError(
+                f"{self.path}: {what} cannot read this file ({exc}); it was left untouched: "
+                "restore it from a backup, or move it away to start the bucket empty"
+            ) from exc
+
     def vbucket_states(self) -> dict[int, VBState]:
         with self._write_lock:
             rows = self._db.execute(

@@ -238,6 +238,20 @@ class FrameParser:
         self._error: CodecError | None = None
 
     @property
+    def max_value_len(self) -> int:
+        """The largest value a frame may carry; a longer one is refused from its header."""
+        return self._max_value
+
+    @max_value_len.setter
+    def max_value_len(self, limit: int) -> None:
+        self._max_value = limit
+
+    def release(self) -> None:
+        """Drop every buffered byte at once (the connection is gone)."""
+        self._buf, self._pos, self._tail, self._tail_len = _EMPTY, 0, [], 0
+        self._need = HEADER_LEN
+
+    @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
         return len(self._buf) - self._pos + self._tail_len

@@ -47,6 +47,15 @@ statements (``Storage.persist``) and the switch interval is 1 ms (``SWITCH_INTER
 The flusher persists every ``flush_interval_s``; the expiry pager walks the hash tables every
 ``expiry_pager_interval_s``.
 
+Limits (one client must not hurt the others): before a connection logs in, a frame may carry
+at most ``PREAUTH_MAX_VALUE`` bytes of value, refused from its header (E2big, then closed) so
+an unauthenticated peer never makes us buffer a large body; the full item limit applies once
+it has logged in. Past ``max_connections`` a new connection is closed at once (logged,
+counted in ``rejected_conns``); one that has not logged in within ``unauth_idle_timeout_s``
+is closed (``unauth_timeouts``). A closed connection drops its buffered bytes and its
+references at once, not at the next cyclic garbage collection. What a connection buffers is
+bounded both ways: in, one frame (the parser); out, ``WRITE_HIGH_WATER`` (reading pauses).
+
 SIGINT/SIGTERM: stop listening, close every connection, then a final flush and
 ``Bucket.shutdown()`` in the executor thread, which records the clean shutdown (so the next
 warm-up does not cut new failover entries).
@@ -63,6 +72,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -89,10 +99,13 @@ from dcpkv.server.state import ServerState
 log = logging.getLogger("dcpkv.server")
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+# Before login, a frame's value may be this big at most: SASL, HELLO and the error map fit.
+PREAUTH_MAX_VALUE = 16 * 1024
 # Values a little over the item limit are read and answered E2big (the connection lives);
 # a length beyond this slack is treated as garbage and closes the connection.
 VALUE_SLACK = 1024 * 1024
 EXPIRY_PAGER_INTERVAL_S = 10.0
+FLUSH_RETRY_S = 0.25  # between flush attempts while they fail (a full disk, an I/O error)
 PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yielding the loop
 PUMP_TICK_S = 0.05  # safety-net pump of every producer
 LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
@@ -109,8 +122,9 @@ class KVProtocol(asyncio.Protocol):
     def __init__(self, server: DataServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.parser = FrameParser(max_value_len=server.max_value_len)
+        self.parser = FrameParser(max_value_len=PREAUTH_MAX_VALUE)  # raised at login
         self.conn: Connection | None = None
+        self.opened_at = time.monotonic()
         self.closing = False
         self.write_paused = False
         self._pump_scheduled = False
@@ -120,6 +134,9 @@ class KVProtocol(asyncio.Protocol):
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
+        if len(self.server.connections) >= self.server.config.max_connections:
+            self._refuse(transport)
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Answers are small and latency-bound; Nagle would hold them back.
@@ -137,10 +154,23 @@ class KVProtocol(asyncio.Protocol):
         self.server.connections.add(self)
         self.server.state.connections = len(self.server.connections)
 
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        state, limit = self.server.state, self.server.config.max_connections
+        state.rejected_conns += 1
+        if state.rejected_conns % 100 == 1:  # a flood of refusals must not flood the log
+            peer = transport.get_extra_info("peername")
+            log.warning("refusing a connection from %s: max_connections (%d) reached", peer, limit)
+        self.closing = True
+        transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self.conn is not None:
-            drop_producer(self.conn)
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            drop_producer(conn)
+            conn.detach()
+        self.parser.release()  # what a half-received frame buffered goes now, not at a GC
+        self.transport = None
         self.server.connections.discard(self)
         self.server.state.connections = len(self.server.connections)
 
@@ -163,7 +193,8 @@ class KVProtocol(asyncio.Protocol):
     def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
         conn = self.conn
         assert conn is not None
-        for frame in self.parser.feed(data):
+        parser = self.parser
+        for frame in parser.feed(data):
             try:
                 answer = handle(conn, frame)
             except CloseConnection as close:
@@ -176,6 +207,8 @@ class KVProtocol(asyncio.Protocol):
                 answer = error_answer(frame, Status.Einternal)
             if answer:
                 out.append(answer)
+            if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
+                parser.max_value_len = self.server.max_value_len  # logged in: the item limit
 
     def _codec_error_answer(self, exc: CodecError) -> bytes:
         log.info("closing %s: bad frame: %s", self.conn.peer if self.conn else "?", exc)
@@ -416,6 +449,16 @@ class DataServer:
             for proto in self.producers():
                 assert proto.producer is not None
                 proto.liveness(proto.producer.clock.time())
+            self._close_unauthenticated(time.monotonic())
+
+    def _close_unauthenticated(self, now: float) -> None:
+        limit = self.config.unauth_idle_timeout_s
+        for proto in list(self.connections):
+            conn = proto.conn
+            if conn is not None and conn.user is None and now - proto.opened_at > limit:
+                log.info("closing %s: not logged in after %.0f s", conn.peer, limit)
+                self.state.unauth_timeouts += 1
+                proto.close()
 
     # -- background work ---------------------------------------------------------------------
 
@@ -424,13 +467,23 @@ class DataServer:
 
     async def _flusher(self) -> None:
         loop = asyncio.get_running_loop()
+        failing = False
         while True:
-            await asyncio.sleep(self.config.flush_interval_s)
+            await asyncio.sleep(FLUSH_RETRY_S if failing else self.config.flush_interval_s)
             try:
                 await loop.run_in_executor(self.executor, self._flush_all)
-            except Exception:
-                # The batch stays queued in the engine and is retried next round.
-                log.exception("flush failed")
+            except Exception as exc:
+                # The batch stays queued in the engine and is retried; meanwhile the bucket
+                # answers writes TempFail. Said once, not on every retry.
+                if not failing:
+                    log.error("flush failed: %s: %s; writes answer TempFail until a flush "
+                              "succeeds (retrying every %.2f s)", type(exc).__name__, exc,
+                              FLUSH_RETRY_S)  # fmt: skip
+                failing = True
+            else:
+                if failing:
+                    log.info("flush succeeded again: writes are accepted")
+                failing = False
 
     async def _expiry_pager(self) -> None:
         while True:

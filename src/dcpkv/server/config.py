@@ -76,6 +76,9 @@ class ServerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    # Limits that keep one client from hurting the others (see server/app.py, "Limits").
+    max_connections: int = 4096
+    unauth_idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -86,6 +89,10 @@ class ServerConfig:
             raise ConfigError("TLS needs all of tls_port, tls_cert and tls_key (or none)")
         if self.tls_ca is not None and self.tls_port is None:
             raise ConfigError("tls_ca (client certificates) needs tls_port")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be at least 1, not {self.max_connections}")
+        if self.unauth_idle_timeout_s <= 0:
+            raise ConfigError("unauth_idle_timeout_s must be above 0")
         if not self.buckets:
             raise ConfigError("at least one bucket is needed")
 
@@ -119,7 +126,8 @@ def load_config(path: Path | None) -> ServerConfig:
 
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
     numbers = (
-        "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s", "tls_port"
+        "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s",
+        "max_connections", "unauth_idle_timeout_s", "tls_port",
     )  # fmt: skip
     known = {"host", "data_dir", "users", "buckets", "managed", *numbers, *_PATHS}
     unknown = set(doc) - known

@@ -81,6 +81,11 @@ class Connection:
     # shell replaces it with one that closes the transport.
     kick: Callable[[], None] = _nothing
 
+    def detach(self) -> None:
+        """The shell's connection is gone: drop ``kick``, which referenced the shell (a
+        cycle that kept a closed connection's buffers alive until a full GC)."""
+        self.kick = _nothing
+
     def authenticated(self, user: str | None) -> None:
         self.user = user
         if user is None or self.bucket_name is not None:

@@ -65,10 +65,15 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "auth_errors", conn.server.auth_errors
     yield "auth_throttled", conn.server.login_throttle.throttled
     yield "rbac_eaccess", conn.server.eaccess
+    yield "max_connections", conn.server.config.max_connections
+    yield "rejected_conns", conn.server.rejected_conns
+    yield "unauth_timeouts", conn.server.unauth_timeouts
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
     yield "ep_total_persisted", bucket.items_persisted
     yield "ep_persistence_lag_ms", round(bucket.persistence_lag() * 1000)
+    yield "ep_item_commit_failed", bucket.flush_failures  # kv_engine's name: failed flushes
+    yield "ep_disk_error", bucket.disk_error or ""
     yield "ep_max_size", bucket.memory_quota
     for state in VBucketState:
         yield f"vb_{state.label}_num", sum(1 for vb in vbuckets if vb.state == state)

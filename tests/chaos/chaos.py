@@ -1,0 +1,472 @@
+"""The fault-injection suite (issue 17, item 5): a seeded, bounded, randomized run over a local
+cluster under load, then the checks that nothing the README promises was lost.
+
+    python tests/chaos/chaos.py --seed 7 --duration 120      # make chaos runs 30 minutes
+
+What runs
+    A manager and ``--nodes`` data nodes (real processes, free ports, ``--replicas``),
+    automatic failover on (3 s). A *writer* (the official SDK, which follows the map) upserts
+    a few hundred keys, each with a value that only grows (``{"v": n}``). A *confirmer* asks
+    the nodes (ObserveSeqno, same vbucket uuid) which acknowledged writes were persisted on
+    the active *and* on a replica: those are the writes the README says survive a kill -9 of
+    any one node (persisted on the active: its restart keeps them) and a failover (persisted
+    on a replica: the promoted one has them). A *reader* (the SDK) reads keys back and notes a
+    value going backwards.
+
+Faults, one every 1-3 s, chosen by the seeded RNG (the history is printed with the seed, so
+a failure can be replayed):
+
+    kill      kill -9 a node, restart it on its port before the failover timeout
+    pause     SIGSTOP a node (a hung node) for 0.3-1.5 s, then SIGCONT
+    cut       destroy every TCP connection to a node (``ss -K``): clients, replication links,
+              the manager's links all reconnect
+    manager   kill -9 the manager and restart it (nodes keep serving meanwhile)
+    failover  kill -9 a node and leave it down: the manager fails it over by itself (at most
+              once per run: the auto-failover quota; the cluster keeps a replica per vbucket)
+
+Checks at the end (faults stopped, the cluster settled)
+    lost       a write a replica persisted whose key now reads an older value, or nothing
+    divergent  a replica whose documents, seqnos, CAS or failover log differ from its active's
+    backwards  a reader saw a key's value go back: allowed only across a kill -9 or a
+               failover (each may drop writes acknowledged from memory only); counted either
+               way
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "server"), str(HERE.parent / "cluster")]
+
+from couchbase.auth import PasswordAuthenticator  # noqa: E402
+from couchbase.cluster import Cluster as SdkCluster  # noqa: E402
+from couchbase.exceptions import CouchbaseException  # noqa: E402
+from couchbase.options import ClusterOptions, ClusterTimeoutOptions  # noqa: E402
+from kvclient import KVClient  # noqa: E402
+from managerproc import VBUCKETS, Cluster, start_cluster, tracked_managers  # noqa: E402
+from replicacheck import wait_equal  # noqa: E402
+from serverproc import ServerProcess, tracked_servers  # noqa: E402
+
+from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap  # noqa: E402
+from dcpkv.core.status import Status  # noqa: E402
+from dcpkv.core.vbucket import vbucket_for_key  # noqa: E402
+from dcpkv.protocol.constants import Opcode  # noqa: E402
+
+KEYS = 300
+FAILOVER_TIMEOUT_S = 3
+FAULTS = ("kill", "pause", "cut", "manager", "failover")
+
+
+@dataclass
+class Report:
+    seed: int
+    faults: Counter[str] = field(default_factory=Counter)
+    acknowledged: int = 0
+    confirmed: int = 0
+    lost: list[str] = field(default_factory=list)
+    divergent: list[str] = field(default_factory=list)
+    backwards: int = 0
+    backwards_without_crash: list[str] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.divergent or self.backwards_without_crash)
+
+    def summary(self) -> str:
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
+        return (
+            f"seed {self.seed}: faults {faults}; writes acknowledged {self.acknowledged}, "
+            f"persisted on the active and a replica {self.confirmed}; lost {len(self.lost)}, "
+            f"divergent {len(self.divergent)}, reads backwards {self.backwards} "
+            f"({len(self.backwards_without_crash)} without a kill or failover)"
+        )
+
+
+# -- the cluster ------------------------------------------------------------------------------
+
+
+class World:
+    """The processes, what the load saw, and the history of what was done to them."""
+
+    def __init__(self, cluster: Cluster, report: Report) -> None:
+        self.cluster = cluster
+        self.report = report
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.down: set[str] = set()  # nodes killed and not (yet) back
+        self.failovers = 0  # nodes failed over
+        self.crashes = 0  # kill -9s so far: each may drop writes acknowledged from memory
+        self.stop = threading.Event()
+
+    def log(self, what: str) -> None:
+        line = f"{time.monotonic() - self.started:7.2f}s {what}"
+        with self.lock:
+            self.report.history.append(line)
+
+    def live(self) -> list[ServerProcess]:
+        return [n for n in self.cluster.nodes if self.cluster.name(n) not in self.down]
+
+    def current_map(self) -> VBucketMap | None:
+        best = None
+        for node in self.live():
+            try:
+                with KVClient(node.port, timeout=2) as kv:
+                    kv.login()
+                    raw = kv.call(Opcode.GetClusterConfig).value
+                found = VBucketMap.from_config(json.loads(raw))
+            except (OSError, ValueError, KeyError):
+                continue
+            if best is None or found.version > best.version:
+                best = found
+        return best
+
+
+# -- the load ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Token:
+    key: str
+    value: int
+    vb: int
+    uuid: int
+    seqno: int
+
+
+def connect_sdk(world: World) -> SdkCluster:
+    seeds = ",".join(world.cluster.name(n) for n in world.cluster.nodes)
+    timeouts = ClusterTimeoutOptions(
+        kv_timeout=timedelta(seconds=2), connect_timeout=timedelta(seconds=10)
+    )
+    options = ClusterOptions(
+        PasswordAuthenticator("Administrator", "password"),
+        timeout_options=timeouts,
+        config_poll_interval=timedelta(milliseconds=500),
+    )
+    return SdkCluster(f"couchbase://{seeds}", options)
+
+
+class Load:
+    """The writer, the confirmer and a reader, each a thread."""
+
+    def __init__(self, world: World, rng: random.Random) -> None:
+        self.world = world
+        self.rng = random.Random(rng.random())
+        self.sdk = connect_sdk(world)
+        self.coll = self.sdk.bucket("default").default_collection()
+        self.acked: dict[str, int] = {}  # key -> highest value acknowledged
+        self.confirmed: dict[str, int] = {}  # key -> highest value persisted on a replica
+        self.pending: list[Token] = []
+        # key -> (highest value read, crashes then, when)
+        self.seen: dict[str, tuple[int, int, float]] = {}
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._guard(self._write), daemon=True),
+            threading.Thread(target=self._guard(self._confirm), daemon=True),
+            threading.Thread(target=self._guard(self._read), daemon=True),
+        ]
+
+    def _guard(self, loop: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                loop()
+            except Exception as exc:  # a load thread must not die silently
+                self.world.log(f"load thread {loop.__name__} failed: {exc!r}")
+                raise
+
+        return run
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def _write(self) -> None:
+        n = 0
+        while not self.world.stop.is_set():
+            n += 1
+            key = f"key-{self.rng.randrange(KEYS)}"
+            try:
+                token = self.coll.upsert(key, {"v": n}).mutation_token()
+            except CouchbaseException:
+                time.sleep(0.01)
+                continue
+            assert token is not None
+            with self.lock:
+                self.acked[key] = max(self.acked.get(key, 0), n)
+                self.pending.append(
+                    Token(key, n, token.partition_id, token.partition_uuid, token.sequence_number)
+                )
+            self.world.report.acknowledged += 1
+
+    def _confirm(self) -> None:
+        """Ask the replicas, every 0.1 s, which acknowledged writes they persisted; after the
+        stop, 10 s more for the last ones, then what is left stays unconfirmed."""
+        give_up: float | None = None
+        while True:
+            if self.world.stop.is_set():
+                give_up = give_up or time.monotonic() + 10
+                if not self.pending or time.monotonic() > give_up:
+                    return
+            time.sleep(0.1)
+            vb_map = self.world.current_map()
+            if vb_map is not None:
+                self._confirm_round(vb_map)
+
+    def _confirm_round(self, vb_map: VBucketMap) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        by_vb: dict[int, list[Token]] = {}
+        for t in pending:
+            by_vb.setdefault(t.vb, []).append(t)
+        keep: list[Token] = []
+        for vb, tokens in by_vb.items():
+            uuids = {t.uuid for t in tokens}
+            on_active = self._persisted(vb_map, vb, uuids, vb_map.chains[vb][:1])
+            on_replica = self._persisted(vb_map, vb, uuids, vb_map.chains[vb][1:])
+            for t in tokens:
+                if min(on_active.get(t.uuid, -1), on_replica.get(t.uuid, -1)) >= t.seqno:
+                    with self.lock:
+                        self.confirmed[t.key] = max(self.confirmed.get(t.key, 0), t.value)
+                    self.world.report.confirmed += 1
+                else:
+                    keep.append(t)  # not yet (or never: a failover; dropped at the end)
+        with self.lock:
+            self.pending.extend(keep)
+
+    def _persisted(
+        self, vb_map: VBucketMap, vb: int, uuids: set[int], chain: Sequence[int]
+    ) -> dict[int, int]:
+        """uuid -> the highest seqno one of the ``chain`` nodes persisted on that branch."""
+        found: dict[int, int] = {}
+        for index in chain:
+            if index == NOBODY:
+                continue
+            try:
+                port = self.world.cluster.node(vb_map.servers[index]).port
+                with KVClient(port, timeout=2) as kv:
+                    kv.login()
+                    for uuid in uuids:
+                        value = struct.pack(">Q", uuid)
+                        answer = kv.call(Opcode.ObserveSeqno, vbucket=vb, value=value)
+                        if answer.status != Status.Success:
+                            continue
+                        fmt, _, got, persisted, _ = struct.unpack_from(">BHQQQ", answer.value)
+                        if fmt == 0 and got == uuid:  # no failover since: the same history
+                            found[uuid] = max(found.get(uuid, 0), persisted)
+            except (OSError, StopIteration, struct.error):
+                continue
+        return found
+
+    def _read(self) -> None:
+        while not self.world.stop.is_set():
+            key = f"key-{self.rng.randrange(KEYS)}"
+            try:
+                value = self.coll.get(key).content_as[dict]["v"]
+            except CouchbaseException:
+                time.sleep(0.01)
+                continue
+            now = time.monotonic() - self.world.started
+            before, crashes_then, when = self.seen.get(key, (0, 0, 0.0))
+            crashes = self.world.crashes
+            if value < before:
+                self.world.report.backwards += 1
+                if crashes == crashes_then:  # no kill -9 or failover since that read
+                    self.world.report.backwards_without_crash.append(
+                        f"{key} (vb {vbucket_for_key(key.encode(), VBUCKETS)}): read {value} at "
+                        f"{now:.2f}s after {before} at {when:.2f}s"
+                    )
+            # (after a backwards read the new history is the baseline: one problem, one line)
+            self.seen[key] = (value, crashes, now) if value != before else (before, crashes, when)
+
+
+# -- the faults -------------------------------------------------------------------------------
+
+
+def inject(world: World, rng: random.Random, kind: str) -> bool:
+    """Do ``kind`` to the cluster; False when it does not apply now (skipped)."""
+    cluster = world.cluster
+    members = [n for n in world.live() if cluster.name(n) in member_names(world)]
+    if kind == "manager":
+        world.log("manager: kill -9, restart")
+        cluster.manager.kill9()
+        cluster.manager.start(same_port=True)
+        return True
+    if len(members) < 2 or (kind == "failover" and world.failovers):
+        return False
+    node = rng.choice(members)
+    name = cluster.name(node)
+    assert node.proc is not None
+    if kind in ("kill", "failover"):
+        world.crashes += 1
+    if kind == "kill":
+        world.log(f"kill -9 {name}")
+        node.kill9()
+        time.sleep(rng.uniform(0.2, 1.0))
+        node.start(same_port=True)
+        world.log(f"{name} restarted")
+    elif kind == "pause":
+        pause = rng.uniform(0.3, 1.5)
+        world.log(f"SIGSTOP {name} for {pause:.1f}s")
+        os.kill(node.proc.pid, signal.SIGSTOP)
+        time.sleep(pause)
+        os.kill(node.proc.pid, signal.SIGCONT)
+    elif kind == "cut":
+        world.log(f"cut every connection to {name}")
+        subprocess.run(
+            ["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(node.port)],
+            capture_output=True, check=False,
+        )  # fmt: skip
+    elif kind == "failover":
+        world.log(f"kill -9 {name}, left down: automatic failover")
+        world.down.add(name)
+        node.kill9()
+        wait_until(lambda: name not in member_names(world), 30)
+        world.log(f"{name} failed over")
+    return True
+
+
+def count_failovers(world: World) -> None:
+    """Nodes the manager failed over (a kill that lasted past the timeout counts too)."""
+    try:
+        status = world.cluster.status()
+    except Exception:  # the manager may be restarting
+        return
+    world.failovers = sum(1 for n in status["nodes"] if n["clusterMembership"] == "failed")
+
+
+def member_names(world: World) -> set[str]:
+    try:
+        status = world.cluster.status()
+    except Exception:  # the manager may be restarting
+        return {world.cluster.name(n) for n in world.live()}
+    return {n["hostname"] for n in status["nodes"] if n["clusterMembership"] == "active"}
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# -- the checks -------------------------------------------------------------------------------
+
+
+def check(world: World, load: Load) -> None:
+    report = world.report
+    vb_map = world.current_map()
+    assert vb_map is not None, "no node answers"
+    for key, value in sorted(load.confirmed.items()):
+        try:
+            got = load.coll.get(key).content_as[dict]["v"]
+        except CouchbaseException as exc:
+            report.lost.append(f"{key}: persisted {value} on a replica, now unreadable ({exc})")
+            continue
+        if got < value:
+            report.lost.append(f"{key}: persisted {value} on a replica, now {got}")
+    pairs: dict[tuple[str, str], list[int]] = {}
+    for vb, chain in enumerate(vb_map.chains):
+        for index in chain[1:]:
+            if index != NOBODY:
+                pairs.setdefault((vb_map.servers[chain[0]], vb_map.servers[index]), []).append(vb)
+    for (active, replica), vbs in sorted(pairs.items()):
+        try:
+            wait_equal(world.cluster.node(active).port, world.cluster.node(replica).port, vbs)
+        except AssertionError as exc:
+            report.divergent.append(f"{replica} vs {active}: {exc}")
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def run(
+    seed: int, duration_s: float, workdir: Path, *, nodes: int = 3, replicas: int = 2
+) -> Report:
+    rng = random.Random(seed)
+    report = Report(seed)
+    with tracked_servers() as servers, tracked_managers() as managers:
+        cluster = start_cluster(servers, managers, workdir, nodes=nodes, replicas=replicas)
+        cluster.manager.api(
+            "POST", "/settings/autoFailover", enabled="true", timeout=str(FAILOVER_TIMEOUT_S)
+        )
+        world = World(cluster, report)
+        world.log(f"cluster up: {[cluster.name(n) for n in cluster.nodes]}, seed {seed}")
+        load = Load(world, rng)
+        load.start()
+        deadline = time.monotonic() + duration_s
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(1.0, 3.0))
+            kind = rng.choice(FAULTS)
+            if inject(world, rng, kind):
+                report.faults[kind] += 1
+            count_failovers(world)
+        world.log("faults stopped; letting the cluster settle")
+        wait_until(lambda: all_healthy(world), 60)
+        time.sleep(2)
+        world.stop.set()
+        load.join()
+        world.log("load stopped; checking")
+        try:
+            check(world, load)
+        finally:
+            load.sdk.close()
+        return report
+
+
+def all_healthy(world: World) -> bool:
+    try:
+        status = world.cluster.status()
+    except Exception:
+        return False
+    return all(
+        n["status"] == "healthy" and n["inSync"]
+        for n in status["nodes"]
+        if n["clusterMembership"] == "active"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=None, help="replay a run (default: random)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of faults")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs here")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dcpkv-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"chaos: seed {seed}, {args.duration:.0f}s of faults, logs in {workdir}", flush=True)
+    report = run(seed, args.duration, workdir, nodes=args.nodes, replicas=args.replicas)
+    print("\n".join(report.history))
+    for line in report.lost + report.divergent + report.backwards_without_crash:
+        print("PROBLEM", line)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
