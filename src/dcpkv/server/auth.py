@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from dcpkv.server.scram import HASHES, ScramCredentials, ScramError, ScramServer
 
 MECHANISMS = (*HASHES, "PLAIN")
 log = logging.getLogger("dcpkv.server")
+_VERIFIED_MAX = 4096
 
 
 class AuthFailed(DcpkvError):
@@ -51,8 +53,15 @@ class UserStore:
     path: Path | None = None
     doc: UsersDoc = field(default_factory=UsersDoc)
     _scram: dict[tuple[str, str], ScramCredentials] = field(default_factory=dict, repr=False)
-    _stamp: tuple[int, int] | None = field(default=None, repr=False)
+    # (inode, mtime, size) of the users file last read: each atomic replace makes a new inode,
+    # so two writes within one tick of the file system's clock are still told apart
+    _stamp: tuple[int, int, int] | None = field(default=None, repr=False)
     _grants: dict[str, Grants] = field(default_factory=dict, repr=False)
+    # PLAIN logins already verified, as keyed hashes of (user, password): checking a password
+    # against a verifier costs a PBKDF2 (~8 ms) on the event loop, and the official SDK logs
+    # in with PLAIN over TLS on every connection. Forgotten whenever the users change.
+    _verified: set[bytes] = field(default_factory=set, repr=False)
+    _verified_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     def __post_init__(self) -> None:
         self._set(self.doc)  # the administrators, with or without a users file
@@ -70,7 +79,7 @@ class UserStore:
             log.warning("cannot stat the users file %s: %s", self.path, exc)
             return
         else:
-            stamp = (st.st_mtime_ns, st.st_size)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return
         self._stamp = stamp
@@ -87,12 +96,13 @@ class UserStore:
         if self.path is not None:
             save_users(self.path, doc)
             st = self.path.stat()
-            self._stamp = (st.st_mtime_ns, st.st_size)
+            self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         self._set(doc)
         return True
 
     def _set(self, doc: UsersDoc) -> None:
         self.doc = doc
+        self._verified.clear()
         self._grants = {name: Grants.of(u.roles) for name, u in doc.users.items()}
         for name in self.passwords:
             self._grants[name] = ADMIN_GRANTS
@@ -105,7 +115,17 @@ class UserStore:
         if expected is not None:
             return hmac.compare_digest(expected.encode("utf-8"), password.encode("utf-8"))
         record = self.doc.users.get(user)
-        return record is not None and record.check_password(password)
+        if record is None:
+            return False
+        token = hmac.new(self._verified_key, f"{user}\0{password}".encode(), "sha256").digest()
+        if token in self._verified:
+            return True
+        if not record.check_password(password):
+            return False
+        if len(self._verified) >= _VERIFIED_MAX:
+            self._verified.clear()
+        self._verified.add(token)
+        return True
 
     def scram_credentials(self, hash_name: str, user: str) -> ScramCredentials | None:
         """The user's credentials for one hash (None: no such user)."""
