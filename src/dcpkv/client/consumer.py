@@ -262,7 +262,7 @@ class Consumer:
         vb = next(vb for vb, cs in run.streams.items() if cs.state not in DONE)
         host, port = self._route(vb)
         cfg = self.config
-        conn = await Connection.open(host, port, cfg.connect_timeout)
+        conn = await Connection.open(host, port, cfg.connect_timeout, cfg.connection.tls)
         self._conns.add(conn)
         try:
             await asyncio.wait_for(self._handshake(conn), cfg.connect_timeout)

@@ -83,6 +83,9 @@ class Opcode(IntEnum):
     GetMeta = 0xA0
     SetClusterConfig = 0xB4
     GetClusterConfig = 0xB5
+    # kv_engine's "reload the RBAC database" (there ns_server writes the file first); here
+    # the manager is remote, so the request carries the users document itself
+    RbacRefresh = 0xF7
     GetErrorMap = 0xFE
     # DCP
     DcpOpen = 0x50

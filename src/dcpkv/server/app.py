@@ -69,6 +69,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -79,6 +80,7 @@ from typing import cast
 
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
+from dcpkv.core.tls import server_context
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
@@ -144,6 +146,7 @@ class KVProtocol(asyncio.Protocol):
         self.conn = Connection(
             self.server.state,
             peer=str(peer),
+            peer_host=str(peer[0]) if isinstance(peer, tuple) else str(peer),
             initial_bucket=self.server.config.buckets[0].name,
         )
         self.conn.kick = self.close
@@ -306,6 +309,7 @@ class DataServer:
         self.backfill_thread = BackfillThread()
         self.max_value_len = 0
         self._server: asyncio.Server | None = None
+        self._tls_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -341,6 +345,7 @@ class DataServer:
 
     async def start(self, port_file: Path | None = None) -> int:
         loop = asyncio.get_running_loop()
+        tls = self._tls_context()  # before anything else: a bad certificate fails at once
         await loop.run_in_executor(self.executor, self.open_buckets)
         self._loop, self._loop_thread = loop, threading.get_ident()
         for name, bucket in self.state.buckets.items():
@@ -353,6 +358,16 @@ class DataServer:
         )
         port = self._server.sockets[0].getsockname()[1]
         self.state.port = port
+        if tls is not None:
+            self._tls_server = await loop.create_server(
+                lambda: KVProtocol(self),
+                self.config.host,
+                self.config.tls_port,
+                ssl=tls,
+                reuse_address=True,
+            )
+            self.state.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            log.info("dcpkv listening with TLS on %s:%d", self.config.host, self.state.tls_port)
         self._tasks = [
             asyncio.create_task(self._flusher()),
             asyncio.create_task(self._expiry_pager()),
@@ -364,8 +379,16 @@ class DataServer:
         if port_file is not None:
             # Atomic: a launcher polling for the file never reads a partial port number.
             tmp = port_file.with_name(f".{port_file.name}.{os.getpid()}.tmp")
-            atomic_write(port_file, f"{port}\n".encode(), tmp)
+            # The TLS port, when on, is the second line.
+            ports = [port] if self.state.tls_port is None else [port, self.state.tls_port]
+            atomic_write(port_file, "".join(f"{p}\n" for p in ports).encode(), tmp)
         return port
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        c = self.config
+        if c.tls_port is None or c.tls_cert is None or c.tls_key is None:
+            return None
+        return server_context(c.tls_cert, c.tls_key, c.tls_ca)
 
     # -- replication (a managed node) ---------------------------------------------------------
 
@@ -488,8 +511,9 @@ class DataServer:
     # -- stop --------------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for listener in (self._server, self._tls_server):
+            if listener is not None:
+                listener.close()
         for proto in list(self.connections):
             proto.closing = True
             if proto.transport is not None:

@@ -66,6 +66,7 @@ def _nothing() -> None:
 class Connection:
     server: ServerState
     peer: str = "?"
+    peer_host: str = "?"  # the client's address without its port (login throttling)
     features: set[HelloFeature] = field(default_factory=set)
     user: str | None = None
     bucket_name: str | None = None
@@ -89,8 +90,14 @@ class Connection:
         self.user = user
         if user is None or self.bucket_name is not None:
             return
+        grants = self.server.users.grants(user)
         for name in (user, self.initial_bucket):
-            if name is not None and name in self.server.buckets:
+            if (
+                name is not None
+                and name in self.server.buckets
+                and grants is not None
+                and grants.can_open(name)
+            ):
                 self.bucket_name = name
                 return
 
