@@ -54,6 +54,8 @@ from typing import Protocol
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillManager, Batch, DiskBackfill
 from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
+from dcpkv.dcp.values import ValueShape
+from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
 from dcpkv.engine.item import Item
@@ -68,6 +70,7 @@ _MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
 # Plain ints: Flag arithmetic costs microseconds per snapshot.
 _DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
 _MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
+_XATTR, _SHAPED = document.XATTR, document.SHAPED
 
 Pending = tuple[bytes, int, int]  # (message, item seqno or 0, consistent-at seqno)
 
@@ -83,6 +86,7 @@ class StreamOwner(Protocol):
     keep_datatype: bool  # NoValueWithUnderlyingDatatype
     delete_times: bool  # IncludeDeleteTimes
     expiry_opcode: bool
+    shape: ValueShape  # xattrs, compression: what a value is sent as
     marker_version: str
     backfills: BackfillManager
 
@@ -362,15 +366,19 @@ class ActiveStream:
         if item.deleted:
             return self._encode_tombstone(item)
         value, datatype = item.value, item.datatype
-        if owner.no_value:
+        shape = owner.shape
+        if owner.no_value and not (datatype & _XATTR and shape.xattrs):
             # No value: never read an ejected one back. Plain NoValue also drops the
             # datatype (it described the value), the other flag keeps it.
             value = b""
             if not owner.keep_datatype:
                 datatype = 0
-        elif value is None:  # ejected from the hash table's copy: read it back
-            stored = self.owner.bucket.get_from_storage(stream.vbucket, item.key)
-            value = stored.value if stored is not None and stored.value is not None else b""
+        else:
+            if value is None:  # ejected from the hash table's copy: read it back
+                stored = self.owner.bucket.get_from_storage(stream.vbucket, item.key)
+                value = stored.value if stored is not None and stored.value is not None else b""
+            if datatype & _SHAPED or not shape.plain:
+                value, datatype = shape.mutation(value, datatype)
         return dcp.encode_mutation(
             stream.opaque, stream.vbucket, item.cas, item.by_seqno, item.rev_seqno, item.flags,
             item.expiry, datatype, item.key, value,
@@ -378,6 +386,9 @@ class ActiveStream:
 
     def _encode_tombstone(self, item: Item) -> bytes:
         s = self.stream
+        value, datatype = b"", 0
+        if item.datatype & _XATTR:  # system xattrs the tombstone kept, to IncludeXattrs only
+            value, datatype = self.owner.shape.deletion(item.value or b"", item.datatype)
         if item.expired and self.owner.expiry_opcode:
             return dcp.Expiration(
                 opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
@@ -387,10 +398,11 @@ class ActiveStream:
             return dcp.DeletionV2(
                 opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
                 rev_seqno=item.rev_seqno, key=item.key, delete_time=item.delete_time,
+                value=value, datatype=datatype,
             ).encode()  # fmt: skip
         return dcp.Deletion(
             opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
-            rev_seqno=item.rev_seqno, key=item.key,
+            rev_seqno=item.rev_seqno, key=item.key, value=value, datatype=datatype,
         ).encode()  # fmt: skip
 
     def _encode_rows(self, rows: list[Row]) -> Batch:
@@ -404,6 +416,8 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
     typed path. Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
     no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
+    shape = stream.owner.shape
+    reshape, plain, no_value_xattrs = shape.mutation, shape.plain, shape.xattrs and no_value
     messages: list[bytes] = []
     append, pack = messages.append, _PACK_S64
     for row in rows:
@@ -411,10 +425,12 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
         if deleted:
             append(stream._encode_tombstone(item_from_row(row)))
             continue
-        if no_value:
+        if no_value and not (no_value_xattrs and datatype & _XATTR):
             value = b""
             if not keep_datatype:
                 datatype = 0
+        elif datatype & _SHAPED or not plain:
+            value, datatype = reshape(value, datatype)
         klen = len(key)
         head = pack(
             _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),

@@ -75,6 +75,7 @@ Liveness
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -93,6 +94,7 @@ from dcpkv.dcp.stream_request import (
     VBucketView,
     decide_stream_request,
 )
+from dcpkv.dcp.values import ValueShape
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import Clock
 from dcpkv.engine.vbucket import VBucket
@@ -147,13 +149,20 @@ class _Barrier:
 class DcpProducer:
     """One DCP producer connection (see the module docstring)."""
 
-    def __init__(self, bucket: Bucket, name: str, flags: int, *, clock: Clock) -> None:
+    def __init__(
+        self, bucket: Bucket, name: str, flags: int, *, clock: Clock, snappy: bool = False
+    ) -> None:
         self.bucket = bucket
         self.name = name
         self.flags = OpenFlag(flags)
         self.no_value = bool(flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype))
         self.keep_datatype = bool(flags & OpenFlag.NoValueWithUnderlyingDatatype)
         self.delete_times = bool(flags & OpenFlag.IncludeDeleteTimes)
+        # how values are sent (xattrs, compression): snappy = the connection's Hello said so
+        self.shape = ValueShape(
+            xattrs=bool(flags & OpenFlag.IncludeXattrs), snappy=snappy,
+            no_value=self.no_value, keep_datatype=self.keep_datatype,
+        )  # fmt: skip
         self.clock = clock
         self.buffer_size = 0
         self.unacked_bytes = 0
@@ -243,6 +252,14 @@ class DcpProducer:
 
     def _set_expiry_opcode(self, value: str) -> None:
         self.expiry_opcode = _parse_bool(value, "enable_expiry_opcode")
+
+    def _set_force_compression(self, value: str) -> None:
+        force = _parse_bool(value, "force_value_compression")
+        if force and not self.shape.snappy:
+            raise ProducerError(
+                Status.Einval, "force_value_compression needs Snappy negotiated with Hello"
+            )
+        self.shape = dataclasses.replace(self.shape, force_compression=force)
 
     def _set_priority(self, value: str) -> None:
         if value not in _PRIORITIES:
@@ -552,6 +569,7 @@ _CONTROLS = {
     "send_stream_end_on_client_close_stream": DcpProducer._set_stream_end_on_close,
     "enable_expiry_opcode": DcpProducer._set_expiry_opcode,
     "set_priority": DcpProducer._set_priority,
+    "force_value_compression": DcpProducer._set_force_compression,
     "max_marker_version": DcpProducer._set_marker_version,
 }
 

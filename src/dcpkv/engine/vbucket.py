@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.engine import document
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager, Snapshot
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
 from dcpkv.engine.item import (
@@ -73,6 +74,7 @@ _FLUSH_ALL = 1 << 62
 
 
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
+_XATTR = document.XATTR
 
 Fetcher = Callable[[int, bytes], Item | None]
 Admitter = Callable[[int], None]
@@ -201,10 +203,13 @@ class VBucket:
         self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
         datatype: int = 0,
     ) -> Item:  # fmt: skip
+        self._resident_if_xattrs(key)
         with self.lock:
             self._check_write(key, value)
             current = self._live(key)
             _check_cas(current, cas)
+            if current is not None and current.datatype & _XATTR:
+                value, datatype = self._keep_system_xattrs(current, value, datatype)
             return self._mutate(key, value, flags, self._expiry(expiry), datatype)
 
     def add(
@@ -220,13 +225,17 @@ class VBucket:
         self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
         datatype: int = 0,
     ) -> Item:  # fmt: skip
+        self._resident_if_xattrs(key)
         with self.lock:
             self._check_write(key, value)
             current = self._live_or_fail(key)
             _check_cas(current, cas)
+            if current.datatype & _XATTR:
+                value, datatype = self._keep_system_xattrs(current, value, datatype)
             return self._mutate(key, value, flags, self._expiry(expiry), datatype)
 
     def delete(self, key: bytes, *, cas: int = 0) -> Item:
+        self._resident_if_xattrs(key)
         with self.lock:
             self._check_write(key, b"")
             current = self._live_or_fail(key)
@@ -248,10 +257,16 @@ class VBucket:
                 raise NotStored("append/prepend to a missing key")
             _check_cas(current, cas)
             old = self._resident_or_fail(current).value or b""
-            joined = old + value if append else value + old
+            datatype = current.datatype
+            if datatype & document.SHAPED:  # the body grows; the xattrs stay in front
+                doc = document.unpack(old, datatype)
+                doc.body = doc.body + value if append else value + doc.body
+                joined, datatype = doc.pack()
+            else:
+                joined = old + value if append else value + old
             if len(joined) > self.max_item_size:
                 raise TooBig(f"value of {len(joined)} bytes is over {self.max_item_size}")
-            return self._mutate(key, joined, current.flags, current.expiry, current.datatype)
+            return self._mutate(key, joined, current.flags, current.expiry, datatype)
 
     def incr(
         self, key: bytes, delta: int, *, initial: int = 0, expiry: int = 0, cas: int = 0
@@ -279,7 +294,8 @@ class VBucket:
                 item = self._mutate(key, b"%d" % value, 0, self._expiry(expiry), 0)
                 return value, item
             _check_cas(current, cas)
-            number = parse_counter(self._resident_or_fail(current).value or b"")
+            stored = self._resident_or_fail(current)
+            number = parse_counter(document.body(stored.value or b"", stored.datatype)[0])
             number = (number + delta) % U64 if incr else max(number - delta, 0)
             item = self._mutate(key, b"%d" % number, current.flags, current.expiry, 0)
             return number, item
@@ -532,11 +548,30 @@ class VBucket:
         self._store(item)
         return item
 
+    def _keep_system_xattrs(self, current: Item, value: bytes, datatype: int) -> tuple[bytes, int]:
+        kept = self._resident_or_fail(current).value or b""
+        value, datatype = document.carry_system_xattrs(kept, current.datatype, value, datatype)
+        self._check_size(current.key, value)
+        return value, datatype
+
+    def _resident_if_xattrs(self, key: bytes) -> None:
+        """Read back an ejected value that has xattrs: a write over it keeps some of them."""
+        current = self._ht.get(key)  # a racy peek is fine: the write re-checks under the lock
+        if current is not None and current.value is None and current.datatype & _XATTR:
+            self._ensure_resident(key)
+
     def _tombstone(self, current: Item, *, expired: bool) -> Item:
         now = int(self.clock.time())
+        # A deletion keeps the system xattrs (an ejected value's are lost: expiry only).
+        value, datatype = (
+            document.for_tombstone(current.value, current.datatype)
+            if current.datatype & _XATTR
+            else (b"", 0)
+        )
         item = Item(
             key=current.key,
-            value=b"",
+            value=value,
+            datatype=datatype,
             flags=current.flags,
             cas=self.hlc.next_cas(),
             rev_seqno=current.rev_seqno + 1,

@@ -73,6 +73,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.storage import BucketLock
 from dcpkv.protocol.constants import HEADER_LEN, Magic
 from dcpkv.protocol.errors import CodecError
@@ -292,6 +293,7 @@ class DataServer:
                 path,
                 num_vbuckets=bc.vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
+                compression_mode=CompressionMode(bc.compression_mode),
             )
             if not bucket.vbuckets and not self.config.managed:
                 for vb in range(bc.vbuckets):

@@ -37,6 +37,8 @@ SUPPORTED_FEATURES = frozenset(
         HelloFeature.SelectBucket,
         HelloFeature.JSON,
         HelloFeature.AltRequestSupport,
+        HelloFeature.Snappy,
+        HelloFeature.Xattr,
     }
 )
 
