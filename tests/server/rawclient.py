@@ -107,6 +107,16 @@ class RawClient:
         assert auth.status == 0, auth
         assert self.call(SELECT_BUCKET, bucket.encode()).status == 0
 
+    def high_seqno(self, vb: int) -> int:
+        """From ``stat vbucket-seqno N`` (an answer per field, then an empty key)."""
+        answer = self.call(0x10, b"vbucket-seqno %d" % vb)
+        high = 0
+        while answer.key:
+            if answer.key.endswith(b":high_seqno"):
+                high = int(answer.value)
+            answer = self.recv()
+        return high
+
     def dcp_open(self, name: str, flags: int) -> None:
         answer = self.call(DCP_OPEN, name.encode(), extras=struct.pack(">II", 0, 1 | flags))
         assert answer.status == 0, answer

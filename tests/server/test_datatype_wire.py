@@ -124,7 +124,7 @@ def _stream(port: int, flags: int, *features: int, control: tuple[str, str] | No
         assert c.control(*control) == SUCCESS
     out: dict[bytes, tuple[int, int, bytes]] = {}
     for v in range(VBUCKETS):
-        answer = c.stream_request(v, end=_high_seqno(port, v))
+        answer = c.stream_request(v, end=c.high_seqno(v))
         assert answer.status == SUCCESS, answer
         for p in c.stream_until_end():
             if p.opcode in (DCP_MUTATION, DCP_DELETION):
@@ -132,18 +132,6 @@ def _stream(port: int, flags: int, *features: int, control: tuple[str, str] | No
             assert p.opcode != DCP_END or struct.unpack(">I", p.extras)[0] == 0
     c.close()
     return out
-
-
-def _high_seqno(port: int, v: int) -> int:
-    c = client(port)
-    answer = c.call(0x10, b"vbucket-seqno %d" % v)
-    seqno = 0
-    while answer.key:
-        if answer.key.endswith(b":high_seqno"):
-            seqno = int(answer.value)
-        answer = c.recv()
-    c.close()
-    return seqno
 
 
 @pytest.fixture

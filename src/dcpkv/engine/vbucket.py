@@ -45,6 +45,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.vbucket import VBucketState
@@ -77,6 +78,18 @@ _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
 _XATTR = document.XATTR
 
 Fetcher = Callable[[int, bytes], Item | None]
+
+
+class Edit(Protocol):
+    """What :meth:`VBucket.edit` stores."""
+
+    value: bytes
+    datatype: int
+    flags: int
+    deleted: bool
+
+
+Editor = Callable[[Item | None, int, int], Edit]
 Admitter = Callable[[int], None]
 
 
@@ -241,6 +254,54 @@ class VBucket:
             current = self._live_or_fail(key)
             _check_cas(current, cas)
             return self._tombstone(current, expired=False)
+
+    def read_any(self, key: bytes) -> Item | None:
+        """The document with its value, live or deleted (a tombstone still in memory, else the
+        persisted one), or None: what sub-document lookups read."""
+        stored = self._stored_for_edit(key)
+        with self.lock:
+            self._require_active()
+            return self._current_for_edit(key, stored)
+
+    def edit(self, key: bytes, change: Editor, *, expiry: int = 0) -> Item:
+        """One atomic read-modify-write: ``change(current, cas, seqno)`` sees the document
+        (live, a tombstone, or None) and the CAS and seqno the write will get, and returns
+        what to store (a sub-document mutation: :mod:`dcpkv.engine.subdoc`). It raises to
+        store nothing."""
+        stored = self._stored_for_edit(key)
+        with self.lock:
+            self._require_active()
+            current = self._current_for_edit(key, stored)
+            cas, seqno = self.hlc.next_cas(), self.checkpoints.high_seqno + 1
+            out = change(current, cas, seqno)
+            self._check_write(key, out.value)
+            deleted = out.deleted
+            item = Item(
+                key, out.value, out.flags, 0 if deleted else self._expiry(expiry), cas,
+                self._next_rev(key), seqno, out.datatype, deleted,
+                int(self.clock.time()) if deleted else 0,
+            )  # fmt: skip
+            self._store(item)
+            return item
+
+    def _stored_for_edit(self, key: bytes) -> Item | None:
+        """The persisted version, read outside the lock, when memory may not have the value:
+        the key is absent (a purged-from-memory tombstone) or its value was ejected."""
+        current = self._ht.get(key)
+        if self._fetch is None or (current is not None and current.value is not None):
+            return None
+        return self._fetch(self.id, key)
+
+    def _current_for_edit(self, key: bytes, stored: Item | None) -> Item | None:
+        live = self._live(key)  # expires it now if due
+        current = live if live is not None else self._ht.get(key)
+        if current is None:
+            return stored if stored is not None and stored.deleted else None
+        if current.value is None:
+            if stored is None or stored.by_seqno != current.by_seqno:
+                raise TempFail("value not resident, retry")
+            return dataclasses.replace(current, value=stored.value)
+        return current
 
     def append(self, key: bytes, value: bytes, *, cas: int = 0) -> Item:
         return self._concat(key, value, cas, append=True)

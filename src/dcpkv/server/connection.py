@@ -69,6 +69,7 @@ class Connection:
     server: ServerState
     peer: str = "?"
     features: set[HelloFeature] = field(default_factory=set)
+    datatype_mask: int = 0  # the datatype bits Hello negotiated (dcpkv.server.datatype.mask)
     user: str | None = None
     bucket_name: str | None = None
     sasl: Any = None  # the SASL exchange in progress (dcpkv.server.auth.SaslSession)

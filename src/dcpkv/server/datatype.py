@@ -54,13 +54,22 @@ def accept(conn: Connection, value: bytes, datatype: int) -> tuple[bytes, int]:
 
 def for_client(conn: Connection, item: Item) -> tuple[bytes, int]:
     """The (value, datatype) a Get answers with: the body, compressed when the item is
-    stored compressed and the connection speaks Snappy; datatype 0 without Datatype."""
+    stored compressed and the connection speaks Snappy; only the datatype bits the client
+    negotiated (the JSON bit with Datatype or JSON)."""
     value, datatype = item.value or b"", item.datatype
     if datatype & _SHAPED:
         value, datatype = _shape(conn, value, datatype)
-    if HelloFeature.Datatype not in conn.features:
-        return value, 0  # a client that did not negotiate it sees raw (0) values
-    return value, datatype
+    return value, datatype & conn.datatype_mask
+
+
+def mask(features: set[HelloFeature]) -> int:
+    """The datatype bits a connection with ``features`` may be sent."""
+    json = HelloFeature.Datatype in features or HelloFeature.JSON in features
+    return (
+        (document.JSON if json else 0)
+        | (document.SNAPPY if HelloFeature.Snappy in features else 0)
+        | (document.XATTR if HelloFeature.Xattr in features else 0)
+    )
 
 
 def _shape(conn: Connection, value: bytes, datatype: int) -> tuple[bytes, int]:

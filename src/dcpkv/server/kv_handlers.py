@@ -124,8 +124,7 @@ def get(conn: Connection, req: kv.Get) -> kv.GetResponse | GenericResponse | Non
     else:
         value, dt = item.value or b"", item.datatype
     hit = kv.GET_RESPONSES[op](opaque=req.opaque, cas=item.cas, flags=item.flags, value=value)
-    if HelloFeature.Datatype in conn.features:
-        hit.datatype = dt  # a client that did not negotiate it sees raw (0) values
+    hit.datatype = dt & conn.datatype_mask  # only the bits the client negotiated
     if op in _WITH_KEY:
         hit.key = key
     return hit
