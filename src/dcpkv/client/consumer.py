@@ -280,7 +280,9 @@ class Consumer:
         c = cfg.connection
         await conn.call_ok(kv.Hello(agent=cfg.name, features=_HELLO))  # Snappy: see _item
         await authenticate(conn, c.user, c.password, c.bucket)
-        flags = OpenFlag.Producer | (OpenFlag(0) if cfg.include_values else OpenFlag.NoValue)
+        # IncludeDeleteTimes: the layout an Expiration needs (and deletions carry their time)
+        flags = OpenFlag.Producer | OpenFlag.IncludeDeleteTimes
+        flags |= OpenFlag(0) if cfg.include_values else OpenFlag.NoValue
         await conn.call_ok(dcp.DcpOpen(name=cfg.name, flags=flags))
         if cfg.buffer_size:
             await conn.call_ok(

@@ -251,7 +251,10 @@ class DcpProducer:
         self.stream_end_on_close = _parse_bool(value, "send_stream_end_on_client_close_stream")
 
     def _set_expiry_opcode(self, value: str) -> None:
-        self.expiry_opcode = _parse_bool(value, "enable_expiry_opcode")
+        # An Expiration carries a delete time (the DeletionV2 layout): a connection opened
+        # without IncludeDeleteTimes cannot read one, so the control is accepted and has no
+        # effect there, as on the reference producer (expirations go out as Deletions).
+        self.expiry_opcode = _parse_bool(value, "enable_expiry_opcode") and self.delete_times
 
     def _set_force_compression(self, value: str) -> None:
         force = _parse_bool(value, "force_value_compression")
@@ -519,6 +522,17 @@ class DcpProducer:
             return None
         self._noop_sent_at = self._last_send = now
         return dcp.DcpNoop(opaque=next(self._noop_opaques)).encode()
+
+    def liveness_due(self) -> float | None:
+        """When :meth:`noop_due` or :meth:`is_dead` may next change its answer (clock time):
+        the shell checks then, not on a coarse tick, so a Noop goes out one interval after
+        the last message and an unanswered one closes the connection one interval after it
+        was sent, whatever the timer's period."""
+        if not self.noop_enabled:
+            return None
+        if self._noop_sent_at is not None:
+            return self._noop_sent_at + self.noop_interval
+        return self._last_send + self.noop_interval
 
     def is_dead(self, now: float) -> bool:
         """A Noop went unanswered for a whole interval: drop the connection."""
