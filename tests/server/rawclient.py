@@ -48,6 +48,7 @@ class RawClient:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.buf = b""
         self.opaque = 0
+        self.backlog: list[Packet] = []  # messages read while waiting for an answer
 
     def close(self) -> None:
         self.sock.close()
@@ -71,6 +72,11 @@ class RawClient:
         return opaque
 
     def recv(self) -> Packet:
+        if self.backlog:
+            return self.backlog.pop(0)
+        return self._read()
+
+    def _read(self) -> Packet:
         while len(self.buf) < 24 or len(self.buf) < 24 + struct.unpack_from(">I", self.buf, 8)[0]:
             data = self.sock.recv(1 << 20)
             if not data:
@@ -131,12 +137,16 @@ class RawClient:
         return self.recv_answer(DCP_STREAM_REQ)
 
     def recv_answer(self, opcode: int) -> Packet:
-        """The next response to ``opcode``, answering Noops meanwhile."""
+        """The next response to ``opcode``, answering Noops meanwhile (other messages are
+        kept for :meth:`recv`)."""
         while True:
-            p = self.recv()
+            p = self._read()
             if p.magic in (0x81, 0x18) and p.opcode == opcode:
                 return p
-            self._answer_noop(p)
+            if p.opcode == DCP_NOOP:
+                self._answer_noop(p)
+            else:
+                self.backlog.append(p)
 
     def _answer_noop(self, p: Packet) -> None:
         if p.opcode == DCP_NOOP and p.magic == 0x82:

@@ -44,6 +44,7 @@ class Status(IntEnum):
     Einternal = 0x84
     Ebusy = 0x85
     Etmpfail = 0x86
+    DcpStreamIdInvalid = 0x8D
     # sub-document (Couchbase's SubDocument.md)
     SubdocPathEnoent = 0xC0
     SubdocPathMismatch = 0xC1
@@ -120,6 +121,7 @@ ERROR_MAP: dict[Status, ErrorInfo] = {
     Status.Einternal: _info("Internal error", "internal"),
     Status.Ebusy: _info("Busy", "temp", "retry-now"),
     Status.Etmpfail: _info("Temporary failure", "temp", "retry-later"),
+    Status.DcpStreamIdInvalid: _info("DCP stream id missing or not expected", "invalid-input"),
     Status.SubdocPathEnoent: _info("Sub-document path does not exist", "item-only"),
     Status.SubdocPathMismatch: _info("Sub-document path mismatch", "item-only"),
     Status.SubdocPathEinval: _info("Invalid sub-document path", "invalid-input"),

@@ -75,6 +75,11 @@ _XATTR, _SHAPED = document.XATTR, document.SHAPED
 Pending = tuple[bytes, int, int]  # (message, item seqno or 0, consistent-at seqno)
 
 
+def stream_key(vbucket: int, sid: int) -> int:
+    """A stream's key on its connection: the vbucket alone without a stream id."""
+    return vbucket | sid << 16
+
+
 class StreamOwner(Protocol):
     """What a stream needs of its producer connection."""
 
@@ -102,16 +107,21 @@ class ActiveStream:
 
     __slots__ = (
         "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
-        "emitted_seqno", "owner", "pending", "queued_seqno", "stream", "takeover_state",
-        "was_active",
+        "emitted_seqno", "key", "owner", "pending", "queued_seqno", "sid", "stream",
+        "takeover_state", "was_active",
     )  # fmt: skip
 
     def __init__(
-        self, owner: StreamOwner, stream: Stream, *, was_active: bool, takeover: bool
-    ) -> None:
+        self, owner: StreamOwner, stream: Stream, *, was_active: bool, takeover: bool,
+        sid: int = 0,
+    ) -> None:  # fmt: skip
         self.owner = owner
         self.stream = stream
-        self.cursor_name = f"dcp:{owner.name}:{stream.vbucket}"
+        # The producer's key for this stream: the vbucket, or with a stream id (several
+        # streams of one vbucket on a connection) the vbucket and the id.
+        self.sid = sid
+        self.key = stream_key(stream.vbucket, sid)
+        self.cursor_name = f"dcp:{owner.name}:{stream.vbucket}" + (f":sid{sid}" if sid else "")
         self.was_active = was_active
         self.pending: deque[Pending] = deque()
         self.cursor: Cursor | None = None
@@ -158,7 +168,7 @@ class ActiveStream:
         if send:
             data = dcp.StreamEnd(opaque=stream.opaque, vbucket=stream.vbucket, reason=reason)
             self.pending.append((data.encode(), 0, 0))
-            self.owner.wake(stream.vbucket)
+            self.owner.wake(self.key)
 
     def vbucket_state_changed(self) -> None:
         """End the stream if its vbucket left the active state (or disappeared)."""
@@ -176,7 +186,7 @@ class ActiveStream:
             self.stream.handle(StreamEvent.ACKED)
             # After the state event, so the producer's vbucket_state_changed spares us.
             self.owner.bucket.set_vbucket_state(self.stream.vbucket, VBucketState.DEAD)
-            self.owner.wake(self.stream.vbucket)  # drain what was written meanwhile
+            self.owner.wake(self.key)  # drain what was written meanwhile
         else:
             self.end(StreamEndReason.OK)
 
@@ -211,11 +221,12 @@ class ActiveStream:
             self.queued_seqno,
             stream.end,
         )
+        key = self.key
         self.backfill = DiskBackfill(
             self.owner.backfills,
             lambda: storage.open_backfill(vbid, start, end),
             self._encode_rows,
-            lambda: self.owner.notify(vbid),
+            lambda: self.owner.notify(key),
         )
         self.backfill_first = True
         self.cursor = None
