@@ -25,15 +25,16 @@ def module_server(root: Path) -> Iterator[ServerProcess]:
 
 
 @contextmanager
-def sdk_collection(port: int) -> Iterator[Collection]:
-    """The default collection of the default bucket, the SDK's default authentication."""
+def sdk_collection(port: int, **options: object) -> Iterator[Collection]:
+    """The default collection of the default bucket, the SDK's default authentication;
+    ``options`` go to ClusterOptions (e.g. ``enable_compression=False``)."""
     timeouts = ClusterTimeoutOptions(
         kv_timeout=timedelta(seconds=5),
         connect_timeout=timedelta(seconds=10),
         bootstrap_timeout=timedelta(seconds=10),
     )
     options = ClusterOptions(
-        PasswordAuthenticator("Administrator", "password"), timeout_options=timeouts
+        PasswordAuthenticator("Administrator", "password"), timeout_options=timeouts, **options
     )
     cluster = Cluster(f"couchbase://127.0.0.1:{port}", options)
     try:

@@ -4,8 +4,10 @@ per ``mutate_in``."""
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 
 import couchbase.subdocument as SD
 import pytest
@@ -23,6 +25,10 @@ from rawclient import DCP_MUTATION, F_DATATYPE, F_XATTR, RawClient, split_xattrs
 from sdk_cluster import module_server, sdk_collection
 from serverproc import ServerProcess
 
+from dcpkv.client import events
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.sync import SyncConsumer
 from dcpkv.core.vbucket import vbucket_for_key
 
 VBUCKETS = 16
@@ -173,3 +179,32 @@ def test_raw_counter_statuses(server: ServerProcess) -> None:
     assert answer.status == 0xC8
     answer = c.call(0xCF, key, path + b"5", struct.pack(">HB", len(path), 0), vbucket=vb)
     assert (answer.status, answer.value) == (0, b"6")
+
+
+@pytest.mark.parametrize("sdk_compression", [True, False])
+@pytest.mark.parametrize("mode", ["off", "active"])
+def test_compression_on_and_off(
+    server_factory: type[ServerProcess], tmp_path: Path, mode: str, sdk_compression: bool
+) -> None:
+    """Whatever each side does about Snappy, documents, sub-document reads and DCP agree."""
+    srv = server_factory(tmp_path / "d", tmp_path / "log", "--compression-mode", mode)
+    srv.start()
+    docs = {
+        f"c{size}": {"text": "snappy " * (size // 7), "n": size} for size in (50, 5_000, 300_000)
+    }
+    with sdk_collection(srv.port, enable_compression=sdk_compression) as collection:
+        for key, doc in docs.items():
+            collection.upsert(key, doc)
+            collection.mutate_in(key, [SD.upsert("m", 1, xattr=True), SD.increment("n", 1)])
+        for key, doc in docs.items():
+            assert collection.get(key).content_as[dict] == {**doc, "n": doc["n"] + 1}
+            got = collection.lookup_in(key, [SD.get("m", xattr=True), SD.get("text")])
+            assert got.content_as[int](0) == 1 and got.content_as[str](1) == doc["text"]
+    with SyncConsumer(
+        ClientConfig(ConnectionSettings.at(port=srv.port), name="z", noop_interval=1.0)
+    ) as sync:
+        seen = {
+            ev.key: ev.value for ev in sync.stream(end="now") if isinstance(ev, events.Mutation)
+        }
+    for key, doc in docs.items():
+        assert json.loads(seen[key.encode()]) == {**doc, "n": doc["n"] + 1}

@@ -409,8 +409,9 @@ class VBucket:
         return self._with_meta(item)
 
     def delete_with_meta(self, item: Item) -> Item:
-        if not item.deleted or item.value:
-            item = dataclasses.replace(item, deleted=True, value=b"")
+        """A replicated deletion; its value is the system xattrs the tombstone kept, if any."""
+        if not item.deleted or (item.value and not item.datatype & _XATTR):
+            item = dataclasses.replace(item, deleted=True, value=b"", datatype=0)
         return self._with_meta(item)
 
     def _with_meta(self, item: Item) -> Item:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 
 from dcpkv.core.status import Status
-from dcpkv.engine import subdoc
+from dcpkv.engine import document, subdoc
 from dcpkv.engine.item import EngineError, Item
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import subdoc as codec
@@ -69,8 +69,11 @@ def _mutate(conn: Connection, vbucket: VBucket, req: codec.SubdocRequest) -> Gen
     specs: list[codec.Spec] = list(req.specs)
     results: list[tuple[int, bytes]] = []
 
+    mode = conn.bucket.compression_mode
+
     def change(current: Item | None, cas: int, seqno: int) -> subdoc.Mutated:
         out = subdoc.mutate(current, specs, req.doc_flags, req.cas, cas, seqno)
+        out.value, out.datatype = document.store_form(out.value, out.datatype, mode)
         results[:] = out.results
         return out
 
