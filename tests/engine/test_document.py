@@ -93,3 +93,10 @@ def test_compression_modes_stored_form(
 
 def _put(op: Callable[..., Item], pair: tuple[bytes, int]) -> Item:
     return op(b"k", pair[0], datatype=pair[1])
+
+
+def test_a_counter_keeps_the_documents_xattrs(vbucket: VBucket) -> None:
+    _put(vbucket.set, (xattr.join({"_s": b"1"}, b"41")[0], XATTR))
+    number, item = vbucket.incr(b"k", 1)
+    doc = document.unpack(item.value or b"", item.datatype)
+    assert number == 42 and doc.body == b"42" and doc.xattrs == {"_s": b"1"}

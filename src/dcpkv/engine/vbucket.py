@@ -358,7 +358,11 @@ class VBucket:
             stored = self._resident_or_fail(current)
             number = parse_counter(document.body(stored.value or b"", stored.datatype)[0])
             number = (number + delta) % U64 if incr else max(number - delta, 0)
-            item = self._mutate(key, b"%d" % number, current.flags, current.expiry, 0)
+            text, datatype = b"%d" % number, 0
+            if stored.datatype & _XATTR:  # the counter is the body: its xattrs stay
+                doc = document.unpack(stored.value or b"", stored.datatype)
+                text, datatype = document.Document(doc.xattrs, text, False).pack()
+            item = self._mutate(key, text, current.flags, current.expiry, datatype)
             return number, item
 
     def touch(self, key: bytes, expiry: int) -> Item:
