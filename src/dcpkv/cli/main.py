@@ -60,6 +60,10 @@ def server(
     memory_quota_mb: Annotated[
         int | None, typer.Option(help="Its memory quota [default: 256].")
     ] = None,
+    compression_mode: Annotated[
+        str | None,
+        typer.Option(help="Its Snappy mode: off, passive or active [default: passive]."),
+    ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
     port_file: Annotated[
@@ -115,6 +119,7 @@ def server(
             bucket=bucket,
             vbuckets=vbuckets,
             memory_quota_mb=memory_quota_mb,
+            compression_mode=compression_mode,
             user=user,
             password=password,
             flush_interval_s=flush_interval,

@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -85,6 +86,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.storage import BucketLock
 from dcpkv.protocol.constants import HEADER_LEN, Magic
 from dcpkv.protocol.errors import CodecError
@@ -129,6 +131,9 @@ class KVProtocol(asyncio.Protocol):
         self.write_paused = False
         self._pump_scheduled = False
         self._attached: DcpProducer | None = None  # the producer given the backfill thread
+        # the precise liveness timer (arm_liveness) and the producer-clock time it is set for
+        self._liveness_timer: asyncio.TimerHandle | None = None
+        self._liveness_at = math.inf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -165,6 +170,9 @@ class KVProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self._liveness_timer is not None:
+            self._liveness_timer.cancel()
+            self._liveness_timer = None  # (its callback referenced us)
         conn, self.conn = self.conn, None
         if conn is not None:
             drop_producer(conn)
@@ -189,6 +197,8 @@ class KVProtocol(asyncio.Protocol):
             self.transport.close()  # after the queued answers are written
         else:
             self.pump()
+            if self.conn is not None and self.conn.dcp is not None:
+                self.arm_liveness()  # enable_noop, a Noop answer: the next moment moved
 
     def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
         conn = self.conn
@@ -294,6 +304,28 @@ class KVProtocol(asyncio.Protocol):
         noop = producer.noop_due(now)
         if noop is not None and self.transport is not None:
             self.transport.write(noop)  # not flow-controlled, and tiny: even when paused
+        self.arm_liveness()
+
+    def arm_liveness(self) -> None:
+        """A timer at the producer's next liveness moment (earlier than any armed one);
+        firing early (data went out meanwhile) only re-checks and re-arms."""
+        producer = self.producer
+        if producer is None or self.closing:
+            return
+        due = producer.liveness_due()
+        if due is None or due >= self._liveness_at:
+            return
+        if self._liveness_timer is not None:
+            self._liveness_timer.cancel()
+        delay = max(due - producer.clock.time(), 0.0)
+        self._liveness_at = due
+        self._liveness_timer = asyncio.get_running_loop().call_later(delay, self._liveness_fired)
+
+    def _liveness_fired(self) -> None:
+        self._liveness_timer, self._liveness_at = None, math.inf
+        producer = self.producer
+        if producer is not None:
+            self.liveness(producer.clock.time())
 
 
 class DataServer:
@@ -329,6 +361,7 @@ class DataServer:
                 path,
                 num_vbuckets=bc.vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
+                compression_mode=CompressionMode(bc.compression_mode),
             )
             if not bucket.vbuckets and not self.config.managed:
                 for vb in range(bc.vbuckets):

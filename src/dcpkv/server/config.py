@@ -43,8 +43,13 @@ class BucketConfig:
     name: str = DEFAULT_BUCKET
     vbuckets: int = DEFAULT_VBUCKETS
     memory_quota_mb: int = 256
+    compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
 
     def __post_init__(self) -> None:
+        if self.compression_mode not in ("off", "passive", "active"):
+            raise ConfigError(
+                f"bucket {self.name!r}: compression_mode must be off, passive or active"
+            )
         if not 1 <= self.vbuckets <= 1024:
             raise ConfigError(
                 f"bucket {self.name!r}: vbuckets must be 1..1024, not {self.vbuckets}"
@@ -161,6 +166,7 @@ def with_cli_flags(
     bucket: str | None = None,
     vbuckets: int | None = None,
     memory_quota_mb: int | None = None,
+    compression_mode: str | None = None,
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
@@ -168,12 +174,15 @@ def with_cli_flags(
     """The ``dcpkv server`` flags over ``config``: bucket flags change the first bucket, and
     ``--user``/``--password`` make that the one user (None means "flag not given")."""
     first = config.buckets[0]
-    if (bucket, vbuckets, memory_quota_mb) != (None, None, None):
+    if (bucket, vbuckets, memory_quota_mb, compression_mode) != (None, None, None, None):
         changed = replace(
             first,
             name=first.name if bucket is None else bucket,
             vbuckets=first.vbuckets if vbuckets is None else vbuckets,
             memory_quota_mb=first.memory_quota_mb if memory_quota_mb is None else memory_quota_mb,
+            compression_mode=first.compression_mode
+            if compression_mode is None
+            else compression_mode,
         )
         flags["buckets"] = (changed, *config.buckets[1:])
     if user is not None or password is not None:

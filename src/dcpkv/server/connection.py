@@ -37,6 +37,8 @@ SUPPORTED_FEATURES = frozenset(
         HelloFeature.SelectBucket,
         HelloFeature.JSON,
         HelloFeature.AltRequestSupport,
+        HelloFeature.Snappy,
+        HelloFeature.Xattr,
     }
 )
 
@@ -68,6 +70,7 @@ class Connection:
     peer: str = "?"
     peer_host: str = "?"  # the client's address without its port (login throttling)
     features: set[HelloFeature] = field(default_factory=set)
+    datatype_mask: int = 0  # the datatype bits Hello negotiated (dcpkv.server.datatype.mask)
     user: str | None = None
     bucket_name: str | None = None
     sasl: Any = None  # the SASL exchange in progress (dcpkv.server.auth.SaslSession)

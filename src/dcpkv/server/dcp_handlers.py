@@ -34,7 +34,7 @@ from dcpkv.core.status import Status
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import OpenFlag
+from dcpkv.protocol.constants import HelloFeature, OpenFlag
 from dcpkv.server.connection import Connection, Reply, not_my_vbucket
 from dcpkv.server.session import ok
 
@@ -71,7 +71,10 @@ def open_(conn: Connection, req: dcp.DcpOpen) -> GenericResponse:
         conn.server.log.info("DCP name %r reused: closing the older connection", req.name)
         drop_producer(old)
         old.kick()
-    conn.dcp = DcpProducer(conn.bucket, req.name, req.flags, clock=conn.bucket.clock)
+    conn.dcp = DcpProducer(
+        conn.bucket, req.name, req.flags, clock=conn.bucket.clock,
+        snappy=HelloFeature.Snappy in conn.features,
+    )  # fmt: skip
     conn.server.dcp_producers[key] = conn
     return ok(req)
 

@@ -38,13 +38,20 @@ from typing import Any
 
 from dcpkv.core.rbac import Privilege
 from dcpkv.core.status import Status
-from dcpkv.protocol import dcp, kv
+from dcpkv.protocol import dcp, kv, subdoc
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
-from dcpkv.server import dcp_handlers, kv_handlers, session, stats, vbucket_handlers
+from dcpkv.server import (
+    dcp_handlers,
+    kv_handlers,
+    session,
+    stats,
+    subdoc_handlers,
+    vbucket_handlers,
+)
 from dcpkv.server.connection import Connection, Reply
 
 Answer = Message | list[kv.StatResponse] | bytes | None
@@ -119,6 +126,11 @@ ROUTES: dict[int, Route] = {
     **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
     **_routes(kv_handlers.get_meta, kv.GetMeta, needs=_READ),
     **_routes(stats.stat, kv.Stat),
+    # sub-document: one request type for every opcode of the range
+    **{
+        op: Route(subdoc.SubdocRequest.decode, subdoc_handlers.subdoc_request)
+        for op in subdoc.ALL_OPS
+    },
     # vbucket control
     **_routes(vbucket_handlers.set_vbucket, kv.SetVbucket, needs=_ADMIN),
     **_routes(vbucket_handlers.get_vbucket, kv.GetVbucket),

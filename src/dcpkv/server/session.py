@@ -21,6 +21,7 @@ from dcpkv.core.status import Status
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import Datatype, HelloFeature
+from dcpkv.server import datatype
 from dcpkv.server.auth import AuthFailed, SaslSession
 from dcpkv.server.connection import SUPPORTED_FEATURES, CloseConnection, Connection, Reply
 from dcpkv.server.error_map import error_map_json
@@ -48,6 +49,7 @@ def quit_(conn: Connection, req: kv.Quit) -> None:
 def hello(conn: Connection, req: kv.Hello) -> kv.HelloResponse:
     conn.agent = req.agent[:_AGENT_MAX]
     conn.features = {HelloFeature(f) for f in req.features if f in SUPPORTED_FEATURES}
+    conn.datatype_mask = datatype.mask(conn.features)
     return kv.HelloResponse(opaque=req.opaque, features=tuple(sorted(conn.features)))
 
 
