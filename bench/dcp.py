@@ -14,6 +14,12 @@ Theory of operation
    writer *process* pipelines ``--live`` Sets; timed from the writer's start until the
    consumer has received every one of them.
 5. The codec's ``Mutation.encode`` rate on the same shape is printed as the local ceiling.
+6. Snappy (``--snappy-docs``, 0 skips it): a second bucket of compressible JSON documents
+   (~1 KB each) is backfilled three times: by a consumer that did not negotiate Snappy, by
+   one that negotiated it and set ``force_value_compression`` (the server compresses every
+   value as it sends it), and from a bucket that *stores* the same documents compressed (the
+   passive/active modes) to a Snappy consumer (sent as stored). Bytes on the wire and items/s
+   of each.
 
 Rates are items/s and MB/s of DCP wire bytes received, plus the server process's CPU time
 per item (user + system, from /proc, both of its threads): on a machine shared with other
@@ -23,6 +29,7 @@ work the wall-clock rate swings from run to run, the CPU cost per item much less
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -33,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -45,8 +52,8 @@ from dcpkv.client.blocking import BlockingKV
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
-from dcpkv.protocol import FrameParser, dcp
-from dcpkv.protocol.constants import Magic, Opcode, OpenFlag
+from dcpkv.protocol import FrameParser, dcp, snappy
+from dcpkv.protocol.constants import HelloFeature, Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
 
@@ -57,14 +64,26 @@ def _key(i: int) -> bytes:
     return b"key-%012d" % i
 
 
-def load(data_dir: Path, count: int, vbuckets: int) -> float:
+def json_doc(i: int) -> bytes:
+    """A compressible JSON document of about 1 KB (repeated field names and words, as real
+    documents have)."""
+    items = [{"sku": f"item-{i}-{n}", "name": "widget deluxe", "qty": n, "price": 9.99}
+             for n in range(12)]  # fmt: skip
+    return json.dumps({"id": i, "type": "order", "status": "shipped", "items": items}).encode()
+
+
+Values = Callable[[int], tuple[bytes, int]]  # item number -> (value, datatype)
+
+
+def load(data_dir: Path, count: int, vbuckets: int, value: Values | None = None) -> float:
     start = time.perf_counter()
     with Bucket("default", data_dir, num_vbuckets=vbuckets, memory_quota=4 << 30) as bucket:
         for vb in range(vbuckets):
             bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
         for i in range(count):
             key = _key(i)
-            bucket.get_vbucket(bucket.vbucket_for(key)).set(key, VALUE)
+            data, datatype = (VALUE, 0) if value is None else value(i)
+            bucket.get_vbucket(bucket.vbucket_for(key)).set(key, data, datatype=datatype)
             if i % 50_000 == 49_999:
                 bucket.flush_once()
     return time.perf_counter() - start
@@ -97,14 +116,16 @@ def loaded_server(count: int, vbuckets: int, label: str, width: int = 28) -> Ite
 
 @contextmanager
 def loaded_server_proc(
-    count: int, vbuckets: int, label: str, width: int = 28
-) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    count: int, vbuckets: int, label: str, width: int = 28,
+    value: Values | None = None,
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:  # fmt: skip
     """:func:`loaded_server`, yielding the server process too."""
     tmp = Path(tempfile.mkdtemp(prefix=f"dcpkv-bench-{label}-"))
     proc = None
     try:
         data = tmp / "data"
-        print(f"  {'load through the engine':<{width}} {load(data, count, vbuckets):7.2f} s")
+        took = load(data, count, vbuckets, value)
+        print(f"  {'load through the engine':<{width}} {took:7.2f} s")
         proc, port, warm = start_server(data, vbuckets)
         print(f"  {'server start (warm-up)':<{width}} {warm:7.2f} s")
         yield port, proc
@@ -127,12 +148,18 @@ def cpu_seconds(pid: int) -> float:
 class Consumer:
     """One DCP producer connection; counts what arrives."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, snappy: bool = False, force_compression: bool = False) -> None:
         session = BlockingKV("127.0.0.1", port, timeout=120)
+        if snappy:
+            features = struct.pack(">HHH", HelloFeature.Datatype, HelloFeature.JSON,
+                                   HelloFeature.Snappy)  # fmt: skip
+            session.call(Opcode.Hello, key=b"bench", value=features)
         session.login("Administrator", "password", "default")
         # DcpOpen needs extras, which BlockingKV.call does not send: build it with the codec.
         session.sock.sendall(dcp.DcpOpen(name="bench:consumer", flags=OpenFlag.Producer).encode())
         next(iter(session.frames()))
+        if force_compression:
+            session.call(Opcode.DcpControl, key=b"force_value_compression", value=b"true")
         self.sock, self.parser = session.sock, session.parser
         self.uuids: dict[int, int] = {}  # from the stream requests' failover logs
 
@@ -223,10 +250,51 @@ def _line(what: str, items: int, nbytes: int, seconds: float, cpu: float) -> str
             f"server CPU {cpu / max(items, 1) * 1e6:5.2f} us/item")  # fmt: skip
 
 
+def backfill(
+    port: int, proc: subprocess.Popen[bytes], what: str, **consumer: bool
+) -> dict[str, float]:
+    """One full backfill of the bucket by a new consumer: its figures."""
+    highs = high_seqnos(port)
+    c = Consumer(port, **consumer)
+    start, cpu = time.perf_counter(), cpu_seconds(proc.pid)
+    c.request_all(dict.fromkeys(highs, 0), highs)
+    items, nbytes = c.run_until(stream_ends=len(highs))
+    seconds, cpu = time.perf_counter() - start, cpu_seconds(proc.pid) - cpu
+    c.sock.close()
+    print(_line(what, items, nbytes, seconds, cpu) + f"  {nbytes / 1e6:8.1f} MB on the wire")
+    return {"items_per_s": items / seconds, "wire_mb": nbytes / 1e6,
+            "server_cpu_us_per_item": cpu / max(items, 1) * 1e6}  # fmt: skip
+
+
+def snappy_phase(count: int, vbuckets: int) -> dict[str, float]:
+    """Backfills of compressible JSON with and without Snappy (module docstring, step 6)."""
+    size = len(json_doc(0))
+    print(f"Snappy: {count:,} JSON documents of ~{size} bytes "
+          f"(Snappy block ~{len(snappy.deflate(json_doc(0)))} bytes)")  # fmt: skip
+    figures: dict[str, float] = {}
+    plain = lambda i: (json_doc(i), 0x01)  # noqa: E731
+    with loaded_server_proc(count, vbuckets, "snappy", value=plain) as (port, proc):
+        for name, what, opts in (
+            ("plain", "backfill, no Snappy", {}),
+            ("forced", "backfill, force_compression", {"snappy": True, "force_compression": True}),
+        ):
+            figures |= {
+                f"snappy_{name}_{k}": v for k, v in backfill(port, proc, what, **opts).items()
+            }
+    packed = lambda i: (snappy.deflate(json_doc(i)), 0x03)  # noqa: E731
+    with loaded_server_proc(count, vbuckets, "snappy-stored", value=packed) as (port, proc):
+        result = backfill(port, proc, "backfill, stored compressed", snappy=True)
+        figures |= {f"snappy_stored_{k}": v for k, v in result.items()}
+    return figures
+
+
 def main(
     count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
     live: int = typer.Option(100_000, "--live", help="items written during the live phase"),
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
+    snappy_docs: int = typer.Option(
+        200_000, "--snappy-docs", help="JSON documents for the Snappy backfills (0: skip)"
+    ),
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
     figures: dict[str, float] = {}
@@ -259,6 +327,8 @@ def main(
         print(f"  codec Mutation.encode (ceiling)                    {rate:>10,.0f} items/s  "
               f"{rate * wire / 1e6:7.1f} MB/s")  # fmt: skip
         figures["codec_encode_items_per_s"] = rate
+    if snappy_docs:
+        figures |= snappy_phase(snappy_docs, vbuckets)
     write_json(json_out, "dcp", figures)
 
 

@@ -17,6 +17,7 @@ from dcpkv.dcp import backfill
 from dcpkv.dcp.active_stream import ActiveStream, encode_rows
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.dcp.stream import Stream
+from dcpkv.dcp.values import ValueShape
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.storage import DELETED, EXPIRED
@@ -194,6 +195,9 @@ def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool
         keep_datatype=bool(flags & OpenFlag.NoValueWithUnderlyingDatatype),
         delete_times=bool(flags & OpenFlag.IncludeDeleteTimes),
     )  # fmt: skip
+    # a Snappy consumer: the row's datatype 3 (JSON | Snappy) goes out as stored
+    owner.shape = ValueShape(snappy=True, no_value=owner.no_value,
+                             keep_datatype=owner.keep_datatype)  # fmt: skip
     stream = Stream(vbucket=1023, opaque=0xDEADBEEF, flags=0, start=0, end=U64_MAX, vb_uuid=1)
     active = ActiveStream(owner, stream, was_active=True, takeover=False)  # type: ignore[arg-type]
     big_cas = (1 << 64) - 5  # stored as a negative signed 64-bit integer

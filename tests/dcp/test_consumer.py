@@ -15,7 +15,7 @@ from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
-from dcpkv.protocol import dcp
+from dcpkv.protocol import dcp, snappy, xattr
 from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.frame import FrameParser
 from dcpkv.protocol.messages import decode_message
@@ -238,3 +238,27 @@ def test_a_takeover_step_for_a_vbucket_not_pending_is_refused(
     (answer,) = _decode(answers)
     assert isinstance(answer, GenericResponse) and answer.status == 0x07  # NotMyVbucket
     assert replica.vbuckets[1].state == state
+
+
+def test_a_replica_keeps_xattrs_and_the_content_of_compressed_values(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    active, replica = buckets("a", VBucketState.ACTIVE), buckets("b", VBucketState.REPLICA)
+    body = b'{"doc":"' + b"x" * 200 + b'"}'
+    with_xattrs, _ = xattr.join({"_sync": b'{"rev":1}', "user": b"2"}, body)
+    for key, value, datatype in (
+        (b"x", with_xattrs, 0x05), (b"z", snappy.deflate(body), 0x03), (b"gone", with_xattrs, 0x05),
+    ):  # fmt: skip
+        active.get_vbucket(active.vbucket_for(key)).set(key, value, datatype=datatype)
+    tomb = active.get_vbucket(active.vbucket_for(b"gone")).delete(b"gone")
+    assert xattr.decode(tomb.value or b"") == {"_sync": b'{"rev":1}'}
+    link = Link(active, replica)
+    link.connect()
+    link.pump()
+    # The replication connection does not negotiate Snappy: the value arrives inflated
+    z = replica.get_vbucket(replica.vbucket_for(b"z")).peek(b"z")
+    assert z is not None and (z.value, z.datatype) == (body, 0x01)
+    for key in (b"x", b"gone"):
+        a = active.get_vbucket(active.vbucket_for(key)).peek(key)
+        r = replica.get_vbucket(replica.vbucket_for(key)).peek(key)
+        assert a is not None and r is not None and (r.value, r.datatype) == (a.value, a.datatype)

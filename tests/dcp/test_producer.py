@@ -397,8 +397,9 @@ def test_v2_2_markers_when_asked(bucket: Bucket, clock: ManualClock) -> None:
     ("flags", "expiry_opcode", "kind"),
     [
         (OpenFlag.Producer, False, dcp.Deletion),
-        (OpenFlag.Producer, True, dcp.Expiration),
+        (OpenFlag.Producer, True, dcp.Deletion),  # no delete-time layout: no Expiration
         (OpenFlag.Producer | OpenFlag.IncludeDeleteTimes, False, dcp.DeletionV2),
+        (OpenFlag.Producer | OpenFlag.IncludeDeleteTimes, True, dcp.Expiration),
     ],
 )
 def test_expiry_opcode_only_when_enabled(
@@ -722,3 +723,22 @@ def test_replica_rollback_ends_its_streams_with_rollback(
     again = request(p, vb=2, start=c.seqno.get(2, 0), uuid=bucket.get_vbucket(2).uuid)
     if c.seqno.get(2, 0) > 4:
         assert isinstance(again, dcp.StreamRequestRollback) and again.rollback_seqno == 4
+
+
+def test_liveness_due_is_the_next_moment_that_matters(bucket: Bucket, clock: ManualClock) -> None:
+    p = producer(bucket, clock)
+    assert p.liveness_due() is None  # no Noops asked for
+    p.control("enable_noop", "true")
+    p.control("set_noop_interval", "2")
+    start = clock.time()
+    assert p.liveness_due() == start + 2  # a Noop one interval after the last message
+    clock.advance(2)
+    assert p.noop_due(clock.time()) is not None
+    sent = clock.time()
+    assert p.liveness_due() == sent + 2  # and the end of the connection one interval later
+    clock.advance(1.999)
+    assert not p.is_dead(clock.time())
+    clock.advance(0.001)
+    assert p.is_dead(clock.time())
+    p.noop_response()
+    assert p.liveness_due() == sent + 2 and not p.is_dead(clock.time())

@@ -218,6 +218,7 @@ EXAMPLES: list[Message] = [
     kv.GetMeta(key=b"doc-1", version=2),
     kv.GetClusterConfig(),
     kv.SetClusterConfig(bucket="default", config=b'{"rev":7}'),
+    kv.RbacRefresh(users=b'{"rev":1,"users":{}}'),
     kv.GetErrorMap(version=2),
     kv.GetResponse(flags=0x02000000, value=b"{}", cas=77),
     kv.GetQResponse(flags=1, value=b"x"),

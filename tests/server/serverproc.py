@@ -22,6 +22,7 @@ class ServerProcess:
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.tls_port = 0
 
     def start(self, *, same_port: bool = False) -> int:
         """Start (again) on a free port, or on the previous one (clients with a fixed address,
@@ -38,7 +39,9 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server did not start: {self.log()}")
             time.sleep(0.02)
-        self.port = int(port_file.read_text())
+        ports = port_file.read_text().split()
+        self.port = int(ports[0])
+        self.tls_port = int(ports[1]) if len(ports) > 1 else 0
         return self.port
 
     def command(self, port: str, port_file: Path) -> list[str]:

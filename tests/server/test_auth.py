@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from pathlib import Path
 
 import pytest
 import scramp
@@ -186,3 +187,18 @@ def test_scram_step_with_another_mechanism_fails() -> None:
     session.start("SCRAM-SHA512", b"n,,n=Administrator,r=abc")
     with pytest.raises(AuthFailed):
         session.step("SCRAM-SHA256", b"c=biws,r=abc,p=AAAA")
+
+
+def test_plain_against_a_users_file_verifier(tmp_path: Path) -> None:
+    from dcpkv.core.rbac import USERS_FILE, Role, UserRecord, UsersDoc, save_users
+
+    record = UserRecord.create("ann", "pw", (Role("data_reader", "default"),), iterations=64)
+    save_users(tmp_path / USERS_FILE, UsersDoc().with_user(record))
+    users = UserStore({"Administrator": "password"}, path=tmp_path / USERS_FILE)
+    for _ in range(2):  # the second time from the verified cache
+        assert users.check_plain("ann", "pw")
+        assert not users.check_plain("ann", "wrong")
+    save_users(tmp_path / USERS_FILE, UsersDoc(5, {"ann": record.with_password("new")}))
+    users.refresh()  # a changed password forgets what was verified
+    assert not users.check_plain("ann", "pw")
+    assert users.check_plain("ann", "new")

@@ -43,7 +43,7 @@ def login(conn: Connection) -> None:
 
 
 def test_hello_acknowledges_only_implemented_features(conn: Connection) -> None:
-    asked = [HelloFeature.Xerror, HelloFeature.Snappy, HelloFeature.MutationSeqno, 0x7777]
+    asked = [HelloFeature.Xerror, HelloFeature.Tracing, HelloFeature.MutationSeqno, 0x7777]
     value = b"".join(int(f).to_bytes(2, "big") for f in asked)
     got = answer(handle(conn, request(Opcode.Hello, key=b'{"a":"sdk"}', value=value)))
     assert bytes(got.value) == b"\x00\x04\x00\x07"

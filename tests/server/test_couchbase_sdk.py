@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from couchbase.auth import PasswordAuthenticator
-from couchbase.cluster import Cluster
 from couchbase.collection import Collection
 from couchbase.exceptions import (
     CasMismatchException,
@@ -21,8 +18,6 @@ from couchbase.exceptions import (
     DocumentNotFoundException,
 )
 from couchbase.options import (
-    ClusterOptions,
-    ClusterTimeoutOptions,
     DecrementOptions,
     DeltaValue,
     IncrementOptions,
@@ -30,6 +25,7 @@ from couchbase.options import (
     SignedInt64,
 )
 from kvclient import KVClient, poll_rounds
+from sdk_cluster import module_server, sdk_collection
 from serverproc import ServerProcess
 
 from dcpkv.core.vbucket import vbucket_for_key
@@ -39,28 +35,14 @@ VBUCKETS = 16  # what ServerProcess starts the server with
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root: Path = tmp_path_factory.mktemp("sdk")
-    srv = ServerProcess(root / "data", root / "server.log")
-    srv.start()
-    yield srv
-    srv.reap()
+    with module_server(tmp_path_factory.mktemp("sdk")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def coll(server: ServerProcess) -> Iterator[Collection]:
-    timeouts = ClusterTimeoutOptions(
-        kv_timeout=timedelta(seconds=5),
-        connect_timeout=timedelta(seconds=10),
-        bootstrap_timeout=timedelta(seconds=10),
-    )
-    options = ClusterOptions(
-        PasswordAuthenticator("Administrator", "password"), timeout_options=timeouts
-    )
-    cluster = Cluster(f"couchbase://127.0.0.1:{server.port}", options)
-    try:
-        yield cluster.bucket("default").default_collection()
-    finally:
-        cluster.close()
+    with sdk_collection(server.port) as collection:
+        yield collection
 
 
 def test_upsert_get_remove(coll: Collection) -> None:

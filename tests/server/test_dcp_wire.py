@@ -123,7 +123,8 @@ def test_consumer_follows_writes_deletes_expiries(server: ServerProcess) -> None
         kset(w, key, b"v1-" + key)
     for key in sorted(keys)[::7]:
         kdel(w, key)
-    consumer = DcpClient(server.port)
+    # Expirations need the delete-time layout (IncludeDeleteTimes) as well as the control
+    consumer = DcpClient(server.port, flags=OpenFlag.Producer | OpenFlag.IncludeDeleteTimes)
     assert consumer.control("enable_expiry_opcode", "true") == Status.Success
     stream_all(consumer)
     ttl_keys = {f"ttl{i}".encode() for i in range(20)}
@@ -613,3 +614,23 @@ def test_a_get_is_answered_while_another_connection_backfills(
     assert last_get < last_end, "the Gets waited for the whole backfill"
     kv.close()
     dcp_client.close()
+
+
+def test_an_unanswered_noop_closes_the_connection_and_answered_ones_keep_it(
+    server: ServerProcess,
+) -> None:
+    """Noops come one interval after the last message (not on a coarse tick): an answering
+    consumer sees several; a silent one sees exactly one, then the server closes."""
+    alive = DcpClient(server.port, "test:noop-alive")
+    silent = DcpClient(server.port, "test:noop-silent")
+    for c in (alive, silent):
+        assert c.control("enable_noop", "true") == Status.Success
+        assert c.control("set_noop_interval", "0.2") == Status.Success
+    silent.answer_noops = False
+    while alive.noops < 3:
+        alive.pump_one()
+    with pytest.raises(ConnectionError):
+        while True:
+            silent.pump_one()
+    assert silent.noops == 1
+    alive.close()

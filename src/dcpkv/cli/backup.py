@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.cli.tls_options import Tls, TlsCa, tls_options
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
     DEFAULT_HOST,
@@ -61,6 +62,8 @@ def backup(
     bucket: Bucket = DEFAULT_BUCKET,
     user: User = DEFAULT_USER,
     password: Password = DEFAULT_PASSWORD,
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
     master: Master = None,
 ) -> None:
     """Back up what changed since the last run into **--to** as a new run.
@@ -77,7 +80,9 @@ def backup(
     from dcpkv.client.settings import ConnectionSettings
     from dcpkv.pipelines.backup import BACKUP_PHASES, describe_run, run_backup
 
-    ep = ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
+    ep = ConnectionSettings.at(
+        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
+    )
     run = _job(
         "backup", BACKUP_PHASES, lambda spark, phase: run_backup(spark, to, ep, phase), master
     )
@@ -151,6 +156,8 @@ def restore(
     bucket: Bucket = DEFAULT_BUCKET,
     user: User = DEFAULT_USER,
     password: Password = DEFAULT_PASSWORD,
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
     master: Master = None,
 ) -> None:
     """Replay a backup's runs (rollbacks honoured) and load the latest version of every key
@@ -165,7 +172,9 @@ def restore(
     except BackupError as exc:
         typer.echo(f"dcpkv restore: {exc}", err=True)
         raise typer.Exit(2) from None
-    ep = ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
+    ep = ConnectionSettings.at(
+        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
+    )
     result = _job(
         "restore", RESTORE_PHASES, lambda spark, phase: restore_job(spark, from_, ep, cut, phase),
         master,

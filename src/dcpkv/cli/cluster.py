@@ -68,6 +68,17 @@ def manager(
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="Serve the admin API over https with this certificate.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    node_tls_ca: Annotated[
+        Path | None,
+        typer.Option(help="Talk to the nodes over TLS, trusting this CA (at their TLS ports)."),
+    ] = None,
+    node_tls_port_offset: Annotated[
+        int, typer.Option(help="A node's TLS port minus its data port (11207 - 11210).")
+    ] = -3,
 ) -> None:
     """Run the cluster manager: it owns the cluster configuration and drives the data nodes.
 
@@ -82,6 +93,7 @@ def manager(
     from dcpkv.cluster.config import ClusterConfigError
     from dcpkv.cluster.manager import Refused
     from dcpkv.cluster.service import ManagerOptions, run
+    from dcpkv.core.tls import TlsError
 
     options = ManagerOptions(
         data_dir=data_dir,
@@ -94,15 +106,28 @@ def manager(
         replicas=replicas,
         user=user,
         password=password,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        link_tls=_link_tls(node_tls_ca, node_tls_port_offset),
     )
+    if (tls_cert is None) != (tls_key is None):
+        typer.echo("dcpkv manager: give both --tls-cert and --tls-key", err=True)
+        raise typer.Exit(2)
     try:
         run(options)
-    except (Refused, ClusterConfigError) as exc:
+    except (Refused, ClusterConfigError, TlsError) as exc:
         typer.echo(f"dcpkv manager: {exc}", err=True)
         raise typer.Exit(1) from None
     except OSError as exc:
         typer.echo(f"dcpkv manager: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _link_tls(ca: Path | None, offset: int) -> Any:
+    from dcpkv.cluster.node_link import LinkTls
+    from dcpkv.core.tls import TlsOptions
+
+    return LinkTls(TlsOptions(ca=str(ca)), offset) if ca is not None else None
 
 
 def _call(

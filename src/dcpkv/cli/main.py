@@ -11,6 +11,7 @@ import typer
 
 from dcpkv.cli.demo import demo as demo_command
 from dcpkv.cli.demo import report as report_command
+from dcpkv.cli.tls_options import Tls, TlsCa, tls_options
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
     DEFAULT_HOST,
@@ -59,6 +60,10 @@ def server(
     memory_quota_mb: Annotated[
         int | None, typer.Option(help="Its memory quota [default: 256].")
     ] = None,
+    compression_mode: Annotated[
+        str | None,
+        typer.Option(help="Its Snappy mode: off, passive or active [default: passive]."),
+    ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
     port_file: Annotated[
@@ -70,6 +75,18 @@ def server(
             help="Seconds between flusher runs [default: 0.05]. A huge value keeps writes in "
             "memory only (the crash tests use it to lose unpersisted writes on kill -9)."
         ),
+    ] = None,
+    tls_port: Annotated[
+        int | None,
+        typer.Option(help="Also listen with TLS on this port (Couchbase uses 11207; 0: free)."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="The TLS certificate chain (PEM), with --tls-port.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Its private key (PEM).")] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(help="Require TLS clients to present a certificate signed by this CA."),
     ] = None,
     managed: Annotated[
         bool,
@@ -102,21 +119,27 @@ def server(
             bucket=bucket,
             vbuckets=vbuckets,
             memory_quota_mb=memory_quota_mb,
+            compression_mode=compression_mode,
             user=user,
             password=password,
             flush_interval_s=flush_interval,
             managed=managed or None,
+            tls_port=tls_port,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_ca=tls_ca,
             max_connections=max_connections,
             unauth_idle_timeout_s=unauth_timeout,
         )
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
+    from dcpkv.core.tls import TlsError
     from dcpkv.engine.storage import StorageError
 
     try:
         run(settings, port_file)
-    except (OSError, StorageError) as exc:
+    except (OSError, StorageError, TlsError) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None
 
@@ -193,15 +216,18 @@ def stats(
     user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
     password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
     bucket: Annotated[str, typer.Option(help="Bucket to read.")] = DEFAULT_BUCKET,
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Print a running server's stats of one group as a table."""
     from dcpkv.client.blocking import BlockingKV, RequestFailed
+    from dcpkv.core.tls import TlsError
 
     try:
-        with BlockingKV(host, port) as session:
+        with BlockingKV(host, port, tls=tls_options(tls, tls_ca)) as session:
             session.login(user, password, bucket)
             rows = session.stats(group)
-    except (OSError, RequestFailed) as exc:
+    except (OSError, RequestFailed, TlsError) as exc:
         typer.echo(f"dcpkv stats: {exc}", err=True)
         raise typer.Exit(1) from None
     if rows:
@@ -227,6 +253,8 @@ def stream(
     ] = None,
     format_: Annotated[str, typer.Option("--format", help="json (lines) or table.")] = "json",
     name: Annotated[str, typer.Option(help="DCP connection name.")] = "dcpkv-stream",
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Print a bucket's changes (DCP), resumable from saved offsets.
 
@@ -239,6 +267,7 @@ def stream(
     from dcpkv.client.connection import ClientError
     from dcpkv.client.offsets import OffsetsFileError
     from dcpkv.client.settings import ConnectionSettings
+    from dcpkv.core.tls import TlsError
 
     try:
         vbs = parse_vbuckets(vbuckets)
@@ -249,7 +278,9 @@ def stream(
     except (ValueError, OffsetsFileError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
         raise typer.Exit(2) from None
-    connection = ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
+    connection = ConnectionSettings.at(
+        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
+    )
     config = ClientConfig(connection, name=name)
     try:
         code = stream_main(config, vbs, start, end, save_offsets, format_)
@@ -257,7 +288,7 @@ def stream(
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    except (OSError, ClientError) as exc:
+    except (OSError, ClientError, TlsError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
         raise typer.Exit(1) from None
     raise typer.Exit(code)
@@ -272,6 +303,8 @@ def failover_log(
     user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
     password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
     json_: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Print the failover log (newest entry first) of each vbucket."""
     import asyncio
@@ -281,13 +314,16 @@ def failover_log(
     from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
     from dcpkv.client.settings import ConnectionSettings
+    from dcpkv.core.tls import TlsError
 
     config = ClientConfig(
-        ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
+        ConnectionSettings.at(
+            host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
+        )
     )
     try:
         logs = asyncio.run(failover_logs(config, vbuckets))
-    except (OSError, ClientError) as exc:
+    except (OSError, ClientError, TlsError) as exc:
         typer.echo(f"dcpkv failover-log: {exc}", err=True)
         raise typer.Exit(1) from None
     if json_:
@@ -315,6 +351,10 @@ _register_backup(app)
 from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
 
 _register_cluster(app)
+
+from dcpkv.cli.users import user_app  # noqa: E402
+
+app.add_typer(user_app, name="user")
 
 if __name__ == "__main__":
     app()

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.cli.tls_options import Tls, TlsCa, tls_options
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
     DEFAULT_HOST,
@@ -38,10 +39,14 @@ Once = Annotated[bool, typer.Option("--once", help="Stop once caught up (Availab
 ViewsDir = Annotated[Path, typer.Option(help="Where views live.")]
 
 
-def _connection(host: str, port: int, bucket: str, user: str, password: str) -> Any:
+def _connection(
+    host: str, port: int, bucket: str, user: str, password: str, tls: bool, tls_ca: Path | None
+) -> Any:
     from dcpkv.client.settings import ConnectionSettings
 
-    return ConnectionSettings.at(host, port, bucket=bucket, user=user, password=password)
+    return ConnectionSettings.at(
+        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
+    )
 
 
 def local_spark() -> Any:
@@ -81,13 +86,17 @@ def mirror(
     bucket: Bucket = DEFAULT_BUCKET,
     user: User = DEFAULT_USER,
     password: Password = DEFAULT_PASSWORD,
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
     vbuckets: Annotated[str | None, typer.Option(help="vbuckets, e.g. 0-7.")] = None,
     max_changes: Annotated[int | None, typer.Option(help="Changes per batch at most.")] = None,
 ) -> None:
     """Keep a Parquet table of the bucket's current documents (read it with read_mirror)."""
     from dcpkv.pipelines.mirror import SourceSettings, start_mirror
 
-    source = SourceSettings(_connection(host, port, bucket, user, password), vbuckets, max_changes)
+    source = SourceSettings(
+        _connection(host, port, bucket, user, password, tls, tls_ca), vbuckets, max_changes
+    )
     spark = local_spark()
     _run(start_mirror(spark, source, to, available_now=once, on_batch=_print_batch), spark)
 
@@ -120,12 +129,14 @@ def run(
     bucket: Bucket = DEFAULT_BUCKET,
     user: User = DEFAULT_USER,
     password: Password = DEFAULT_PASSWORD,
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Keep a view up to date from the server (or a mirror)."""
     from dcpkv.pipelines.mirror import SourceSettings
     from dcpkv.pipelines.views import start_view
 
-    source = mirror or SourceSettings(_connection(host, port, bucket, user, password))
+    source = mirror or SourceSettings(_connection(host, port, bucket, user, password, tls, tls_ca))
     spark = local_spark()
     query = start_view(spark, views_dir, name, source, available_now=once, on_batch=_print_batch)
     _run(query, spark)
@@ -147,12 +158,14 @@ def query(
     bucket: Bucket = DEFAULT_BUCKET,
     user: User = DEFAULT_USER,
     password: Password = DEFAULT_PASSWORD,
+    tls: Tls = False,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Query a view; one JSON row per line."""
     from dcpkv.pipelines.mirror import SourceSettings
     from dcpkv.pipelines.views import ViewError, query_view
 
-    source = SourceSettings(_connection(host, port, bucket, user, password))
+    source = SourceSettings(_connection(host, port, bucket, user, password, tls, tls_ca))
     try:
         rows = query_view(
             None,

@@ -30,6 +30,7 @@ from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_pay
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
+from dcpkv.core.tls import TlsOptions
 from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 
@@ -54,9 +55,22 @@ class KVRequest:
 
 class BlockingKV:
     def __init__(
-        self, host: str, port: int, timeout: float = 10.0, *, max_value_len: int | None = None
+        self,
+        host: str,
+        port: int,
+        timeout: float = 10.0,
+        *,
+        max_value_len: int | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        if tls is not None:
+            try:
+                sock = tls.context().wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.parser = FrameParser() if max_value_len is None else FrameParser(max_value_len)
         self._opaque = 0
         self._pending: deque[Frame] = deque()
@@ -64,7 +78,7 @@ class BlockingKV:
     @classmethod
     def connect(cls, settings: ConnectionSettings, timeout: float = 10.0) -> BlockingKV:
         """A session on the first node, logged in and with the bucket selected."""
-        session = cls(settings.host, settings.port, timeout)
+        session = cls(settings.host, settings.port, timeout, tls=settings.tls)
         try:
             session.login(settings.user, settings.password, settings.bucket)
         except BaseException:

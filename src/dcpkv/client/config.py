@@ -17,6 +17,10 @@ class ClientConfig:
     between reconnection attempts. ``include_values=False`` opens the DCP connection with the
     NoValue flag: mutations arrive with an empty value and datatype 0 (raw), for consumers that
     only need keys and metadata (the producer then never reads ejected values back from disk).
+    ``compression=True`` asks the producer to Snappy-compress every value it sends
+    (``force_value_compression``): fewer bytes on the wire for more CPU on both sides. Events
+    carry inflated values either way (the connection always negotiates Snappy, so values the
+    bucket keeps compressed arrive as they are stored and are inflated here).
     """
 
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
@@ -26,3 +30,4 @@ class ClientConfig:
     connect_timeout: float = 10.0
     max_backoff: float = 5.0
     include_values: bool = True
+    compression: bool = False

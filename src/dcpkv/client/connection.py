@@ -29,6 +29,7 @@ from dcpkv.client.flow_control import Liveness, counts_for_flow_control
 from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_payload
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
+from dcpkv.core.tls import TlsOptions
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import Magic, Opcode
@@ -73,9 +74,13 @@ class Connection:
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
-    async def open(cls, host: str, port: int, timeout: float) -> Connection:
+    async def open(
+        cls, host: str, port: int, timeout: float, tls: TlsOptions | None = None
+    ) -> Connection:
+        """Connect (with TLS when ``tls`` is given: the certificate must name ``host``)."""
+        ssl = tls.context() if tls is not None else None
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=READ_CHUNK), timeout
+            asyncio.open_connection(host, port, limit=READ_CHUNK, ssl=ssl), timeout
         )
         return cls(reader, writer)
 

@@ -82,9 +82,9 @@ from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
 from dcpkv.client.session_policy import DONE, Backoff, StreamRun
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
-from dcpkv.protocol import dcp
+from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import Message
-from dcpkv.protocol.constants import OpenFlag
+from dcpkv.protocol.constants import HelloFeature, OpenFlag
 from dcpkv.protocol.errors import CodecError
 
 log = logging.getLogger("dcpkv.client")
@@ -93,6 +93,8 @@ Start = Literal["beginning", "now"] | Offsets
 End = Literal["forever", "now"] | Mapping[int, int]
 
 _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
+# Snappy: values the bucket keeps compressed come as they are (less to send), inflated on receipt
+_HELLO = (HelloFeature.Datatype, HelloFeature.JSON, HelloFeature.Snappy)
 # Connection-level failures: the session ends and the streams resume on a new connection.
 _SESSION_ERRORS = (ConnectionError, OSError, TimeoutError, CodecError)
 
@@ -262,7 +264,7 @@ class Consumer:
         vb = next(vb for vb, cs in run.streams.items() if cs.state not in DONE)
         host, port = self._route(vb)
         cfg = self.config
-        conn = await Connection.open(host, port, cfg.connect_timeout)
+        conn = await Connection.open(host, port, cfg.connect_timeout, cfg.connection.tls)
         self._conns.add(conn)
         try:
             await asyncio.wait_for(self._handshake(conn), cfg.connect_timeout)
@@ -276,8 +278,11 @@ class Consumer:
     async def _handshake(self, conn: Connection) -> None:
         cfg = self.config
         c = cfg.connection
+        await conn.call_ok(kv.Hello(agent=cfg.name, features=_HELLO))  # Snappy: see _item
         await authenticate(conn, c.user, c.password, c.bucket)
-        flags = OpenFlag.Producer | (OpenFlag(0) if cfg.include_values else OpenFlag.NoValue)
+        # IncludeDeleteTimes: the layout an Expiration needs (and deletions carry their time)
+        flags = OpenFlag.Producer | OpenFlag.IncludeDeleteTimes
+        flags |= OpenFlag(0) if cfg.include_values else OpenFlag.NoValue
         await conn.call_ok(dcp.DcpOpen(name=cfg.name, flags=flags))
         if cfg.buffer_size:
             await conn.call_ok(
@@ -286,6 +291,8 @@ class Consumer:
         # Expirations as their own opcode, when the producer knows the control (else they
         # arrive as deletions, which is still correct).
         await conn.call(dcp.DcpControl(key="enable_expiry_opcode", value="true"))
+        if cfg.compression:
+            await conn.call_ok(dcp.DcpControl(key="force_value_compression", value="true"))
         await conn.call_ok(dcp.DcpControl(key="enable_noop", value="true"))
         await conn.call_ok(dcp.DcpControl(key="set_noop_interval", value=f"{cfg.noop_interval:g}"))
         conn.liveness = Liveness(cfg.noop_interval, asyncio.get_running_loop().time())

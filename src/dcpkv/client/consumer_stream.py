@@ -60,7 +60,7 @@ from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import retryable
-from dcpkv.protocol import dcp
+from dcpkv.protocol import dcp, snappy
 from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import Opcode, StreamEndReason
 
@@ -131,6 +131,8 @@ END_FAILED_REASONS = frozenset({StreamEndReason.LostPrivileges})
 # Refusals worth asking again for (after a cluster-map reload for NotMyVbucket).
 
 _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
+_SNAPPY = snappy.SNAPPY
+_INFLATE_LIMIT = 1 << 31  # a producer's value; the server checked sizes at the door
 _ADVANCES = (dcp.SeqnoAdvanced, dcp.SystemEvent)
 
 
@@ -279,9 +281,12 @@ class ConsumerStream:
         offset = self.progress.deliver(m.by_seqno)
         vb, key = self.vbucket, bytes(m.key)
         if isinstance(m, dcp.Mutation):
+            value, datatype = bytes(m.value), m.datatype
+            if datatype & _SNAPPY:  # the application sees the value, whatever the wire had
+                value, datatype = snappy.inflate(value, _INFLATE_LIMIT), datatype & ~_SNAPPY
             return events.Mutation(
-                vb, key, bytes(m.value), m.by_seqno, m.rev_seqno, m.flags, m.expiration,
-                m.cas, m.datatype, offset,
+                vb, key, value, m.by_seqno, m.rev_seqno, m.flags, m.expiration,
+                m.cas, datatype, offset,
             )  # fmt: skip
         if isinstance(m, dcp.Expiration):
             return events.Expiration(vb, key, m.by_seqno, m.rev_seqno, m.cas, offset, m.delete_time)

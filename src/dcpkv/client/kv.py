@@ -39,7 +39,7 @@ class KVSession:
     @classmethod
     async def open(cls, config: ClientConfig, host: str | None = None, port: int | None = None):
         c = config.connection
-        conn = await Connection.open(host or c.host, port or c.port, config.connect_timeout)
+        conn = await Connection.open(host or c.host, port or c.port, config.connect_timeout, c.tls)
         try:
             await asyncio.wait_for(
                 authenticate(conn, c.user, c.password, c.bucket),

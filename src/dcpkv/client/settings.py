@@ -9,6 +9,11 @@ to executors); the settings of each client *compose* it with their own knobs ins
 repeating the fields. ``nodes`` is a tuple so that a cluster connection string
 (``couchbase://h1,h2:11210``) can fill it later; a single node is the whole cluster today, so
 clients connect to the first one (:attr:`ConnectionSettings.host` / ``port``).
+
+``tls`` (:class:`~dcpkv.core.tls.TlsOptions`, None: plain TCP) makes every connection of the
+client speak TLS to the nodes' TLS ports (which ``nodes`` must then name, 11207 by
+Couchbase's convention). A ``couchbases://`` connection string means TLS:
+:func:`scheme_tls` reads the scheme; the connection-string parser calls it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,20 @@ from dcpkv.core.defaults import (
     DEFAULT_USER,
 )
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.tls import TlsOptions
+
+DEFAULT_TLS_PORT = 11207  # Couchbase's TLS data port
+
+
+def scheme_tls(url: str) -> tuple[bool, str]:
+    """``(tls, rest)`` of a connection string: ``couchbases://`` is TLS, ``couchbase://`` (or
+    no scheme) is not; ``rest`` is what follows the scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return False, url
+    if scheme not in ("couchbase", "couchbases"):
+        raise NodeError(f"unknown scheme {scheme!r}: use couchbase:// or couchbases://")
+    return scheme == "couchbases", rest
 
 
 class NodeError(DcpkvError, ValueError):
@@ -67,6 +86,7 @@ class ConnectionSettings:
     bucket: str = DEFAULT_BUCKET
     user: str = DEFAULT_USER
     password: str = DEFAULT_PASSWORD
+    tls: TlsOptions | None = None
 
     @classmethod
     def at(
@@ -77,9 +97,10 @@ class ConnectionSettings:
         bucket: str = DEFAULT_BUCKET,
         user: str = DEFAULT_USER,
         password: str = DEFAULT_PASSWORD,
+        tls: TlsOptions | None = None,
     ) -> ConnectionSettings:
         """Settings for one node."""
-        return cls((Node(host, port),), bucket, user, password)
+        return cls((Node(host, port),), bucket, user, password, tls)
 
     @property
     def host(self) -> str:
@@ -96,4 +117,14 @@ class ConnectionSettings:
             "bucket": self.bucket,
             "user": self.user,
             "password": self.password,
+            **(_tls_options(self.tls) if self.tls is not None else {}),
         }
+
+
+def _tls_options(tls: TlsOptions) -> dict[str, str]:
+    """The Spark options of :class:`TlsOptions` (see :mod:`dcpkv.spark.options`)."""
+    opts = {"tls": "true", "tlsVerify": str(tls.verify).lower()}
+    for name, value in (("tlsCa", tls.ca), ("tlsCert", tls.cert), ("tlsKey", tls.key)):
+        if value is not None:
+            opts[name] = value
+    return opts

@@ -3,7 +3,9 @@
 Theory of operation
 -------------------
 One blocking function, :func:`admin_request`, runs one aiohttp request (basic auth as the
-cluster admin, parameters as a form) in a private event loop and returns the JSON answer. A
+cluster admin, parameters as a form) in a private event loop and returns the JSON answer. An
+``https://`` manager is verified against the system's CAs, or the CA file named by the
+environment variable ``DCPKV_MANAGER_CA`` (every command that talks to the manager). A
 manager that cannot be reached, or that answers an error, raises :class:`AdminError` carrying
 the manager's own message, which the commands print as one line.
 """
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 from typing import Any
 
 import aiohttp
 
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.tls import TlsError, TlsOptions
 
 TIMEOUT_S = 60.0  # a failover syncs every node: allow it time
 
@@ -43,9 +47,16 @@ async def _request(
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     headers = {"Authorization": f"Basic {token}"}
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    ca = os.environ.get("DCPKV_MANAGER_CA")
+    try:
+        ssl = TlsOptions(ca=ca).context() if ca else True
+    except TlsError as exc:
+        raise AdminError(f"DCPKV_MANAGER_CA: {exc}") from None
     try:
         async with (
-            aiohttp.ClientSession(headers=headers, timeout=timeout) as session,
+            aiohttp.ClientSession(
+                headers=headers, timeout=timeout, connector=aiohttp.TCPConnector(ssl=ssl)
+            ) as session,
             session.request(method, base + path, data=params) as response,
         ):
             try:

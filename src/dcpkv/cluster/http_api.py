@@ -22,6 +22,11 @@ POST     ``/controller/                ``otpNode=``, ``recoveryType=delta|full``
 POST     ``/settings/rebalance``       ``movesAtOnce=N``: vbucket moves in flight
 GET      ``/settings/rollbackRepair``  ``{"repairOnRollback": ..}``
 POST     ``/settings/rollbackRepair``  ``repairOnRollback=true|false`` (spec 002's repair)
+GET      ``/settings/rbac/users``      the users and their roles (never verifiers)
+PUT      ``/settings/rbac/users/       ``password=..``, ``roles=data_reader[b],..``:
+         local/NAME``                  add a user or change one (Couchbase's route)
+DELETE   ``/settings/rbac/users/       remove a user
+         local/NAME``
 =======  ============================  ===========================================
 
 Parameters come as a form (what Couchbase's REST API takes) or as a JSON object. Every
@@ -44,6 +49,7 @@ from aiohttp import web
 
 from dcpkv.cluster.config import ClusterConfigError, Recovery
 from dcpkv.cluster.manager import Manager, Refused
+from dcpkv.core.rbac import check_user_name, parse_roles
 
 log = logging.getLogger("dcpkv.cluster")
 
@@ -185,6 +191,23 @@ async def _set_rollback_repair(request: web.Request) -> web.Response:
     return web.json_response(await request.app[MANAGER].set_repair_on_rollback(enabled))
 
 
+async def _list_users(request: web.Request) -> web.Response:
+    return web.json_response(request.app[MANAGER].list_users())
+
+
+async def _put_user(request: web.Request) -> web.Response:
+    params = await _params(request)
+    name = request.match_info["name"]
+    check_user_name(name)
+    password = str(params["password"]) if params.get("password") else None
+    roles = parse_roles(str(params["roles"])) if params.get("roles") else None
+    return web.json_response(await request.app[MANAGER].set_user(name, password, roles))
+
+
+async def _delete_user(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[MANAGER].remove_user(request.match_info["name"]))
+
+
 def _flag(value: object, name: str = "enabled") -> bool:
     if isinstance(value, bool):
         return value
@@ -210,4 +233,7 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_post("/settings/rebalance", _set_rebalance)
     app.router.add_get("/settings/rollbackRepair", _get_rollback_repair)
     app.router.add_post("/settings/rollbackRepair", _set_rollback_repair)
+    app.router.add_get("/settings/rbac/users", _list_users)
+    app.router.add_put("/settings/rbac/users/local/{name}", _put_user)
+    app.router.add_delete("/settings/rbac/users/local/{name}", _delete_user)
     return app

@@ -28,6 +28,14 @@ the maps, and carries it out: a chosen node is failed over exactly as by an oper
 count grows in the same configuration write (a manager restart never grants a second one).
 What it did (node, reason, time; kept in the configuration file) and why it holds any other
 unresponsive node are logged and shown in ``status``.
+
+Users and roles (:mod:`dcpkv.core.rbac`): the manager keeps the users document in its dir
+(``users.json``, verifiers only) and pushes it whole to every node with RbacRefresh, kv_engine's
+"reload the RBAC database" opcode, carrying the document since the nodes are remote: after each
+change, and in every sync (a node that was down, or added later, gets it on its next sync; a
+node keeps a document only when its revision is newer, so re-sending is harmless). A dedicated
+admin-only opcode rather than a key in the pushed map: the map goes to clients byte for byte,
+and verifiers must not.
 """
 
 from __future__ import annotations
@@ -44,10 +52,19 @@ from dcpkv.cluster import config as cfg
 from dcpkv.cluster.auto_failover import Policy, decide
 from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
 from dcpkv.cluster.health import HealthWatcher
-from dcpkv.cluster.node_link import Counters, NodeError, NodeLink
+from dcpkv.cluster.node_link import Counters, LinkTls, NodeError, NodeLink
 from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefused
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.rbac import (
+    USERS_FILE,
+    RbacError,
+    Role,
+    UserRecord,
+    UsersDoc,
+    load_users,
+    save_users,
+)
 from dcpkv.core.vbucket import VBucketState
 
 log = logging.getLogger("dcpkv.cluster")
@@ -59,9 +76,16 @@ class Refused(DcpkvError):
 
 class Manager:
     def __init__(
-        self, data_dir: Path, user: str, password: str, *, heartbeat_s: float = 1.0
+        self,
+        data_dir: Path,
+        user: str,
+        password: str,
+        *,
+        heartbeat_s: float = 1.0,
+        link_tls: LinkTls | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.link_tls = link_tls
         self.user, self.password = user, password
         self.config = cfg.ClusterConfig()
         self.counters = Counters()
@@ -73,6 +97,7 @@ class Manager:
         self._syncing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.auto_held: dict[str, str] = {}  # unresponsive node -> why it is not failed over
+        self.users = UsersDoc()
         self.rebalancer = Rebalancer(self)
 
     # -- life -------------------------------------------------------------------------------
@@ -80,6 +105,10 @@ class Manager:
     async def start(self, *, seeds: list[str], bucket: str, vbuckets: int, replicas: int) -> None:
         """Load the configuration (or make a new one from the seeds), sync every node, watch
         their health. Raises :class:`Refused` or a config error when it cannot start."""
+        try:
+            self.users = load_users(self.data_dir / USERS_FILE)
+        except RbacError as exc:
+            raise Refused(str(exc)) from None
         loaded = cfg.load(self.data_dir)
         if loaded is None:
             try:
@@ -120,7 +149,9 @@ class Manager:
     def _link(self, name: str) -> NodeLink:
         link = self.links.get(name)
         if link is None:
-            link = self.links[name] = NodeLink(name, self.user, self.password, self.counters)
+            link = self.links[name] = NodeLink(
+                name, self.user, self.password, self.counters, self.link_tls
+            )
         return link
 
     # -- syncing nodes ----------------------------------------------------------------------
@@ -133,6 +164,8 @@ class Manager:
         """Drive one node to the configuration; False (and out of sync) when unreachable."""
         link = self._link(name)
         try:
+            if self.users.rev:
+                await link.push_users(self.config.buckets[0].name, self.users.encode())
             for bucket in self.config.buckets:
                 if bucket.map is None:
                     continue
@@ -151,6 +184,12 @@ class Manager:
         assert bucket.map is not None
         doc = bucket.map.to_config(bucket.name, bucket.uuid, this_node=node)
         doc["dcpkv"] = {"repairOnRollback": self.config.settings.repair_on_rollback}
+        if self.link_tls is not None:
+            # The nodes speak TLS where the links reach them: advertised as kvSSL, what an
+            # SDK given couchbases:// connects to.
+            for entry in doc["nodesExt"]:
+                services = entry["services"]
+                services["kvSSL"] = services["kv"] + self.link_tls.port_offset
         return doc
 
     async def _sync_states(self, link: NodeLink, bucket: str, vb_map: VBucketMap) -> None:
@@ -183,6 +222,44 @@ class Manager:
     async def _commit(self, config: cfg.ClusterConfig) -> None:
         cfg.save(self.data_dir, config)
         self.config = config
+
+    # -- users ------------------------------------------------------------------------------
+
+    def list_users(self) -> list[dict[str, Any]]:
+        return [{"id": n, "roles": [str(r) for r in u.roles]} for n, u in self.users.users.items()]
+
+    async def set_user(
+        self, name: str, password: str | None, roles: tuple[Role, ...] | None
+    ) -> dict[str, Any]:
+        """Add a user (password and roles needed) or change one (either may be kept)."""
+        async with self._lock:
+            held = self.users.users.get(name)
+            if held is None and (password is None or roles is None):
+                raise Refused(f"no user named {name!r}: a new user needs a password and roles")
+            if name == self.user:
+                raise Refused(f"{name!r} is the cluster admin, not a user of the users database")
+            if password is None:
+                assert held is not None
+                record = UserRecord(name, roles or held.roles, held.verifiers)
+            else:
+                record = UserRecord.create(name, password, roles or (held.roles if held else ()))
+            await self._commit_users(self.users.with_user(record))
+        return {"id": name, "roles": [str(r) for r in record.roles], "rev": self.users.rev}
+
+    async def remove_user(self, name: str) -> dict[str, Any]:
+        async with self._lock:
+            await self._commit_users(self.users.without(name))
+        return {"removed": name, "rev": self.users.rev}
+
+    async def _commit_users(self, doc: UsersDoc) -> None:
+        save_users(self.data_dir / USERS_FILE, doc)
+        self.users = doc
+        for name in self.config.active_nodes():
+            try:
+                await self._link(name).push_users(self.config.buckets[0].name, doc.encode())
+            except NodeError as exc:  # its next sync pushes it
+                log.warning("node %s did not take the users: %s", name, exc)
+                self.out_of_sync.add(name)
 
     # -- add-node ---------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from typing import Any
 from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
+from dcpkv.core.tls import TlsError, TlsOptions
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Datatype
@@ -50,20 +51,37 @@ class Counters:
     set_vbucket_sent: int = 0
     cas_conflicts: int = 0
     maps_pushed: int = 0
+    users_pushed: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {
             "setVbucketSent": self.set_vbucket_sent,
             "casConflicts": self.cas_conflicts,
             "mapsPushed": self.maps_pushed,
+            "usersPushed": self.users_pushed,
         }
 
 
+@dataclass(frozen=True, slots=True)
+class LinkTls:
+    """How the manager's links speak TLS: the CA to trust, and where a node's TLS port is
+    (its data port plus ``port_offset``: Couchbase's convention is 11210 -> 11207, -3)."""
+
+    options: TlsOptions
+    port_offset: int = -3
+
+
 class NodeLink:
-    def __init__(self, name: str, user: str, password: str, counters: Counters) -> None:
+    def __init__(
+        self, name: str, user: str, password: str, counters: Counters, tls: LinkTls | None = None
+    ) -> None:
         self.name = name
         host, _, port = name.rpartition(":")
         self.host, self.port = host, int(port)
+        # The node keeps its name (its data address, what clients see in the map); the link
+        # itself may go to its TLS port.
+        self._tls = tls.options if tls is not None else None
+        self._link_port = self.port + tls.port_offset if tls is not None else self.port
         self._user, self._password = user, password
         self._sessions: dict[str, Connection] = {}
         self._state_cas: dict[str, int] = {}
@@ -81,8 +99,8 @@ class NodeLink:
         self._sessions.pop(bucket, None)
         self._state_cas.pop(bucket, None)  # a new session may face a restarted node
         try:
-            conn = await Connection.open(self.host, self.port, CONNECT_TIMEOUT_S)
-        except (OSError, TimeoutError) as exc:
+            conn = await Connection.open(self.host, self._link_port, CONNECT_TIMEOUT_S, self._tls)
+        except (OSError, TimeoutError, TlsError) as exc:
             raise NodeError(f"cannot reach {self.name}: {exc or type(exc).__name__}") from None
         try:
             await asyncio.wait_for(
@@ -254,6 +272,13 @@ class NodeLink:
             self.counters.cas_conflicts += 1
             cas = self._state_cas[bucket] = answer.cas
         raise NodeError(f"{self.name}: the state CAS kept changing; gave up on {what}")
+
+    async def push_users(self, bucket: str, users: bytes) -> None:
+        """RbacRefresh: the users document (the node keeps it when its rev is newer)."""
+        answer = await self._call(bucket, kv.RbacRefresh(users=users, datatype=Datatype.JSON))
+        if answer.status != Status.Success:
+            raise NodeError(f"{self.name}: RbacRefresh: {_status(answer)}")
+        self.counters.users_pushed += 1
 
     async def push_config(self, bucket: str, config: dict[str, Any]) -> None:
         raw = json.dumps(config, separators=(",", ":")).encode()

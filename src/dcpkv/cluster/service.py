@@ -23,7 +23,9 @@ from aiohttp import web
 
 from dcpkv.cluster.http_api import make_app
 from dcpkv.cluster.manager import Manager
+from dcpkv.cluster.node_link import LinkTls
 from dcpkv.core.files import atomic_write
+from dcpkv.core.tls import server_context
 
 log = logging.getLogger("dcpkv.cluster")
 
@@ -40,10 +42,17 @@ class ManagerOptions:
     replicas: int
     user: str
     password: str
+    # the HTTP API over TLS (https) with this certificate chain and key
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    link_tls: LinkTls | None = None  # the links to the nodes over TLS
 
 
 async def serve(options: ManagerOptions) -> None:
-    manager = Manager(options.data_dir, options.user, options.password)
+    ssl = None
+    if options.tls_cert is not None and options.tls_key is not None:
+        ssl = server_context(options.tls_cert, options.tls_key)
+    manager = Manager(options.data_dir, options.user, options.password, link_tls=options.link_tls)
     await manager.start(
         seeds=options.seeds,
         bucket=options.bucket,
@@ -53,10 +62,11 @@ async def serve(options: ManagerOptions) -> None:
     runner = web.AppRunner(make_app(manager), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, options.host, options.port)
+        site = web.TCPSite(runner, options.host, options.port, ssl_context=ssl)
         await site.start()
         port = runner.addresses[0][1]
-        log.info("dcpkv manager listening on http://%s:%d/", options.host, port)
+        scheme = "https" if ssl is not None else "http"
+        log.info("dcpkv manager listening on %s://%s:%d/", scheme, options.host, port)
         if options.port_file is not None:
             tmp = options.port_file.with_name(options.port_file.name + ".tmp")
             atomic_write(options.port_file, str(port).encode(), tmp)

@@ -44,6 +44,29 @@ class Status(IntEnum):
     Einternal = 0x84
     Ebusy = 0x85
     Etmpfail = 0x86
+    DcpStreamIdInvalid = 0x8D
+    # sub-document (Couchbase's SubDocument.md)
+    SubdocPathEnoent = 0xC0
+    SubdocPathMismatch = 0xC1
+    SubdocPathEinval = 0xC2
+    SubdocPathE2big = 0xC3
+    SubdocDocE2deep = 0xC4
+    SubdocValueCantinsert = 0xC5
+    SubdocDocNotJson = 0xC6
+    SubdocNumErange = 0xC7
+    SubdocDeltaEinval = 0xC8
+    SubdocPathEexists = 0xC9
+    SubdocValueEtoodeep = 0xCA
+    SubdocInvalidCombo = 0xCB
+    SubdocMultiPathFailure = 0xCC
+    SubdocSuccessDeleted = 0xCD
+    SubdocXattrInvalidFlagCombo = 0xCE
+    SubdocXattrInvalidKeyCombo = 0xCF
+    SubdocXattrUnknownMacro = 0xD0
+    SubdocXattrUnknownVattr = 0xD1
+    SubdocXattrCantModifyVattr = 0xD2
+    SubdocMultiPathFailureDeleted = 0xD3
+    SubdocInvalidXattrOrder = 0xD4
 
 
 class ErrorAttribute(StrEnum):
@@ -98,6 +121,28 @@ ERROR_MAP: dict[Status, ErrorInfo] = {
     Status.Einternal: _info("Internal error", "internal"),
     Status.Ebusy: _info("Busy", "temp", "retry-now"),
     Status.Etmpfail: _info("Temporary failure", "temp", "retry-later"),
+    Status.DcpStreamIdInvalid: _info("DCP stream id missing or not expected", "invalid-input"),
+    Status.SubdocPathEnoent: _info("Sub-document path does not exist", "item-only"),
+    Status.SubdocPathMismatch: _info("Sub-document path mismatch", "item-only"),
+    Status.SubdocPathEinval: _info("Invalid sub-document path", "invalid-input"),
+    Status.SubdocPathE2big: _info("Sub-document path too long", "invalid-input"),
+    Status.SubdocDocE2deep: _info("Document too deep to parse", "item-only"),
+    Status.SubdocValueCantinsert: _info("Value cannot be inserted", "invalid-input"),
+    Status.SubdocDocNotJson: _info("Document is not JSON", "item-only"),
+    Status.SubdocNumErange: _info("Number out of range", "item-only"),
+    Status.SubdocDeltaEinval: _info("Invalid delta", "invalid-input"),
+    Status.SubdocPathEexists: _info("Sub-document path exists", "item-only"),
+    Status.SubdocValueEtoodeep: _info("Value would make the document too deep", "invalid-input"),
+    Status.SubdocInvalidCombo: _info("Invalid combination of commands", "invalid-input"),
+    Status.SubdocMultiPathFailure: _info("One or more paths failed", "item-only"),
+    Status.SubdocSuccessDeleted: _info("Success on a deleted document", "success"),
+    Status.SubdocXattrInvalidFlagCombo: _info("Invalid xattr flag combination", "invalid-input"),
+    Status.SubdocXattrInvalidKeyCombo: _info("Invalid xattr key combination", "invalid-input"),
+    Status.SubdocXattrUnknownMacro: _info("Unknown xattr macro", "invalid-input"),
+    Status.SubdocXattrUnknownVattr: _info("Unknown virtual xattr", "invalid-input"),
+    Status.SubdocXattrCantModifyVattr: _info("Virtual xattrs cannot be modified", "invalid-input"),
+    Status.SubdocMultiPathFailureDeleted: _info("Paths failed on a deleted document", "item-only"),
+    Status.SubdocInvalidXattrOrder: _info("Xattr paths must come first", "invalid-input"),
 }
 # Looked up by plain int too: a frame's status field is not converted to the enum on the hot path.
 _BY_CODE: dict[int, ErrorInfo] = {int(status): info for status, info in ERROR_MAP.items()}

@@ -59,6 +59,8 @@ from typing import Protocol
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillManager, Batch, DiskBackfill
 from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
+from dcpkv.dcp.values import ValueShape
+from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
 from dcpkv.engine.item import Item
@@ -73,8 +75,14 @@ _MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
 # Plain ints: Flag arithmetic costs microseconds per snapshot.
 _DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
 _MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
+_XATTR, _SHAPED = document.XATTR, document.SHAPED
 
 Pending = tuple[bytes, int, int]  # (message, item seqno or 0, consistent-at seqno)
+
+
+def stream_key(vbucket: int, sid: int) -> int:
+    """A stream's key on its connection: the vbucket alone without a stream id."""
+    return vbucket | sid << 16
 
 
 class StreamOwner(Protocol):
@@ -88,6 +96,7 @@ class StreamOwner(Protocol):
     keep_datatype: bool  # NoValueWithUnderlyingDatatype
     delete_times: bool  # IncludeDeleteTimes
     expiry_opcode: bool
+    shape: ValueShape  # xattrs, compression: what a value is sent as
     marker_version: str
     backfills: BackfillManager
 
@@ -103,7 +112,8 @@ class ActiveStream:
 
     __slots__ = (
         "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
-        "emitted_seqno", "generation", "owner", "pending", "queued_seqno", "stream",
+        "emitted_seqno", "generation", "key", "owner", "pending", "queued_seqno", "sid",
+        "stream",
         "takeover_state", "was_active",
     )  # fmt: skip
 
@@ -115,10 +125,15 @@ class ActiveStream:
         was_active: bool,
         takeover: bool,
         generation: int = 0,
+        sid: int = 0,
     ) -> None:
         self.owner = owner
         self.stream = stream
-        self.cursor_name = f"dcp:{owner.name}:{stream.vbucket}"
+        # The producer's key for this stream: the vbucket, or with a stream id (several
+        # streams of one vbucket on a connection) the vbucket and the id.
+        self.sid = sid
+        self.key = stream_key(stream.vbucket, sid)
+        self.cursor_name = f"dcp:{owner.name}:{stream.vbucket}" + (f":sid{sid}" if sid else "")
         self.was_active = was_active
         self.pending: deque[Pending] = deque()
         self.cursor: Cursor | None = None
@@ -166,7 +181,7 @@ class ActiveStream:
         if send:
             data = dcp.StreamEnd(opaque=stream.opaque, vbucket=stream.vbucket, reason=reason)
             self.pending.append((data.encode(), 0, 0))
-            self.owner.wake(stream.vbucket)
+            self.owner.wake(self.key)
 
     def vbucket_state_changed(self) -> None:
         """End the stream if its vbucket left the active state (or disappeared)."""
@@ -184,7 +199,7 @@ class ActiveStream:
             self.stream.handle(StreamEvent.ACKED)
             # After the state event, so the producer's vbucket_state_changed spares us.
             self.owner.bucket.set_vbucket_state(self.stream.vbucket, VBucketState.DEAD)
-            self.owner.wake(self.stream.vbucket)  # drain what was written meanwhile
+            self.owner.wake(self.key)  # drain what was written meanwhile
         else:
             self.end(StreamEndReason.OK)
 
@@ -226,11 +241,12 @@ class ActiveStream:
             self.queued_seqno,
             stream.end,
         )
+        key = self.key
         self.backfill = DiskBackfill(
             self.owner.backfills,
             lambda: storage.open_backfill(vbid, start, end),
             self._encode_rows,
-            lambda: self.owner.notify(vbid),
+            lambda: self.owner.notify(key),
         )
         self.backfill_first = True
         self.cursor = None
@@ -381,15 +397,19 @@ class ActiveStream:
         if item.deleted:
             return self._encode_tombstone(item)
         value, datatype = item.value, item.datatype
-        if owner.no_value:
+        shape = owner.shape
+        if owner.no_value and not (datatype & _XATTR and shape.xattrs):
             # No value: never read an ejected one back. Plain NoValue also drops the
             # datatype (it described the value), the other flag keeps it.
             value = b""
             if not owner.keep_datatype:
                 datatype = 0
-        elif value is None:  # ejected from the hash table's copy: read it back
-            stored = self.owner.bucket.get_from_storage(stream.vbucket, item.key)
-            value = stored.value if stored is not None and stored.value is not None else b""
+        else:
+            if value is None:  # ejected from the hash table's copy: read it back
+                stored = self.owner.bucket.get_from_storage(stream.vbucket, item.key)
+                value = stored.value if stored is not None and stored.value is not None else b""
+            if datatype & _SHAPED or not shape.plain:
+                value, datatype = shape.mutation(value, datatype)
         return dcp.encode_mutation(
             stream.opaque, stream.vbucket, item.cas, item.by_seqno, item.rev_seqno, item.flags,
             item.expiry, datatype, item.key, value,
@@ -397,6 +417,9 @@ class ActiveStream:
 
     def _encode_tombstone(self, item: Item) -> bytes:
         s = self.stream
+        value, datatype = b"", 0
+        if item.datatype & _XATTR:  # system xattrs the tombstone kept, to IncludeXattrs only
+            value, datatype = self.owner.shape.deletion(item.value or b"", item.datatype)
         if item.expired and self.owner.expiry_opcode:
             return dcp.Expiration(
                 opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
@@ -406,10 +429,11 @@ class ActiveStream:
             return dcp.DeletionV2(
                 opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
                 rev_seqno=item.rev_seqno, key=item.key, delete_time=item.delete_time,
+                value=value, datatype=datatype,
             ).encode()  # fmt: skip
         return dcp.Deletion(
             opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, by_seqno=item.by_seqno,
-            rev_seqno=item.rev_seqno, key=item.key,
+            rev_seqno=item.rev_seqno, key=item.key, value=value, datatype=datatype,
         ).encode()  # fmt: skip
 
     def _encode_rows(self, rows: list[Row]) -> Batch:
@@ -423,6 +447,8 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
     typed path. Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
     no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
+    shape = stream.owner.shape
+    reshape, plain, no_value_xattrs = shape.mutation, shape.plain, shape.xattrs and no_value
     messages: list[bytes] = []
     append, pack = messages.append, _PACK_S64
     for row in rows:
@@ -430,10 +456,12 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
         if deleted:
             append(stream._encode_tombstone(item_from_row(row)))
             continue
-        if no_value:
+        if no_value and not (no_value_xattrs and datatype & _XATTR):
             value = b""
             if not keep_datatype:
                 datatype = 0
+        elif datatype & _SHAPED or not plain:
+            value, datatype = reshape(value, datatype)
         klen = len(key)
         head = pack(
             _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),

@@ -69,7 +69,9 @@ class DcpConsumer:
 
     def opening(self, now: float) -> list[bytes]:
         """Open (asking the source for a producer), controls, then every stream request."""
-        out = [dcp.DcpOpen(opaque=self._next(), name=self.name, flags=OpenFlag.Producer).encode()]
+        # IncludeXattrs: a replica keeps a document's xattrs (and a tombstone's system ones)
+        flags = OpenFlag.Producer | OpenFlag.IncludeXattrs
+        out = [dcp.DcpOpen(opaque=self._next(), name=self.name, flags=flags).encode()]
         for key, value in (
             ("connection_buffer_size", str(BUFFER_SIZE)),
             ("enable_noop", "true"),

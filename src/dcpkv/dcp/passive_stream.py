@@ -154,7 +154,8 @@ class PassiveStream:
         delete_time = getattr(msg, "delete_time", 0)
         self.vbucket.delete_with_meta(
             Item(
-                bytes(msg.key), b"", cas=msg.cas, rev_seqno=msg.rev_seqno, by_seqno=msg.by_seqno,
-                deleted=True, delete_time=delete_time, expired=isinstance(msg, dcp.Expiration),
+                bytes(msg.key), bytes(msg.value), cas=msg.cas, rev_seqno=msg.rev_seqno,
+                by_seqno=msg.by_seqno, datatype=msg.datatype, deleted=True,
+                delete_time=delete_time, expired=isinstance(msg, dcp.Expiration),
             )
         )  # fmt: skip

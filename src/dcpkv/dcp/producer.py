@@ -75,6 +75,7 @@ Liveness
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -83,7 +84,7 @@ from dataclasses import dataclass
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream
+from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream, stream_key
 from dcpkv.dcp.backfill import BackfillManager, BackfillRunner
 from dcpkv.dcp.stream import Stream, StreamState
 from dcpkv.dcp.stream_request import (
@@ -93,6 +94,7 @@ from dcpkv.dcp.stream_request import (
     VBucketView,
     decide_stream_request,
 )
+from dcpkv.dcp.values import ValueShape
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import Clock
 from dcpkv.engine.vbucket import VBucket
@@ -105,6 +107,7 @@ from dcpkv.protocol.constants import (
     StreamRequestFlag,
 )
 from dcpkv.protocol.errors import CodecError
+from dcpkv.protocol.frame import tag_stream_id
 
 __all__ = ["BATCH_ITEMS", "DcpProducer", "ProducerError"]
 
@@ -147,13 +150,20 @@ class _Barrier:
 class DcpProducer:
     """One DCP producer connection (see the module docstring)."""
 
-    def __init__(self, bucket: Bucket, name: str, flags: int, *, clock: Clock) -> None:
+    def __init__(
+        self, bucket: Bucket, name: str, flags: int, *, clock: Clock, snappy: bool = False
+    ) -> None:
         self.bucket = bucket
         self.name = name
         self.flags = OpenFlag(flags)
         self.no_value = bool(flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype))
         self.keep_datatype = bool(flags & OpenFlag.NoValueWithUnderlyingDatatype)
         self.delete_times = bool(flags & OpenFlag.IncludeDeleteTimes)
+        # how values are sent (xattrs, compression): snappy = the connection's Hello said so
+        self.shape = ValueShape(
+            xattrs=bool(flags & OpenFlag.IncludeXattrs), snappy=snappy,
+            no_value=self.no_value, keep_datatype=self.keep_datatype,
+        )  # fmt: skip
         self.clock = clock
         self.buffer_size = 0
         self.unacked_bytes = 0
@@ -166,7 +176,10 @@ class DcpProducer:
         self.items_sent = 0
         self.bytes_sent = 0
         self.disconnected = False
-        self._streams: dict[int, ActiveStream] = {}
+        self._streams: dict[int, ActiveStream] = {}  # by stream key (active_stream.stream_key)
+        # enable_stream_id: several streams of a vbucket, each tagged with its id
+        self.stream_ids = False
+        self._by_vb: dict[int, tuple[int, ...]] = {}  # vbucket -> its stream keys (with ids)
         self._ready: deque[int] = deque()  # streams that may have something to send, in turn
         self._in_ready: set[int] = set()  # exactly the vbuckets in _ready
         self._notified: deque[int] = deque()  # vbuckets that queued items (any thread)
@@ -205,7 +218,7 @@ class DcpProducer:
         if isinstance(msg, dcp.StreamRequest):
             return self.stream_request(msg)
         if isinstance(msg, dcp.CloseStream):
-            return self.close_stream(msg.vbucket, msg.opaque)
+            return self.close_stream(msg.vbucket, msg.opaque, msg.stream_id)
         if isinstance(msg, dcp.GetFailoverLog):
             return self.get_failover_log(msg.vbucket, msg.opaque)
         if isinstance(msg, dcp.BufferAck):
@@ -243,7 +256,33 @@ class DcpProducer:
         self.stream_end_on_close = _parse_bool(value, "send_stream_end_on_client_close_stream")
 
     def _set_expiry_opcode(self, value: str) -> None:
-        self.expiry_opcode = _parse_bool(value, "enable_expiry_opcode")
+        # An Expiration carries a delete time (the DeletionV2 layout): a connection opened
+        # without IncludeDeleteTimes cannot read one, so the control is accepted and has no
+        # effect there, as on the reference producer (expirations go out as Deletions).
+        self.expiry_opcode = _parse_bool(value, "enable_expiry_opcode") and self.delete_times
+
+    def _set_force_compression(self, value: str) -> None:
+        force = _parse_bool(value, "force_value_compression")
+        if force and not self.shape.snappy:
+            raise ProducerError(
+                Status.Einval, "force_value_compression needs Snappy negotiated with Hello"
+            )
+        self.shape = dataclasses.replace(self.shape, force_compression=force)
+
+    def _set_stream_ids(self, value: str) -> None:
+        if value != "true" or self._streams:
+            raise ProducerError(
+                Status.Einval, "enable_stream_id: only 'true', before any stream is opened"
+            )
+        self.stream_ids = True
+
+    def _stream_id_error(self, sid: int | None) -> str | None:
+        """Why a request's stream id does not fit this connection, or None."""
+        if self.stream_ids and not sid:
+            return "this connection enabled stream ids: the request needs one"
+        if not self.stream_ids and sid is not None:
+            return "a stream id needs the enable_stream_id control first"
+        return None
 
     def _set_priority(self, value: str) -> None:
         if value not in _PRIORITIES:
@@ -273,7 +312,10 @@ class DcpProducer:
             snap_end=msg.snap_end_seqno,
             consumer_purge_seqno=consumer_purge,
         )
-        existing = self._streams.get(msg.vbucket)
+        problem = self._stream_id_error(msg.stream_id)
+        if problem is not None:
+            return _error(op, opaque, Status.DcpStreamIdInvalid, problem)
+        existing = self._streams.get(stream_key(msg.vbucket, msg.stream_id or 0))
         answer = decide_stream_request(
             request,
             _view(vb) if vb is not None else None,
@@ -304,16 +346,23 @@ class DcpProducer:
             was_active=vb.state == VBucketState.ACTIVE,
             takeover=bool(msg.flags & StreamRequestFlag.TakeOver),
             generation=vb.rollbacks,
+            sid=msg.stream_id or 0,
         )
         if old is not None:
             active.pending = old.pending  # the old stream's StreamEnd must still go out, first
-        self._streams[vb.id] = active
-        self.wake(vb.id)
+        self._streams[active.key] = active
+        if active.sid:
+            keys = self._by_vb.get(vb.id, ())
+            self._by_vb[vb.id] = keys if active.key in keys else (*keys, active.key)
+        self.wake(active.key)
         if accept.start >= accept.end:
             active.end(StreamEndReason.OK)
 
-    def close_stream(self, vbucket: int, opaque: int) -> bytes:
-        out = self._streams.get(vbucket)
+    def close_stream(self, vbucket: int, opaque: int, sid: int | None = None) -> bytes:
+        problem = self._stream_id_error(sid)
+        if problem is not None:
+            return _error(Opcode.DcpCloseStream, opaque, Status.DcpStreamIdInvalid, problem)
+        out = self._streams.get(stream_key(vbucket, sid or 0))
         if out is None or not out.stream.alive:
             return _error(
                 Opcode.DcpCloseStream, opaque, Status.KeyEnoent, f"no stream for vb {vbucket}"
@@ -323,7 +372,7 @@ class DcpProducer:
         else:
             out.end(StreamEndReason.Closed, send=False)
             out.pending.clear()
-            self._forget(vbucket)
+            self._forget(out.key)
         return _ok(Opcode.DcpCloseStream, opaque)
 
     def get_failover_log(self, vbucket: int, opaque: int) -> bytes:
@@ -342,14 +391,14 @@ class DcpProducer:
 
     def barrier(self, cookie: bytes, opaque: int) -> None:
         waiting: dict[int, int] = {}
-        for vbid, out in self._streams.items():
+        for key, out in self._streams.items():
             if not out.stream.alive:
                 continue  # its StreamEnd is already queued: draining the queue is enough
-            vb = self.bucket.vbuckets.get(vbid)
+            vb = self.bucket.vbuckets.get(out.vbucket)
             high = vb.high_seqno if vb is not None else 0
             target = min(high, out.stream.end)
             if out.emitted_seqno < target:
-                waiting[vbid] = target
+                waiting[key] = target
         self._barriers.append(_Barrier(cookie, opaque, waiting))
 
     def set_vbucket_state_ack(self, opaque: int) -> None:
@@ -366,9 +415,10 @@ class DcpProducer:
 
     def vbucket_state_changed(self, vbucket: int) -> None:
         """End the streams of a vbucket that left the active state (or disappeared)."""
-        out = self._streams.get(vbucket)
-        if out is not None and out.stream.alive:
-            out.vbucket_state_changed()
+        for key in self._by_vb.get(vbucket, ()) if self.stream_ids else (vbucket,):
+            out = self._streams.get(key)
+            if out is not None and out.stream.alive:
+                out.vbucket_state_changed()
 
     def disconnect(self) -> None:
         """The connection is gone: release every cursor and backfill, forget everything."""
@@ -376,6 +426,7 @@ class DcpProducer:
             if out.stream.alive:
                 out.end(StreamEndReason.Disconnected, send=False)
         self._streams.clear()
+        self._by_vb.clear()
         self._ready.clear()
         self._in_ready.clear()
         self._notified.clear()
@@ -388,7 +439,9 @@ class DcpProducer:
 
     def _on_queued(self, vbucket: int) -> None:
         # A bucket listener: any thread, under the vbucket's lock. Only take note.
-        if vbucket in self._streams:
+        if self.stream_ids:
+            self._notified.extend(self._by_vb.get(vbucket, ()))  # a tuple: replaced, never edited
+        elif vbucket in self._streams:
             self._notified.append(vbucket)
 
     def wake(self, vbid: int) -> None:
@@ -434,6 +487,8 @@ class DcpProducer:
             msg = pending.popleft() if pending else entry.take()
             if msg is not None:
                 data, seqno, covers = msg
+                if entry.sid:  # every message of a stream with an id carries it
+                    data = tag_stream_id(data, entry.sid)
                 append(data)
                 size = len(data)
                 budget -= size
@@ -490,7 +545,10 @@ class DcpProducer:
 
     def _forget(self, vbid: int) -> None:
         # A queued entry stays in _ready and is dropped when reached (no O(n) removal).
-        self._streams.pop(vbid, None)
+        gone = self._streams.pop(vbid, None)
+        if gone is not None and gone.sid:
+            rest = tuple(k for k in self._by_vb.get(gone.vbucket, ()) if k != vbid)
+            self._by_vb[gone.vbucket] = rest
         if self._barriers:
             self._barrier_progress(vbid, None)
 
@@ -504,6 +562,17 @@ class DcpProducer:
             return None
         self._noop_sent_at = self._last_send = now
         return dcp.DcpNoop(opaque=next(self._noop_opaques)).encode()
+
+    def liveness_due(self) -> float | None:
+        """When :meth:`noop_due` or :meth:`is_dead` may next change its answer (clock time):
+        the shell checks then, not on a coarse tick, so a Noop goes out one interval after
+        the last message and an unanswered one closes the connection one interval after it
+        was sent, whatever the timer's period."""
+        if not self.noop_enabled:
+            return None
+        if self._noop_sent_at is not None:
+            return self._noop_sent_at + self.noop_interval
+        return self._last_send + self.noop_interval
 
     def is_dead(self, now: float) -> bool:
         """A Noop went unanswered for a whole interval: drop the connection."""
@@ -528,7 +597,7 @@ class DcpProducer:
             f"ready_streams:{n}": len(self._in_ready),
             f"stream_polls:{n}": self.stream_polls,
         }
-        for vbid, out in sorted(self._streams.items()):
+        for _, out in sorted(self._streams.items()):
             s = out.stream
             per = {
                 "state": s.state.value,
@@ -543,7 +612,8 @@ class DcpProducer:
                 "ready_queue_items": len(out.pending),
                 "ready_queue_bytes": sum(len(q[0]) for q in out.pending),
             }
-            stats.update({f"{k}:{vbid}:{n}": v for k, v in per.items()})
+            where = f"{s.vbucket}:sid{out.sid}" if out.sid else str(s.vbucket)
+            stats.update({f"{k}:{where}:{n}": v for k, v in per.items()})
         return {k: str(v) for k, v in stats.items()}
 
 
@@ -554,6 +624,8 @@ _CONTROLS = {
     "send_stream_end_on_client_close_stream": DcpProducer._set_stream_end_on_close,
     "enable_expiry_opcode": DcpProducer._set_expiry_opcode,
     "set_priority": DcpProducer._set_priority,
+    "force_value_compression": DcpProducer._set_force_compression,
+    "enable_stream_id": DcpProducer._set_stream_ids,
     "max_marker_version": DcpProducer._set_marker_version,
 }
 

@@ -70,6 +70,7 @@ from dcpkv.core.failover_table import FailoverTable
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
+from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
 from dcpkv.engine.storage import (
@@ -128,8 +129,10 @@ class Bucket:
         history_window: int = DEFAULT_HISTORY_WINDOW,
         max_item_size: int = DEFAULT_MAX_ITEM_SIZE,
         synchronous: str = "FULL",
+        compression_mode: CompressionMode = CompressionMode.PASSIVE,
     ) -> None:
         self.name = name
+        self.compression_mode = compression_mode  # what values are kept and sent as (document)
         self.path = Path(path)
         self.num_vbuckets = num_vbuckets
         self.memory_quota = memory_quota

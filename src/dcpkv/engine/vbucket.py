@@ -46,9 +46,11 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.engine import document
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager, Snapshot
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
 from dcpkv.engine.item import (
@@ -74,8 +76,21 @@ _FLUSH_ALL = 1 << 62
 
 
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
+_XATTR = document.XATTR
 
 Fetcher = Callable[[int, bytes], Item | None]
+
+
+class Edit(Protocol):
+    """What :meth:`VBucket.edit` stores."""
+
+    value: bytes
+    datatype: int
+    flags: int
+    deleted: bool
+
+
+Editor = Callable[[Item | None, int, int], Edit]
 Admitter = Callable[[int], None]
 
 
@@ -216,10 +231,13 @@ class VBucket:
         self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
         datatype: int = 0,
     ) -> Item:  # fmt: skip
+        self._resident_if_xattrs(key)
         with self.lock:
             self._check_write(key, value)
             current = self._live(key)
             _check_cas(current, cas)
+            if current is not None and current.datatype & _XATTR:
+                value, datatype = self._keep_system_xattrs(current, value, datatype)
             return self._mutate(key, value, flags, self._expiry(expiry), datatype)
 
     def add(
@@ -235,18 +253,70 @@ class VBucket:
         self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
         datatype: int = 0,
     ) -> Item:  # fmt: skip
+        self._resident_if_xattrs(key)
         with self.lock:
             self._check_write(key, value)
             current = self._live_or_fail(key)
             _check_cas(current, cas)
+            if current.datatype & _XATTR:
+                value, datatype = self._keep_system_xattrs(current, value, datatype)
             return self._mutate(key, value, flags, self._expiry(expiry), datatype)
 
     def delete(self, key: bytes, *, cas: int = 0) -> Item:
+        self._resident_if_xattrs(key)
         with self.lock:
             self._check_write(key, b"")
             current = self._live_or_fail(key)
             _check_cas(current, cas)
             return self._tombstone(current, expired=False)
+
+    def read_any(self, key: bytes) -> Item | None:
+        """The document with its value, live or deleted (a tombstone still in memory, else the
+        persisted one), or None: what sub-document lookups read."""
+        stored = self._stored_for_edit(key)
+        with self.lock:
+            self._require_active()
+            return self._current_for_edit(key, stored)
+
+    def edit(self, key: bytes, change: Editor, *, expiry: int = 0) -> Item:
+        """One atomic read-modify-write: ``change(current, cas, seqno)`` sees the document
+        (live, a tombstone, or None) and the CAS and seqno the write will get, and returns
+        what to store (a sub-document mutation: :mod:`dcpkv.engine.subdoc`). It raises to
+        store nothing."""
+        stored = self._stored_for_edit(key)
+        with self.lock:
+            self._require_active()
+            current = self._current_for_edit(key, stored)
+            cas, seqno = self.hlc.next_cas(), self.checkpoints.high_seqno + 1
+            out = change(current, cas, seqno)
+            self._check_write(key, out.value)
+            deleted = out.deleted
+            item = Item(
+                key, out.value, out.flags, 0 if deleted else self._expiry(expiry), cas,
+                self._next_rev(key), seqno, out.datatype, deleted,
+                int(self.clock.time()) if deleted else 0,
+            )  # fmt: skip
+            self._store(item)
+            return item
+
+    def _stored_for_edit(self, key: bytes) -> Item | None:
+        """The persisted version, read outside the lock, when memory may not have the value:
+        the key is absent (a purged-from-memory tombstone) or its value was ejected."""
+        current = self._ht.get(key)
+        if self._fetch is None or (current is not None and current.value is not None):
+            return None
+        return self._fetch(self.id, key)
+
+    def _current_for_edit(self, key: bytes, stored: Item | None) -> Item | None:
+        live = self._live(key)  # expires it now if due
+        current = live if live is not None else self._ht.get(key)
+        if current is None:
+            return stored if stored is not None and stored.deleted else None
+        if current.value is None:
+            if stored is None or stored.by_seqno != current.by_seqno:
+                raise TempFail("value not resident, retry")
+            return dataclasses.replace(current, value=stored.value)
+        return current
 
     def append(self, key: bytes, value: bytes, *, cas: int = 0) -> Item:
         return self._concat(key, value, cas, append=True)
@@ -263,10 +333,16 @@ class VBucket:
                 raise NotStored("append/prepend to a missing key")
             _check_cas(current, cas)
             old = self._resident_or_fail(current).value or b""
-            joined = old + value if append else value + old
+            datatype = current.datatype
+            if datatype & document.SHAPED:  # the body grows; the xattrs stay in front
+                doc = document.unpack(old, datatype)
+                doc.body = doc.body + value if append else value + doc.body
+                joined, datatype = doc.pack()
+            else:
+                joined = old + value if append else value + old
             if len(joined) > self.max_item_size:
                 raise TooBig(f"value of {len(joined)} bytes is over {self.max_item_size}")
-            return self._mutate(key, joined, current.flags, current.expiry, current.datatype)
+            return self._mutate(key, joined, current.flags, current.expiry, datatype)
 
     def incr(
         self, key: bytes, delta: int, *, initial: int = 0, expiry: int = 0, cas: int = 0
@@ -294,9 +370,14 @@ class VBucket:
                 item = self._mutate(key, b"%d" % value, 0, self._expiry(expiry), 0)
                 return value, item
             _check_cas(current, cas)
-            number = parse_counter(self._resident_or_fail(current).value or b"")
+            stored = self._resident_or_fail(current)
+            number = parse_counter(document.body(stored.value or b"", stored.datatype)[0])
             number = (number + delta) % U64 if incr else max(number - delta, 0)
-            item = self._mutate(key, b"%d" % number, current.flags, current.expiry, 0)
+            text, datatype = b"%d" % number, 0
+            if stored.datatype & _XATTR:  # the counter is the body: its xattrs stay
+                doc = document.unpack(stored.value or b"", stored.datatype)
+                text, datatype = document.Document(doc.xattrs, text, False).pack()
+            item = self._mutate(key, text, current.flags, current.expiry, datatype)
             return number, item
 
     def touch(self, key: bytes, expiry: int) -> Item:
@@ -347,8 +428,9 @@ class VBucket:
         return self._with_meta(item)
 
     def delete_with_meta(self, item: Item) -> Item:
-        if not item.deleted or item.value:
-            item = dataclasses.replace(item, deleted=True, value=b"")
+        """A replicated deletion; its value is the system xattrs the tombstone kept, if any."""
+        if not item.deleted or (item.value and not item.datatype & _XATTR):
+            item = dataclasses.replace(item, deleted=True, value=b"", datatype=0)
         return self._with_meta(item)
 
     def _with_meta(self, item: Item) -> Item:
@@ -569,11 +651,30 @@ class VBucket:
         self._store(item)
         return item
 
+    def _keep_system_xattrs(self, current: Item, value: bytes, datatype: int) -> tuple[bytes, int]:
+        kept = self._resident_or_fail(current).value or b""
+        value, datatype = document.carry_system_xattrs(kept, current.datatype, value, datatype)
+        self._check_size(current.key, value)
+        return value, datatype
+
+    def _resident_if_xattrs(self, key: bytes) -> None:
+        """Read back an ejected value that has xattrs: a write over it keeps some of them."""
+        current = self._ht.get(key)  # a racy peek is fine: the write re-checks under the lock
+        if current is not None and current.value is None and current.datatype & _XATTR:
+            self._ensure_resident(key)
+
     def _tombstone(self, current: Item, *, expired: bool) -> Item:
         now = int(self.clock.time())
+        # A deletion keeps the system xattrs (an ejected value's are lost: expiry only).
+        value, datatype = (
+            document.for_tombstone(current.value, current.datatype)
+            if current.datatype & _XATTR
+            else (b"", 0)
+        )
         item = Item(
             key=current.key,
-            value=b"",
+            value=value,
+            datatype=datatype,
             flags=current.flags,
             cas=self.hlc.next_cas(),
             rev_seqno=current.rev_seqno + 1,

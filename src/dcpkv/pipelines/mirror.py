@@ -42,6 +42,7 @@ from typing import Any
 
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
+from dcpkv.core.tls import TlsOptions
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.vtable import Entry, Manifest
 
@@ -79,13 +80,14 @@ class SourceSettings:
             "host": c.host, "port": c.port, "bucket": c.bucket, "user": c.user,
             "password": c.password, "vbuckets": self.vbuckets,
             "max_changes_per_trigger": self.max_changes_per_trigger,
+            "tls": asdict(c.tls) if c.tls is not None else None,
         }  # fmt: skip
 
     @classmethod
     def from_json_obj(cls, doc: dict[str, Any]) -> SourceSettings:
         connection = ConnectionSettings.at(
             doc["host"], doc["port"], bucket=doc["bucket"], user=doc["user"],
-            password=doc["password"],
+            password=doc["password"], tls=TlsOptions(**doc["tls"]) if doc.get("tls") else None,
         )  # fmt: skip
         return cls(connection, doc.get("vbuckets"), doc.get("max_changes_per_trigger"))
 

@@ -81,8 +81,26 @@ class Opcode(IntEnum):
     SelectBucket = 0x89
     ObserveSeqno = 0x91
     GetMeta = 0xA0
+    # sub-document (the single-path ops, then the multi-path ones)
+    SubdocGet = 0xC5
+    SubdocExists = 0xC6
+    SubdocDictAdd = 0xC7
+    SubdocDictUpsert = 0xC8
+    SubdocDelete = 0xC9
+    SubdocReplace = 0xCA
+    SubdocArrayPushLast = 0xCB
+    SubdocArrayPushFirst = 0xCC
+    SubdocArrayInsert = 0xCD
+    SubdocArrayAddUnique = 0xCE
+    SubdocCounter = 0xCF
+    SubdocMultiLookup = 0xD0
+    SubdocMultiMutation = 0xD1
+    SubdocGetCount = 0xD2
     SetClusterConfig = 0xB4
     GetClusterConfig = 0xB5
+    # kv_engine's "reload the RBAC database" (there ns_server writes the file first); here
+    # the manager is remote, so the request carries the users document itself
+    RbacRefresh = 0xF7
     GetErrorMap = 0xFE
     # DCP
     DcpOpen = 0x50

@@ -143,6 +143,21 @@ def encode_stream_id(stream_id: int) -> bytes:
     return encode_framing_item(FramingId.RequestDcpStreamId, _U16.pack(stream_id))
 
 
+def tag_stream_id(frame: bytes, stream_id: int) -> bytes:
+    """A classic request frame (magic 0x80, key under 256 bytes) rewritten as the flex
+    request frame (magic 0x08) carrying ``stream_id`` in its framing extras: how a producer
+    tags every message of a stream opened with a stream id."""
+    framing = encode_stream_id(stream_id)
+    key_len, body = int.from_bytes(frame[2:4], "big"), int.from_bytes(frame[8:12], "big")
+    head = (
+        bytes((Magic.AltClientRequest, frame[1], len(framing), key_len))
+        + frame[4:8]
+        + (body + len(framing)).to_bytes(4, "big")
+        + frame[12:24]
+    )
+    return head + framing + frame[24:]
+
+
 def encode_frame(
     magic: int,
     opcode: int,

@@ -795,6 +795,17 @@ class SetClusterConfig(Request):
 
 
 @dataclass(slots=True, kw_only=True)
+class RbacRefresh(Request):
+    """How a cluster manager hands a node the users document (value: its JSON, with SCRAM
+    verifiers, never passwords; the node keeps it when its ``rev`` is newer)."""
+
+    OPCODE = Opcode.RbacRefresh
+    VALUE = Part.REQUIRED
+    VALUE_FIELD = "users"
+    users: Bytes = b""
+
+
+@dataclass(slots=True, kw_only=True)
 class GetClusterConfig(Request):
     OPCODE = Opcode.GetClusterConfig
 
@@ -832,6 +843,7 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     Append, Prepend, Touch, GAT, Increment, Decrement, Quit, Flush, Noop, Version, Stat,
     Hello, SaslListMechs, SaslAuth, SaslStep, SelectBucket, SetVbucket, GetVbucket, DelVbucket,
     GetAllVbSeqnos, ObserveSeqno, GetMeta, SetClusterConfig, GetClusterConfig, GetErrorMap,
+    RbacRefresh,
 )  # fmt: skip
 
 RESPONSE_TYPES: tuple[type[Response], ...] = (

@@ -66,9 +66,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -79,10 +81,12 @@ from typing import cast
 
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
+from dcpkv.core.tls import server_context
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.storage import BucketLock
 from dcpkv.protocol.constants import HEADER_LEN, Magic
 from dcpkv.protocol.errors import CodecError
@@ -127,6 +131,9 @@ class KVProtocol(asyncio.Protocol):
         self.write_paused = False
         self._pump_scheduled = False
         self._attached: DcpProducer | None = None  # the producer given the backfill thread
+        # the precise liveness timer (arm_liveness) and the producer-clock time it is set for
+        self._liveness_timer: asyncio.TimerHandle | None = None
+        self._liveness_at = math.inf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -144,6 +151,7 @@ class KVProtocol(asyncio.Protocol):
         self.conn = Connection(
             self.server.state,
             peer=str(peer),
+            peer_host=str(peer[0]) if isinstance(peer, tuple) else str(peer),
             initial_bucket=self.server.config.buckets[0].name,
         )
         self.conn.kick = self.close
@@ -162,6 +170,9 @@ class KVProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self._liveness_timer is not None:
+            self._liveness_timer.cancel()
+            self._liveness_timer = None  # (its callback referenced us)
         conn, self.conn = self.conn, None
         if conn is not None:
             drop_producer(conn)
@@ -186,6 +197,8 @@ class KVProtocol(asyncio.Protocol):
             self.transport.close()  # after the queued answers are written
         else:
             self.pump()
+            if self.conn is not None and self.conn.dcp is not None:
+                self.arm_liveness()  # enable_noop, a Noop answer: the next moment moved
 
     def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
         conn = self.conn
@@ -291,6 +304,28 @@ class KVProtocol(asyncio.Protocol):
         noop = producer.noop_due(now)
         if noop is not None and self.transport is not None:
             self.transport.write(noop)  # not flow-controlled, and tiny: even when paused
+        self.arm_liveness()
+
+    def arm_liveness(self) -> None:
+        """A timer at the producer's next liveness moment (earlier than any armed one);
+        firing early (data went out meanwhile) only re-checks and re-arms."""
+        producer = self.producer
+        if producer is None or self.closing:
+            return
+        due = producer.liveness_due()
+        if due is None or due >= self._liveness_at:
+            return
+        if self._liveness_timer is not None:
+            self._liveness_timer.cancel()
+        delay = max(due - producer.clock.time(), 0.0)
+        self._liveness_at = due
+        self._liveness_timer = asyncio.get_running_loop().call_later(delay, self._liveness_fired)
+
+    def _liveness_fired(self) -> None:
+        self._liveness_timer, self._liveness_at = None, math.inf
+        producer = self.producer
+        if producer is not None:
+            self.liveness(producer.clock.time())
 
 
 class DataServer:
@@ -306,6 +341,7 @@ class DataServer:
         self.backfill_thread = BackfillThread()
         self.max_value_len = 0
         self._server: asyncio.Server | None = None
+        self._tls_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -325,6 +361,7 @@ class DataServer:
                 path,
                 num_vbuckets=bc.vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
+                compression_mode=CompressionMode(bc.compression_mode),
             )
             if not bucket.vbuckets and not self.config.managed:
                 for vb in range(bc.vbuckets):
@@ -341,6 +378,7 @@ class DataServer:
 
     async def start(self, port_file: Path | None = None) -> int:
         loop = asyncio.get_running_loop()
+        tls = self._tls_context()  # before anything else: a bad certificate fails at once
         await loop.run_in_executor(self.executor, self.open_buckets)
         self._loop, self._loop_thread = loop, threading.get_ident()
         for name, bucket in self.state.buckets.items():
@@ -353,6 +391,16 @@ class DataServer:
         )
         port = self._server.sockets[0].getsockname()[1]
         self.state.port = port
+        if tls is not None:
+            self._tls_server = await loop.create_server(
+                lambda: KVProtocol(self),
+                self.config.host,
+                self.config.tls_port,
+                ssl=tls,
+                reuse_address=True,
+            )
+            self.state.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            log.info("dcpkv listening with TLS on %s:%d", self.config.host, self.state.tls_port)
         self._tasks = [
             asyncio.create_task(self._flusher()),
             asyncio.create_task(self._expiry_pager()),
@@ -364,8 +412,16 @@ class DataServer:
         if port_file is not None:
             # Atomic: a launcher polling for the file never reads a partial port number.
             tmp = port_file.with_name(f".{port_file.name}.{os.getpid()}.tmp")
-            atomic_write(port_file, f"{port}\n".encode(), tmp)
+            # The TLS port, when on, is the second line.
+            ports = [port] if self.state.tls_port is None else [port, self.state.tls_port]
+            atomic_write(port_file, "".join(f"{p}\n" for p in ports).encode(), tmp)
         return port
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        c = self.config
+        if c.tls_port is None or c.tls_cert is None or c.tls_key is None:
+            return None
+        return server_context(c.tls_cert, c.tls_key, c.tls_ca)
 
     # -- replication (a managed node) ---------------------------------------------------------
 
@@ -488,8 +544,9 @@ class DataServer:
     # -- stop --------------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for listener in (self._server, self._tls_server):
+            if listener is not None:
+                listener.close()
         for proto in list(self.connections):
             proto.closing = True
             if proto.transport is not None:

@@ -51,7 +51,10 @@ def cluster_map(
     vbucket_map: Sequence[Sequence[int]] | None = None,
     server_list: Sequence[str] | None = None,
     num_replicas: int = 0,
+    tls_port: int | None = None,
 ) -> dict:
+    """``tls_port``: this node's TLS data port, advertised as ``kvSSL`` (what an SDK given
+    ``couchbases://`` connects to)."""
     servers = list(server_list or [f"{host}:{port}"])
     vb_map = [list(row) for row in vbucket_map] if vbucket_map else [[0]] * num_vbuckets
     return {
@@ -64,7 +67,10 @@ def cluster_map(
         "nodesExt": [
             {
                 "hostname": s.rsplit(":", 1)[0],
-                "services": {"kv": int(s.rsplit(":", 1)[1])},
+                "services": {
+                    "kv": int(s.rsplit(":", 1)[1]),
+                    **({"kvSSL": tls_port} if tls_port and s == f"{host}:{port}" else {}),
+                },
                 **({"thisNode": True} if s == f"{host}:{port}" else {}),
             }
             for s in servers

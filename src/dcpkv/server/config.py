@@ -43,8 +43,13 @@ class BucketConfig:
     name: str = DEFAULT_BUCKET
     vbuckets: int = DEFAULT_VBUCKETS
     memory_quota_mb: int = 256
+    compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
 
     def __post_init__(self) -> None:
+        if self.compression_mode not in ("off", "passive", "active"):
+            raise ConfigError(
+                f"bucket {self.name!r}: compression_mode must be off, passive or active"
+            )
         if not 1 <= self.vbuckets <= 1024:
             raise ConfigError(
                 f"bucket {self.name!r}: vbuckets must be 1..1024, not {self.vbuckets}"
@@ -70,6 +75,12 @@ class ServerConfig:
     # A node of a cluster: new buckets start with no vbuckets; the manager gives them states
     # and the map. Otherwise one node is the whole cluster (every vbucket active).
     managed: bool = False
+    # A second port speaking TLS (Couchbase's 11207 convention), with its certificate chain
+    # and key; with a CA file, clients must present a certificate that chains to it.
+    tls_port: int | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
     # Limits that keep one client from hurting the others (see server/app.py, "Limits").
     max_connections: int = 4096
     unauth_idle_timeout_s: float = 30.0
@@ -77,6 +88,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
+        if self.tls_port is not None and not 0 <= self.tls_port <= 65535:
+            raise ConfigError(f"tls_port must be 0..65535, not {self.tls_port}")
+        if (self.tls_port is None) != (self.tls_cert is None or self.tls_key is None):
+            raise ConfigError("TLS needs all of tls_port, tls_cert and tls_key (or none)")
+        if self.tls_ca is not None and self.tls_port is None:
+            raise ConfigError("tls_ca (client certificates) needs tls_port")
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be at least 1, not {self.max_connections}")
         if self.unauth_idle_timeout_s <= 0:
@@ -90,9 +107,13 @@ class ServerConfig:
     def with_overrides(self, **flags: Any) -> ServerConfig:
         """Apply the flags a user actually gave (None means "not given")."""
         given = {k: v for k, v in flags.items() if v is not None}
-        if "data_dir" in given:
-            given["data_dir"] = Path(given["data_dir"])
+        for name in ("data_dir", *_PATHS):
+            if name in given:
+                given[name] = Path(given[name])
         return replace(self, **given)
+
+
+_PATHS = ("tls_cert", "tls_key", "tls_ca")
 
 
 def load_config(path: Path | None) -> ServerConfig:
@@ -111,15 +132,16 @@ def load_config(path: Path | None) -> ServerConfig:
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
     numbers = (
         "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s",
-        "max_connections", "unauth_idle_timeout_s",
+        "max_connections", "unauth_idle_timeout_s", "tls_port",
     )  # fmt: skip
-    known = {"host", "data_dir", "users", "buckets", "managed", *numbers}
+    known = {"host", "data_dir", "users", "buckets", "managed", *numbers, *_PATHS}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
     kwargs: dict[str, Any] = {k: doc[k] for k in ("host", "managed", *numbers) if k in doc}
-    if "data_dir" in doc:
-        kwargs["data_dir"] = Path(doc["data_dir"])
+    for name in ("data_dir", *_PATHS):
+        if name in doc:
+            kwargs[name] = Path(doc[name])
     if "users" in doc:
         users = doc["users"]
         if not isinstance(users, dict) or not all(isinstance(v, str) for v in users.values()):
@@ -144,6 +166,7 @@ def with_cli_flags(
     bucket: str | None = None,
     vbuckets: int | None = None,
     memory_quota_mb: int | None = None,
+    compression_mode: str | None = None,
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
@@ -151,12 +174,15 @@ def with_cli_flags(
     """The ``dcpkv server`` flags over ``config``: bucket flags change the first bucket, and
     ``--user``/``--password`` make that the one user (None means "flag not given")."""
     first = config.buckets[0]
-    if (bucket, vbuckets, memory_quota_mb) != (None, None, None):
+    if (bucket, vbuckets, memory_quota_mb, compression_mode) != (None, None, None, None):
         changed = replace(
             first,
             name=first.name if bucket is None else bucket,
             vbuckets=first.vbuckets if vbuckets is None else vbuckets,
             memory_quota_mb=first.memory_quota_mb if memory_quota_mb is None else memory_quota_mb,
+            compression_mode=first.compression_mode
+            if compression_mode is None
+            else compression_mode,
         )
         flags["buckets"] = (changed, *config.buckets[1:])
     if user is not None or password is not None:

@@ -37,6 +37,8 @@ SUPPORTED_FEATURES = frozenset(
         HelloFeature.SelectBucket,
         HelloFeature.JSON,
         HelloFeature.AltRequestSupport,
+        HelloFeature.Snappy,
+        HelloFeature.Xattr,
     }
 )
 
@@ -66,7 +68,9 @@ def _nothing() -> None:
 class Connection:
     server: ServerState
     peer: str = "?"
+    peer_host: str = "?"  # the client's address without its port (login throttling)
     features: set[HelloFeature] = field(default_factory=set)
+    datatype_mask: int = 0  # the datatype bits Hello negotiated (dcpkv.server.datatype.mask)
     user: str | None = None
     bucket_name: str | None = None
     sasl: Any = None  # the SASL exchange in progress (dcpkv.server.auth.SaslSession)
@@ -89,8 +93,14 @@ class Connection:
         self.user = user
         if user is None or self.bucket_name is not None:
             return
+        grants = self.server.users.grants(user)
         for name in (user, self.initial_bucket):
-            if name is not None and name in self.server.buckets:
+            if (
+                name is not None
+                and name in self.server.buckets
+                and grants is not None
+                and grants.can_open(name)
+            ):
                 self.bucket_name = name
                 return
 

@@ -6,7 +6,8 @@ A connection becomes a DCP *producer* connection with DcpOpen carrying the Produ
 the handler puts a sans-I/O :class:`DcpProducer` in ``Connection.dcp`` and records the
 connection under (bucket, name) in ``ServerState.dcp_producers``. A second Open with a name
 already in use on that bucket disconnects the first producer and closes its connection
-(cursor names are per connection name, so two live producers must not share one). An Open
+(cursor names are per connection name, so two live producers must not share one), when the
+same user (or a cluster admin) opens it; another user is answered KeyEexists. An Open
 without the Producer flag answers NotSupported (replication into this node is the node's own
 doing: :mod:`dcpkv.server.replication` dials its sources); a second Open on a connection that
 is already a producer answers Einval.
@@ -28,11 +29,12 @@ them to :func:`consumer_response`. ``stat dcp`` is a group of :mod:`dcpkv.server
 
 from __future__ import annotations
 
+from dcpkv.core.rbac import Privilege
 from dcpkv.core.status import Status
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import OpenFlag
+from dcpkv.protocol.constants import HelloFeature, OpenFlag
 from dcpkv.server.connection import Connection, Reply, not_my_vbucket
 from dcpkv.server.session import ok
 
@@ -61,13 +63,25 @@ def open_(conn: Connection, req: dcp.DcpOpen) -> GenericResponse:
         raise Reply(Status.NotSupported, b"consumer Open: a node replicates by dialling sources")
     key = (conn.bucket_name or "", req.name)
     old = conn.server.dcp_producers.get(key)
+    if old is not None and old.user != conn.user and not _is_admin(conn):
+        # Taking over a name kicks its connection: only its own user (or an admin) may, or a
+        # DCP reader could cut a replica's stream by naming it.
+        raise Reply(Status.KeyEexists, b"this DCP connection name is in use by another user")
     if old is not None:
         conn.server.log.info("DCP name %r reused: closing the older connection", req.name)
         drop_producer(old)
         old.kick()
-    conn.dcp = DcpProducer(conn.bucket, req.name, req.flags, clock=conn.bucket.clock)
+    conn.dcp = DcpProducer(
+        conn.bucket, req.name, req.flags, clock=conn.bucket.clock,
+        snappy=HelloFeature.Snappy in conn.features,
+    )  # fmt: skip
     conn.server.dcp_producers[key] = conn
     return ok(req)
+
+
+def _is_admin(conn: Connection) -> bool:
+    grants = conn.server.users.grants(conn.user)
+    return grants is not None and grants.allows(frozenset({Privilege.CLUSTER_ADMIN}), None)
 
 
 def producer_request(conn: Connection, req: Message) -> bytes | None:

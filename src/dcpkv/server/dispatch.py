@@ -3,13 +3,19 @@
 Theory of operation
 -------------------
 :data:`ROUTES` maps every request opcode the server serves to a :class:`Route`: the codec's
-decoder for that opcode, the handler, and the gates it needs (authenticated, bucket selected).
+decoder for that opcode, the handler, and the gates it needs (authenticated, bucket selected,
+and the privileges of :mod:`dcpkv.core.rbac` the user's roles must grant on that bucket).
 :func:`handle` is the whole life of a request:
 
 1. a response frame (a DCP consumer answering our Noop or SetVbucketState) goes to the DCP
    handlers on a producer connection, and is answered UnknownCommand anywhere else;
 2. an opcode not in the table answers UnknownCommand; a closed gate answers Eaccess (not
-   authenticated) or NoBucket (no bucket selected), before anything is decoded;
+   authenticated) or NoBucket (no bucket selected), before anything is decoded; a user
+   whose roles lack the route's privileges gets Eaccess too, counted (stat ``rbac_eaccess``):
+   a DCP reader cannot write, a data reader cannot open DCP, only a cluster admin changes
+   vbucket states, the cluster map or the users. Routes that need no privilege (Stat, the
+   seqnos, failover logs, the map) are open to any role on the selected bucket: selecting it
+   already required one;
 3. the codec decodes the request: a malformed one is answered with the codec's status and
    message (the frame boundaries are intact, so the connection goes on). What "malformed"
    means is the codec's alone: no handler looks at raw bytes;
@@ -30,14 +36,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dcpkv.core.rbac import Privilege
 from dcpkv.core.status import Status
-from dcpkv.protocol import dcp, kv
+from dcpkv.protocol import dcp, kv, subdoc
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
-from dcpkv.server import dcp_handlers, kv_handlers, session, stats, vbucket_handlers
+from dcpkv.server import (
+    dcp_handlers,
+    kv_handlers,
+    session,
+    stats,
+    subdoc_handlers,
+    vbucket_handlers,
+)
 from dcpkv.server.connection import Connection, Reply
 
 Answer = Message | list[kv.StatResponse] | bytes | None
@@ -50,6 +64,17 @@ class Route:
     handler: Handler
     auth: bool = True  # needs an authenticated user
     bucket: bool = True  # needs a selected bucket
+    needs: frozenset[Privilege] = frozenset()  # granted on the selected bucket (or on all)
+
+
+Needs = frozenset[Privilege]
+Routes = dict[int, Route]
+_READ: Needs = frozenset({Privilege.READ})
+_WRITE: Needs = frozenset({Privilege.WRITE})
+_READ_WRITE: Needs = _READ | _WRITE  # answers with the value it changed (Incr, GAT)
+_DCP: Needs = frozenset({Privilege.DCP})
+_BUCKET_ADMIN: Needs = frozenset({Privilege.BUCKET_ADMIN})
+_ADMIN: Needs = frozenset({Privilege.CLUSTER_ADMIN})
 
 
 def _open(decode: Callable[[Frame], Message], handler: Handler, *, bucket: bool = False) -> Route:
@@ -57,13 +82,13 @@ def _open(decode: Callable[[Frame], Message], handler: Handler, *, bucket: bool 
     return Route(decode, handler, auth=False, bucket=bucket)
 
 
-def _no_bucket(decode: Callable[[Frame], Message], handler: Handler) -> Route:
-    """A route that needs a login but no selected bucket (it names its bucket itself)."""
-    return Route(decode, handler, bucket=False)
+def _cluster_admin(decode: Callable[[Frame], Message], handler: Handler) -> Route:
+    """A cluster admin's route that needs no selected bucket (it names its bucket itself)."""
+    return Route(decode, handler, bucket=False, needs=_ADMIN)
 
 
-def _routes(handler: Handler, *types: type[kv.Request]) -> dict[int, Route]:
-    return {t.OPCODE: Route(t.decode, handler) for t in types}
+def _routes(handler: Handler, *types: type[kv.Request], needs: Needs = frozenset()) -> Routes:
+    return {t.OPCODE: Route(t.decode, handler, needs=needs) for t in types}
 
 
 # DCP requests a producer connection may receive; the producer answers those it does not take
@@ -85,32 +110,43 @@ ROUTES: dict[int, Route] = {
     Opcode.SaslAuth: _open(kv.SaslAuth.decode, session.sasl_auth),
     Opcode.SaslStep: _open(kv.SaslStep.decode, session.sasl_step),
     Opcode.GetErrorMap: _open(kv.GetErrorMap.decode, session.get_error_map),
-    Opcode.SelectBucket: _no_bucket(kv.SelectBucket.decode, session.select_bucket),
+    Opcode.SelectBucket: Route(kv.SelectBucket.decode, session.select_bucket, bucket=False),
     Opcode.GetClusterConfig: Route(kv.GetClusterConfig.decode, session.get_cluster_config),
     # documents
-    **_routes(kv_handlers.get, kv.Get, kv.GetQ, kv.GetK, kv.GetKQ),
-    **_routes(kv_handlers.store, kv.Set, kv.SetQ, kv.Add, kv.AddQ, kv.Replace, kv.ReplaceQ),
-    **_routes(kv_handlers.delete, kv.Delete, kv.DeleteQ),
-    **_routes(kv_handlers.concat, kv.Append, kv.Prepend),
-    **_routes(kv_handlers.arith, kv.Increment, kv.Decrement),
-    **_routes(kv_handlers.touch, kv.Touch, kv.GAT),
-    **_routes(kv_handlers.flush, kv.Flush),
+    **_routes(kv_handlers.get, kv.Get, kv.GetQ, kv.GetK, kv.GetKQ, needs=_READ),
+    **_routes(
+        kv_handlers.store, kv.Set, kv.SetQ, kv.Add, kv.AddQ, kv.Replace, kv.ReplaceQ, needs=_WRITE
+    ),
+    **_routes(kv_handlers.delete, kv.Delete, kv.DeleteQ, needs=_WRITE),
+    **_routes(kv_handlers.concat, kv.Append, kv.Prepend, needs=_WRITE),
+    **_routes(kv_handlers.arith, kv.Increment, kv.Decrement, needs=_READ_WRITE),
+    **_routes(kv_handlers.touch, kv.Touch, needs=_WRITE),
+    **_routes(kv_handlers.touch, kv.GAT, needs=_READ_WRITE),
+    **_routes(kv_handlers.flush, kv.Flush, needs=_BUCKET_ADMIN),
     **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
-    **_routes(kv_handlers.get_meta, kv.GetMeta),
+    **_routes(kv_handlers.get_meta, kv.GetMeta, needs=_READ),
     **_routes(stats.stat, kv.Stat),
+    # sub-document: one request type for every opcode of the range
+    **{
+        op: Route(subdoc.SubdocRequest.decode, subdoc_handlers.subdoc_request)
+        for op in subdoc.ALL_OPS
+    },
     # vbucket control
-    **_routes(vbucket_handlers.set_vbucket, kv.SetVbucket),
+    **_routes(vbucket_handlers.set_vbucket, kv.SetVbucket, needs=_ADMIN),
     **_routes(vbucket_handlers.get_vbucket, kv.GetVbucket),
-    **_routes(vbucket_handlers.del_vbucket, kv.DelVbucket),
+    **_routes(vbucket_handlers.del_vbucket, kv.DelVbucket, needs=_ADMIN),
     **_routes(vbucket_handlers.all_vb_seqnos, kv.GetAllVbSeqnos),
-    Opcode.SetClusterConfig: _no_bucket(kv.SetClusterConfig.decode, session.set_cluster_config),
+    Opcode.SetClusterConfig: _cluster_admin(kv.SetClusterConfig.decode, session.set_cluster_config),
+    Opcode.RbacRefresh: _cluster_admin(kv.RbacRefresh.decode, session.rbac_refresh),
     # DCP: Open makes a producer; the rest is the producer's (it refuses what a consumer
     # would take: AddStream, Mutation...); GetFailoverLog is open to any connection
-    **_routes(dcp_handlers.open_, dcp.DcpOpen),
+    **_routes(dcp_handlers.open_, dcp.DcpOpen, needs=_DCP),
     **_routes(dcp_handlers.get_failover_log, dcp.GetFailoverLog),
-    **_routes(dcp_handlers.producer_request, *_PRODUCER_REQUESTS),
-    Opcode.DcpSnapshotMarker: Route(dcp.decode_snapshot_marker, dcp_handlers.producer_request),
-    Opcode.DcpDeletion: Route(dcp.decode_deletion, dcp_handlers.producer_request),
+    **_routes(dcp_handlers.producer_request, *_PRODUCER_REQUESTS, needs=_DCP),
+    Opcode.DcpSnapshotMarker: Route(
+        dcp.decode_snapshot_marker, dcp_handlers.producer_request, needs=_DCP
+    ),
+    Opcode.DcpDeletion: Route(dcp.decode_deletion, dcp_handlers.producer_request, needs=_DCP),
 }
 
 # Answers a DCP consumer sends back to the producer's own requests.
@@ -128,6 +164,9 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
         return error_answer(frame, Status.Eaccess)
     if route.bucket and conn.bucket_name is None:
         return error_answer(frame, Status.NoBucket)
+    if route.needs and not _granted(conn, route.needs):
+        conn.server.eaccess += 1
+        return error_answer(frame, Status.Eaccess, b"the user's roles do not allow this")
     try:
         answer = route.handler(conn, route.decode(frame))
     except Reply as reply:
@@ -139,6 +178,11 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     if answer is None or isinstance(answer, bytes):
         return answer
     return b"".join([m.encode() for m in answer])
+
+
+def _granted(conn: Connection, needs: Needs) -> bool:
+    grants = conn.server.users.grants(conn.user)
+    return grants is not None and grants.allows(needs, conn.bucket_name)
 
 
 def _response(conn: Connection, frame: Frame) -> bytes | None:

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.engine import document
 from dcpkv.engine.bucket import StateCasMismatch
+from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.item import EngineError, Item, KeyNotFound
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode
+from dcpkv.server import datatype
 from dcpkv.server.connection import Connection, Reply, not_my_vbucket
 from dcpkv.server.session import ok
 
@@ -75,18 +78,16 @@ def present(conn: Connection, vb: int) -> VBucket:
 
 
 _NOT_JSON = 0xFF & ~int(Datatype.JSON)  # a plain int: IntFlag arithmetic is slow on a hot path
+_SHAPED = document.SHAPED
+_ACTIVE = CompressionMode.ACTIVE
 
 
-def _datatype(req: kv.Request) -> int:
-    """The datatype to store: only JSON is understood; Snappy and Xattr are not negotiated."""
-    if req.datatype & _NOT_JSON:
-        raise Reply(Status.Einval, b"datatype not negotiated")
-    return req.datatype
-
-
-def _out_datatype(conn: Connection, item: Item) -> int:
-    # A client that did not negotiate Datatype must see raw (0) values.
-    return item.datatype if HelloFeature.Datatype in conn.features else 0
+def _incoming(conn: Connection, req: kv.Set | kv.Append) -> tuple[bytes, int]:
+    """The (value, datatype) to store; plain values with no compression to do pass as they are."""
+    value, dt = bytes(req.value), req.datatype
+    if dt & _NOT_JSON or conn.bucket.compression_mode is _ACTIVE:
+        return datatype.accept(conn, value, dt)
+    return value, dt
 
 
 def _mutated(
@@ -118,10 +119,12 @@ def get(conn: Connection, req: kv.Get) -> kv.GetResponse | GenericResponse | Non
         return missing
     except EngineError as exc:
         raise refusal(conn, exc) from None
-    hit = kv.GET_RESPONSES[op](opaque=req.opaque, cas=item.cas, flags=item.flags,
-                               value=item.value or b"")  # fmt: skip
-    if HelloFeature.Datatype in conn.features:
-        hit.datatype = item.datatype  # a client that did not negotiate it sees raw (0) values
+    if item.datatype & _SHAPED:
+        value, dt = datatype.for_client(conn, item)
+    else:
+        value, dt = item.value or b"", item.datatype
+    hit = kv.GET_RESPONSES[op](opaque=req.opaque, cas=item.cas, flags=item.flags, value=value)
+    hit.datatype = dt & conn.datatype_mask  # only the bits the client negotiated
     if op in _WITH_KEY:
         hit.key = key
     return hit
@@ -131,21 +134,21 @@ def get(conn: Connection, req: kv.Get) -> kv.GetResponse | GenericResponse | Non
 
 
 def store(conn: Connection, req: kv.Set) -> kv.MutationResponse | None:
-    datatype = _datatype(req)
     vbucket = active(conn, req.vbucket)
-    key, value, op = bytes(req.key), bytes(req.value), req.opcode
+    value, dt = _incoming(conn, req)
+    key, op = bytes(req.key), req.opcode
     try:
         if op in _SET:
             item = vbucket.set(key, value, flags=req.flags, expiry=req.expiration, cas=req.cas,
-                               datatype=datatype)  # fmt: skip
+                               datatype=dt)  # fmt: skip
         elif op in _ADD:
             if req.cas:
                 raise Reply(Status.Einval, b"Add takes no CAS")
             item = vbucket.add(key, value, flags=req.flags, expiry=req.expiration,
-                               datatype=datatype)  # fmt: skip
+                               datatype=dt)  # fmt: skip
         else:
             item = vbucket.replace(key, value, flags=req.flags, expiry=req.expiration,
-                                   cas=req.cas, datatype=datatype)  # fmt: skip
+                                   cas=req.cas, datatype=dt)  # fmt: skip
     except EngineError as exc:
         raise refusal(conn, exc) from None
     return _mutated(conn, req, vbucket, item)
@@ -161,11 +164,15 @@ def delete(conn: Connection, req: kv.Delete) -> kv.MutationResponse | None:
 
 
 def concat(conn: Connection, req: kv.Append) -> kv.MutationResponse | None:
-    _datatype(req)
     vbucket = active(conn, req.vbucket)
+    value, dt = _incoming(conn, req)
+    if dt & _SHAPED:  # the engine appends plain bytes to the body
+        if dt & document.XATTR:
+            raise Reply(Status.Einval, b"append/prepend take no xattrs")
+        value, dt = document.inflate(value, dt)
     op = vbucket.append if req.opcode == Opcode.Append else vbucket.prepend
     try:
-        item = op(bytes(req.key), bytes(req.value), cas=req.cas)
+        item = op(bytes(req.key), value, cas=req.cas)
     except EngineError as exc:
         raise refusal(conn, exc) from None
     return _mutated(conn, req, vbucket, item)
@@ -195,10 +202,9 @@ def touch(conn: Connection, req: kv.Touch) -> kv.MutationResponse | kv.GetRespon
         raise refusal(conn, exc) from None
     if req.opcode == Opcode.Touch:
         return kv.TouchResponse(opaque=req.opaque, cas=item.cas)
-    return kv.GATResponse(
-        opaque=req.opaque, cas=item.cas, datatype=_out_datatype(conn, item), flags=item.flags,
-        value=item.value or b"",
-    )  # fmt: skip
+    value, dt = datatype.for_client(conn, item)
+    return kv.GATResponse(opaque=req.opaque, cas=item.cas, datatype=dt, flags=item.flags,
+                          value=value)  # fmt: skip
 
 
 # -- flush -------------------------------------------------------------------------------------
@@ -243,7 +249,7 @@ def get_meta(conn: Connection, req: kv.GetMeta) -> kv.GetMetaResponse:
     return kv.GetMetaResponse(
         opaque=req.opaque, cas=item.cas, deleted=item.deleted, flags=item.flags,
         expiry=item.expiry, rev_seqno=item.rev_seqno,
-        item_datatype=_out_datatype(conn, item) if req.version == 2 else None,
+        item_datatype=item.datatype & conn.datatype_mask if req.version == 2 else None,
     )  # fmt: skip
 
 

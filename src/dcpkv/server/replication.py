@@ -55,7 +55,7 @@ from dcpkv.dcp.repair import Meta, RepairKind, RepairWrite, decide, worth_asking
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.item import Item
 from dcpkv.protocol import kv
-from dcpkv.protocol.constants import Magic, Opcode
+from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.protocol.messages import decode_message
@@ -65,6 +65,9 @@ log = logging.getLogger("dcpkv.replication")
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 TICK_S = 0.1  # how often a link looks for streams due to ask again
 READ_CHUNK = 1 << 20
+_REPAIR_FEATURES = (
+    HelloFeature.Datatype, HelloFeature.Xattr, HelloFeature.Snappy, HelloFeature.JSON,
+)  # fmt: skip
 REPAIR_TIMEOUT_S = 30.0  # a repair longer than this gives up; the rollback goes on
 # replicas follow their active; a pending copy is fed by a takeover stream from it
 _FED = (VBucketState.REPLICA, VBucketState.PENDING)
@@ -231,6 +234,9 @@ class ReplicationLink:
         try:
             parser = FrameParser()
             await self._login(reader, writer, parser)
+            # Our stored values may be compressed or carry xattrs: written back as they are
+            hello = kv.Hello(agent="dcpkv-repair", features=_REPAIR_FEATURES).encode()
+            await _call(reader, writer, parser, hello)
             done = 0
             for ours, base in candidates:
                 ask = kv.GetMeta(key=ours.key, vbucket=vb).encode()

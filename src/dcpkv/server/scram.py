@@ -44,17 +44,22 @@ import binascii
 import hashlib
 import hmac
 import secrets
-import stringprep
-import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from dcpkv.core.credentials import (
+    DEFAULT_ITERATIONS,
+    HASHES,
+    SALT_BYTES,
+    ScramCredentials,
+    new_salt,
+    saslprep,
+)
 from dcpkv.core.errors import DcpkvError
 
-# Couchbase spells the mechanisms without the dash after SHA.
-HASHES = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}
-DEFAULT_ITERATIONS = 4096
-SALT_BYTES = 16
+# ScramCredentials, new_salt and saslprep live in core (the CLI and the manager derive
+# verifiers too) and are re-exported here, where the exchange uses them.
+__all__ = ["HASHES", "ScramCredentials", "ScramError", "ScramServer", "new_salt", "saslprep"]
+
 # RFC 5802's nonce alphabet (0x21-0x7E except ',') plus the space the official SDK sends.
 _NONCE_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {","}
 # The GS2 headers we accept, and the base64 the client must echo as channel binding.
@@ -65,29 +70,6 @@ _FAKE_SALT_KEY = secrets.token_bytes(32)
 
 class ScramError(DcpkvError):
     """The exchange failed; the message says why (for the server log only)."""
-
-
-@dataclass(frozen=True)
-class ScramCredentials:
-    """What the server keeps of a password for one hash: never the password itself."""
-
-    salt: bytes
-    iterations: int
-    stored_key: bytes
-    server_key: bytes
-
-    @classmethod
-    def derive(
-        cls, hash_name: str, password: str, salt: bytes, iterations: int = DEFAULT_ITERATIONS
-    ) -> ScramCredentials:
-        salted = hashlib.pbkdf2_hmac(hash_name, saslprep(password).encode(), salt, iterations)
-        client_key = _hmac(hash_name, salted, b"Client Key")
-        return cls(
-            salt=salt,
-            iterations=iterations,
-            stored_key=hashlib.new(hash_name, client_key).digest(),
-            server_key=_hmac(hash_name, salted, b"Server Key"),
-        )
 
 
 Lookup = Callable[[str], ScramCredentials | None]
@@ -244,24 +226,3 @@ def _unb64(text: str) -> bytes:
 
 def _hmac(hash_name: str, key: bytes, msg: bytes) -> bytes:
     return hmac.new(key, msg, hash_name).digest()
-
-
-def saslprep(password: str) -> str:
-    """SASLprep's mapping and normalisation (RFC 4013 section 2.1-2.2).
-
-    Non-ASCII spaces become spaces and "commonly mapped to nothing" characters go, then NFKC.
-    The prohibited-output checks are skipped: the password is the server's own configuration,
-    and a client that sends something else simply fails the proof.
-    """
-    if password.isascii():
-        return password
-    mapped = "".join(
-        " " if stringprep.in_table_c12(ch) else ch
-        for ch in password
-        if not stringprep.in_table_b1(ch)
-    )
-    return unicodedata.normalize("NFKC", mapped)
-
-
-def new_salt() -> bytes:
-    return secrets.token_bytes(SALT_BYTES)

@@ -12,13 +12,16 @@ bucket (GetClusterConfig).
 
 from __future__ import annotations
 
+import time
 from typing import NoReturn
 
 from dcpkv import __version__
+from dcpkv.core.rbac import RbacError, UsersDoc
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import Datatype, HelloFeature
+from dcpkv.server import datatype
 from dcpkv.server.auth import AuthFailed, SaslSession
 from dcpkv.server.connection import SUPPORTED_FEATURES, CloseConnection, Connection, Reply
 from dcpkv.server.error_map import error_map_json
@@ -46,6 +49,7 @@ def quit_(conn: Connection, req: kv.Quit) -> None:
 def hello(conn: Connection, req: kv.Hello) -> kv.HelloResponse:
     conn.agent = req.agent[:_AGENT_MAX]
     conn.features = {HelloFeature(f) for f in req.features if f in SUPPORTED_FEATURES}
+    conn.datatype_mask = datatype.mask(conn.features)
     return kv.HelloResponse(opaque=req.opaque, features=tuple(sorted(conn.features)))
 
 
@@ -55,7 +59,13 @@ def sasl_list_mechs(conn: Connection, req: kv.SaslListMechs) -> kv.SaslListMechs
 
 
 def sasl_auth(conn: Connection, req: kv.SaslAuth) -> kv.SaslAuthResponse:
-    conn.sasl = SaslSession(conn.server.users)
+    server = conn.server
+    if server.login_throttle.blocked(conn.peer_host, time.monotonic()):
+        server.log.info("login from %s refused: too many failed logins", conn.peer)
+        conn.user = None
+        raise Reply(Status.AuthError, b"Too many failed logins from this address; retry later")
+    server.users.refresh()  # `dcpkv user` may have changed the users file
+    conn.sasl = SaslSession(server.users)
     try:
         done, answer = conn.sasl.start(req.mechanism, bytes(req.data))
     except AuthFailed as exc:
@@ -79,11 +89,18 @@ def sasl_step(conn: Connection, req: kv.SaslStep) -> kv.SaslStepResponse:
 
 def _refuse_login(conn: Connection, exc: AuthFailed) -> NoReturn:
     conn.server.log.info("auth failed from %s: %s", conn.peer, exc)
+    conn.server.auth_errors += 1
+    conn.server.login_throttle.failed(conn.peer_host, time.monotonic())
     conn.user = None
     raise Reply(Status.AuthError, b"Authentication failed") from None
 
 
 def select_bucket(conn: Connection, req: kv.SelectBucket) -> GenericResponse:
+    grants = conn.server.users.grants(conn.user)
+    if grants is None or not grants.can_open(req.bucket):
+        # Couchbase's answer too: no role on it, whether or not the bucket exists
+        conn.server.eaccess += 1
+        raise Reply(Status.Eaccess, f"no role on bucket {req.bucket!r}".encode())
     if req.bucket not in conn.server.buckets:
         raise Reply(Status.KeyEnoent, f"no bucket named {req.bucket!r}".encode())
     conn.bucket_name = req.bucket
@@ -112,3 +129,15 @@ def set_cluster_config(conn: Connection, req: kv.SetClusterConfig) -> GenericRes
 def get_cluster_config(conn: Connection, req: kv.GetClusterConfig) -> kv.GetClusterConfigResponse:
     config = conn.server.cluster_map(conn.bucket_name)
     return kv.GetClusterConfigResponse(opaque=req.opaque, config=config, datatype=Datatype.JSON)
+
+
+def rbac_refresh(conn: Connection, req: kv.RbacRefresh) -> GenericResponse:
+    """A cluster manager's users document: kept (and written to the users file) when its
+    revision is newer than the one held, ignored when not (a delayed push)."""
+    try:
+        doc = UsersDoc.decode(bytes(req.users))
+    except RbacError as exc:
+        raise Reply(Status.Einval, str(exc).encode()[:1024]) from None
+    if conn.server.users.adopt(doc):
+        conn.server.log.info("users document rev %d adopted (%d users)", doc.rev, len(doc.users))
+    return ok(req)

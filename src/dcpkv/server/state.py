@@ -7,10 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcpkv.core.rbac import USERS_FILE
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
 from dcpkv.server.config import ServerConfig
+from dcpkv.server.login_throttle import LoginThrottle
 
 
 @dataclass
@@ -20,6 +22,7 @@ class ServerState:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("dcpkv.server"))
     # The port actually bound (the config may ask for 0, "any free port").
     port: int | None = None
+    tls_port: int | None = None  # the TLS port actually bound, when TLS is on
     cluster_rev: int = 1
     connections: int = 0  # open client connections (the shell keeps it current)
     rejected_conns: int = 0  # refused at accept: max_connections reached
@@ -32,9 +35,13 @@ class ServerState:
     config_listeners: list[Callable[[str], None]] = field(default_factory=list)
     # bucket -> its Replicator on a managed node (dcpkv.server.replication), for stats
     replicators: dict[str, Any] = field(default_factory=dict)
+    # failed logins per source address (dcpkv.server.login_throttle)
+    login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    auth_errors: int = 0  # failed logins (stat auth_errors)
+    eaccess: int = 0  # requests refused for want of a role (stat rbac_eaccess)
 
     def __post_init__(self) -> None:
-        self.users = UserStore(dict(self.config.users))
+        self.users = UserStore(dict(self.config.users), path=self.config.data_dir / USERS_FILE)
 
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;
@@ -65,6 +72,7 @@ class ServerState:
             port=self.port if self.port is not None else self.config.port,
             num_vbuckets=num_vbuckets,
             rev=self.cluster_rev,
+            tls_port=self.tls_port,
             vbucket_map=self._own_vbucket_map(name, num_vbuckets),
         )
         return cluster_map_json(doc)

@@ -62,6 +62,9 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "time", int(now)
     yield "version", __version__
     yield "curr_connections", conn.server.connections
+    yield "auth_errors", conn.server.auth_errors
+    yield "auth_throttled", conn.server.login_throttle.throttled
+    yield "rbac_eaccess", conn.server.eaccess
     yield "max_connections", conn.server.config.max_connections
     yield "rejected_conns", conn.server.rejected_conns
     yield "unauth_timeouts", conn.server.unauth_timeouts

@@ -11,6 +11,11 @@ parsed :class:`SourceOptions` is a small frozen dataclass: it is pickled into ev
 the :class:`~dcpkv.client.settings.ConnectionSettings` the source and sink connect with (to the
 first node: one node is the whole cluster here). ``vbuckets`` is a list of ids and ranges
 (``"0,1,5-9"``); empty means every vbucket the server has.
+
+TLS: ``tls=true`` (or ``nodes`` given as ``couchbases://host:port``, the nodes' TLS ports)
+makes every connection speak TLS; ``tlsCa`` is the CA file to trust (on every executor, at
+the same path), ``tlsVerify=false`` skips verification (development only), ``tlsCert`` and
+``tlsKey`` present a client certificate.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings, Node, NodeError, parse_nodes, parse_port
+from dcpkv.client.settings import (
+    ConnectionSettings,
+    Node,
+    NodeError,
+    parse_nodes,
+    parse_port,
+    scheme_tls,
+)
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
     DEFAULT_HOST,
@@ -30,6 +42,7 @@ from dcpkv.core.defaults import (
     DEFAULT_USER,
 )
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.tls import TlsOptions
 from dcpkv.spark.sparkoffsets import SparkOffsets
 
 MODES = ("changes", "documents")
@@ -81,11 +94,13 @@ class SourceOptions:
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Parse Spark's option map (keys compared case-insensitively)."""
     opts = {k.lower(): v for k, v in options.items()}
+    nodes, tls = _nodes(opts)
     connection = ConnectionSettings(
-        _nodes(opts),
+        nodes,
         bucket=opts.get("bucket", DEFAULT_BUCKET),
         user=opts.get("user", DEFAULT_USER),
         password=opts.get("password", DEFAULT_PASSWORD),
+        tls=_tls(opts, tls),
     )
     return SourceOptions(
         connection=connection,
@@ -116,16 +131,27 @@ def parse_vbuckets(text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _nodes(opts: Mapping[str, str]) -> tuple[Node, ...]:
+def _nodes(opts: Mapping[str, str]) -> tuple[tuple[Node, ...], bool]:
+    """The nodes, and whether their connection string asked for TLS (``couchbases://``)."""
     try:
-        nodes = opts.get("nodes", "").strip()
+        tls, nodes = scheme_tls(opts.get("nodes", "").strip())
         if nodes:
-            return parse_nodes(nodes)
-        return (
-            Node(opts.get("host", DEFAULT_HOST), parse_port(opts.get("port", str(DEFAULT_PORT)))),
-        )
+            return parse_nodes(nodes), tls
+        port = parse_port(opts.get("port", str(DEFAULT_PORT)))
+        return (Node(opts.get("host", DEFAULT_HOST), port),), False
     except NodeError as exc:
         raise OptionError(str(exc)) from None
+
+
+def _tls(opts: Mapping[str, str], from_scheme: bool) -> TlsOptions | None:
+    if not (from_scheme or _bool(opts.get("tls", "false"), "tls")):
+        return None
+    return TlsOptions(
+        ca=opts.get("tlsca"),
+        verify=_bool(opts.get("tlsverify", "true"), "tlsVerify"),
+        cert=opts.get("tlscert"),
+        key=opts.get("tlskey"),
+    )
 
 
 def _positive(opts: Mapping[str, str], key: str) -> int | None:
