@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/latency.py --json $(RESULTS)/latency.json
 	$(BIN)/python bench/memory.py --json $(RESULTS)/memory.json
 	$(BIN)/python bench/replication.py --json $(RESULTS)/replication.json
+	$(BIN)/python bench/rebalance.py --json $(RESULTS)/rebalance.json
 	$(BIN)/python bench/peers.py --results $(RESULTS)
 	$(BIN)/python bench/summary.py $(RESULTS)
 

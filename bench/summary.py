@@ -124,6 +124,11 @@ ROWS: list[Row] = [
         ("memory", "quota_rss_growth_over_allowed_100b"), RSS_ALLOWED),
     Row("peak RSS growth / allowed, 4 KiB values",
         ("memory", "quota_rss_growth_over_allowed_4096b"), RSS_ALLOWED),
+    Row("rebalance 2 -> 3 nodes, s", ("rebalance", "rebalance_s")),
+    Row("writes/s before / during rebalance", ("rebalance", "before_writes_per_s")),
+    Row("  during", ("rebalance", "during_writes_per_s")),
+    Row("write p99 before / during rebalance, ms", ("rebalance", "before_p99_ms")),
+    Row("  during", ("rebalance", "during_p99_ms")),
 ]  # fmt: skip
 
 

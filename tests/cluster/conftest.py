@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +27,12 @@ def server_factory() -> Iterator[type[ServerProcess]]:
 def manager_factory() -> Iterator[type[ManagerProcess]]:
     with tracked_managers() as factory:
         yield factory
+
+
+@pytest.fixture
+def sdk() -> Iterator[list[Any]]:
+    """Official SDK clusters a test opened (``sdkhelp.connect``), closed at teardown."""
+    opened: list[Any] = []
+    yield opened
+    for cluster in opened:
+        cluster.close()

@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
-from couchbase.auth import PasswordAuthenticator
 from couchbase.cluster import Cluster as SdkCluster
 from couchbase.collection import Collection
 from couchbase.exceptions import CouchbaseException
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions
 from kvclient import poll_rounds
 from managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
 from replicacheck import wait_equal
+from sdkhelp import connect
 from serverproc import ServerProcess
 
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap
@@ -125,30 +121,6 @@ def _observe_until(replica: ServerProcess, vb: int, uuid: int, seqno: int) -> bo
     except OSError:
         return False
     return False
-
-
-@pytest.fixture
-def sdk() -> Iterator[list[SdkCluster]]:
-    opened: list[SdkCluster] = []
-    yield opened
-    for cluster in opened:
-        cluster.close()
-
-
-def connect(node: ServerProcess, opened: list[SdkCluster]) -> Collection:
-    timeouts = ClusterTimeoutOptions(
-        kv_timeout=timedelta(seconds=2),
-        connect_timeout=timedelta(seconds=10),
-        bootstrap_timeout=timedelta(seconds=10),
-    )
-    options = ClusterOptions(
-        PasswordAuthenticator("Administrator", "password"),
-        timeout_options=timeouts,
-        config_poll_interval=timedelta(milliseconds=500),
-    )
-    cluster = SdkCluster(f"couchbase://127.0.0.1:{node.port}", options)
-    opened.append(cluster)
-    return cluster.bucket("default").default_collection()
 
 
 # -- the tests --------------------------------------------------------------------------------

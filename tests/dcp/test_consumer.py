@@ -195,6 +195,51 @@ def test_a_refused_stream_asks_again_only_after_a_pause(
     assert len(consumer.requests(now=1.0 + RETRY_S)) == 1
 
 
+def test_a_pending_vbucket_is_taken_over_with_its_failover_log(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    """Rebalance's handoff without sockets: B holds vbucket 0 as a replica of A, the manager
+    makes it pending, the stream is asked again with TakeOver, and once caught up A's copy
+    ends dead and B's active, with A's failover log as it was (no new branch: a consumer
+    following the vbucket resumes on B without a rollback)."""
+    active, replica = buckets("a", VBucketState.ACTIVE), buckets("b", VBucketState.REPLICA)
+    write(active, 40, "k")
+    link = Link(active, replica)
+    link.connect()
+    link.pump()
+    log_before = active.vbuckets[0].failover.entries
+    replica.set_vbucket_state(0, VBucketState.PENDING)
+    write(active, 40, "m")  # more lands before and while the takeover stream runs
+    link.to_producer(link.consumer.set_vbuckets(range(VBS)))
+    link.to_producer(link.consumer.requests(link.now))
+    link.pump()
+    assert active.vbuckets[0].state == VBucketState.DEAD
+    assert replica.vbuckets[0].state == VBucketState.ACTIVE
+    assert replica.vbuckets[0].failover.entries == log_before
+    assert state_of(replica)[0] == state_of(active)[0]
+    assert link.consumer.takeovers == 1
+    # the other vbuckets were left as they were: still replicating
+    assert [replica.vbuckets[vb].state for vb in range(1, VBS)] == [VBucketState.REPLICA] * 3
+    assert [active.vbuckets[vb].state for vb in range(1, VBS)] == [VBucketState.ACTIVE] * 3
+
+
+@pytest.mark.parametrize("state", [VBucketState.REPLICA, VBucketState.ACTIVE])
+def test_a_takeover_step_for_a_vbucket_not_pending_is_refused(
+    buckets: Callable[[str, VBucketState], Bucket], state: VBucketState
+) -> None:
+    """A copy the manager moved away meanwhile is never made active by a late handshake."""
+    active, replica = buckets("a", VBucketState.ACTIVE), buckets("b", VBucketState.REPLICA)
+    link = Link(active, replica)
+    link.connect()
+    link.pump()
+    replica.set_vbucket_state(1, state)
+    msg = dcp.SetVbucketState(opaque=OPAQUE_BASE + 1, vbucket=1, state=VBucketState.ACTIVE)
+    answers, _ = link.consumer.handle(msg, 25, 0.0)
+    (answer,) = _decode(answers)
+    assert isinstance(answer, GenericResponse) and answer.status == 0x07  # NotMyVbucket
+    assert replica.vbuckets[1].state == state
+
+
 def test_a_replica_keeps_xattrs_and_the_content_of_compressed_values(
     buckets: Callable[[str, VBucketState], Bucket],
 ) -> None:

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Thin shells: ``manager`` runs :mod:`dcpkv.cluster.service`; ``cluster status|add-node|
-failover|settings`` send one request each to the manager's HTTP API
+failover|rebalance|remove-node|recover|settings`` send one request each to the manager's HTTP API
 (:mod:`dcpkv.cluster.admin_client`) and print the answer (``--json`` for the raw document);
 ``cluster up`` runs :mod:`dcpkv.cluster.local`. Heavy imports happen inside the commands so
 ``dcpkv --help`` stays fast. A refusal prints the manager's one-line reason and exits 1.
@@ -24,7 +24,8 @@ from dcpkv.core.defaults import DEFAULT_BUCKET, DEFAULT_HOST, DEFAULT_PASSWORD, 
 DEFAULT_MANAGER_PORT = 8091  # Couchbase's REST port
 
 cluster_app = typer.Typer(
-    help="Talk to the cluster manager (status, add-node, failover, settings), or start a "
+    help="Talk to the cluster manager (status, add-node, failover, rebalance, remove-node, "
+    "recover, settings), or start a "
     "whole development cluster on this machine (up).",
     no_args_is_help=True,
     add_completion=False,
@@ -35,6 +36,7 @@ Url = Annotated[str, typer.Option(help="The manager's admin API.", envvar="DCPKV
 User = Annotated[str, typer.Option(help="The cluster admin.")]
 Password = Annotated[str, typer.Option(help="Its password.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the manager's JSON answer.")]
+Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="Show progress until it ends.")]
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_MANAGER_PORT}"
 
 
@@ -171,6 +173,26 @@ def status(
             f"{n['actives']:>6} {n['replicas']:>7} {lag:>8}"
         )
     _echo_auto_failover(doc["autoFailover"])
+    if "rebalance" in doc:
+        _echo_rebalance(doc["rebalance"])
+
+
+def _echo_rebalance(rebalance: dict[str, Any]) -> None:
+    progress = rebalance["progress"]
+    line = f"rebalance: {rebalance['state']}"
+    if progress["vbucketsTotal"]:
+        line += (
+            f", {progress['vbucketsMoved']}/{progress['vbucketsTotal']} vbuckets moved, "
+            f"{progress['itemsTransferred']} items transferred"
+        )
+        if progress["eta"] is not None:
+            line += f", about {progress['eta']:.0f} s left"
+    if rebalance.get("error"):
+        line += f" ({rebalance['error']})"
+    typer.echo(line)
+    pending = [*rebalance["eject"], *rebalance["recover"]]
+    if pending and rebalance["state"] != "running":
+        typer.echo(f"  still to do (run `dcpkv cluster rebalance`): {', '.join(pending)}")
 
 
 def _echo_auto_failover(auto: dict[str, Any]) -> None:
@@ -227,6 +249,119 @@ def failover(
 
 
 @cluster_app.command()
+def rebalance(
+    eject: Annotated[
+        list[str] | None,
+        typer.Option(help="A node to take out (host:port), repeatable: its vbuckets move away."),
+    ] = None,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the running rebalance.")] = False,
+    wait: Wait = True,
+    url: Url = DEFAULT_URL,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+) -> None:
+    """Move vbuckets so every node holds an even share (nodes added in, ejected ones out).
+
+    The manager plans a new map for the nodes that stay (as few moves as an even spread
+    allows) and moves vbuckets a few at a time while the cluster serves: each new copy is
+    built from the current active, handed over with a takeover stream, the map changes, and
+    old copies are deleted once the new ones are persisted. A move that fails puts the old
+    active back and stops the rebalance; run it again to finish. Exits 1 unless it completes.
+    """
+    if stop:
+        doc = _call(url, "POST", "/controller/stopRebalance", user, password)
+        _echo_rebalance(doc)
+        return
+    params = {"ejectedNodes": ",".join(eject)} if eject else {}
+    doc = _call(url, "POST", "/controller/rebalance", user, password, **params)
+    typer.echo(f"rebalance started: {doc['moves']} vbucket move(s) over {', '.join(doc['nodes'])}")
+    if wait:
+        _follow_rebalance(url, user, password)
+
+
+def _follow_rebalance(url: str, user: str, password: str) -> None:
+    """A progress bar until the rebalance ends; exit 1 unless it completed."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("vbuckets, {task.fields[items]} items"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("rebalancing", total=None, items=0)
+        while True:
+            doc = _call(url, "GET", "/pools/default/rebalanceProgress", user, password)
+            p = doc["progress"]
+            bar.update(
+                task, total=p["vbucketsTotal"], completed=p["vbucketsMoved"],
+                items=p["itemsTransferred"],
+            )  # fmt: skip
+            if doc["state"] != "running":
+                break
+            time.sleep(0.5)
+    _echo_rebalance(doc)
+    if doc["state"] != "idle":
+        raise typer.Exit(1)
+
+
+@cluster_app.command("remove-node")
+def remove_node(
+    node: Annotated[str, typer.Argument(help="The node to take out, host:port.")],
+    wait: Wait = True,
+    url: Url = DEFAULT_URL,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+) -> None:
+    """Remove a node gracefully: a rebalance moves its vbuckets away, then it leaves.
+
+    Unlike failover nothing is lost and no replica is promoted early: the node serves until
+    each of its vbuckets is handed over.
+    """
+    doc = _call(url, "POST", "/controller/rebalance", user, password, ejectedNodes=node)
+    typer.echo(f"removing {node}: {doc['moves']} vbucket move(s)")
+    if wait:
+        _follow_rebalance(url, user, password)
+
+
+@cluster_app.command()
+def recover(
+    node: Annotated[str, typer.Argument(help="The failed-over node to take back, host:port.")],
+    full: Annotated[
+        bool,
+        typer.Option("--full/--delta", help="Wipe it first (full), or keep its data (delta)."),
+    ] = False,
+    wait: Wait = True,
+    url: Url = DEFAULT_URL,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+) -> None:
+    """Take a failed-over node back in, then rebalance.
+
+    Delta recovery keeps its data: its vbuckets become replicas of the current actives, roll
+    back where their history left the actives' (the failover logs decide) and copy only what
+    changed since. Full recovery deletes its vbuckets first and copies everything.
+    """
+    how = "full" if full else "delta"
+    _call(url, "POST", "/controller/setRecoveryType", user, password, otpNode=node,
+          recoveryType=how)  # fmt: skip
+    doc = _call(url, "POST", "/controller/rebalance", user, password)
+    typer.echo(f"recovering {node} ({how}): {doc['moves']} vbucket move(s)")
+    if wait:
+        _follow_rebalance(url, user, password)
+
+
+@cluster_app.command()
 def settings(
     auto_failover: Annotated[
         bool | None, typer.Option("--auto-failover/--no-auto-failover", help="Switch it.")
@@ -242,6 +377,9 @@ def settings(
             help="Acknowledge the automatic failovers done: allow the next one.",
         ),
     ] = False,
+    rebalance_moves: Annotated[
+        int | None, typer.Option(help="vbucket moves a rebalance runs at a time (1-64).")
+    ] = None,
     repair_on_rollback: Annotated[
         bool | None,
         typer.Option(
@@ -264,6 +402,10 @@ def settings(
     """
     if reset_auto_failover_count:
         _call(url, "POST", "/settings/autoFailover/resetCount", user, password)
+    if rebalance_moves is not None:
+        doc = _call(url, "POST", "/settings/rebalance", user, password,
+                    movesAtOnce=str(rebalance_moves))  # fmt: skip
+        typer.echo(f"rebalance: {doc['movesAtOnce']} vbucket moves at a time")
     if repair_on_rollback is not None:
         flag = "true" if repair_on_rollback else "false"
         _call(url, "POST", "/settings/rollbackRepair", user, password, repairOnRollback=flag)

@@ -15,7 +15,9 @@ count, a replica count, a uuid (pushed in its config, so a node tells whose data
 and, once enough nodes joined, its map. Settings are the automatic failover switch, its
 timeout (5 s by default) and the count of automatic failovers an operator has not yet
 acknowledged (stored, so a manager restart does not grant a second one:
-:mod:`~dcpkv.cluster.auto_failover`).
+:mod:`~dcpkv.cluster.auto_failover`). The rebalance record (:class:`RebalanceConfig`) keeps
+what a rebalance must still do (nodes to take out or back in) and how the last one ended, so
+a manager that died mid-rebalance tells so and a re-run finishes the job.
 
 Loading refuses a corrupt or unknown file with one clear line (:class:`ClusterConfigError`):
 the manager must never guess a cluster's layout.
@@ -40,6 +42,8 @@ FORMAT = 1
 DEFAULT_AUTO_FAILOVER_TIMEOUT_S = 5
 # Couchbase 7.1 went down to 1 s; below ~3 heartbeats a busy but live node may be failed over
 MIN_AUTO_FAILOVER_TIMEOUT_S, MAX_AUTO_FAILOVER_TIMEOUT_S = 1, 3600
+# ns_server moves 4 vbuckets per node at a time; a cluster of a few nodes: about 16 in flight
+DEFAULT_MOVES_AT_ONCE = 16
 
 
 class ClusterConfigError(DcpkvError, ValueError):
@@ -92,6 +96,49 @@ class Settings:
         }
 
 
+class Recovery(StrEnum):
+    DELTA = "delta"  # keeps its data: its copies roll back as the rules say, then catch up
+    FULL = "full"  # wiped first
+
+
+class RebalanceState(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"  # found at start-up: the manager died mid-rebalance
+    STOPPED = "stopped"  # by an operator, or by a failover
+    FAILED = "failed"  # a move failed and was reverted
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceConfig:
+    """What a rebalance must still do, so a re-run finishes it (:mod:`.rebalance`): the
+    nodes to take out, the failed-over nodes to take back in, and how the last run ended."""
+
+    state: RebalanceState = RebalanceState.IDLE
+    eject: tuple[str, ...] = ()
+    recover: tuple[tuple[str, Recovery], ...] = ()
+    error: str | None = None
+    moves_at_once: int = DEFAULT_MOVES_AT_ONCE  # a setting: vbucket moves in flight at a time
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "eject": list(self.eject),
+            "recover": {n: r.value for n, r in self.recover},
+            "error": self.error,
+            "movesAtOnce": self.moves_at_once,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RebalanceConfig:
+        return cls(
+            RebalanceState(doc["state"]),
+            tuple(doc["eject"]),
+            tuple((n, Recovery(r)) for n, r in doc["recover"].items()),
+            doc.get("error"),
+            int(doc.get("movesAtOnce", DEFAULT_MOVES_AT_ONCE)),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class FailoverEvent:
     """An automatic failover, kept in the file so status shows it after a manager restart."""
@@ -113,6 +160,7 @@ class ClusterConfig:
     buckets: tuple[BucketConfig, ...] = ()
     settings: Settings = field(default_factory=Settings)
     events: tuple[FailoverEvent, ...] = ()
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
 
     def with_event(self, event: FailoverEvent) -> ClusterConfig:
         return replace(self, events=(*self.events, event)[-MAX_EVENTS:])
@@ -160,6 +208,7 @@ def to_json(config: ClusterConfig) -> dict[str, Any]:
             "repairOnRollback": config.settings.repair_on_rollback,
         },
         "events": [e.to_json() for e in config.events],
+        "rebalance": config.rebalance.to_json(),
     }
 
 
@@ -184,7 +233,8 @@ def from_json(doc: Any) -> ClusterConfig:
         for b in doc["buckets"]
     )
     auto = doc["settings"]["autoFailover"]
-    # "count", "repairOnRollback" and "events" came later: an older file has none to carry
+    # "count", "repairOnRollback", "events" and "rebalance" came later: an older file has
+    # none to carry (nor a rebalance to finish)
     settings = Settings(
         bool(auto["enabled"]),
         int(auto["timeout"]),
@@ -195,7 +245,8 @@ def from_json(doc: Any) -> ClusterConfig:
         FailoverEvent(str(e["node"]), str(e["reason"]), float(e["at"]))
         for e in doc.get("events", [])
     )
-    return ClusterConfig(nodes, buckets, settings, events)
+    rebalance = RebalanceConfig.from_json(doc["rebalance"]) if "rebalance" in doc else None
+    return ClusterConfig(nodes, buckets, settings, events, rebalance or RebalanceConfig())
 
 
 def load(data_dir: Path) -> ClusterConfig | None:

@@ -12,6 +12,14 @@ GET      ``/settings/autoFailover``    ``{"enabled":..,"timeout":..}``
 POST     ``/settings/autoFailover``    ``enabled=true|false``, ``timeout=SECONDS``
 POST     ``/settings/autoFailover/     acknowledge automatic failovers: the count
          resetCount``                  back to 0 (Couchbase's route)
+POST     ``/controller/rebalance``     start a rebalance; ``ejectedNodes=a,b``: nodes
+                                       to take out (graceful removal)
+POST     ``/controller/stopRebalance`` stop it (running moves put back)
+GET      ``/pools/default/             state, vbuckets moved of total, items
+         rebalanceProgress``           transferred, elapsed and estimated seconds
+POST     ``/controller/                ``otpNode=``, ``recoveryType=delta|full``: a
+         setRecoveryType``             failed-over node comes back at the next rebalance
+POST     ``/settings/rebalance``       ``movesAtOnce=N``: vbucket moves in flight
 GET      ``/settings/rollbackRepair``  ``{"repairOnRollback": ..}``
 POST     ``/settings/rollbackRepair``  ``repairOnRollback=true|false`` (spec 002's repair)
 GET      ``/settings/rbac/users``      the users and their roles (never verifiers)
@@ -39,7 +47,7 @@ from typing import Any
 
 from aiohttp import web
 
-from dcpkv.cluster.config import ClusterConfigError
+from dcpkv.cluster.config import ClusterConfigError, Recovery
 from dcpkv.cluster.manager import Manager, Refused
 from dcpkv.core.rbac import check_user_name, parse_roles
 
@@ -135,6 +143,41 @@ async def _reset_auto_failover_count(request: web.Request) -> web.Response:
     return web.json_response(await request.app[MANAGER].reset_auto_failover_count())
 
 
+async def _rebalance(request: web.Request) -> web.Response:
+    params = await _params(request)
+    eject = str(params.get("ejectedNodes") or "")
+    names = [n.strip().removeprefix("ns_1@") for n in eject.split(",") if n.strip()]
+    return web.json_response(await request.app[MANAGER].rebalance(names))
+
+
+async def _stop_rebalance(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[MANAGER].stop_rebalance())
+
+
+async def _rebalance_progress(request: web.Request) -> web.Response:
+    return web.json_response(request.app[MANAGER].rebalancer.status())
+
+
+async def _set_recovery_type(request: web.Request) -> web.Response:
+    params = await _params(request)
+    name = _required(params, "otpNode", "node").removeprefix("ns_1@")
+    how = _required(params, "recoveryType")
+    try:
+        recovery = Recovery(how)
+    except ValueError:
+        raise ValueError(f"recoveryType must be delta or full, not {how!r}") from None
+    return web.json_response(await request.app[MANAGER].set_recovery(name, recovery))
+
+
+async def _set_rebalance(request: web.Request) -> web.Response:
+    given = _required(await _params(request), "movesAtOnce")
+    try:
+        moves = int(given)
+    except ValueError:
+        raise ValueError(f"movesAtOnce must be a number, not {given!r}") from None
+    return web.json_response(await request.app[MANAGER].set_rebalance_moves(moves))
+
+
 async def _get_rollback_repair(request: web.Request) -> web.Response:
     settings = request.app[MANAGER].config.settings
     return web.json_response({"repairOnRollback": settings.repair_on_rollback})
@@ -183,6 +226,11 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_get("/settings/autoFailover", _get_auto_failover)
     app.router.add_post("/settings/autoFailover", _set_auto_failover)
     app.router.add_post("/settings/autoFailover/resetCount", _reset_auto_failover_count)
+    app.router.add_post("/controller/rebalance", _rebalance)
+    app.router.add_post("/controller/stopRebalance", _stop_rebalance)
+    app.router.add_get("/pools/default/rebalanceProgress", _rebalance_progress)
+    app.router.add_post("/controller/setRecoveryType", _set_recovery_type)
+    app.router.add_post("/settings/rebalance", _set_rebalance)
     app.router.add_get("/settings/rollbackRepair", _get_rollback_repair)
     app.router.add_post("/settings/rollbackRepair", _set_rollback_repair)
     app.router.add_get("/settings/rbac/users", _list_users)

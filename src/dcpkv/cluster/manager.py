@@ -53,6 +53,7 @@ from dcpkv.cluster.auto_failover import Policy, decide
 from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
 from dcpkv.cluster.health import HealthWatcher
 from dcpkv.cluster.node_link import Counters, LinkTls, NodeError, NodeLink
+from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefused
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.rbac import (
@@ -97,6 +98,7 @@ class Manager:
         self._tasks: set[asyncio.Task[None]] = set()
         self.auto_held: dict[str, str] = {}  # unresponsive node -> why it is not failed over
         self.users = UsersDoc()
+        self.rebalancer = Rebalancer(self)
 
     # -- life -------------------------------------------------------------------------------
 
@@ -120,6 +122,8 @@ class Manager:
             self.config = loaded
             if seeds:
                 log.info("%s exists: the --node seeds are ignored", cfg.FILE_NAME)
+            # a record still running: this manager died mid-rebalance (a re-run finishes it)
+            self.rebalancer.interrupted = loaded.rebalance.state == cfg.RebalanceState.RUNNING
             async with self._lock:
                 await self._sync_all()
         self.health = HealthWatcher(self.config.buckets[0].name, self._on_beat, self._heartbeat_s)
@@ -191,7 +195,8 @@ class Manager:
     async def _sync_states(self, link: NodeLink, bucket: str, vb_map: VBucketMap) -> None:
         held = await link.states(bucket)
         wanted = vb_map.states_of(link.name)
-        for vb in sorted(set(held) | set(wanted)):
+        moving = self.rebalancer.held(link.name, bucket)  # a vbucket move drives these
+        for vb in sorted((set(held) | set(wanted)) - moving):
             state = wanted.get(vb, VBucketState.DEAD)
             if held.get(vb, VBucketState.DEAD) != state:
                 await link.set_state(bucket, vb, state, held)
@@ -330,6 +335,8 @@ class Manager:
         survivors = [n for n in self.config.active_nodes() if n != name]
         if not survivors:
             raise Refused(f"{name} is the last node of the cluster: nothing would serve")
+        if self.rebalancer.running:  # as ns_server: a failover stops a rebalance first
+            await self.rebalancer.stop(f"stopped by the failover of {name}")
         config = self.config.with_node(replace(node, state=cfg.NodeState.FAILED))
         promoted = 0
         for bucket in self.config.buckets:
@@ -348,12 +355,7 @@ class Manager:
             config = config.with_event(cfg.FailoverEvent(name, auto_reason, time.time()))
         await self._commit(config)
         self.auto_held.pop(name, None)
-        if self.health is not None:
-            await self.health.forget(name)
-        link = self.links.pop(name, None)
-        if link is not None:
-            await link.close()
-        self.out_of_sync.discard(name)
+        await self.forget(name)
         await self._sync_all()
         how = "manually" if auto_reason is None else f"automatically ({auto_reason})"
         log.info("failed over %s %s: %d vbucket(s) promoted", name, how, promoted)
@@ -494,6 +496,7 @@ class Manager:
                 "held": self.auto_held,
             },
             "counters": self.counters.to_json(),
+            "rebalance": self.rebalancer.status(),
         }
 
     def _health_of(self, node: cfg.NodeConfig) -> str:
@@ -527,6 +530,74 @@ class Manager:
                     behind = sum(max(0, actives.get(vb, 0) - s) for vb, s in seqnos.items())
                     lags[name] = (lags.get(name) or 0) + behind
         return lags
+
+    # -- rebalance (cluster/rebalance.py drives it; these are what it uses) -------------------
+
+    async def rebalance(self, eject: list[str]) -> dict[str, Any]:
+        async with self._lock:
+            try:
+                return await self.rebalancer.start(eject)
+            except RebalanceRefused as exc:
+                raise Refused(str(exc)) from None
+
+    async def stop_rebalance(self) -> dict[str, Any]:
+        async with self._lock:
+            try:
+                return await self.rebalancer.stop()
+            except RebalanceRefused as exc:
+                raise Refused(str(exc)) from None
+
+    async def set_recovery(self, name: str, how: cfg.Recovery) -> dict[str, Any]:
+        """Mark a failed-over node to be taken back in by the next rebalance."""
+        async with self._lock:
+            node = self.config.node(name)
+            if node is None or node.state != cfg.NodeState.FAILED:
+                raise Refused(f"{name} is not a failed-over node of this cluster")
+            record = self.config.rebalance
+            recover = (*(r for r in record.recover if r[0] != name), (name, how))
+            await self._commit(replace(self.config, rebalance=replace(record, recover=recover)))
+        return {"node": name, "recoveryType": how.value}
+
+    async def set_rebalance_moves(self, moves: int) -> dict[str, Any]:
+        if not 1 <= moves <= MAX_MOVES_AT_ONCE:
+            raise Refused(f"moves at once must be 1..{MAX_MOVES_AT_ONCE}, not {moves}")
+        async with self._lock:
+            record = replace(self.config.rebalance, moves_at_once=moves)
+            await self._commit(replace(self.config, rebalance=record))
+        return record.to_json()
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        return self._lock
+
+    def link(self, name: str) -> NodeLink:
+        return self._link(name)
+
+    def pushed_config(self, bucket: cfg.BucketConfig, node: str) -> dict[str, Any]:
+        return self._pushed_config(bucket, node)
+
+    async def commit(self, config: cfg.ClusterConfig) -> None:
+        await self._commit(config)
+
+    async def sync_all(self) -> None:
+        await self._sync_all()
+
+    def watch(self, name: str) -> None:
+        if self.health is not None:
+            self.health.watch(self._link(name))
+
+    def down_for(self, name: str) -> float:
+        """Seconds ``name`` has not answered heartbeats (0: it answers)."""
+        return self.health.unhealthy_for(name) if self.health is not None else 0.0
+
+    async def forget(self, name: str) -> None:
+        """Stop watching and driving a node that left."""
+        if self.health is not None:
+            await self.health.forget(name)
+        link = self.links.pop(name, None)
+        if link is not None:
+            await link.close()
+        self.out_of_sync.discard(name)
 
 
 def _check_address(name: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +142,8 @@ class NodeLink:
             raise NodeError(f"{self.name}: GetClusterConfig: {_status(answer)}")
         return json.loads(bytes(answer.config))
 
-    async def high_seqnos(self, bucket: str, state: VBucketState) -> dict[int, int]:
+    async def high_seqnos(self, bucket: str, state: VBucketState | None) -> dict[int, int]:
+        """vbucket -> high seqno, of the vbuckets in ``state`` (None: all but dead ones)."""
         answer = await self._call(bucket, kv.GetAllVbSeqnos(state=state))
         if not isinstance(answer, kv.GetAllVbSeqnosResponse):
             raise NodeError(f"{self.name}: GetAllVbSeqnos: {_status(answer)}")
@@ -170,6 +172,44 @@ class NodeLink:
             if isinstance(a, kv.ObserveSeqnoResponse)
         }
 
+    async def vbucket_views(
+        self, bucket: str, vbuckets: list[int]
+    ) -> dict[int, tuple[VBucketState | None, int, int]]:
+        """vbucket -> (state or None when not held, high seqno, persisted seqno), asking
+        about these vbuckets only (``stat vbucket N``, ``stat vbucket-seqno N``, ObserveSeqno
+        for a copy that is not dead), all at once: what a rebalance watches every tick."""
+        conn = await self._session(bucket)
+        try:
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(self._vbucket_view(conn, vb) for vb in vbuckets)),
+                CALL_TIMEOUT_S,
+            )
+        except (OSError, TimeoutError, ClientError) as exc:
+            await conn.close()
+            self._sessions.pop(bucket, None)
+            raise NodeError(f"{self.name} did not answer: {exc or 'timeout'}") from None
+        return dict(zip(vbuckets, answers, strict=True))
+
+    @staticmethod
+    async def _vbucket_view(conn: Connection, vb: int) -> tuple[VBucketState | None, int, int]:
+        try:
+            state_rows = await conn.stats(f"vbucket {vb}")
+            seqno_rows = dict(await conn.stats(f"vbucket-seqno {vb}"))
+        except ClientError as exc:
+            if exc.status == Status.NotMyVbucket:
+                return None, 0, 0  # the node holds no copy
+            raise
+        state = VBucketState.of(state_rows[0][1])
+        high = int(seqno_rows[f"vb_{vb}:high_seqno"])
+        if state == VBucketState.DEAD:
+            return state, high, 0
+        uuid = int(seqno_rows[f"vb_{vb}:uuid"])
+        answer = await conn.call(kv.ObserveSeqno(vbucket=vb, vbucket_uuid=uuid))
+        persisted = (
+            answer.last_persisted_seqno if isinstance(answer, kv.ObserveSeqnoResponse) else 0
+        )
+        return state, high, persisted
+
     async def noop(self, bucket: str) -> None:
         answer = await self._call(bucket, kv.Noop())
         if getattr(answer, "status", Status.Success) != Status.Success:
@@ -194,18 +234,44 @@ class NodeLink:
         self, bucket: str, vbucket: int, state: VBucketState, held: dict[int, VBucketState]
     ) -> None:
         """SetVbucket with the state CAS; on a conflict, note the current CAS and retry."""
+        self.counters.set_vbucket_sent += 1
+
+        def command(cas: int) -> kv.Request:
+            return kv.SetVbucket(vbucket=vbucket, state=state, cas=cas)
+
+        await self._cas_ordered(bucket, held, command, f"SetVbucket {vbucket} {state}")
+
+    async def delete_vbucket(self, bucket: str, vbucket: int) -> None:
+        """DelVbucket (the copy and its data), CAS-ordered like a state change; a vbucket the
+        node does not hold counts as deleted."""
+
+        def command(cas: int) -> kv.Request:
+            return kv.DelVbucket(vbucket=vbucket, cas=cas)
+
+        try:
+            await self._cas_ordered(bucket, {}, command, f"DelVbucket {vbucket}")
+        except NodeError as exc:
+            if "NotMyVbucket" not in str(exc):
+                raise
+
+    async def _cas_ordered(
+        self,
+        bucket: str,
+        held: dict[int, VBucketState],
+        command: Callable[[int], kv.Request],
+        what: str,
+    ) -> None:
         cas = await self.state_cas(bucket, held)
         for _ in range(CAS_RETRIES):
-            self.counters.set_vbucket_sent += 1
-            answer = await self._call(bucket, kv.SetVbucket(vbucket=vbucket, state=state, cas=cas))
+            answer = await self._call(bucket, command(cas))
             if answer.status == Status.Success:
                 self._state_cas[bucket] = answer.cas
                 return
             if answer.status != Status.KeyEexists:
-                raise NodeError(f"{self.name}: SetVbucket {vbucket} {state}: {_status(answer)}")
+                raise NodeError(f"{self.name}: {what}: {_status(answer)}")
             self.counters.cas_conflicts += 1
             cas = self._state_cas[bucket] = answer.cas
-        raise NodeError(f"{self.name}: the state CAS kept changing; gave up on vbucket {vbucket}")
+        raise NodeError(f"{self.name}: the state CAS kept changing; gave up on {what}")
 
     async def push_users(self, bucket: str, users: bytes) -> None:
         """RbacRefresh: the users document (the node keeps it when its rev is newer)."""

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
 from dcpkv.engine.bucket import Bucket
 from dcpkv.protocol import dcp
@@ -42,6 +43,7 @@ OPAQUE_BASE = 0x1_0000  # stream opaques: OPAQUE_BASE + vbucket (vbuckets are < 
 BUFFER_SIZE = 10 * 1024 * 1024  # the flow-control window asked of the producer
 NOOP_INTERVAL_S = 10
 RETRY_S = 0.25  # a refused or ended stream asks again after this pause (the map may lag)
+_STREAMED = (VBucketState.REPLICA, VBucketState.PENDING)  # the states a consumer feeds
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class DcpConsumer:
         self.streams: dict[int, PassiveStream] = {}
         self.unacked_bytes = 0
         self.items_received = 0
+        self.takeovers = 0  # vbuckets this connection took over (made active)
         self._opaque = 0
         self.set_vbuckets(vbuckets)
 
@@ -81,18 +84,24 @@ class DcpConsumer:
         return out + self.requests(now)
 
     def requests(self, now: float) -> list[bytes]:
-        """Stream requests for every stream that should ask now."""
+        """Stream requests for every stream that should ask now (a vbucket that became
+        active or dead meanwhile waits for the shell's next ``set_vbuckets`` to drop it)."""
         return [
             s.request().encode()
             for s in self.streams.values()
-            if s.state is PassiveState.PENDING and s.retry_at <= now
+            if s.state is PassiveState.PENDING
+            and s.retry_at <= now
+            and s.vbucket.state in _STREAMED
         ]
 
     def set_vbuckets(self, vbuckets: Iterable[int]) -> list[bytes]:
         """Follow the map: streams for new vbuckets, CloseStream for the ones no longer ours."""
         wanted = set(vbuckets)
         out = []
-        for vb in sorted(set(self.streams) - wanted):
+        # a replica turned pending must ask again with TakeOver (and a pending turned back
+        # to replica without it): close its stream, a new one asks from where it stands
+        redo = {vb for vb, s in self.streams.items() if vb in wanted and s.takeover_changed()}
+        for vb in sorted(set(self.streams) - wanted | redo):
             stream = self.streams.pop(vb)
             if stream.state in (PassiveState.AWAITING, PassiveState.READING):
                 out.append(dcp.CloseStream(opaque=self._next(), vbucket=vb).encode())
@@ -117,9 +126,26 @@ class DcpConsumer:
         if isinstance(msg, dcp.StreamRequestOk | dcp.StreamRequestRollback | GenericResponse):
             return [], self._answer(msg, now)
         stream = self.streams.get(msg.opaque - OPAQUE_BASE)
+        if isinstance(msg, dcp.SetVbucketState):
+            return [self._takeover_state(stream, msg), *self._ack(size)], []
         if stream is not None and stream.state is PassiveState.READING:
             self._apply(stream, msg, now)
         return self._ack(size), []
+
+    def _takeover_state(self, stream: PassiveStream | None, msg: dcp.SetVbucketState) -> bytes:
+        """Answer one step of a takeover handshake (module docstring of passive_stream)."""
+        status = Status.Success
+        if stream is None or stream.state is not PassiveState.READING:
+            status = Status.NotMyVbucket
+        elif stream.vbucket.state != VBucketState.PENDING:
+            status = Status.NotMyVbucket  # moved away meanwhile: never made active by us
+        elif msg.state == VBucketState.ACTIVE:
+            self.bucket.set_vbucket_state(stream.vbid, VBucketState.ACTIVE, transfer=True)
+            self.takeovers += 1
+        elif msg.state != VBucketState.PENDING:
+            status = Status.Einval
+        answer = GenericResponse(opcode=Opcode.DcpSetVbucketState, opaque=msg.opaque, status=status)
+        return answer.encode()
 
     def _answer(self, msg: Message, now: float) -> list[Rollback]:
         stream = self.streams.get(msg.opaque - OPAQUE_BASE)
@@ -161,7 +187,10 @@ class DcpConsumer:
 
     def stats(self) -> dict[str, str]:
         n = self.name
-        out = {f"items_received:{n}": str(self.items_received)}
+        out = {
+            f"items_received:{n}": str(self.items_received),
+            f"takeovers:{n}": str(self.takeovers),
+        }
         for vb, s in sorted(self.streams.items()):
             out[f"state:{vb}:{n}"] = s.state.value
             out[f"items_received:{vb}:{n}"] = str(s.items_received)

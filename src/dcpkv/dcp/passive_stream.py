@@ -27,11 +27,25 @@ AWAITING           any other refusal (NotMyVbucket...)       PENDING, after a pa
                                                              map may not be there yet)
 READING            marker / mutation / deletion /            READING (applied in order)
                    expiration
+READING            SetVbucketState(pending), takeover        READING (answered; the vbucket
+                   (``takeover_state``)                      is pending already)
+READING            SetVbucketState(active), takeover         READING (the vbucket made
+                                                             active, its log kept; StreamEnd
+                                                             follows)
 READING            StreamEnd                                 PENDING (asked again after a
                                                              pause: the active moved or
                                                              restarted) or ENDED (closed)
 any                ``close()``                               ENDED
 =================  =======================================  ==============================
+
+Takeover (spec 002, "How ns_server performs a partition rebalance"): a vbucket the node holds
+as *pending* is asked for with the TakeOver flag, so its producer hands the vbucket over once
+this copy caught up: it sends SetVbucketState(pending), sets its own copy dead on our answer,
+drains what landed meanwhile, then sends SetVbucketState(active). The consumer answers each
+only when its vbucket is pending (anything else is refused, so a copy the manager moved away
+meanwhile is never made active), and on the second makes the vbucket active as a *transfer*:
+the failover log it adopted from the old active stays as it is, so a consumer that followed the
+old active resumes on the new one without a rollback.
 
 Asking again always starts from what the vbucket holds *now*, with its snapshot range, so the
 producer's rollback rules (spec 000) decide whether anything must be undone: a replica never
@@ -45,9 +59,11 @@ from dataclasses import dataclass
 
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import Item
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import dcp
+from dcpkv.protocol.constants import StreamRequestFlag
 
 
 class PassiveState(enum.Enum):
@@ -67,6 +83,7 @@ class PassiveStream:
     rollbacks: int = 0
     rollback_to: int | None = None  # set while ROLLING_BACK
     retry_at: float = 0.0  # a PENDING stream asks again from this time on (after a refusal)
+    takeover: bool = False  # asked with the TakeOver flag (the vbucket was pending)
 
     @property
     def vbid(self) -> int:
@@ -82,10 +99,17 @@ class PassiveStream:
         if not start <= high <= end:
             start = end = high  # consistent where it stands (a fresh or just reset vbucket)
         self.state = PassiveState.AWAITING
+        self.takeover = vb.state == VBucketState.PENDING
         return dcp.StreamRequest(
             opaque=self.opaque, vbucket=vb.id, start_seqno=high, end_seqno=U64_MAX,
+            flags=StreamRequestFlag.TakeOver if self.takeover else 0,
             vbucket_uuid=uuid, snap_start_seqno=start, snap_end_seqno=end,
         )  # fmt: skip
+
+    def takeover_changed(self) -> bool:
+        """The stream was asked for (or is being read) with the wrong TakeOver flag."""
+        asked = self.state in (PassiveState.AWAITING, PassiveState.READING)
+        return asked and self.takeover != (self.vbucket.state == VBucketState.PENDING)
 
     def accepted(self, failover_log: tuple[FailoverEntry, ...]) -> None:
         self.vbucket.adopt_failover_log(failover_log)

@@ -205,7 +205,8 @@ class DcpProducer:
         if isinstance(msg, GenericResponse):
             if msg.opcode == Opcode.DcpNoop:
                 self.noop_response()
-            elif msg.opcode == Opcode.DcpSetVbucketState:
+            elif msg.opcode == Opcode.DcpSetVbucketState and msg.status == Status.Success:
+                # a refusal leaves the handoff waiting: the manager times it out and reverts
                 self.set_vbucket_state_ack(msg.opaque)
             return None  # answers to our other server-side messages need nothing
         if isinstance(msg, dcp.DcpControl):

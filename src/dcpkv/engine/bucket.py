@@ -187,9 +187,12 @@ class Bucket:
         if cas and cas != self.state_cas:
             raise StateCasMismatch(self.state_cas)
 
-    def set_vbucket_state(self, vb: int, state: VBucketState | str, *, cas: int = 0) -> VBucket:
+    def set_vbucket_state(
+        self, vb: int, state: VBucketState | str, *, cas: int = 0, transfer: bool = False
+    ) -> VBucket:
         """Create the vbucket (fresh failover table at 0) or change its state; ``cas`` (when
-        not 0) must be the current state CAS (see the module docstring)."""
+        not 0) must be the current state CAS (see the module docstring); ``transfer``: a
+        takeover made it active (:meth:`VBucket.set_state`)."""
         if not 0 <= vb < self.num_vbuckets:
             raise NotMyVbucket(f"vbucket {vb} is outside 0..{self.num_vbuckets - 1}")
         state = VBucketState.of(state)
@@ -200,7 +203,7 @@ class Bucket:
             vbucket = self._make(vb, state, FailoverTable.fresh(0, rng=self.rng), None)
             self.vbuckets[vb] = vbucket
         else:
-            vbucket.set_state(state)
+            vbucket.set_state(state, transfer=transfer)
         self._state_changed(vb)
         return vbucket
 

@@ -25,7 +25,8 @@ pending    NotMyVbucket      yes                          new failover entry at 
 dead       NotMyVbucket      NotMyVbucket                 new failover entry at the high seqno
 ========== ================= ============================ =====================================
 
-Every state may move to every other; refusals raise :class:`NotMyVbucket`.
+Every state may move to every other; refusals raise :class:`NotMyVbucket`. A pending vbucket
+made active by a rebalance takeover (``transfer``) keeps the failover log it was handed.
 
 Expiry follows memcached: an expiry of 0 never expires, up to 30 days (2,592,000 s) is relative
 to now, anything larger is absolute unix time. An expired item is gone when next touched (and
@@ -444,14 +445,18 @@ class VBucket:
 
     # -- state ------------------------------------------------------------------------------
 
-    def set_state(self, state: VBucketState) -> None:
-        """Move to ``state``; becoming active cuts a new history branch (:meth:`branch_point`)."""
+    def set_state(self, state: VBucketState, *, transfer: bool = False) -> None:
+        """Move to ``state``; becoming active cuts a new history branch (:meth:`branch_point`),
+        unless ``transfer``: a takeover handed this copy the whole history of the old active
+        (which is dead now), so the failover log moves with the vbucket unchanged and a
+        consumer following it needs no rollback (kv_engine's ``transfer``)."""
         state = VBucketState(state)
         with self.lock:
             if state == self.state:
                 return
             if state == VBucketState.ACTIVE:
-                self.failover.create_entry(self.branch_point())
+                if not transfer:
+                    self.failover.create_entry(self.branch_point())
                 # New active items form their own checkpoints, apart from a replica snapshot.
                 self.checkpoints.close_open_checkpoint()
                 self.replica_snapshot = (self.high_seqno, self.high_seqno)

@@ -10,6 +10,15 @@ and bucket, spec 002). It runs again whenever a map is pushed or a vbucket chang
 (debounced: one reconcile per loop iteration), so streams follow the map: a vbucket whose
 active moved is re-requested from the new one; one no longer held as replica is closed.
 
+Rebalance (spec 002, "How ns_server performs a partition rebalance") is map-driven the same
+way: the manager tells this node to take a vbucket over by setting it *pending* (SetVbucket),
+and the map still names the current active. A pending vbucket is streamed from that active like
+a replica, but with the TakeOver flag (:mod:`~dcpkv.dcp.passive_stream`): once caught up, the
+active hands it over (its copy dead, ours active, the failover log kept). The manager watches
+the states (``stat vbucket``) and then moves the map. No new opcode is needed, and a manager
+that dies mid-move leaves nothing a node would act on by itself: the pending copy stays pending
+until told otherwise.
+
 A link is a thin asyncio shell around the sans-I/O :class:`~dcpkv.dcp.consumer.DcpConsumer`:
 connect, log in as the node's admin (SASL PLAIN), select the bucket, write the consumer's
 opening, then feed it every frame read and write what it answers. A rollback the producer
@@ -60,6 +69,8 @@ _REPAIR_FEATURES = (
     HelloFeature.Datatype, HelloFeature.Xattr, HelloFeature.Snappy, HelloFeature.JSON,
 )  # fmt: skip
 REPAIR_TIMEOUT_S = 30.0  # a repair longer than this gives up; the rollback goes on
+# replicas follow their active; a pending copy is fed by a takeover stream from it
+_FED = (VBucketState.REPLICA, VBucketState.PENDING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +88,15 @@ def repair_on_rollback(config: bytes | None) -> bool:
 
 
 def replica_sources(config: bytes | None, bucket: Bucket, me: str) -> dict[str, set[int]]:
-    """Source node ("host:port") -> the replica vbuckets of ``bucket`` it is active for."""
+    """Source node ("host:port") -> the replica and pending vbuckets of ``bucket`` it is
+    active for."""
     if config is None:
         return {}
     vbmap = json.loads(config).get("vBucketServerMap", {})
     servers, rows = vbmap.get("serverList", []), vbmap.get("vBucketMap", [])
     sources: dict[str, set[int]] = {}
     for vb, vbucket in bucket.vbuckets.items():
-        if vbucket.state != VBucketState.REPLICA or vb >= len(rows) or not rows[vb]:
+        if vbucket.state not in _FED or vb >= len(rows) or not rows[vb]:
             continue
         active = rows[vb][0]
         if 0 <= active < len(servers) and servers[active] != me:

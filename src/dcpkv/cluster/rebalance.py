@@ -1,0 +1,468 @@
+"""Rebalance: the manager moves vbuckets between live nodes (spec 002, "How ns_server performs
+a partition rebalance").
+
+Theory of operation
+-------------------
+A thin asyncio shell around the pure parts: the planner (:mod:`.rebalance_plan`) decides the
+target map for the nodes that stay (members, minus the ones to eject, plus failed-over nodes
+taken back by recovery); each vbucket whose chain changes becomes a
+:class:`~dcpkv.cluster.vbucket_move.VBucketMove`. A task runs them a few at a time
+(``moves_at_once``, a setting) so the cluster keeps serving. Every tick (``TICK_S``), holding
+the manager's lock, it reads what the nodes of the running moves hold of their vbuckets
+(``stat vbucket``, GetAllVbSeqnos, ObserveSeqno), steps each move and carries out what it
+asks: a CAS-ordered SetVbucket or DelVbucket through the node's link, or a map change. Map
+changes of one tick are committed together: the new chains written into the configuration
+(persisted first, as every change), then pushed to every node by the manager's ordinary sync.
+So the map changes one vbucket at a time and is consistent at every moment: it always names the
+copy that takes writes.
+
+How a node is told to take a vbucket over: map-driven, like replication. The manager sets the
+new active's copy *pending*; the node streams every vbucket it holds as pending from the map's
+active with the TakeOver flag (:mod:`dcpkv.server.replication`), and the two nodes do the
+handoff between them; the manager watches the states and then moves the map.
+
+The manager's sync (the map's states for every node) leaves alone every vbucket a queued or
+running move holds (:meth:`Rebalancer.held`): the move drives them.
+
+Faults. A move whose node stops answering heartbeats for ``NODE_DOWN_S`` is abandoned
+(:meth:`~dcpkv.cluster.vbucket_move.VBucketMove.abandon`). A move that fails is reverted (old
+active back) and the rebalance stops, ``failed``, with the reason; the moves already done stay
+done. ``stop`` reverts the running moves whose map has not changed yet. A failover stops a
+running rebalance first. The record in the configuration
+(:class:`~dcpkv.cluster.config.RebalanceConfig`) keeps the nodes to eject and recover until a
+run completes, so after a stop, a failure or a manager restart (a record found ``running`` at
+start-up means the manager died mid-run: status says ``interrupted``) running ``rebalance``
+again plans from the map as it now stands and finishes the job.
+
+Recovery of a failed-over node: ``full`` wipes its vbuckets (DelVbucket) before it is planned
+in; ``delta`` keeps them, and the planner prefers the node for copies of the vbuckets it holds,
+which become replicas of the current actives: the replica stream rolls each back where its
+history left the active's (the rollback rules) and it copies only what changed since.
+
+At the end, ejected and failed-over nodes leave the configuration and the map's server list is
+compacted to the nodes its chains name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from dcpkv.cluster import config as cfg
+from dcpkv.cluster.node_link import NodeError, NodeLink
+from dcpkv.cluster.rebalance_plan import NamedChain, moves, named_chains, plan_rebalance
+from dcpkv.cluster.vbucket_map import NOBODY, PlacementError, VBucketMap
+from dcpkv.cluster.vbucket_move import (
+    CommitChain,
+    Delete,
+    NodeView,
+    Phase,
+    SetState,
+    VBucketMove,
+    Views,
+)
+from dcpkv.core.errors import DcpkvError
+
+if TYPE_CHECKING:
+    from dcpkv.cluster.manager import Manager
+
+log = logging.getLogger("dcpkv.cluster")
+
+TICK_S = 0.2
+MAX_MOVES_AT_ONCE = 64
+NODE_DOWN_S = 5.0  # a move whose node missed heartbeats this long is abandoned
+
+
+class RebalanceRefused(DcpkvError):
+    """A rebalance request the manager refused; nothing was changed."""
+
+
+@dataclass
+class Progress:
+    """What ``status`` shows of the current (or last) run."""
+
+    total: int = 0
+    done: int = 0
+    items: int = 0  # items the new copies received
+    started: float = 0.0
+    finished: float | None = None
+    running: dict[int, str] = field(default_factory=dict)  # vbucket -> phase
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        elapsed = (self.finished or now) - self.started if self.started else 0.0
+        eta = None
+        if self.done and self.finished is None:
+            eta = round(elapsed / self.done * (self.total - self.done), 1)
+        return {
+            "vbucketsTotal": self.total,
+            "vbucketsMoved": self.done,
+            "itemsTransferred": self.items,
+            "elapsed": round(elapsed, 1),
+            "eta": eta,
+            "moving": {str(vb): phase for vb, phase in sorted(self.running.items())},
+        }
+
+
+@dataclass
+class _BucketRun:
+    name: str
+    queue: deque[tuple[int, NamedChain, NamedChain]]
+    running: list[VBucketMove] = field(default_factory=list)
+    holds: dict[str, set[int]] = field(default_factory=dict)  # queued moves' node -> vbuckets
+
+
+class Rebalancer:
+    def __init__(self, manager: Manager) -> None:
+        self.m = manager
+        self.progress = Progress()
+        self._runs: list[_BucketRun] = []
+        self._task: asyncio.Task[None] | None = None
+        self.interrupted = False  # the record said running at start-up
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def held(self, node: str, bucket: str) -> set[int]:
+        """The vbuckets of ``bucket`` on ``node`` the sync must leave alone."""
+        out: set[int] = set()
+        for run in self._runs:
+            if run.name != bucket:
+                continue
+            out |= run.holds.get(node, set())
+            out |= {m.vbucket for m in run.running if node in m.nodes()}
+        return out
+
+    def status(self) -> dict[str, Any]:
+        record = self.m.config.rebalance
+        state = "running" if self.running else record.state.value
+        if self.interrupted and not self.running:
+            state = "interrupted"
+        return {
+            **record.to_json(),
+            "state": state,
+            "progress": self.progress.to_json(time.monotonic()),
+        }
+
+    # -- starting ---------------------------------------------------------------------------
+
+    async def start(self, eject: list[str]) -> dict[str, Any]:
+        """Plan and start a run (the manager's lock held); :class:`RebalanceRefused` when
+        it cannot, nothing changed."""
+        if self.running:
+            raise RebalanceRefused("a rebalance is running already (stop it first)")
+        config = self.m.config
+        record = config.rebalance
+        ejecting = tuple(dict.fromkeys([*record.eject, *eject]))
+        for name in eject:
+            node = config.node(name)
+            if node is None or node.state != cfg.NodeState.ACTIVE:
+                raise RebalanceRefused(f"{name} is not an active node of this cluster")
+        recovering = [n for n, _ in record.recover]
+        nodes = [n for n in (*config.active_nodes(), *recovering) if n not in ejecting]
+        if not nodes:
+            raise RebalanceRefused("every node would leave: nothing would serve")
+        holding = await self._holdings(record.recover)
+        plans = self._plan(nodes, holding)  # may refuse: nothing is touched before it
+        await self._wipe([n for n, how in record.recover if how is cfg.Recovery.FULL])
+        for name in recovering:
+            config = config.with_node(cfg.NodeConfig(name))
+        config = replace(
+            config,
+            rebalance=replace(
+                record, state=cfg.RebalanceState.RUNNING, eject=ejecting, recover=(), error=None
+            ),
+        )
+        await self.m.commit(config)
+        self.interrupted = False
+        self._runs = [self._bucket_run(name, old, new) for name, old, new in plans]
+        total = sum(len(r.queue) for r in self._runs)
+        self.progress = Progress(total=total, started=time.monotonic())
+        for name in recovering:
+            self.m.watch(name)
+        await self.m.sync_all()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        log.info("rebalance started: %d vbucket move(s), ejecting %s", total, list(ejecting))
+        return {"started": True, "moves": total, "eject": list(ejecting), "nodes": nodes}
+
+    async def _holdings(self, recover: tuple[tuple[str, cfg.Recovery], ...]) -> dict[str, set[int]]:
+        """``bucket\0node`` -> the vbuckets a delta-recovered node holds."""
+        holding: dict[str, set[int]] = {}
+        for name, how in recover:
+            if how is not cfg.Recovery.DELTA:
+                continue
+            for bucket in self.m.config.buckets:
+                try:
+                    held = await self.m.link(name).states(bucket.name)
+                except NodeError as exc:
+                    raise RebalanceRefused(f"cannot recover {name}: {exc}") from None
+                holding[f"{bucket.name}\0{name}"] = set(held)
+        return holding
+
+    async def _wipe(self, names: list[str]) -> None:
+        """Full recovery: every vbucket of these nodes deleted before they are planned in."""
+        for name in names:
+            link = self.m.link(name)
+            for bucket in self.m.config.buckets:
+                try:
+                    for vb in sorted(await link.states(bucket.name)):
+                        await link.delete_vbucket(bucket.name, vb)
+                except NodeError as exc:
+                    raise RebalanceRefused(f"cannot wipe {name}: {exc}") from None
+
+    def _plan(
+        self, nodes: list[str], holding: dict[str, set[int]]
+    ) -> list[tuple[str, list[NamedChain], list[NamedChain]]]:
+        plans = []
+        for bucket in self.m.config.buckets:
+            if bucket.map is None:
+                continue
+            current = named_chains(bucket.map)
+            mine = {
+                key.partition("\0")[2]: vbs
+                for key, vbs in holding.items()
+                if key.partition("\0")[0] == bucket.name
+            }
+            try:
+                chains = plan_rebalance(current, nodes, bucket.num_replicas, mine)
+            except PlacementError as exc:
+                raise RebalanceRefused(str(exc)) from None
+            target: list[NamedChain] = [tuple(nodes[i] for i in c) for c in chains]
+            plans.append((bucket.name, current, target))
+        return plans
+
+    @staticmethod
+    def _bucket_run(name: str, old: list[NamedChain], new: list[NamedChain]) -> _BucketRun:
+        queue = deque((vb, old[vb], new[vb]) for vb in moves(old, new))
+        holds: dict[str, set[int]] = {}
+        for vb, a, b in queue:
+            for node in {*a, *b} - {None}:
+                assert node is not None
+                holds.setdefault(node, set()).add(vb)
+        return _BucketRun(name, queue, holds=holds)
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    async def stop(self, why: str = "stopped by an operator") -> dict[str, Any]:
+        """Stop a run (the manager's lock held): running moves not yet in the map are reverted."""
+        if not self.running:
+            raise RebalanceRefused("no rebalance is running")
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for run in self._runs:
+            views = await self._views(run)
+            for move in run.running:
+                await self._carry_out(run, move, move.stop(views.get(move.vbucket, {})), [])
+            committed = [m for m in run.running if m.phase is Phase.MAP]
+            if committed:  # handed over already: the map must follow
+                await self._commit_chains(run, committed)
+        await self._end(cfg.RebalanceState.STOPPED, why)
+        return self.status()
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            for run in self._runs:
+                while run.queue or run.running:
+                    async with self.m.lock:
+                        failed = await self._tick(run)
+                    if failed is not None:
+                        async with self.m.lock:
+                            await self._fail(run, failed)
+                        return
+                    await asyncio.sleep(TICK_S)
+            async with self.m.lock:
+                await self._complete()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or a config error: stop, say why, keep the record
+            log.exception("rebalance failed")
+            async with self.m.lock:
+                await self._end(cfg.RebalanceState.FAILED, f"{type(exc).__name__}: {exc}")
+
+    async def _tick(self, run: _BucketRun) -> str | None:
+        """One step of every running move; the first failure's reason, if any."""
+        limit = max(1, min(MAX_MOVES_AT_ONCE, self.m.config.rebalance.moves_at_once))
+        now = time.monotonic()
+        while run.queue and len(run.running) < limit:
+            vb, old, new = run.queue.popleft()
+            run.running.append(VBucketMove(vb, old, new, now))
+        views = await self._views(run)
+        commits: list[VBucketMove] = []
+        for move in run.running:
+            mine = views.get(move.vbucket, {})
+            self.progress.items += _grown(move, mine)
+            down = [n for n in sorted(move.nodes()) if self.m.down_for(n) >= NODE_DOWN_S]
+            if down:
+                actions = move.abandon(mine, f"{down[0]} stopped answering")
+            else:
+                actions = move.step(mine, now)
+            await self._carry_out(run, move, actions, commits)
+        if commits:
+            await self._commit_chains(run, commits)
+        return self._retire(run)
+
+    def _retire(self, run: _BucketRun) -> str | None:
+        failed = None
+        for move in [m for m in run.running if m.finished]:
+            run.running.remove(move)
+            for node in {*move.old, *move.new} - {None}:
+                assert node is not None
+                run.holds.get(node, set()).discard(move.vbucket)
+            if move.phase is Phase.REVERTED:
+                failed = failed or f"vbucket {move.vbucket}: {move.error}"
+            else:
+                self.progress.done += 1
+                if move.error:
+                    log.warning("vbucket %d moved: %s", move.vbucket, move.error)
+        self.progress.running = {m.vbucket: m.phase.value for m in run.running}
+        return failed
+
+    async def _views(self, run: _BucketRun) -> dict[int, Views]:
+        """vbucket -> node -> what it holds, for the running moves (None: no answer)."""
+        wanted: dict[str, list[int]] = {}
+        for move in run.running:
+            for node in {*move.old, *move.new} - {None}:
+                assert node is not None
+                wanted.setdefault(node, []).append(move.vbucket)
+        out: dict[int, Views] = {m.vbucket: {} for m in run.running}
+        asked = list(wanted.items())  # every node at once: a tick waits for the slowest only
+        answers = await asyncio.gather(
+            *(self._node_views(self.m.link(node), run.name, vbs) for node, vbs in asked)
+        )
+        for (node, vbs), seen in zip(asked, answers, strict=True):
+            for vb in vbs:
+                out[vb][node] = None if seen is None else seen[vb]
+        return out
+
+    async def _node_views(
+        self, link: NodeLink, bucket: str, vbs: list[int]
+    ) -> dict[int, NodeView] | None:
+        if self.m.down_for(link.name) > 0:
+            return None  # do not wait on a node known not to answer
+        try:
+            seen = await link.vbucket_views(bucket, vbs)
+        except NodeError as exc:
+            log.info("rebalance: %s did not answer: %s", link.name, exc)
+            return None
+        return {vb: NodeView(*seen[vb]) for vb in vbs}
+
+    async def _carry_out(
+        self,
+        run: _BucketRun,
+        move: VBucketMove,
+        actions: list[SetState | Delete | CommitChain],
+        commits: list[VBucketMove],
+    ) -> None:
+        for action in actions:
+            try:
+                if isinstance(action, SetState):
+                    await self.m.link(action.node).set_state(
+                        run.name, action.vbucket, action.state, {}
+                    )
+                elif isinstance(action, Delete):
+                    await self.m.link(action.node).delete_vbucket(run.name, action.vbucket)
+                else:
+                    commits.append(move)
+            except NodeError as exc:  # the move sees the state unchanged and asks again
+                log.info("rebalance: vbucket %d: %s", move.vbucket, exc)
+
+    async def _commit_chains(self, run: _BucketRun, done: list[VBucketMove]) -> None:
+        """Put the new chains of ``done`` in the map: persisted, then pushed to every node."""
+        bucket = next(b for b in self.m.config.buckets if b.name == run.name)
+        assert bucket.map is not None
+        servers = list(bucket.map.servers)
+        chains = [list(c) for c in bucket.map.chains]
+        for move in done:
+            for node in move.new:
+                if node is not None and node not in servers:
+                    servers.append(node)
+            chains[move.vbucket] = [NOBODY if n is None else servers.index(n) for n in move.new]
+        vb_map = bucket.map.with_chains(servers, chains)
+        bucket = replace(bucket, map=vb_map)
+        await self.m.commit(self.m.config.with_bucket(bucket))
+        now = time.monotonic()
+        for move in done:
+            move.committed(now)
+        # only the map: the states of the moved vbuckets are the moves' own business (clean)
+        for name in self.m.config.active_nodes():
+            try:
+                config = self.m.pushed_config(bucket, name)
+                await self.m.link(name).push_config(bucket.name, config)
+            except NodeError as exc:  # the next answered heartbeat syncs it
+                log.info("rebalance: %s did not take the map: %s", name, exc)
+                self.m.out_of_sync.add(name)
+
+    # -- the end ----------------------------------------------------------------------------
+
+    async def _fail(self, run: _BucketRun, why: str) -> None:
+        """A move failed (and was reverted): stop the others too, keep the record."""
+        views = await self._views(run)
+        for move in run.running:
+            await self._carry_out(run, move, move.stop(views.get(move.vbucket, {})), [])
+        committed = [m for m in run.running if m.phase is Phase.MAP]
+        if committed:
+            await self._commit_chains(run, committed)
+        await self._end(cfg.RebalanceState.FAILED, why)
+
+    async def _end(self, state: cfg.RebalanceState, why: str | None) -> None:
+        self.progress.finished = time.monotonic()
+        self.progress.running = {}
+        self._runs = []
+        record = replace(self.m.config.rebalance, state=state, error=why)
+        await self.m.commit(replace(self.m.config, rebalance=record))
+        await self.m.sync_all()
+        log.warning("rebalance %s: %s", state.value, why)
+
+    async def _complete(self) -> None:
+        """Every move done: ejected and failed-over nodes leave, the server list compacts."""
+        config = self.m.config
+        leaving = set(config.rebalance.eject) | {
+            n.name for n in config.nodes if n.state == cfg.NodeState.FAILED
+        }
+        for bucket in config.buckets:
+            if bucket.map is not None:
+                config = config.with_bucket(replace(bucket, map=_compact(bucket.map)))
+        config = replace(
+            config,
+            nodes=tuple(n for n in config.nodes if n.name not in leaving),
+            rebalance=replace(
+                config.rebalance, state=cfg.RebalanceState.IDLE, eject=(), error=None
+            ),
+        )
+        await self.m.commit(config)
+        for name in leaving:
+            await self.m.forget(name)
+        await self.m.sync_all()
+        self.progress.finished = time.monotonic()
+        self.progress.running = {}
+        self._runs = []
+        moved = self.progress.done
+        log.info("rebalance done: %d vbucket(s) moved; %s left", moved, sorted(leaving))
+
+
+def _grown(move: VBucketMove, views: Views) -> int:
+    """Items the move's new copies received since the last tick."""
+    before = move.transferred_seen
+    move.transferred_seen = move.transferred(views)
+    return max(0, move.transferred_seen - before)
+
+
+def _compact(vb_map: VBucketMap) -> VBucketMap:
+    """The same map naming only the servers its chains use (a failover or an ejection may
+    leave others in the list)."""
+    used = sorted({i for chain in vb_map.chains for i in chain if i != NOBODY})
+    if used == list(range(len(vb_map.servers))):
+        return vb_map
+    index = {old: new for new, old in enumerate(used)}
+    servers = [vb_map.servers[i] for i in used]
+    chains = [[index.get(i, NOBODY) for i in chain] for chain in vb_map.chains]
+    return vb_map.with_chains(servers, chains)
