@@ -21,8 +21,12 @@ a failure can be replayed):
     cut       destroy every TCP connection to a node (``ss -K``): clients, replication links,
               the manager's links all reconnect
     manager   kill -9 the manager and restart it (nodes keep serving meanwhile)
-    failover  kill -9 a node and leave it down: the manager fails it over by itself (at most
-              once per run: the auto-failover quota; the cluster keeps a replica per vbucket)
+    failover  kill -9 a node and leave it down: the manager fails it over by itself (one
+              node at a time: the cluster keeps a replica per vbucket)
+    recover   a failed-over node comes back: restarted, delta recovery, a rebalance; the
+              auto-failover count is acknowledged so the next failover may happen
+    swap      a rebalance out of a node (its vbuckets move away with takeover streams), then
+              the node is added back and rebalanced in
 
 Checks at the end (faults stopped, the cluster settled)
     lost       a write a replica persisted whose key now reads an older value, or nothing
@@ -63,6 +67,7 @@ from managerproc import VBUCKETS, Cluster, start_cluster, tracked_managers  # no
 from replicacheck import wait_equal  # noqa: E402
 from serverproc import ServerProcess, tracked_servers  # noqa: E402
 
+from dcpkv.cluster.admin_client import AdminError  # noqa: E402
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap  # noqa: E402
 from dcpkv.core.status import Status  # noqa: E402
 from dcpkv.core.vbucket import vbucket_for_key  # noqa: E402
@@ -70,7 +75,8 @@ from dcpkv.protocol.constants import Opcode  # noqa: E402
 
 KEYS = 300
 FAILOVER_TIMEOUT_S = 3
-FAULTS = ("kill", "pause", "cut", "manager", "failover")
+FAULTS = ("kill", "pause", "cut", "manager", "failover", "recover", "swap")
+REBALANCE_TIMEOUT_S = 120
 
 
 @dataclass
@@ -312,7 +318,9 @@ def inject(world: World, rng: random.Random, kind: str) -> bool:
         cluster.manager.kill9()
         cluster.manager.start(same_port=True)
         return True
-    if len(members) < 2 or (kind == "failover" and world.failovers):
+    if kind == "recover":
+        return recover(world)
+    if len(members) < 2 or (kind in ("failover", "swap") and (world.failovers or world.down)):
         return False
     node = rng.choice(members)
     name = cluster.name(node)
@@ -343,6 +351,56 @@ def inject(world: World, rng: random.Random, kind: str) -> bool:
         node.kill9()
         wait_until(lambda: name not in member_names(world), 30)
         world.log(f"{name} failed over")
+    elif kind == "swap":
+        return swap(world, node)
+    return True
+
+
+def rebalance(world: World, **params: str) -> str:
+    """Run a rebalance to its end (bounded); its final state."""
+    manager = world.cluster.manager
+    manager.api("POST", "/controller/rebalance", **params)
+    state = {"state": "running"}
+
+    def ended() -> bool:
+        try:
+            state.update(manager.api("GET", "/pools/default/rebalanceProgress"))
+        except Exception:  # a manager restarting
+            return False
+        return state["state"] != "running"
+
+    wait_until(ended, REBALANCE_TIMEOUT_S)
+    return str(state["state"])
+
+
+def recover(world: World) -> bool:
+    """Bring a failed-over node back with delta recovery and a rebalance."""
+    failed = sorted(world.down)
+    if not failed:
+        return False
+    name = failed[0]
+    node = world.cluster.node(name)
+    world.log(f"{name}: restarted, delta recovery, rebalance")
+    node.start(same_port=True)
+    manager = world.cluster.manager
+    manager.api("POST", "/controller/setRecoveryType", otpNode=name, recoveryType="delta")
+    state = rebalance(world)
+    world.down.discard(name)
+    manager.api("POST", "/settings/autoFailover/resetCount")
+    world.log(f"{name} recovered (rebalance {state})")
+    return True
+
+
+def swap(world: World, node: ServerProcess) -> bool:
+    name = world.cluster.name(node)
+    try:
+        state = rebalance(world, ejectedNodes=name)
+    except AdminError as exc:  # e.g. too few nodes left for the replicas: skipped
+        world.log(f"rebalance {name} out refused: {exc}")
+        return False
+    world.log(f"rebalanced {name} out ({state}); adding it back")
+    world.cluster.manager.api("POST", "/controller/addNode", hostname=name)
+    world.log(f"{name} back in (rebalance {rebalance(world)})")
     return True
 
 
@@ -403,7 +461,7 @@ def check(world: World, load: Load) -> None:
 
 
 def run(
-    seed: int, duration_s: float, workdir: Path, *, nodes: int = 3, replicas: int = 2
+    seed: int, duration_s: float, workdir: Path, *, nodes: int = 3, replicas: int = 1
 ) -> Report:
     rng = random.Random(seed)
     report = Report(seed)
@@ -453,7 +511,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="replay a run (default: random)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of faults")
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
