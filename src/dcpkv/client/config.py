@@ -14,7 +14,9 @@ class ClientConfig:
     ``buffer_size`` is the flow-control window negotiated with ``connection_buffer_size``
     (0 disables flow control); ``noop_interval`` the producer's Noop period in seconds (the
     connection counts as dead after two silent intervals); ``max_backoff`` caps the delay
-    between reconnection attempts. ``include_values=False`` opens the DCP connection with the
+    between reconnection attempts; ``retry_timeout`` is how long a request keeps retrying
+    while the cluster map catches up with a failover or a vbucket move
+    (``dcpkv.client.cluster``). ``include_values=False`` opens the DCP connection with the
     NoValue flag: mutations arrive with an empty value and datatype 0 (raw), for consumers that
     only need keys and metadata (the producer then never reads ejected values back from disk).
     """
@@ -25,4 +27,5 @@ class ClientConfig:
     noop_interval: float = 10.0
     connect_timeout: float = 10.0
     max_backoff: float = 5.0
+    retry_timeout: float = 30.0
     include_values: bool = True

@@ -108,10 +108,10 @@ class BatchStats:
 
 def server_seqnos(source: SourceSettings) -> dict[int, tuple[int, int]]:
     """vbucket -> (uuid, high seqno) now."""
-    from dcpkv.client.kv import KVSession
+    from dcpkv.client.cluster import ClusterKV
 
     async def ask() -> dict[int, tuple[int, int]]:
-        session = await KVSession.open(source.client_config())
+        session = await ClusterKV.open(source.client_config())
         try:
             return await session.vbucket_seqnos()
         finally:
@@ -123,14 +123,14 @@ def server_seqnos(source: SourceSettings) -> dict[int, tuple[int, int]]:
 def persisted_seqnos(source: SourceSettings, uuids: dict[int, int]) -> dict[int, int]:
     """vbucket -> the server's persisted seqno on branch ``uuids[vb]`` (ObserveSeqno); a
     vbucket whose branch moved since is left out (its floor stays where it was)."""
-    from dcpkv.client.kv import KVSession
+    from dcpkv.client.cluster import ClusterKV
     from dcpkv.protocol import kv
 
     async def ask() -> dict[int, int]:
-        session = await KVSession.open(source.client_config())
+        session = await ClusterKV.open(source.client_config())
         try:
             calls = [
-                session.conn.call(kv.ObserveSeqno(vbucket=vb, vbucket_uuid=u))
+                session.call(vb, kv.ObserveSeqno(vbucket=vb, vbucket_uuid=u))
                 for vb, u in uuids.items()
             ]
             answers = await asyncio.gather(*calls)

@@ -1,0 +1,274 @@
+"""The asyncio KV client of a cluster: the map, one session per node, routing and retries.
+
+Theory of operation
+-------------------
+:class:`ClusterKV` is the thin I/O shell around a :class:`~dcpkv.client.router.Router`. It
+bootstraps by asking every seed of the connection string at once for the cluster map
+(GetClusterConfig) and keeps the newest answer: any reachable seed is enough, a dead one
+costs nothing but its connect attempt. It then keeps one authenticated
+:class:`~dcpkv.client.kv.KVSession` per node it needs, opened on first use.
+
+:meth:`ClusterKV.call` sends a request about a vbucket to that vbucket's active node. When the
+answer is NotMyVbucket (its body may carry a map: offered to the router first), when the
+node's connection breaks or cannot be opened, or when the map says nobody holds the vbucket
+(mid-failover), the client refreshes the map from every node it knows and sends the request
+again after a capped, jittered backoff (:class:`~dcpkv.client.router.RetrySchedule`), until
+``ClientConfig.retry_timeout`` has passed: long enough to ride through an automatic failover.
+Authentication failures are final at once.
+
+A single plain node serves a map naming itself active for every vbucket, so it keeps working
+as it always did; a server that answers no map at all leaves every vbucket on the first seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.connection import AuthError, ClientError
+from dcpkv.client.kv import Document, KVSession
+from dcpkv.client.router import RetrySchedule, Router
+from dcpkv.client.settings import Node
+from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.status import Status, status_name
+from dcpkv.protocol import kv
+from dcpkv.protocol.base import Message, Request
+from dcpkv.protocol.errors import CodecError
+
+log = logging.getLogger("dcpkv.client")
+
+T = TypeVar("T")
+# A node we cannot talk to right now: refresh the map and try again (it may have moved).
+NODE_ERRORS = (ConnectionError, OSError, TimeoutError, CodecError)
+
+
+class NoRouteError(ClientError):
+    """The request could not reach the vbucket's active node before the retry deadline."""
+
+
+class ClusterKV:
+    """See the module docstring."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self.router = Router(config.connection.nodes)
+        self._sessions: dict[Node, KVSession] = {}
+        self._refreshing: asyncio.Future[None] | None = None
+        self.counters = {"refreshes": 0, "not_my_vbucket": 0, "node_errors": 0}
+
+    @classmethod
+    async def open(cls, config: ClientConfig) -> ClusterKV:
+        """Bootstrapped: a map from a reachable seed (or the first seed alone, when it serves
+        none). Raises when no seed can be reached."""
+        self = cls(config)
+        try:
+            await self.refresh(self.router.seeds, strict=True)
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+    # -- sessions and the map ---------------------------------------------------------------
+
+    async def session(self, node: Node) -> KVSession:
+        """The authenticated session to ``node``, opened (again) when needed."""
+        session = self._sessions.get(node)
+        if session is not None and session.alive:
+            return session
+        if session is not None:
+            await session.close()
+            del self._sessions[node]
+        session = await KVSession.open(self.config, node.host, node.port)
+        self._sessions[node] = session
+        return session
+
+    async def drop(self, node: Node) -> None:
+        session = self._sessions.pop(node, None)
+        if session is not None:
+            await session.close()
+
+    async def refresh(
+        self, nodes: list[Node] | tuple[Node, ...] | None = None, *, strict: bool = False
+    ) -> None:
+        """Ask ``nodes`` (default: every node known) for the map at once; keep the newest.
+        ``strict``: raise when none answered (bootstrap)."""
+        targets = list(nodes) if nodes is not None else self.router.candidates()
+        self.counters["refreshes"] += 1
+        results = await asyncio.gather(
+            *(self._map_from(n) for n in targets), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for exc in errors:
+            if isinstance(exc, AuthError):
+                raise exc
+        if strict and len(errors) == len(targets):
+            names = ", ".join(str(n) for n in targets)
+            raise ConnectionError(f"no node of {names} could be reached: {errors[0]}")
+
+    async def _map_from(self, node: Node) -> None:
+        try:
+            session = await asyncio.wait_for(self.session(node), self.config.connect_timeout)
+            answer = await asyncio.wait_for(
+                session.conn.call(kv.GetClusterConfig()), self.config.connect_timeout
+            )
+        except NODE_ERRORS:
+            await self.drop(node)
+            raise
+        if isinstance(answer, kv.GetClusterConfigResponse):
+            self.router.offer(bytes(answer.config), node)
+
+    # -- routed requests --------------------------------------------------------------------
+
+    async def call(self, vbucket: int, msg: Request) -> Message:
+        """``msg`` (about ``vbucket``) answered by the vbucket's active node, any status but
+        NotMyVbucket; see the module docstring for the retries."""
+
+        async def attempt(session: KVSession) -> Message | None:
+            answer = await session.conn.call(msg)
+            if getattr(answer, "status", Status.Success) != Status.NotMyVbucket:
+                return answer
+            self.counters["not_my_vbucket"] += 1
+            self.router.offer(bytes(getattr(answer, "value", b"") or b""))
+            return None
+
+        return await self.on_active(vbucket, attempt, what=type(msg).__name__)
+
+    async def on_active(
+        self,
+        vbucket: int,
+        attempt: Callable[[KVSession], Awaitable[T | None]],
+        *,
+        what: str = "request",
+    ) -> T:
+        """Run ``attempt`` on the session of the vbucket's active node until it returns
+        something other than None (None: "not here, route again")."""
+        return await self.retrying(lambda: self.router.active(vbucket), attempt, what=what)
+
+    async def retrying(
+        self,
+        route: Callable[[], Node | None],
+        attempt: Callable[[KVSession], Awaitable[T | None]],
+        *,
+        what: str = "request",
+    ) -> T:
+        """The retry loop under :meth:`on_active`, for any routing rule."""
+        loop = asyncio.get_running_loop()
+        schedule = RetrySchedule(loop.time(), self.config.retry_timeout, self.config.max_backoff)
+        last = "no attempt"
+        while True:
+            node = route()
+            if node is None:
+                last = "no node holds the vbucket active (failover under way?)"
+            else:
+                try:
+                    result = await attempt(await self.session(node))
+                except AuthError:
+                    raise
+                except NODE_ERRORS as exc:
+                    self.counters["node_errors"] += 1
+                    last = f"{node}: {exc or type(exc).__name__}"
+                    await self.drop(node)
+                else:
+                    if result is not None:
+                        return result
+                    last = f"{node}: {status_name(Status.NotMyVbucket)}"
+            delay = schedule.next_delay(loop.time())
+            if delay is None:
+                raise NoRouteError(f"{what}: gave up after {self.config.retry_timeout:g} s: {last}")
+            log.debug("%s: %s; retrying in %.2f s", what, last, delay)
+            await asyncio.sleep(delay)
+            await self.refresh_once()
+
+    async def refresh_once(self) -> None:
+        """One map refresh shared by every request that wants one at the same time."""
+        if self._refreshing is not None:
+            await asyncio.shield(self._refreshing)
+            return
+        self._refreshing = asyncio.get_running_loop().create_future()
+        try:
+            await self.refresh()
+        except AuthError:
+            raise
+        except Exception as exc:  # every node down right now: the next retry tries again
+            log.debug("map refresh failed: %s", exc)
+        finally:
+            self._refreshing.set_result(None)
+            self._refreshing = None
+
+    # -- what a DCP consumer asks outside its streams ------------------------------------------
+
+    def bucket_vbuckets(self) -> list[int]:
+        """The vbuckets of the bucket: those the map gives a node (active or replica)."""
+        m = self.router.map
+        if m is None:
+            return []
+        return [vb for vb, chain in enumerate(m.chains) if any(i >= 0 for i in chain)]
+
+    async def vbucket_seqnos(self, vbucket: int | None = None) -> dict[int, tuple[int, int]]:
+        """vbucket -> (vbucket uuid, high seqno), each read from the vbucket's active."""
+        if vbucket is not None:
+            return await self.on_active(
+                vbucket, lambda s: _held(s.vbucket_seqnos(vbucket)), what="vbucket-seqno"
+            )
+        if self.router.map is None:
+            return await (await self.session(self.router.seeds[0])).vbucket_seqnos()
+        out: dict[int, tuple[int, int]] = {}
+        pending = set(self.bucket_vbuckets())
+        loop = asyncio.get_running_loop()
+        schedule = RetrySchedule(loop.time(), self.config.retry_timeout, self.config.max_backoff)
+        while True:
+            for node, vbs in self.router.actives_by_node(sorted(pending)).items():
+                try:
+                    rows = await (await self.session(node)).vbucket_seqnos()
+                except NODE_ERRORS:
+                    await self.drop(node)
+                    continue
+                for vb in vbs:
+                    if vb in rows:
+                        out[vb] = rows[vb]
+                        pending.discard(vb)
+            if not pending:
+                return dict(sorted(out.items()))
+            delay = schedule.next_delay(loop.time())
+            if delay is None:
+                raise NoRouteError(f"vbucket-seqno: no active reached for {len(pending)} vbuckets")
+            await asyncio.sleep(delay)
+            await self.refresh_once()
+
+    async def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
+        return await self.on_active(
+            vbucket, lambda s: _held(s.failover_log(vbucket)), what="GetFailoverLog"
+        )
+
+    async def get(self, vbucket: int, key: bytes) -> Document | None:
+        """The current document (None: no such key), read from the active."""
+        found = await self.on_active(
+            vbucket, lambda s: _held(_boxed(s.get(vbucket, key))), what="Get"
+        )
+        return found[0]
+
+    async def get_many(self, vbucket: int, keys: list[bytes]) -> list[Document | None]:
+        return list(await asyncio.gather(*(self.get(vbucket, k) for k in keys)))
+
+
+async def _boxed(result: Awaitable[T]) -> tuple[T]:
+    """``(result,)``: a None result (no such key) must not read as "not here"."""
+    return (await result,)
+
+
+async def _held(result: Awaitable[T]) -> T | None:
+    """``result``, or None when the node answered NotMyVbucket (route again)."""
+    try:
+        return await result
+    except ClientError as exc:
+        if exc.status == Status.NotMyVbucket:
+            return None
+        raise
