@@ -32,10 +32,21 @@ from dcpkv.client.connection import AuthError, ClientError
 from dcpkv.client.kv import Document, KVSession
 from dcpkv.client.router import RetrySchedule, Router
 from dcpkv.client.settings import Node
+from dcpkv.core.durability import (
+    DurabilityLostError,
+    DurabilityTimeoutError,
+    MutationToken,
+    Observation,
+    Verdict,
+    check_possible,
+    judge,
+)
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.status import Status, status_name
+from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import Message, Request
+from dcpkv.protocol.constants import HelloFeature
 from dcpkv.protocol.errors import CodecError
 
 log = logging.getLogger("dcpkv.client")
@@ -87,6 +98,15 @@ class ClusterKV:
             await session.close()
             del self._sessions[node]
         session = await KVSession.open(self.config, node.host, node.port)
+        try:
+            # Writes answer with their (vbucket uuid, seqno): the token durability needs.
+            # SyncReplication is never asked for: the server does not implement it.
+            await session.conn.call(
+                kv.Hello(agent="dcpkv-client", features=(HelloFeature.MutationSeqno,))
+            )
+        except BaseException:
+            await session.close()
+            raise
         self._sessions[node] = session
         return session
 
@@ -257,6 +277,118 @@ class ClusterKV:
 
     async def get_many(self, vbucket: int, keys: list[bytes]) -> list[Document | None]:
         return list(await asyncio.gather(*(self.get(vbucket, k) for k in keys)))
+
+    # -- writes and durability ----------------------------------------------------------------
+
+    def vbucket_of(self, key: bytes) -> int:
+        m = self.router.map
+        if m is None:
+            raise ClientError("no cluster map: the number of vbuckets is unknown")
+        return vbucket_for_key(key, m.num_vbuckets)
+
+    async def upsert(
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        persist_to: int = 0,
+        replicate_to: int = 0,
+        timeout: float = 10.0,
+    ) -> MutationToken:
+        """Set ``key`` on its active; returns once the durability requirement holds
+        (:meth:`wait_durable`; with none, once the active acknowledged)."""
+        vb = self.vbucket_of(key)
+        msg = kv.Set(key=key, value=value, flags=flags, expiration=expiry, vbucket=vb)
+        answer = await self.call(vb, msg)
+        if not isinstance(answer, kv.MutationResponse) or answer.seqno is None:
+            status = getattr(answer, "status", None)
+            raise ClientError(f"Set: {status_name(status or 0)}", status)
+        assert answer.vbucket_uuid is not None
+        token = MutationToken(vb, answer.vbucket_uuid, answer.seqno)
+        if persist_to or replicate_to:
+            await self.wait_durable(
+                token, persist_to=persist_to, replicate_to=replicate_to, timeout=timeout
+            )
+        return token
+
+    async def observe(self, node: Node, token: MutationToken, *, active: bool) -> Observation:
+        """``node``'s ObserveSeqno answer about ``token`` (raises when it gave none)."""
+        session = await self.session(node)
+        msg = kv.ObserveSeqno(vbucket=token.vbucket, vbucket_uuid=token.vbucket_uuid)
+        answer = await session.conn.call(msg)
+        if isinstance(answer, kv.ObserveSeqnoResponse):
+            return Observation(
+                active,
+                answer.last_persisted_seqno,
+                answer.current_seqno,
+                branch_end=answer.last_received_seqno,
+            )
+        status = getattr(answer, "status", None)
+        if status == Status.KeyEnoent:  # the uuid is not in that node's failover log
+            return Observation(active, known=False)
+        raise ClientError(f"ObserveSeqno: {status_name(status or 0)}", status)
+
+    async def wait_durable(
+        self,
+        token: MutationToken,
+        *,
+        persist_to: int = 0,
+        replicate_to: int = 0,
+        timeout: float = 10.0,
+    ) -> None:
+        """Poll ObserveSeqno on the vbucket's active and replicas until ``persist_to`` nodes
+        (the active counts) persisted the write and ``replicate_to`` replicas hold it.
+        Raises DurabilityLostError when a failover may have lost the write,
+        DurabilityTimeoutError after ``timeout``, DurabilityImpossibleError when the bucket
+        has too few replicas (``dcpkv.core.durability``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = 0.002
+        while True:
+            check_possible(persist_to, replicate_to, len(self.router.replicas(token.vbucket)))
+            observations = await self._observations(token)
+            verdict = judge(token, observations, persist_to, replicate_to)
+            if verdict is Verdict.MET:
+                return
+            if verdict is Verdict.LOST:
+                raise DurabilityLostError(
+                    f"vbucket {token.vbucket}: a failover since seqno {token.seqno} of branch "
+                    f"{token.vbucket_uuid} may have lost the write: read the document again"
+                )
+            if loop.time() >= deadline:
+                raise DurabilityTimeoutError(
+                    f"vbucket {token.vbucket} seqno {token.seqno}: persist_to={persist_to} "
+                    f"replicate_to={replicate_to} not met within {timeout:g} s: {observations}"
+                )
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, 0.05)
+
+    async def _observations(self, token: MutationToken) -> list[Observation]:
+        """The active's answer (routed, retried) and every replica's that answers."""
+        vb = token.vbucket
+
+        async def on_active(session: KVSession) -> Observation | None:
+            try:
+                return await self.observe(self._node_of(session), token, active=True)
+            except ClientError as exc:
+                if exc.status == Status.NotMyVbucket:
+                    return None
+                raise
+
+        found = [await self.on_active(vb, on_active, what="ObserveSeqno")]
+        for node in self.router.replicas(vb):
+            try:
+                found.append(await self.observe(node, token, active=False))
+            except ClientError:  # not (yet) a replica there: it counts for nothing
+                continue
+            except NODE_ERRORS:  # a replica down counts for nothing
+                await self.drop(node)
+        return found
+
+    def _node_of(self, session: KVSession) -> Node:
+        return next(n for n, s in self._sessions.items() if s is session)
 
 
 async def _boxed(result: Awaitable[T]) -> tuple[T]:
