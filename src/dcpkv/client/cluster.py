@@ -189,7 +189,10 @@ class ClusterKV:
                 last = "no node holds the vbucket active (failover under way?)"
             else:
                 try:
-                    result = await attempt(await self.session(node))
+                    session = await asyncio.wait_for(
+                        self.session(node), self.config.connect_timeout
+                    )
+                    result = await asyncio.wait_for(attempt(session), self.config.request_timeout)
                 except AuthError:
                     raise
                 except NODE_ERRORS as exc:
@@ -247,7 +250,12 @@ class ClusterKV:
         while True:
             for node, vbs in self.router.actives_by_node(sorted(pending)).items():
                 try:
-                    rows = await (await self.session(node)).vbucket_seqnos()
+                    session = await asyncio.wait_for(
+                        self.session(node), self.config.connect_timeout
+                    )
+                    rows = await asyncio.wait_for(
+                        session.vbucket_seqnos(), self.config.request_timeout
+                    )
                 except NODE_ERRORS:
                     await self.drop(node)
                     continue
@@ -313,11 +321,14 @@ class ClusterKV:
             )
         return token
 
-    async def observe(self, node: Node, token: MutationToken, *, active: bool) -> Observation:
+    async def observe(
+        self, node: Node, token: MutationToken, *, active: bool, timeout: float | None = None
+    ) -> Observation:
         """``node``'s ObserveSeqno answer about ``token`` (raises when it gave none)."""
-        session = await self.session(node)
+        timeout = self.config.request_timeout if timeout is None else timeout
+        session = await asyncio.wait_for(self.session(node), timeout)
         msg = kv.ObserveSeqno(vbucket=token.vbucket, vbucket_uuid=token.vbucket_uuid)
-        answer = await session.conn.call(msg)
+        answer = await asyncio.wait_for(session.conn.call(msg), timeout)
         if isinstance(answer, kv.ObserveSeqnoResponse):
             return Observation(
                 active,
@@ -348,7 +359,9 @@ class ClusterKV:
         pause = 0.002
         while True:
             check_possible(persist_to, replicate_to, len(self.router.replicas(token.vbucket)))
-            observations = await self._observations(token)
+            # a replica that does not answer must not hold the caller past its timeout
+            budget = min(self.config.request_timeout, max(0.05, deadline - loop.time()))
+            observations = await self._observations(token, budget)
             verdict = judge(token, observations, persist_to, replicate_to)
             if verdict is Verdict.MET:
                 return
@@ -365,7 +378,7 @@ class ClusterKV:
             await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
             pause = min(pause * 2, 0.05)
 
-    async def _observations(self, token: MutationToken) -> list[Observation]:
+    async def _observations(self, token: MutationToken, budget: float) -> list[Observation]:
         """The active's answer (routed, retried) and every replica's that answers."""
         vb = token.vbucket
 
@@ -380,7 +393,7 @@ class ClusterKV:
         found = [await self.on_active(vb, on_active, what="ObserveSeqno")]
         for node in self.router.replicas(vb):
             try:
-                found.append(await self.observe(node, token, active=False))
+                found.append(await self.observe(node, token, active=False, timeout=budget))
             except ClientError:  # not (yet) a replica there: it counts for nothing
                 continue
             except NODE_ERRORS:  # a replica down counts for nothing

@@ -16,9 +16,11 @@ class ClientConfig:
     connection counts as dead after two silent intervals); ``max_backoff`` caps the delay
     between reconnection attempts; ``retry_timeout`` is how long a request keeps retrying
     while the cluster map catches up with a failover or a vbucket move
-    (``dcpkv.client.cluster``). ``include_values=False`` opens the DCP connection with the
-    NoValue flag: mutations arrive with an empty value and datatype 0 (raw), for consumers that
-    only need keys and metadata (the producer then never reads ejected values back from disk).
+    (``dcpkv.client.cluster``), ``request_timeout`` how long one attempt waits for its answer
+    (a node that accepts connections but does not answer counts as lost).
+    ``include_values=False`` opens the DCP connection with the NoValue flag: mutations arrive
+    with an empty value and datatype 0 (raw), for consumers that only need keys and metadata
+    (the producer then never reads ejected values back from disk).
     """
 
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
@@ -28,4 +30,5 @@ class ClientConfig:
     connect_timeout: float = 10.0
     max_backoff: float = 5.0
     retry_timeout: float = 30.0
+    request_timeout: float = 2.5
     include_values: bool = True
