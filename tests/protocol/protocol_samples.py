@@ -206,6 +206,8 @@ EXAMPLES: list[Message] = [
     kv.GetAllVbSeqnos(),
     kv.GetAllVbSeqnos(state=VBucketState.ACTIVE),
     kv.ObserveSeqno(vbucket=2, vbucket_uuid=MAX64),
+    kv.SeqnoPersistence(vbucket=2, seqno=MAX64),
+    kv.SeqnoPersistence(vbucket=3, seqno=7, vbucket_uuid=MAX64),
     kv.GetClusterConfig(),
     kv.SetClusterConfig(bucket="default", config=b'{"rev":7}'),
     kv.GetErrorMap(version=2),

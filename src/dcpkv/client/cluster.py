@@ -308,6 +308,8 @@ class ClusterKV:
         """Set ``key`` on its active; returns once the durability requirement holds
         (:meth:`wait_durable`; with none, once the active acknowledged)."""
         vb = self.vbucket_of(key)
+        # refused before writing: a requirement the bucket cannot meet must not write at all
+        check_possible(persist_to, replicate_to, len(self.router.replicas(vb)))
         msg = kv.Set(key=key, value=value, flags=flags, expiration=expiry, vbucket=vb)
         answer = await self.call(vb, msg)
         if not isinstance(answer, kv.MutationResponse) or answer.seqno is None:
@@ -377,6 +379,27 @@ class ClusterKV:
                 )
             await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
             pause = min(pause * 2, 0.05)
+
+    async def wait_persisted(
+        self, node: Node, token: MutationToken, *, timeout: float = 30.0
+    ) -> None:
+        """Block on ``node`` (the vbucket's active or a replica) until it has persisted the
+        write (SeqnoPersistence, 0xb7, with the token's uuid: the failover-id check).
+        DurabilityLostError when the node's history no longer holds the write."""
+        session = await asyncio.wait_for(self.session(node), self.config.connect_timeout)
+        msg = kv.SeqnoPersistence(
+            vbucket=token.vbucket, seqno=token.seqno, vbucket_uuid=token.vbucket_uuid
+        )
+        answer = await asyncio.wait_for(session.conn.call(msg), timeout)
+        status = getattr(answer, "status", Status.Success)
+        if status == Status.Success:
+            return
+        if status == Status.KeyEnoent:
+            raise DurabilityLostError(
+                f"{node}: vbucket {token.vbucket} no longer holds seqno {token.seqno} of "
+                f"branch {token.vbucket_uuid}: a failover may have lost the write"
+            )
+        raise ClientError(f"SeqnoPersistence on {node}: {status_name(status)}", status)
 
     async def _observations(self, token: MutationToken, budget: float) -> list[Observation]:
         """The active's answer (routed, retried) and every replica's that answers."""

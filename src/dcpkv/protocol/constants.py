@@ -81,6 +81,7 @@ class Opcode(IntEnum):
     SelectBucket = 0x89
     ObserveSeqno = 0x91
     SetClusterConfig = 0xB4
+    SeqnoPersistence = 0xB7
     GetClusterConfig = 0xB5
     GetErrorMap = 0xFE
     # DCP

@@ -82,6 +82,7 @@ from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
 from dcpkv.server.replication import Credentials, Replicator
+from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
 
 log = logging.getLogger("dcpkv.server")
@@ -130,6 +131,7 @@ class KVProtocol(asyncio.Protocol):
             initial_bucket=self.server.config.buckets[0].name,
         )
         self.conn.kick = self.close
+        self.conn.send = self._send_later
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.server.connections.add(self)
         self.server.state.connections = len(self.server.connections)
@@ -173,6 +175,10 @@ class KVProtocol(asyncio.Protocol):
                 answer = error_answer(frame, Status.Einternal)
             if answer:
                 out.append(answer)
+
+    def _send_later(self, data: bytes) -> None:
+        if self.transport is not None and not self.closing and not self.transport.is_closing():
+            self.transport.write(data)
 
     def _codec_error_answer(self, exc: CodecError) -> bytes:
         log.info("closing %s: bad frame: %s", self.conn.peer if self.conn else "?", exc)
@@ -408,6 +414,8 @@ class DataServer:
             except Exception:
                 # The batch stays queued in the engine and is retried next round.
                 log.exception("flush failed")
+            if self.state.persistence_waiters:
+                answer_waiters(self.state.persistence_waiters)
 
     async def _expiry_pager(self) -> None:
         while True:

@@ -79,6 +79,9 @@ class Connection:
     # Closes this connection from outside it (a second DCP Open with the same name); the
     # shell replaces it with one that closes the transport.
     kick: Callable[[], None] = _nothing
+    # Writes an answer decided later (a parked SeqnoPersistence); the shell replaces it with
+    # one that writes to the transport while the connection is open.
+    send: Callable[[bytes], None] = lambda data: None
 
     def authenticated(self, user: str | None) -> None:
         self.user = user

@@ -37,7 +37,14 @@ from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
-from dcpkv.server import dcp_handlers, kv_handlers, session, stats, vbucket_handlers
+from dcpkv.server import (
+    dcp_handlers,
+    kv_handlers,
+    seqno_persistence,
+    session,
+    stats,
+    vbucket_handlers,
+)
 from dcpkv.server.connection import Connection, Reply
 
 Answer = Message | list[kv.StatResponse] | bytes | None
@@ -96,6 +103,7 @@ ROUTES: dict[int, Route] = {
     **_routes(kv_handlers.touch, kv.Touch, kv.GAT),
     **_routes(kv_handlers.flush, kv.Flush),
     **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
+    **_routes(seqno_persistence.seqno_persistence, kv.SeqnoPersistence),
     **_routes(stats.stat, kv.Stat),
     # vbucket control
     **_routes(vbucket_handlers.set_vbucket, kv.SetVbucket),

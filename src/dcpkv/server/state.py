@@ -30,6 +30,8 @@ class ServerState:
     config_listeners: list[Callable[[str], None]] = field(default_factory=list)
     # bucket -> its Replicator on a managed node (dcpkv.server.replication), for stats
     replicators: dict[str, Any] = field(default_factory=dict)
+    # SeqnoPersistence requests waiting for the flusher (dcpkv.server.seqno_persistence)
+    persistence_waiters: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users))
