@@ -230,3 +230,53 @@ def test_wait_durable_raises_when_a_failover_lost_the_write(
             assert doc is not None and doc.value == b"safe"
 
     asyncio.run(scenario())
+
+
+# -- the official SDK -------------------------------------------------------------------------
+
+
+def test_the_official_sdk_routes_by_the_map_with_client_durability(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    from couchbase.auth import PasswordAuthenticator
+    from couchbase.cluster import Cluster as SdkCluster
+    from couchbase.durability import ClientDurability, PersistTo, ReplicateTo
+    from couchbase.exceptions import DurabilityImpossibleException
+    from couchbase.options import ClusterOptions, UpsertOptions
+
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=3, replicas=1)
+    config = settings_of(*(cluster.name(n) for n in cluster.nodes))
+
+    async def the_map() -> ClusterKV:
+        async with cluster_kv(config) as kv:
+            return kv
+
+    vb_map = asyncio.run(the_map()).router.map
+    assert vb_map is not None
+    seeds = ",".join([dead_address(), *(cluster.name(n) for n in cluster.nodes)])
+    sdk = SdkCluster(
+        f"couchbase://{seeds}",
+        ClusterOptions(PasswordAuthenticator("Administrator", "password")),
+    )
+    try:
+        coll = sdk.bucket("default").default_collection()
+        durable = UpsertOptions(durability=ClientDurability(ReplicateTo.ONE, PersistTo.ONE))
+        keys = [f"sdk{i}" for i in range(16)]
+        for key in keys:
+            coll.upsert(key, {"k": key}, durable)
+        with pytest.raises(DurabilityImpossibleException):  # one replica per vbucket
+            coll.upsert("too-much", {}, UpsertOptions(durability=ClientDurability(ReplicateTo.TWO)))
+    finally:
+        sdk.close()
+    # routed by the map: each node holds active exactly the keys of its vbuckets, and their
+    # replicas hold them too (ReplicateTo.ONE returned only once they did)
+    expected: dict[str, int] = {}
+    for key in [*keys, "too-much"]:  # the SDK writes first, then finds the replica missing
+        active = vb_map.active(vbucket_for_key(key.encode(), VBUCKETS))
+        assert active is not None
+        expected[active] = expected.get(active, 0) + 1
+    for node in cluster.nodes:
+        with BlockingKV.connect(ConnectionSettings.at(port=node.port)) as session:
+            stats = dict(session.stats(""))
+        assert int(stats["curr_items"]) == expected.get(cluster.name(node), 0)
+        assert int(stats["vb_replica_num"]) > 0
