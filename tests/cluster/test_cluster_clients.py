@@ -26,6 +26,7 @@ from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.settings import ConnectionSettings, Node
+from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.durability import DurabilityLostError, DurabilityTimeoutError
 from dcpkv.core.vbucket import vbucket_for_key
 
@@ -84,6 +85,11 @@ def key_in(vb: int, prefix: str) -> bytes:
     )
 
 
+def active_items(node: ServerProcess) -> int:
+    with BlockingKV.connect(ConnectionSettings.at(port=node.port)) as session:
+        return int(dict(session.stats(""))["curr_items"])
+
+
 # -- connection strings -----------------------------------------------------------------------
 
 
@@ -109,6 +115,11 @@ def test_a_connection_string_naming_a_dead_node_and_a_live_one_reaches_every_nod
 
     got = asyncio.run(scenario())
     assert got == {f"k{i}".encode(): f"v{i}".encode() for i in range(64)}
+    # the blocking bulk writer (loader, Spark sink) splits its windows by node
+    with KVWriter(config.connection, VBUCKETS) as writer:
+        assert writer.write(WriteOp(f"k{i}".encode(), value=b"w") for i in range(64)) == 64
+        assert set(writer.sessions) == {Node("127.0.0.1", n.port) for n in cluster.nodes}
+    assert sum(active_items(n) for n in cluster.nodes) == 64
     with BlockingKV.connect(config.connection) as session:  # skips the dead seed
         assert dict(session.stats(""))["curr_items"].isdigit()
     stats = subprocess.run(
