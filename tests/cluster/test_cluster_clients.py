@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -120,6 +121,22 @@ def test_a_connection_string_naming_a_dead_node_and_a_live_one_reaches_every_nod
         assert writer.write(WriteOp(f"k{i}".encode(), value=b"w") for i in range(64)) == 64
         assert set(writer.sessions) == {Node("127.0.0.1", n.port) for n in cluster.nodes}
     assert sum(active_items(n) for n in cluster.nodes) == 64
+    # the commands take the same connection string: every vbucket streamed from its active
+    every = ",".join(cluster.name(n) for n in cluster.nodes)
+    for cmd in (["stream", "--to", "now"], ["failover-log", "0", "15", "--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "dcpkv.cli.main", *cmd, "--host",
+             f"couchbase://{dead_address()},{every}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        if cmd[0] == "stream":
+            lines = [json.loads(line) for line in done.stdout.splitlines()]
+            assert {d["key"] for d in lines if d["op"] == "mutation"} == {
+                f"k{i}" for i in range(64)
+            }
+        else:
+            assert set(json.loads(done.stdout)) == {"0", "15"}
     with BlockingKV.connect(config.connection) as session:  # skips the dead seed
         assert dict(session.stats(""))["curr_items"].isdigit()
     stats = subprocess.run(
