@@ -73,14 +73,25 @@ class ClusterKV:
     @classmethod
     async def open(cls, config: ClientConfig) -> ClusterKV:
         """Bootstrapped: a map from a reachable seed (or the first seed alone, when it serves
-        none). Raises when no seed can be reached."""
+        none). While no seed can be reached (a node restarting) it tries again with bounded
+        backoff, and raises once ``retry_timeout`` has passed; a refused login raises at once."""
         self = cls(config)
+        loop = asyncio.get_running_loop()
+        schedule = RetrySchedule(loop.time(), config.retry_timeout, config.max_backoff)
         try:
-            await self.refresh(self.router.seeds, strict=True)
+            while True:
+                try:
+                    await self.refresh(self.router.seeds, strict=True)
+                    return self
+                except NODE_ERRORS as exc:
+                    delay = schedule.next_delay(loop.time())
+                    if delay is None:
+                        raise
+                    log.info("bootstrap: %s; again in %.2f s", exc, delay)
+                    await asyncio.sleep(delay)
         except BaseException:
             await self.close()
             raise
-        return self
 
     async def close(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}

@@ -167,6 +167,15 @@ class Consumer:
         """The producer's failover log of ``vbucket``, newest entry first."""
         return await (await self._kv_session()).failover_log(vbucket)
 
+    async def active_nodes(self) -> dict[int, str]:
+        """vbucket -> ``host:port`` of its active node, as the cluster map says now."""
+        kv = await self._kv_session()
+        await kv.refresh_once()
+        m = kv.router.map
+        if m is None:
+            return {}
+        return {vb: node for vb in range(m.num_vbuckets) if (node := m.active(vb)) is not None}
+
     async def _kv_session(self) -> ClusterKV:
         """The cluster's KV client (bootstrapped on first use): map, routing, retries."""
         if self._closed:
