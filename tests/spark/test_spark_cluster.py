@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
 
 from managerproc import VBUCKETS, ManagerProcess, start_cluster, tracked_managers
 from serverproc import ServerProcess
-from sparkhelp import Changelog, stream_available_now
+from sparkhelp import Changelog, Workload, stream_available_now
 
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
@@ -95,3 +97,42 @@ def run(spark: Any, cluster: Any, managers: type[ManagerProcess], tmp_path: Path
     write(conn, 400, 700, "b")
     stream_available_now(spark, 0, checkpoint, log, **options)
     assert log.live() == truth(conn)
+
+
+def test_an_available_now_query_rides_through_a_node_restart(
+    spark: Any, server: ServerProcess, tmp_path: Path
+) -> None:
+    """kill -9 of the only node between two batches, back half a second later: the tasks'
+    and the driver's connections retry with backoff, the query does not fail, and its
+    output is exact (rollback rows for the writes the crash lost)."""
+    work = Workload(server.port)
+    work.run(600)
+    log = Changelog()  # written by foreachBatch's thread; the test only reads its length
+    failure: list[BaseException] = []
+
+    def query() -> None:
+        try:
+            stream_available_now(
+                spark,
+                server.port,
+                tmp_path / "cp",
+                log,
+                maxChangesPerTrigger="100",
+                numPartitions="2",
+            )
+        except BaseException as exc:  # handed to the test's thread
+            failure.append(exc)
+
+    runner = threading.Thread(target=query)
+    runner.start()
+    for _ in range(6000):
+        if log.batch_sizes or not runner.is_alive():
+            break
+        time.sleep(0.01)
+    server.kill9()
+    time.sleep(0.5)
+    server.start(same_port=True)
+    runner.join(timeout=600)
+    assert not runner.is_alive() and not failure, failure
+    stream_available_now(spark, server.port, tmp_path / "cp", log)  # what came after
+    assert log.live() == work.truth()
