@@ -75,8 +75,10 @@ class SourceSettings:
     # A view's definition records its source (``views``) in this flat JSON form.
     def to_json_obj(self) -> dict[str, Any]:
         c = self.connection
+        # several seeds: "host" holds the connection string (ConnectionSettings.at reads it)
+        host = c.host if len(c.nodes) == 1 else c.connection_string
         return {
-            "host": c.host, "port": c.port, "bucket": c.bucket, "user": c.user,
+            "host": host, "port": c.port, "bucket": c.bucket, "user": c.user,
             "password": c.password, "vbuckets": self.vbuckets,
             "max_changes_per_trigger": self.max_changes_per_trigger,
         }  # fmt: skip
