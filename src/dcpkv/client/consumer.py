@@ -4,14 +4,20 @@ Theory of operation
 -------------------
 :meth:`Consumer.stream` is one async generator. It plans one
 :class:`~dcpkv.client.consumer_stream.ConsumerStream` per vbucket (start and end seqnos,
-progress kept in :attr:`Consumer.offsets`), then loops over *sessions*: open a DCP
-connection (authenticate, select the bucket, DcpOpen as a producer, Controls for flow control
-and noops), send a stream request for every stream that needs one, and feed every pushed
-message to its stream, yielding the events it returns. A broken or silent connection ends the
-session; every stream is told :meth:`~ConsumerStream.disconnected` and the next session,
-after a capped, jittered exponential backoff, resumes each from its offset. The generator
-returns once every vbucket reached its end seqno (StreamEnd OK); any other stream end is
-asked again from the offset.
+progress kept in :attr:`Consumer.offsets`), then runs a *session*: for every stream that needs
+one, a stream request to the vbucket's active node (the cluster map of
+:class:`~dcpkv.client.cluster.ClusterKV`), on that node's DCP connection (opened on first use:
+authenticate, select the bucket, DcpOpen as a producer, Controls for flow control and noops;
+``dcp_links.py`` holds one per node), and every pushed message fed to its stream, yielding the
+events it returns. A node whose connection breaks or goes silent is dropped: its streams are
+told :meth:`~ConsumerStream.disconnected` and asked again, after a pause and a map refresh, on
+whatever node the map then names, from their offsets; the other nodes' streams go on. A
+stream that ends with StateChanged or is refused NotMyVbucket (the vbucket moved, or is
+failing over) is asked again the same way. Anything else that breaks the session ends it for
+every stream; the next one starts after a capped, jittered exponential backoff. The
+generator returns once every vbucket reached its end seqno (StreamEnd OK); any other stream
+end is asked again from the offset. A single node is a cluster whose map names it for every
+vbucket: one connection, as before.
 
 Everything that decides *what* to do lives in the sans-I/O core (each stream's state machine
 in ``consumer_stream.py``; message routing, re-requests, the refusal retry schedule and the
