@@ -145,10 +145,12 @@ class ClusterKV:
             raise ConnectionError(f"no node of {names} could be reached: {errors[0]}")
 
     async def _map_from(self, node: Node) -> None:
+        # A node that accepts connections but does not answer (stopped) must not hold up a
+        # refresh, which every retry waits for, past request_timeout.
         try:
             session = await asyncio.wait_for(self.session(node), self.config.connect_timeout)
             answer = await asyncio.wait_for(
-                session.conn.call(kv.GetClusterConfig()), self.config.connect_timeout
+                session.conn.call(kv.GetClusterConfig()), self.config.request_timeout
             )
         except NODE_ERRORS:
             await self.drop(node)
