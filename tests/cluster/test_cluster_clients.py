@@ -269,7 +269,7 @@ def test_the_official_sdk_routes_by_the_map_with_client_durability(
     from couchbase.auth import PasswordAuthenticator
     from couchbase.cluster import Cluster as SdkCluster
     from couchbase.durability import ClientDurability, PersistTo, ReplicateTo
-    from couchbase.exceptions import DurabilityImpossibleException
+    from couchbase.exceptions import CouchbaseException, DurabilityImpossibleException
     from couchbase.options import ClusterOptions, UpsertOptions
 
     cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=3, replicas=1)
@@ -294,17 +294,37 @@ def test_the_official_sdk_routes_by_the_map_with_client_durability(
             coll.upsert(key, {"k": key}, durable)
         with pytest.raises(DurabilityImpossibleException):  # one replica per vbucket
             coll.upsert("too-much", {}, UpsertOptions(durability=ClientDurability(ReplicateTo.TWO)))
+        # routed by the map: each node holds active exactly the keys of its vbuckets
+        expected: dict[str, int] = {}
+        for key in [*keys, "too-much"]:  # the SDK writes first, then finds the replica missing
+            active = vb_map.active(vbucket_for_key(key.encode(), VBUCKETS))
+            assert active is not None
+            expected[active] = expected.get(active, 0) + 1
+        for node in cluster.nodes:
+            assert active_items(node) == expected.get(cluster.name(node), 0)
+        # after a failover the SDK follows the new map: the survivors take every write
+        victim, survivors = cluster.nodes[0], cluster.nodes[1:]
+        victim.kill9()
+        failover(cluster, victim)
+        after = [f"after{i}" for i in range(16)]
+        for key in after:
+            for attempt in range(40):
+                try:
+                    coll.upsert(key, {"k": key})
+                    break
+                except CouchbaseException:  # until the SDK has read the new map
+                    assert attempt < 39, key
     finally:
         sdk.close()
-    # routed by the map: each node holds active exactly the keys of its vbuckets, and their
-    # replicas hold them too (ReplicateTo.ONE returned only once they did)
-    expected: dict[str, int] = {}
-    for key in [*keys, "too-much"]:  # the SDK writes first, then finds the replica missing
-        active = vb_map.active(vbucket_for_key(key.encode(), VBUCKETS))
-        assert active is not None
-        expected[active] = expected.get(active, 0) + 1
-    for node in cluster.nodes:
-        with BlockingKV.connect(ConnectionSettings.at(port=node.port)) as session:
-            stats = dict(session.stats(""))
-        assert int(stats["curr_items"]) == expected.get(cluster.name(node), 0)
-        assert int(stats["vb_replica_num"]) > 0
+
+    async def present() -> int:
+        async with cluster_kv(config) as kv:
+            assert cluster.name(victim) not in (kv.router.map.servers if kv.router.map else ())
+            docs = {
+                key: await kv.get(vbucket_for_key(key.encode(), VBUCKETS), key.encode())
+                for key in [*keys, "too-much", *after]
+            }
+            assert all(docs[key] is not None for key in after)  # every write after the failover
+            return sum(doc is not None for doc in docs.values())
+
+    assert sum(active_items(n) for n in survivors) == asyncio.run(present())
