@@ -57,6 +57,10 @@ def test_a_node_answers_seqno_persistence_once_it_persisted_the_write(
         try:
             # a single plain node: the map names it active for every vbucket
             assert kv_client.router.active(3) == node
+            # callers at the same time share one session (and one connection)
+            await kv_client.drop(node)
+            sessions = await asyncio.gather(*(kv_client.session(node) for _ in range(20)))
+            assert all(s is sessions[0] for s in sessions)
             tokens = [await kv_client.upsert(f"p{i}".encode(), b"v" * 100) for i in range(50)]
             # every request parks until the flusher ran; all are answered, none lost
             await asyncio.gather(*(kv_client.wait_persisted(node, t, timeout=10) for t in tokens))

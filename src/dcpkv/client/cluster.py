@@ -68,6 +68,7 @@ class ClusterKV:
         self.router = Router(config.connection.nodes)
         self._sessions: dict[Node, KVSession] = {}
         self._refreshing: asyncio.Future[None] | None = None
+        self._opening: dict[Node, asyncio.Future[KVSession]] = {}
         self.counters = {"refreshes": 0, "not_my_vbucket": 0, "node_errors": 0}
 
     @classmethod
@@ -94,6 +95,8 @@ class ClusterKV:
             raise
 
     async def close(self) -> None:
+        for opening in list(self._opening.values()):
+            opening.cancel()
         sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             await session.close()
@@ -101,13 +104,27 @@ class ClusterKV:
     # -- sessions and the map ---------------------------------------------------------------
 
     async def session(self, node: Node) -> KVSession:
-        """The authenticated session to ``node``, opened (again) when needed."""
+        """The authenticated session to ``node``, opened (again) when needed; callers asking
+        at the same time share one opening (pipelined Gets must not open a connection each)."""
         session = self._sessions.get(node)
         if session is not None and session.alive:
             return session
-        if session is not None:
-            await session.close()
-            del self._sessions[node]
+        opening = self._opening.get(node)
+        if opening is None:
+            opening = self._opening[node] = asyncio.ensure_future(self._open_session(node))
+            opening.add_done_callback(lambda done: self._opened(node, done))
+        # shielded: a caller that gives up (its timeout) does not cancel the others' opening
+        return await asyncio.shield(opening)
+
+    def _opened(self, node: Node, done: asyncio.Future[KVSession]) -> None:
+        self._opening.pop(node, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here: every waiter may have given up already
+
+    async def _open_session(self, node: Node) -> KVSession:
+        old = self._sessions.pop(node, None)
+        if old is not None:
+            await old.close()
         session = await KVSession.open(self.config, node.host, node.port)
         try:
             # Writes answer with their (vbucket uuid, seqno): the token durability needs.
