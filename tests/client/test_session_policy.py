@@ -182,3 +182,42 @@ def test_finished_once_every_stream_ended_or_failed() -> None:
         cs.receive(dcp.StreamEnd(vbucket=vb, reason=StreamEndReason.OK))
         assert cs.state is ConsumerState.ENDED
     assert run.finished
+
+
+# -- a session across nodes ------------------------------------------------------------------
+
+
+def on_node(run: StreamRun, vb: int, opaque: int, node: str) -> ConsumerStream:
+    cs = run.streams[vb]
+    cs.request(opaque=opaque)
+    run.requested(vb, opaque, node)
+    return cs
+
+
+def test_a_message_reaches_its_stream_only_from_the_node_it_was_requested_on() -> None:
+    run = run_of(0, 1)
+    on_node(run, 0, 1, "a")
+    on_node(run, 1, 2, "b")
+    mutation = dcp.Mutation(vbucket=0, key=b"k", value=b"v", by_seqno=1)
+    assert run.stream_for(mutation, "a") is run.streams[0]
+    assert run.stream_for(mutation, "b") is None  # a late message from another node
+    assert run.stream_for(dcp.StreamRequestOk(opaque=2, failover_log=LOG), "b") is run.streams[1]
+
+
+def test_a_lost_node_resumes_only_its_own_streams_after_a_pause() -> None:
+    run = run_of(0, 1, 2)
+    on_node(run, 0, 1, "a")
+    on_node(run, 1, 2, "b")
+    on_node(run, 2, 3, "a")
+    assert run.node_lost("a", now=10.0, cap=5.0) == [0, 2]
+    for vb in (0, 2):
+        assert run.streams[vb].state is ConsumerState.RESUMING
+        assert not run.wants_request(run.streams[vb])  # not at once: the map must catch up
+    assert run.retry_at == {0: pytest.approx(10.2), 2: pytest.approx(10.2)}
+    assert run.streams[1].state is ConsumerState.REQUESTED  # the other node goes on
+    assert run.where == {1: "b"}
+    assert run.node_lost("a", now=11.0, cap=5.0) == []  # nothing left there
+    # resumed on another node, a stream's messages come from there
+    on_node(run, 0, 4, "b")
+    mutation = dcp.Mutation(vbucket=0, key=b"k", value=b"v", by_seqno=1)
+    assert run.stream_for(mutation, "a") is None

@@ -216,6 +216,8 @@ EXAMPLES: list[Message] = [
     kv.ObserveSeqno(vbucket=2, vbucket_uuid=MAX64),
     kv.GetMeta(key=b"doc-1", vbucket=4),
     kv.GetMeta(key=b"doc-1", version=2),
+    kv.SeqnoPersistence(vbucket=2, seqno=MAX64),
+    kv.SeqnoPersistence(vbucket=3, seqno=7, vbucket_uuid=MAX64),
     kv.GetClusterConfig(),
     kv.SetClusterConfig(bucket="default", config=b'{"rev":7}'),
     kv.RbacRefresh(users=b'{"rev":1,"users":{}}'),

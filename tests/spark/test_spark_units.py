@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql import Row
 
 from dcpkv.client.offsets import VbucketOffset
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.spark.options import OptionError, parse_options, parse_vbuckets
-from dcpkv.spark.plan import plan_end, split_budget, spread, targets
+from dcpkv.spark.plan import plan_end, split_budget, spread, spread_by_node, targets
 from dcpkv.spark.rows import ARROW_SCHEMA, rollback_row, to_batch
 from dcpkv.spark.source import SinkError, row_op
 from dcpkv.spark.sparkoffsets import SparkOffsetError, SparkOffsets, VbPosition
@@ -110,6 +112,24 @@ def test_spread_puts_every_vbucket_in_one_task() -> None:
     loads = [sum(t.distance for t in task) for task in tasks]
     assert max(loads) - min(loads) <= 91  # longest-first onto the least loaded
     assert spread([], 4) == []
+
+
+@given(
+    st.dictionaries(st.integers(0, 63), st.sampled_from(["a:1", "b:2", "c:3"]), min_size=1),
+    st.integers(1, 20),
+)
+def test_spread_by_node_never_mixes_nodes_in_a_task(node_of: dict[int, str], n: int) -> None:
+    work = targets(
+        SparkOffsets({vb: VbPosition.at(0, 0) for vb in node_of}),
+        SparkOffsets({vb: VbPosition.at(vb + 1, A) for vb in node_of}),
+    )
+    tasks = spread_by_node(work, n, node_of)
+    assert sorted(t.vbucket for task in tasks for t in task) == sorted(node_of)
+    assert all(len({node_of[t.vbucket] for t in task}) == 1 for task in tasks)
+    assert all(task for task in tasks)
+    assert len(tasks) <= max(n, len(set(node_of.values()))) + len(set(node_of.values()))
+    # one node (a single server): exactly the plain spread
+    assert spread_by_node(work, n, {vb: "a:1" for vb in node_of}) == spread(work, n)
 
 
 def test_options() -> None:

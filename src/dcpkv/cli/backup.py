@@ -36,7 +36,9 @@ backup_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-Host = Annotated[str, typer.Option(help="Server address.")]
+Host = Annotated[
+    str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
+]
 Port = Annotated[int, typer.Option(help="Server port.")]
 Bucket = Annotated[str, typer.Option(help="Bucket.")]
 User = Annotated[str, typer.Option(help="User name.")]

@@ -211,7 +211,9 @@ def stats(
     group: Annotated[
         str, typer.Argument(help="Stat group: '' (general), dcp, vbucket-seqno, failovers...")
     ] = "",
-    host: Annotated[str, typer.Option(help="Server address.")] = DEFAULT_HOST,
+    host: Annotated[
+        str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
+    ] = DEFAULT_HOST,
     port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
     user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
     password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
@@ -221,13 +223,17 @@ def stats(
 ) -> None:
     """Print a running server's stats of one group as a table."""
     from dcpkv.client.blocking import BlockingKV, RequestFailed
+    from dcpkv.client.settings import ConnectionSettings, NodeError
     from dcpkv.core.tls import TlsError
 
     try:
-        with BlockingKV(host, port, tls=tls_options(tls, tls_ca)) as session:
-            session.login(user, password, bucket)
+        settings = ConnectionSettings.at(
+            host, port, bucket=bucket, user=user, password=password,
+            tls=tls_options(tls, tls_ca),
+        )  # fmt: skip
+        with BlockingKV.connect(settings) as session:
             rows = session.stats(group)
-    except (OSError, RequestFailed, TlsError) as exc:
+    except (OSError, RequestFailed, NodeError, TlsError) as exc:
         typer.echo(f"dcpkv stats: {exc}", err=True)
         raise typer.Exit(1) from None
     if rows:
@@ -236,7 +242,9 @@ def stats(
 
 @app.command()
 def stream(
-    host: Annotated[str, typer.Option(help="Server address.")] = DEFAULT_HOST,
+    host: Annotated[
+        str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
+    ] = DEFAULT_HOST,
     port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
     bucket: Annotated[str, typer.Option(help="Bucket to stream.")] = DEFAULT_BUCKET,
     user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
@@ -275,12 +283,13 @@ def stream(
         if format_ not in ("json", "table"):
             raise ValueError(f"--format must be json or table, not {format_!r}")
         start = parse_start(from_)
+        connection = ConnectionSettings.at(
+            host, port, bucket=bucket, user=user, password=password,
+            tls=tls_options(tls, tls_ca),
+        )  # fmt: skip
     except (ValueError, OffsetsFileError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
         raise typer.Exit(2) from None
-    connection = ConnectionSettings.at(
-        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
-    )
     config = ClientConfig(connection, name=name)
     try:
         code = stream_main(config, vbs, start, end, save_offsets, format_)
@@ -297,7 +306,9 @@ def stream(
 @app.command("failover-log")
 def failover_log(
     vbuckets: Annotated[list[int], typer.Argument(help="vbucket ids.")],
-    host: Annotated[str, typer.Option(help="Server address.")] = DEFAULT_HOST,
+    host: Annotated[
+        str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
+    ] = DEFAULT_HOST,
     port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
     bucket: Annotated[str, typer.Option(help="Bucket to read.")] = DEFAULT_BUCKET,
     user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,

@@ -30,7 +30,9 @@ from dcpkv.core.defaults import (
 pipeline_app = typer.Typer(help="Spark pipelines over the change stream.", no_args_is_help=True)
 view_app = typer.Typer(help="Incremental map/reduce views.", no_args_is_help=True)
 
-Host = Annotated[str, typer.Option(help="Server address.")]
+Host = Annotated[
+    str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
+]
 Port = Annotated[int, typer.Option(help="Server port.")]
 Bucket = Annotated[str, typer.Option(help="Bucket.")]
 User = Annotated[str, typer.Option(help="User name.")]

@@ -77,14 +77,23 @@ class BlockingKV:
 
     @classmethod
     def connect(cls, settings: ConnectionSettings, timeout: float = 10.0) -> BlockingKV:
-        """A session on the first node, logged in and with the bucket selected."""
-        session = cls(settings.host, settings.port, timeout, tls=settings.tls)
-        try:
-            session.login(settings.user, settings.password, settings.bucket)
-        except BaseException:
-            session.close()
-            raise
-        return session
+        """A session on the first node of ``settings`` that accepts a connection, logged in
+        and with the bucket selected (a connection string may name dead nodes too)."""
+        error: OSError | None = None
+        for node in settings.nodes:
+            try:
+                session = cls(node.host, node.port, timeout, tls=settings.tls)
+            except OSError as exc:
+                error = exc
+                continue
+            try:
+                session.login(settings.user, settings.password, settings.bucket)
+            except BaseException:
+                session.close()
+                raise
+            return session
+        assert error is not None
+        raise error
 
     def close(self) -> None:
         self.sock.close()

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
+from collections.abc import Iterator
 
 from dcpkv.client.flow_control import Liveness, counts_for_flow_control
 from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_payload
@@ -60,29 +61,45 @@ class DeadConnectionError(DcpkvError, ConnectionError):
 class Connection:
     """See the module docstring."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        opaques: Iterator[int] | None = None,
+        wake: asyncio.Event | None = None,
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self._parser = FrameParser(max_value_len=MAX_VALUE_LEN)
-        self._opaques = itertools.count(1)
+        # Connections of one consumer share the opaque sequence (their answers are routed by
+        # opaque alone) and the wake-up event (one wait covers every node's inbox).
+        self._opaques = opaques if opaques is not None else itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._stats: dict[int, tuple[list[tuple[str, str]], asyncio.Future[Message]]] = {}
         self._inbox: deque[tuple[int, Message]] = deque()
-        self._wake = asyncio.Event()
+        self._wake = wake if wake is not None else asyncio.Event()
         self._error: BaseException | None = None
         self.liveness: Liveness | None = None
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
     async def open(
-        cls, host: str, port: int, timeout: float, tls: TlsOptions | None = None
+        cls,
+        host: str,
+        port: int,
+        timeout: float,
+        tls: TlsOptions | None = None,
+        *,
+        opaques: Iterator[int] | None = None,
+        wake: asyncio.Event | None = None,
     ) -> Connection:
         """Connect (with TLS when ``tls`` is given: the certificate must name ``host``)."""
         ssl = tls.context() if tls is not None else None
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, limit=READ_CHUNK, ssl=ssl), timeout
         )
-        return cls(reader, writer)
+        return cls(reader, writer, opaques=opaques, wake=wake)
 
     @property
     def error(self) -> BaseException | None:
@@ -155,6 +172,11 @@ class Connection:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 return []
+        return self.take()
+
+    def take(self) -> list[tuple[int, Message]]:
+        """What the inbox holds now, without waiting (the caller waits on the shared wake
+        event). Raises the connection's error once the inbox is empty."""
         batch = list(self._inbox)
         self._inbox.clear()
         if not batch and self._error is not None:

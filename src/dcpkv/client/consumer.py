@@ -4,14 +4,20 @@ Theory of operation
 -------------------
 :meth:`Consumer.stream` is one async generator. It plans one
 :class:`~dcpkv.client.consumer_stream.ConsumerStream` per vbucket (start and end seqnos,
-progress kept in :attr:`Consumer.offsets`), then loops over *sessions*: open a DCP
-connection (authenticate, select the bucket, DcpOpen as a producer, Controls for flow control
-and noops), send a stream request for every stream that needs one, and feed every pushed
-message to its stream, yielding the events it returns. A broken or silent connection ends the
-session; every stream is told :meth:`~ConsumerStream.disconnected` and the next session,
-after a capped, jittered exponential backoff, resumes each from its offset. The generator
-returns once every vbucket reached its end seqno (StreamEnd OK); any other stream end is
-asked again from the offset.
+progress kept in :attr:`Consumer.offsets`), then runs a *session*: for every stream that needs
+one, a stream request to the vbucket's active node (the cluster map of
+:class:`~dcpkv.client.cluster.ClusterKV`), on that node's DCP connection (opened on first use:
+authenticate, select the bucket, DcpOpen as a producer, Controls for flow control and noops;
+``dcp_links.py`` holds one per node), and every pushed message fed to its stream, yielding the
+events it returns. A node whose connection breaks or goes silent is dropped: its streams are
+told :meth:`~ConsumerStream.disconnected` and asked again, after a pause and a map refresh, on
+whatever node the map then names, from their offsets; the other nodes' streams go on. A
+stream that ends with StateChanged or is refused NotMyVbucket (the vbucket moved, or is
+failing over) is asked again the same way. Anything else that breaks the session ends it for
+every stream; the next one starts after a capped, jittered exponential backoff. The
+generator returns once every vbucket reached its end seqno (StreamEnd OK); any other stream
+end is asked again from the offset. A single node is a cluster whose map names it for every
+vbucket: one connection, as before.
 
 Everything that decides *what* to do lives in the sans-I/O core (each stream's state machine
 in ``consumer_stream.py``; message routing, re-requests, the refusal retry schedule and the
@@ -67,19 +73,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Literal
 
 from dcpkv.client import events
+from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
 from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
-from dcpkv.client.flow_control import FlowControl, Liveness
-from dcpkv.client.kv import Document, KVSession
+from dcpkv.client.dcp_links import DcpLinks
+from dcpkv.client.flow_control import Liveness
+from dcpkv.client.kv import Document
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
 from dcpkv.client.session_policy import DONE, Backoff, StreamRun
+from dcpkv.client.settings import Node
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.protocol import dcp, kv
@@ -97,6 +106,8 @@ _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
 _HELLO = (HelloFeature.Datatype, HelloFeature.JSON, HelloFeature.Snappy)
 # Connection-level failures: the session ends and the streams resume on a new connection.
 _SESSION_ERRORS = (ConnectionError, OSError, TimeoutError, CodecError)
+# A node's connection failed (to open or mid-stream): only that node's streams move.
+_NODE_ERRORS = (ConnectionError, OSError, TimeoutError)
 
 
 class StreamFailedError(ClientError):
@@ -116,8 +127,9 @@ class Consumer:
         self.config = config
         self._offsets = offsets if offsets is not None else Offsets()
         self._mlog = mutation_log
-        self._kv: KVSession | None = None
-        self._conns: set[Connection] = set()
+        self._kv: ClusterKV | None = None
+        self._links: set[DcpLinks] = set()
+        self._stale_map = False  # a stream was refused or moved: refresh before routing
         self._closed = False
         self._rng = random.Random()
         # What happened so far (for tests, progress displays and logs).
@@ -136,9 +148,9 @@ class Consumer:
 
     async def close(self) -> None:
         self._closed = True
-        for conn in list(self._conns):
-            await conn.close()
-        self._conns.clear()
+        for links in list(self._links):
+            await links.close()
+        self._links.clear()
         if self._kv is not None:
             await self._kv.close()
             self._kv = None
@@ -163,18 +175,31 @@ class Consumer:
         """The producer's failover log of ``vbucket``, newest entry first."""
         return await (await self._kv_session()).failover_log(vbucket)
 
-    async def _kv_session(self) -> KVSession:
+    async def active_nodes(self) -> dict[int, str]:
+        """vbucket -> ``host:port`` of its active node, as the cluster map says now."""
+        kv = await self._kv_session()
+        await kv.refresh_once()
+        m = kv.router.map
+        if m is None:
+            return {}
+        return {vb: node for vb in range(m.num_vbuckets) if (node := m.active(vb)) is not None}
+
+    async def _kv_session(self) -> ClusterKV:
+        """The cluster's KV client (bootstrapped on first use): map, routing, retries."""
         if self._closed:
             raise ClientError("the consumer is closed")
-        if self._kv is None or not self._kv.alive:
-            if self._kv is not None:
-                await self._kv.close()
-            self._kv = await KVSession.open(self.config)
+        if self._kv is None:
+            self._kv = await ClusterKV.open(self.config)
         return self._kv
 
-    def _route(self, vbucket: int) -> tuple[str, int]:
-        """The node that holds ``vbucket``: the configured one until a cluster map exists."""
-        return self.config.connection.host, self.config.connection.port
+    async def _route(self, vbucket: int) -> Node | None:
+        """The node holding ``vbucket`` active (None: nobody right now), after a map refresh
+        when a stream was refused, moved or lost its node since the last one."""
+        kv = await self._kv_session()
+        if self._stale_map:
+            self._stale_map = False
+            await kv.refresh_once()
+        return kv.router.active(vbucket)
 
     # -- streaming --------------------------------------------------------------------------
 
@@ -209,20 +234,18 @@ class Consumer:
             run.owed.update(self._owed_at_start(run))
         backoff = Backoff(self.config.max_backoff, rng=self._rng)
         while not run.finished and not self._closed:
-            conn: Connection | None = None
+            links = DcpLinks(self._open_dcp, self.config.buffer_size)
+            self._links.add(links)
             try:
-                conn = await self._open_dcp(run)
-                backoff.opened()
-                async for ev in self._session(conn, run):
+                async for ev in self._session(links, run):
                     yield ev
             except AuthError:
                 raise
             except _SESSION_ERRORS as exc:
                 log.warning("DCP session ended: %s", exc or type(exc).__name__)
             finally:
-                if conn is not None:
-                    self._conns.discard(conn)
-                    await conn.close()
+                self._links.discard(links)
+                await links.close()
                 run.session_ended()
             if not run.finished and not self._closed:
                 await asyncio.sleep(backoff.next_delay())
@@ -260,16 +283,18 @@ class Consumer:
 
     # -- one connection -----------------------------------------------------------------------
 
-    async def _open_dcp(self, run: StreamRun) -> Connection:
-        vb = next(vb for vb, cs in run.streams.items() if cs.state not in DONE)
-        host, port = self._route(vb)
+    async def _open_dcp(
+        self, node: Node, opaques: Iterator[int], wake: asyncio.Event
+    ) -> Connection:
+        """A DCP connection to ``node``, part of a session's :class:`DcpLinks`."""
         cfg = self.config
-        conn = await Connection.open(host, port, cfg.connect_timeout, cfg.connection.tls)
-        self._conns.add(conn)
+        conn = await Connection.open(
+            node.host, node.port, cfg.connect_timeout, cfg.connection.tls,
+            opaques=opaques, wake=wake,
+        )  # fmt: skip
         try:
             await asyncio.wait_for(self._handshake(conn), cfg.connect_timeout)
         except BaseException:
-            self._conns.discard(conn)
             await conn.close()
             raise
         self.counters["sessions"] += 1
@@ -297,52 +322,60 @@ class Consumer:
         await conn.call_ok(dcp.DcpControl(key="set_noop_interval", value=f"{cfg.noop_interval:g}"))
         conn.liveness = Liveness(cfg.noop_interval, asyncio.get_running_loop().time())
 
-    async def _session(self, conn: Connection, run: StreamRun) -> AsyncIterator[events.Event]:
-        flow = FlowControl(self.config.buffer_size)
+    async def _session(self, links: DcpLinks, run: StreamRun) -> AsyncIterator[events.Event]:
         loop = asyncio.get_running_loop()
-        async for ev in self._session_start(conn, run):
+        async for ev in self._session_start(links, run):
             yield ev
         while not run.finished:
-            batch = await conn.next_batch(run.retry_timeout(loop.time()))
+            batch, lost = links.take()
+            if not batch and not lost:
+                await links.wait(run.retry_timeout(loop.time()))
+            for node in lost:
+                await self._node_lost(links, run, node, "connection ended")
             if self._mlog is not None:
-                self._log_keys(run, batch)
-            for nbytes, msg in batch:
-                async for ev in self._message(conn, run, flow, nbytes, msg):
+                self._log_keys(run, [(nbytes, msg) for _node, nbytes, msg in batch])
+            for node, nbytes, msg in batch:
+                async for ev in self._message(links, run, node, nbytes, msg):
                     yield ev
             for cs in run.due_retries(loop.time()):
-                async for ev in self._request(conn, run, cs):
+                async for ev in self._request(links, run, cs):
                     yield ev
 
-    async def _session_start(self, conn: Connection, run: StreamRun) -> AsyncIterator[events.Event]:
-        """Owed repairs first, then every stream's request on the new connection."""
+    async def _node_lost(self, links: DcpLinks, run: StreamRun, node: Node, why: object) -> None:
+        """``node``'s connection is gone: its streams resume (from their offsets) wherever the
+        refreshed map puts them, after a pause; the other nodes' streams go on."""
+        vbs = run.node_lost(node, asyncio.get_running_loop().time(), self.config.max_backoff)
+        log.warning("DCP connection to %s lost (%s): %d streams resume", node, why, len(vbs))
+        await links.drop(node)
+        self._stale_map = True
+
+    async def _session_start(self, links: DcpLinks, run: StreamRun) -> AsyncIterator[events.Event]:
+        """Owed repairs first, then every stream's request, each on its active's connection."""
         for vb in sorted(run.owed):
             async for ev in self._repair(run, run.streams[vb]):
                 yield ev
         if run.reads_highs_at_once():
             run.highs = {vb: high for vb, (_uuid, high) in (await self.vbucket_seqnos()).items()}
         for cs in run.first_requests():
-            async for ev in self._request(conn, run, cs):
+            async for ev in self._request(links, run, cs):
                 yield ev
 
     async def _message(
-        self, conn: Connection, run: StreamRun, flow: FlowControl, nbytes: int, msg: Message
+        self, links: DcpLinks, run: StreamRun, node: Node, nbytes: int, msg: Message
     ) -> AsyncIterator[events.Event]:
         """One received message: its events (and what follows each), its BufferAck, and the
         stream's next request when it ended or was refused."""
         loop = asyncio.get_running_loop()
-        cs = run.stream_for(msg)
+        cs = run.stream_for(msg, node)
         if cs is not None:
             for ev in cs.receive(msg):
                 yield ev
                 async for follow in self._after(run, cs, ev, loop.time()):
                     yield follow
         if nbytes:  # only now: the message's events were handed over (module docstring)
-            flow.received_bytes(nbytes)
-            ack = flow.take_ack()
-            if ack is not None:
-                conn.send(ack)
+            links.ack(node, nbytes)
         if cs is not None and run.wants_request(cs):
-            async for ev in self._request(conn, run, cs):
+            async for ev in self._request(links, run, cs):
                 yield ev
 
     async def _after(
@@ -355,35 +388,53 @@ class Consumer:
         elif isinstance(ev, events.StreamRefused):
             if not ev.will_retry:
                 raise StreamFailedError(f"vbucket {ev.vbucket}: stream refused", ev.status)
-            # NotMyVbucket, Etmpfail...: ask again later (a cluster map would re-route here).
+            # NotMyVbucket, Etmpfail...: ask again later, on the node a fresh map names.
             run.refused(cs.vbucket, now, self.config.max_backoff)
+            self._stale_map = True
         elif isinstance(ev, events.StreamEnd) and cs.state is ConsumerState.FAILED:
             raise StreamFailedError(f"vbucket {ev.vbucket}: stream ended ({ev.reason})")
+        elif isinstance(ev, events.StreamEnd) and ev.will_resume:
+            self._stale_map = True  # StateChanged: the vbucket moved (or is about to)
         elif isinstance(ev, events.StreamStart):
             run.started(cs.vbucket)
 
     async def _request(
-        self, conn: Connection, run: StreamRun, cs: ConsumerStream
+        self, links: DcpLinks, run: StreamRun, cs: ConsumerStream
     ) -> AsyncIterator[events.Event]:
-        """Send the stream request; in mutation-log mode compare failover logs first.
+        """Send the stream request to the vbucket's active; in mutation-log mode compare
+        failover logs first. No active, or no connection to it: ask again after a pause.
 
         After a local rollback the request goes out without a second comparison: the repair
         raised ``seen`` above the rollback point on purpose, so comparing again would roll
         back again. The producer still checks the request itself.
         """
-        if self._mlog is not None:
-            answer = await conn.call(dcp.GetFailoverLog(vbucket=cs.vbucket))
-            if isinstance(answer, dcp.GetFailoverLogResponse):
-                ev = cs.check_failover_log(answer.failover_log)
-                if ev is not None:
-                    yield ev
-                    async for follow in self._rolled_back(run, cs):
-                        yield follow
-        if run.clamp and cs.end_seqno != U64_MAX:
-            await self._clamp_end(run, cs)
-        opaque = conn.next_opaque()
-        run.opaques[opaque] = cs.vbucket
-        conn.send(cs.request(opaque=opaque))
+        now = asyncio.get_running_loop().time()
+        node = await self._route(cs.vbucket)
+        if node is None:
+            run.refused(cs.vbucket, now, self.config.max_backoff)
+            self._stale_map = True
+            return
+        try:
+            conn = await links.get(node)
+            if self._mlog is not None:
+                answer = await conn.call(dcp.GetFailoverLog(vbucket=cs.vbucket))
+                if isinstance(answer, dcp.GetFailoverLogResponse):
+                    ev = cs.check_failover_log(answer.failover_log)
+                    if ev is not None:
+                        yield ev
+                        async for follow in self._rolled_back(run, cs):
+                            yield follow
+            if run.clamp and cs.end_seqno != U64_MAX:
+                await self._clamp_end(run, cs)
+            opaque = conn.next_opaque()
+            run.requested(cs.vbucket, opaque, node)
+            conn.send(cs.request(opaque=opaque))
+        except AuthError:
+            raise
+        except _NODE_ERRORS as exc:
+            await self._node_lost(links, run, node, exc or type(exc).__name__)
+            if cs.needs_request and cs.vbucket not in run.retry_at:
+                run.refused(cs.vbucket, now, self.config.max_backoff)
 
     async def _clamp_end(self, run: StreamRun, cs: ConsumerStream) -> None:
         high = run.highs.pop(cs.vbucket, None)

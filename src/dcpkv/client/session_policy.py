@@ -10,10 +10,15 @@ and every decision that is not I/O, lives here, so it is tested without a server
 * :class:`StreamRun` holds the vbuckets' :class:`~dcpkv.client.consumer_stream.ConsumerStream`
   machines across sessions, plus what belongs to one session only (stream-request opaques,
   high seqnos read for ``clamp_ends``), which :meth:`StreamRun.session_ended` drops. It routes
-  a decoded message to its stream, says which streams need a (re-)request, and keeps the
+  a decoded message to its stream (on a cluster: only from the node the stream was last
+  requested on, so a late message from a vbucket's old node never reaches its stream on the
+  new one), says which streams need a (re-)request, and keeps the
   per-vbucket retry schedule after a refused request: a refusal that may succeed later
   (NotMyVbucket, Etmpfail...) is asked again 0.1 s × 2^n after the n-th refusal in a row,
   capped; a StreamStart forgets the count.
+* A session spans the cluster: one DCP connection per node, each vbucket requested from its
+  active. :meth:`StreamRun.node_lost` is what a lost node means: the streams requested on it
+  resume later (on whatever node the refreshed map names), the others go on untouched.
 * :class:`Backoff` is the delay between sessions: exponential from :data:`FIRST_BACKOFF`,
   capped, with jitter (half to all of the step) so a fleet of consumers does not reconnect in
   lockstep after an outage. A session that opened resets it.
@@ -24,7 +29,7 @@ The caller passes the time (``now``, seconds of its event loop's monotonic clock
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 
 from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
 from dcpkv.protocol import dcp
@@ -71,7 +76,9 @@ def refusal_delay(refusals: int, cap: float) -> float:
 class StreamRun:
     """The streams of one ``Consumer.stream`` call, across sessions."""
 
-    __slots__ = ("clamp", "highs", "opaques", "owed", "refusals", "retry_at", "streams")
+    __slots__ = (
+        "clamp", "highs", "opaques", "owed", "refusals", "retry_at", "streams", "where",
+    )  # fmt: skip
 
     def __init__(self, streams: dict[int, ConsumerStream], *, clamp: bool = False) -> None:
         self.streams = streams
@@ -81,12 +88,14 @@ class StreamRun:
         self.retry_at: dict[int, float] = {}  # vbucket -> when to ask again after a refusal
         self.refusals: dict[int, int] = {}
         self.owed: set[int] = set()  # vbuckets whose mutation-log repair is not committed
+        self.where: dict[int, Hashable] = {}  # vbucket -> node last requested on, this session
 
     @property
     def finished(self) -> bool:
         return all(cs.state in DONE for cs in self.streams.values())
 
-    def stream_for(self, msg: Message) -> ConsumerStream | None:
+    def stream_for(self, msg: Message, node: Hashable = None) -> ConsumerStream | None:
+        """The stream ``msg`` (received from ``node``) is for, if any."""
         if isinstance(msg, Response):
             if msg.opcode != Opcode.DcpStreamRequest:
                 return None
@@ -95,7 +104,9 @@ class StreamRun:
             vb = msg.vbucket
         else:
             return None  # barriers, takeover state changes: nothing for a plain consumer
-        return None if vb is None else self.streams.get(vb)
+        if vb is None or self.where.get(vb) != node:
+            return None
+        return self.streams.get(vb)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -110,6 +121,23 @@ class StreamRun:
     def wants_request(self, cs: ConsumerStream) -> bool:
         """Ask again now: the stream needs it and is not waiting out a refusal."""
         return cs.needs_request and cs.vbucket not in self.retry_at
+
+    def requested(self, vbucket: int, opaque: int, node: Hashable = None) -> None:
+        """A stream request went out (``opaque``) to ``node``."""
+        self.opaques[opaque] = vbucket
+        self.where[vbucket] = node
+
+    def node_lost(self, node: Hashable, now: float, cap: float) -> list[int]:
+        """``node``'s connection is gone: its streams resume after a pause (module
+        docstring); the vbuckets they were for."""
+        lost = sorted(vb for vb, n in self.where.items() if n == node)
+        for vb in lost:
+            del self.where[vb]
+            cs = self.streams[vb]
+            cs.disconnected()
+            if cs.needs_request:
+                self.refused(vb, now, cap)
+        return lost
 
     def refused(self, vbucket: int, now: float, cap: float) -> None:
         """A retryable refusal: schedule the next request (see the module docstring)."""
@@ -136,3 +164,4 @@ class StreamRun:
             cs.disconnected()
         self.opaques.clear()
         self.highs.clear()
+        self.where.clear()

@@ -6,14 +6,16 @@ Every client of the project (the DCP consumer, the blocking KV client, the Spark
 sink, the pipelines, the commands) needs the same four facts: the nodes, the bucket, the user
 and the password. :class:`ConnectionSettings` holds them, frozen and picklable (Spark ships it
 to executors); the settings of each client *compose* it with their own knobs instead of
-repeating the fields. ``nodes`` is a tuple so that a cluster connection string
-(``couchbase://h1,h2:11210``) can fill it later; a single node is the whole cluster today, so
-clients connect to the first one (:attr:`ConnectionSettings.host` / ``port``).
+repeating the fields. ``nodes`` are the *seeds*: the addresses of a connection string as
+the SDKs write it (``couchbase://h1,h2:11210``, ``h1:11210``, ``h1,h2``; :func:`parse_nodes`).
+A client bootstraps the cluster map from the first seed that answers and follows the map from
+then on (``dcpkv.client.cluster``); :attr:`ConnectionSettings.host` / ``port`` name the first
+seed, for messages and for callers that only ever talk to one node.
 
 ``tls`` (:class:`~dcpkv.core.tls.TlsOptions`, None: plain TCP) makes every connection of the
-client speak TLS to the nodes' TLS ports (which ``nodes`` must then name, 11207 by
-Couchbase's convention). A ``couchbases://`` connection string means TLS:
-:func:`scheme_tls` reads the scheme; the connection-string parser calls it.
+client speak TLS to the nodes' TLS ports (the map's ``kvSSL``; seeds must name TLS ports,
+11207 by Couchbase's convention). A ``couchbases://`` connection string means TLS
+(:func:`scheme_tls`).
 """
 
 from __future__ import annotations
@@ -33,17 +35,6 @@ from dcpkv.core.tls import TlsOptions
 DEFAULT_TLS_PORT = 11207  # Couchbase's TLS data port
 
 
-def scheme_tls(url: str) -> tuple[bool, str]:
-    """``(tls, rest)`` of a connection string: ``couchbases://`` is TLS, ``couchbase://`` (or
-    no scheme) is not; ``rest`` is what follows the scheme."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return False, url
-    if scheme not in ("couchbase", "couchbases"):
-        raise NodeError(f"unknown scheme {scheme!r}: use couchbase:// or couchbases://")
-    return scheme == "couchbases", rest
-
-
 class NodeError(DcpkvError, ValueError):
     """A ``host:port`` that cannot be read."""
 
@@ -54,7 +45,8 @@ class Node:
     port: int = DEFAULT_PORT
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
 
 def parse_port(text: str) -> int:
@@ -67,17 +59,58 @@ def parse_port(text: str) -> int:
     return port
 
 
-def parse_nodes(text: str) -> tuple[Node, ...]:
-    """``"h1,h2:11211"`` -> nodes; a node without a port gets the default one."""
+SCHEMES = ("couchbase://", "couchbases://", "dcpkv://")
+
+
+def scheme_tls(url: str) -> tuple[bool, str]:
+    """``(tls, rest)`` of a connection string: ``couchbases://`` is TLS, ``couchbase://`` (or
+    no scheme) is not; ``rest`` is what follows the scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return False, url
+    if f"{scheme.lower()}://" not in SCHEMES:
+        raise NodeError(f"unknown scheme {scheme!r}: use couchbase:// or couchbases://")
+    return scheme.lower() == "couchbases", rest
+
+
+def parse_nodes(text: str, default_port: int = DEFAULT_PORT) -> tuple[Node, ...]:
+    """A connection string -> its nodes: ``couchbase://h1,h2:11211``, ``h1:11211,h2`` (the
+    scheme is optional, a ``?option=..`` tail is ignored); a node without a port gets the
+    default one. IPv6 addresses go in brackets: ``[::1]:11210``."""
+    body = text.strip()
+    for scheme in SCHEMES:
+        if body.lower().startswith(scheme):
+            body = body[len(scheme) :]
+            break
+    else:
+        if "://" in body:
+            raise NodeError(f"{text!r}: only {' and '.join(SCHEMES)} connection strings")
+    body = body.partition("?")[0].rstrip("/")
     nodes = []
-    for part in (p.strip() for p in text.split(",")):
+    for part in (p.strip() for p in body.replace(";", ",").split(",")):
         if not part:
             continue
-        host, sep, port = part.rpartition(":")
-        nodes.append(Node(host, parse_port(port)) if sep else Node(part, DEFAULT_PORT))
+        nodes.append(_node(part, default_port))
     if not nodes:
         raise NodeError(f"no node in {text!r}")
     return tuple(nodes)
+
+
+def _node(part: str, default_port: int) -> Node:
+    if part.startswith("["):  # [v6 address] or [v6 address]:port
+        host, _, rest = part[1:].partition("]")
+        return Node(host, parse_port(rest[1:]) if rest.startswith(":") else default_port)
+    host, sep, port = part.rpartition(":")
+    if not sep:
+        return Node(part, default_port)
+    if not host:
+        raise NodeError(f"{part!r} has no host")
+    return Node(host, parse_port(port))
+
+
+def is_connection_string(text: str) -> bool:
+    """Does ``text`` say more than a bare host name (a scheme, a port, several nodes)?"""
+    return "://" in text or "," in text or text.startswith("[") or text.count(":") == 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +132,32 @@ class ConnectionSettings:
         password: str = DEFAULT_PASSWORD,
         tls: TlsOptions | None = None,
     ) -> ConnectionSettings:
-        """Settings for one node."""
-        return cls((Node(host, port),), bucket, user, password, tls)
+        """Settings for one node, or for the nodes of a connection string given as ``host``
+        (``couchbase://h1,h2:11210``: every command's ``--host`` takes one); ``port`` is
+        then the default of the nodes that name none. ``couchbases://`` asks for TLS (with
+        default options when ``tls`` is not given)."""
+        if not is_connection_string(host):
+            return cls((Node(host, port),), bucket, user, password, tls)
+        return cls(parse_nodes(host, port), bucket, user, password, _tls_of(host, tls))
+
+    @classmethod
+    def parse(
+        cls,
+        connection_string: str,
+        *,
+        bucket: str = DEFAULT_BUCKET,
+        user: str = DEFAULT_USER,
+        password: str = DEFAULT_PASSWORD,
+        tls: TlsOptions | None = None,
+    ) -> ConnectionSettings:
+        """Settings for the nodes of a connection string."""
+        nodes = parse_nodes(connection_string)
+        return cls(nodes, bucket, user, password, _tls_of(connection_string, tls))
+
+    @property
+    def connection_string(self) -> str:
+        scheme = "couchbases://" if self.tls is not None else "couchbase://"
+        return scheme + ",".join(str(n) for n in self.nodes)
 
     @property
     def host(self) -> str:
@@ -119,6 +176,14 @@ class ConnectionSettings:
             "password": self.password,
             **(_tls_options(self.tls) if self.tls is not None else {}),
         }
+
+
+def _tls_of(connection_string: str, given: TlsOptions | None) -> TlsOptions | None:
+    """The TLS options a connection string asks for: ``given``, or defaults for
+    ``couchbases://``."""
+    if given is not None:
+        return given
+    return TlsOptions() if scheme_tls(connection_string.strip())[0] else None
 
 
 def _tls_options(tls: TlsOptions) -> dict[str, str]:

@@ -117,6 +117,9 @@ class SyncConsumer:
     def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
         return self._call(self._consumer.failover_log(vbucket))
 
+    def active_nodes(self) -> dict[int, str]:
+        return self._call(self._consumer.active_nodes())
+
     def stream(
         self,
         vbuckets: Iterable[int] | None = None,

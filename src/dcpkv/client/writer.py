@@ -16,6 +16,12 @@ retryable`: a vbucket moving, a flusher catching up) is sent again after a cappe
 backoff, up to ``max_attempts`` rounds. A lost connection (a server restart) reconnects and
 resends what had no answer (Set and Delete are idempotent). Anything else is a
 :class:`KVWriteError` naming the key and the status.
+
+On a cluster a window is split by node: the writer keeps the cluster map
+(:class:`~dcpkv.client.router.Router`, bootstrapped with GetClusterConfig from the first seed
+that answers) and one blocking session per node, and sends each operation to its vbucket's
+active. NotMyVbucket (its body may carry a newer map), a lost node or a vbucket without an
+active (mid-failover) sends the operation round again after the map was read anew.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dcpkv.client.blocking import BlockingKV, KVRequest, RequestFailed
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.router import Router
+from dcpkv.client.settings import ConnectionSettings, Node
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, retryable, status_name
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol.frame import Frame
 
 DEFAULT_WINDOW = 1024
 DEFAULT_TIMEOUT = 30.0
@@ -70,7 +78,9 @@ class KVWriter:
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.written = 0
-        self.session: BlockingKV | None = None
+        self.router = Router(settings.nodes, tls=settings.tls is not None)
+        self.sessions: dict[Node, BlockingKV] = {}
+        self._stale_map = True  # read the map before the first window
 
     def __enter__(self) -> KVWriter:
         return self
@@ -79,9 +89,8 @@ class KVWriter:
         self.close()
 
     def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        for node in list(self.sessions):
+            self._drop(node)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -106,8 +115,8 @@ class KVWriter:
                 time.sleep(min(MAX_BACKOFF, FIRST_BACKOFF * 2**attempt))
             try:
                 todo = self._round(todo)
-            except OSError:
-                self.close()  # reconnect and resend everything unanswered
+            except OSError:  # no node reachable right now: try again after the pause
+                self._stale_map = True
         if todo:
             raise KVWriteError(
                 f"{len(todo)} writes still failing after {self.max_attempts} attempts "
@@ -115,15 +124,35 @@ class KVWriter:
             )
 
     def _round(self, ops: list[WriteOp]) -> list[WriteOp]:
-        """Send ``ops`` as one window; the ones to retry."""
-        answers = self._connected().pipeline([self._request(op) for op in ops])
-        if len(answers) != len(ops):
-            raise ConnectionResetError("the server closed the connection mid-window")
+        """Send ``ops`` as one window per node; the ones to retry."""
+        if self._stale_map:
+            self._refresh_map()
+        by_node: dict[Node, list[WriteOp]] = {}
+        retry: list[WriteOp] = []  # no active right now: after a map refresh
+        for op in ops:
+            node = self.router.active(vbucket_for_key(op.key, self.num_vbuckets))
+            (retry if node is None else by_node.setdefault(node, [])).append(op)
+        for node, group in by_node.items():
+            try:
+                answers = self._connected(node).pipeline([self._request(op) for op in group])
+                if len(answers) != len(group):
+                    raise ConnectionResetError("the server closed the connection mid-window")
+            except OSError:
+                self._drop(node)  # reconnect and resend everything unanswered
+                retry.extend(group)
+                continue
+            retry.extend(self._judge(group, answers))
+        self._stale_map = self._stale_map or bool(retry)
+        return retry
+
+    def _judge(self, ops: list[WriteOp], answers: list[Frame]) -> list[WriteOp]:
         retry: list[WriteOp] = []
         for op, frame in zip(ops, answers, strict=True):
             if frame.status == Status.Success or (op.delete and frame.status == Status.KeyEnoent):
                 self.written += 1
             elif retryable(frame.status):
+                if frame.status == Status.NotMyVbucket:
+                    self.router.offer(bytes(frame.value))
                 retry.append(op)
             else:
                 raise KVWriteError(f"write of key {op.key!r} refused: {status_name(frame.status)}")
@@ -138,10 +167,39 @@ class KVWriter:
 
     # -- connection -------------------------------------------------------------------------
 
-    def _connected(self) -> BlockingKV:
-        if self.session is None:
+    def _connected(self, node: Node) -> BlockingKV:
+        session = self.sessions.get(node)
+        if session is None:
+            one = ConnectionSettings((node,), self.settings.bucket, self.settings.user,
+                                     self.settings.password, self.settings.tls)  # fmt: skip
             try:
-                self.session = BlockingKV.connect(self.settings, self.timeout)
+                session = self.sessions[node] = BlockingKV.connect(one, self.timeout)
             except RequestFailed as exc:
                 raise KVWriteError(f"login refused: {exc}") from None
-        return self.session
+        return session
+
+    def _drop(self, node: Node) -> None:
+        session = self.sessions.pop(node, None)
+        if session is not None:
+            session.close()
+
+    def _refresh_map(self) -> None:
+        """Ask every node known for the map, keep the newest; OSError when none answers."""
+        error: OSError | None = None
+        answered = False
+        for node in self.router.candidates():
+            try:
+                frame = self._connected(node).call(Opcode.GetClusterConfig)
+            except OSError as exc:
+                self._drop(node)
+                error = exc
+                continue
+            except RequestFailed:  # a server without maps: the first seed takes everything
+                answered = True
+                continue
+            answered = True
+            self.router.offer(bytes(frame.value), node)
+        if not answered:
+            assert error is not None
+            raise error
+        self._stale_map = False

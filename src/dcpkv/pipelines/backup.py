@@ -44,8 +44,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
-from dcpkv.client.kv import KVSession
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.pipelines.backup_layout import (
@@ -87,7 +87,7 @@ def server_state(ep: ConnectionSettings, logs: bool = True) -> tuple[SeqnoMap, d
 
 
 async def _server_state(config: ClientConfig, want_logs: bool) -> tuple[SeqnoMap, dict[int, Any]]:
-    session = await KVSession.open(config)
+    session = await ClusterKV.open(config)
     try:
         seqnos = await session.vbucket_seqnos()
         if not want_logs:

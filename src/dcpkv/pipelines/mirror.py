@@ -76,8 +76,10 @@ class SourceSettings:
     # A view's definition records its source (``views``) in this flat JSON form.
     def to_json_obj(self) -> dict[str, Any]:
         c = self.connection
+        # several seeds: "host" holds the connection string (ConnectionSettings.at reads it)
+        host = c.host if len(c.nodes) == 1 else c.connection_string
         return {
-            "host": c.host, "port": c.port, "bucket": c.bucket, "user": c.user,
+            "host": host, "port": c.port, "bucket": c.bucket, "user": c.user,
             "password": c.password, "vbuckets": self.vbuckets,
             "max_changes_per_trigger": self.max_changes_per_trigger,
             "tls": asdict(c.tls) if c.tls is not None else None,
@@ -110,10 +112,10 @@ class BatchStats:
 
 def server_seqnos(source: SourceSettings) -> dict[int, tuple[int, int]]:
     """vbucket -> (uuid, high seqno) now."""
-    from dcpkv.client.kv import KVSession
+    from dcpkv.client.cluster import ClusterKV
 
     async def ask() -> dict[int, tuple[int, int]]:
-        session = await KVSession.open(source.client_config())
+        session = await ClusterKV.open(source.client_config())
         try:
             return await session.vbucket_seqnos()
         finally:
@@ -125,14 +127,14 @@ def server_seqnos(source: SourceSettings) -> dict[int, tuple[int, int]]:
 def persisted_seqnos(source: SourceSettings, uuids: dict[int, int]) -> dict[int, int]:
     """vbucket -> the server's persisted seqno on branch ``uuids[vb]`` (ObserveSeqno); a
     vbucket whose branch moved since is left out (its floor stays where it was)."""
-    from dcpkv.client.kv import KVSession
+    from dcpkv.client.cluster import ClusterKV
     from dcpkv.protocol import kv
 
     async def ask() -> dict[int, int]:
-        session = await KVSession.open(source.client_config())
+        session = await ClusterKV.open(source.client_config())
         try:
             calls = [
-                session.conn.call(kv.ObserveSeqno(vbucket=vb, vbucket_uuid=u))
+                session.call(vb, kv.ObserveSeqno(vbucket=vb, vbucket_uuid=u))
                 for vb, u in uuids.items()
             ]
             answers = await asyncio.gather(*calls)

@@ -97,6 +97,7 @@ class Opcode(IntEnum):
     SubdocMultiMutation = 0xD1
     SubdocGetCount = 0xD2
     SetClusterConfig = 0xB4
+    SeqnoPersistence = 0xB7
     GetClusterConfig = 0xB5
     # kv_engine's "reload the RBAC database" (there ns_server writes the file first); here
     # the manager is remote, so the request carries the users document itself

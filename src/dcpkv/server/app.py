@@ -96,6 +96,7 @@ from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
 from dcpkv.server.replication import Credentials, Replicator
+from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
 
 log = logging.getLogger("dcpkv.server")
@@ -155,6 +156,7 @@ class KVProtocol(asyncio.Protocol):
             initial_bucket=self.server.config.buckets[0].name,
         )
         self.conn.kick = self.close
+        self.conn.send = self._send_later
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.server.connections.add(self)
         self.server.state.connections = len(self.server.connections)
@@ -219,6 +221,10 @@ class KVProtocol(asyncio.Protocol):
                 out.append(answer)
             if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
                 parser.max_value_len = self.server.max_value_len  # logged in: the item limit
+
+    def _send_later(self, data: bytes) -> None:
+        if self.transport is not None and not self.closing and not self.transport.is_closing():
+            self.transport.write(data)
 
     def _codec_error_answer(self, exc: CodecError) -> bytes:
         log.info("closing %s: bad frame: %s", self.conn.peer if self.conn else "?", exc)
@@ -517,6 +523,8 @@ class DataServer:
                 if failing:
                     log.info("flush succeeded again: writes are accepted")
                 failing = False
+            if self.state.persistence_waiters:
+                answer_waiters(self.state.persistence_waiters)
 
     async def _expiry_pager(self) -> None:
         while True:

@@ -83,6 +83,9 @@ class Connection:
     # Closes this connection from outside it (a second DCP Open with the same name); the
     # shell replaces it with one that closes the transport.
     kick: Callable[[], None] = _nothing
+    # Writes an answer decided later (a parked SeqnoPersistence); the shell replaces it with
+    # one that writes to the transport while the connection is open.
+    send: Callable[[bytes], None] = lambda data: None
 
     def detach(self) -> None:
         """The shell's connection is gone: drop ``kick``, which referenced the shell (a

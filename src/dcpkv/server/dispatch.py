@@ -47,6 +47,7 @@ from dcpkv.protocol.messages import decode_message
 from dcpkv.server import (
     dcp_handlers,
     kv_handlers,
+    seqno_persistence,
     session,
     stats,
     subdoc_handlers,
@@ -125,6 +126,8 @@ ROUTES: dict[int, Route] = {
     **_routes(kv_handlers.flush, kv.Flush, needs=_BUCKET_ADMIN),
     **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
     **_routes(kv_handlers.get_meta, kv.GetMeta, needs=_READ),
+    # the spec's blocking wait for persistence (any user of the bucket, like ObserveSeqno)
+    **_routes(seqno_persistence.seqno_persistence, kv.SeqnoPersistence),
     **_routes(stats.stat, kv.Stat),
     # sub-document: one request type for every opcode of the range
     **{

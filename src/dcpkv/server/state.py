@@ -39,6 +39,8 @@ class ServerState:
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
     auth_errors: int = 0  # failed logins (stat auth_errors)
     eaccess: int = 0  # requests refused for want of a role (stat rbac_eaccess)
+    # SeqnoPersistence requests waiting for the flusher (dcpkv.server.seqno_persistence)
+    persistence_waiters: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users), path=self.config.data_dir / USERS_FILE)

@@ -7,9 +7,10 @@ parsed and checked here, on the driver, when the source or sink is created, so t
 a clear error at ``load()`` / ``start()`` time instead of a task failure on an executor. The
 parsed :class:`SourceOptions` is a small frozen dataclass: it is pickled into every task.
 
-``nodes`` (``host:port[,host:port...]``) takes precedence over ``host``/``port``; they make
-the :class:`~dcpkv.client.settings.ConnectionSettings` the source and sink connect with (to the
-first node: one node is the whole cluster here). ``vbuckets`` is a list of ids and ranges
+``nodes`` or ``connectionString`` (``couchbase://h1,h2:11210``, ``host:port[,host:port...]``)
+takes precedence over ``host``/``port``; they make the
+:class:`~dcpkv.client.settings.ConnectionSettings` the source and sink connect with (the seeds
+the client bootstraps the cluster map from). ``vbuckets`` is a list of ids and ranges
 (``"0,1,5-9"``); empty means every vbucket the server has.
 
 TLS: ``tls=true`` (or ``nodes`` given as ``couchbases://host:port``, the nodes' TLS ports)
@@ -134,7 +135,8 @@ def parse_vbuckets(text: str) -> tuple[int, ...]:
 def _nodes(opts: Mapping[str, str]) -> tuple[tuple[Node, ...], bool]:
     """The nodes, and whether their connection string asked for TLS (``couchbases://``)."""
     try:
-        tls, nodes = scheme_tls(opts.get("nodes", "").strip())
+        # ``connectionString`` is the SDKs' name for it; ``nodes`` takes one too
+        tls, nodes = scheme_tls((opts.get("connectionstring") or opts.get("nodes", "")).strip())
         if nodes:
             return parse_nodes(nodes), tls
         port = parse_port(opts.get("port", str(DEFAULT_PORT)))

@@ -24,6 +24,10 @@ news for downstream.
 
 Partitions. The vbuckets to read are spread over ``numPartitions`` tasks, longest first onto
 the least loaded task (by seqno distance): one vbucket is always read by one task, in order.
+On a cluster (:func:`spread_by_node`) a node's vbuckets are read together: the tasks are
+shared out over the nodes in proportion to what each has to send, and a task reads from one
+node only (one DCP connection, to the node holding its vbuckets active when planned; the
+client library follows a vbucket that moves meanwhile).
 """
 
 from __future__ import annotations
@@ -150,4 +154,24 @@ def spread(work: Sequence[VbTarget], num_partitions: int | None) -> list[list[Vb
         loads[i] += t.distance + 1  # +1: a vbucket costs a stream request even when empty
     for task in tasks:
         task.sort(key=lambda t: t.vbucket)
+    return tasks
+
+
+def spread_by_node(
+    work: Sequence[VbTarget], num_partitions: int | None, node_of: Mapping[int, str]
+) -> list[list[VbTarget]]:
+    """:func:`spread`, node by node (module docstring); vbuckets ``node_of`` does not place
+    (no active when planned) form a group of their own."""
+    groups: dict[str, list[VbTarget]] = {}
+    for t in work:
+        groups.setdefault(node_of.get(t.vbucket, ""), []).append(t)
+    if len(groups) <= 1:
+        return spread(work, num_partitions)
+    n = max(len(groups), min(len(work), num_partitions or DEFAULT_MAX_PARTITIONS))
+    loads = {node: sum(t.distance + 1 for t in ts) for node, ts in groups.items()}
+    total = sum(loads.values())
+    tasks: list[list[VbTarget]] = []
+    for node in sorted(groups):
+        share = max(1, round(n * loads[node] / total))
+        tasks.extend(spread(groups[node], share))
     return tasks

@@ -61,7 +61,7 @@ from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
-from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread, targets
+from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread_by_node, targets
 from dcpkv.spark.read import change_rows, document_rows
 from dcpkv.spark.rows import SCHEMA_DDL, batches
 from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
@@ -102,8 +102,16 @@ class DcpkvPartition(InputPartition):
         return self.value
 
 
+def active_nodes(opts: SourceOptions) -> dict[int, str]:
+    """vbucket -> its active node, from the cluster map."""
+    with SyncConsumer(opts.client_config()) as consumer:
+        return consumer.active_nodes()
+
+
 def _partitions(work: list[VbTarget], opts: SourceOptions) -> list[DcpkvPartition]:
-    return [DcpkvPartition(task) for task in spread(work, opts.num_partitions)]
+    """Tasks by node (``plan.spread_by_node``); one node's map is all of it on a single node."""
+    node_of = active_nodes(opts) if work else {}
+    return [DcpkvPartition(task) for task in spread_by_node(work, opts.num_partitions, node_of)]
 
 
 # -- the data source -------------------------------------------------------------------------
