@@ -353,3 +353,41 @@ def assert_only_kept(final: VBucketMap, mine: list[int]) -> None:
         assert not any(k.startswith(b"lost-") for k in held)  # dropped with the failover
         if vb in mine:
             assert {k for k in held if k.startswith(b"kept-")} == set(keys_in(vb, "kept-", 5))
+
+
+def test_an_old_active_that_dies_mid_move_is_failed_over_by_the_manager(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """Spec 002, rebalance step 5: when a move fails and its old active cannot be told to go
+    back to active (it stopped answering), the manager fails that node over to a replica
+    itself; every vbucket has an active again without an operator."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=2, replicas=1)
+    manager = cluster.manager
+    manager.api("POST", "/settings/rebalance", movesAtOnce="1")
+    preload(cluster.nodes, 400)
+    c = add_node(server_factory, tmp_path, manager, "n2")
+    manager.api("POST", "/controller/rebalance")
+    moving: dict[str, str] = {}
+
+    def a_move_running() -> bool:
+        moving.update(manager.api("GET", "/pools/default/rebalanceProgress")["progress"]["moving"])
+        return bool(moving)
+
+    wait_for(a_move_running, "a move to start")
+    vb = int(next(iter(moving)))
+    before = served_map([*cluster.nodes, c])
+    old_active = cluster.node(before.servers[before.chains[vb][0]])
+    old_active.kill9()
+    name = cluster.name(old_active)
+
+    def failed_over() -> bool:
+        nodes = {n["hostname"]: n for n in cluster.status()["nodes"]}
+        return name not in nodes or nodes[name]["clusterMembership"] == "failed"
+
+    wait_for(failed_over, "the manager to fail the dead old active over", timeout_s=60)
+    assert manager.api("GET", "/pools/default/rebalanceProgress")["state"] == "failed"
+    live = [n for n in [*cluster.nodes, c] if n is not old_active]
+    after = served_map(live)
+    assert name not in [after.servers[chain[0]] for chain in after.chains]
+    assert all(chain[0] >= 0 for chain in after.chains)  # every vbucket has an active
+    assert_consistent(live)

@@ -586,6 +586,12 @@ class Manager:
         if self.health is not None:
             self.health.watch(self._link(name))
 
+    async def fail_over_now(self, name: str, why: str) -> dict[str, Any]:
+        """A failover the manager decides itself outside automatic failover (the lock held):
+        logged with ``why``; the usual refusals apply."""
+        log.warning("failing %s over: %s", name, why)
+        return await self._fail_over(name, auto_reason=None)
+
     def down_for(self, name: str) -> float:
         """Seconds ``name`` has not answered heartbeats (0: it answers)."""
         return self.health.unhealthy_for(name) if self.health is not None else 0.0

@@ -27,8 +27,10 @@ running move holds (:meth:`Rebalancer.held`): the move drives them.
 Faults. A move whose node stops answering heartbeats for ``NODE_DOWN_S`` is abandoned
 (:meth:`~dcpkv.cluster.vbucket_move.VBucketMove.abandon`). A move that fails is reverted (old
 active back) and the rebalance stops, ``failed``, with the reason; the moves already done stay
-done. ``stop`` reverts the running moves whose map has not changed yet. A failover stops a
-running rebalance first. The record in the configuration
+done. When the old active itself stopped answering, so it cannot be put back, its node is
+failed over to a replica (spec 002, step 5), as an operator's failover would do it. ``stop``
+reverts the running moves whose map has not changed yet. A failover stops a running rebalance
+first. The record in the configuration
 (:class:`~dcpkv.cluster.config.RebalanceConfig`) keeps the nodes to eject and recover until a
 run completes, so after a stop, a failure or a manager restart (a record found ``running`` at
 start-up means the manager died mid-run: status says ``interrupted``) running ``rebalance``
@@ -114,6 +116,8 @@ class _BucketRun:
     queue: deque[tuple[int, NamedChain, NamedChain]]
     running: list[VBucketMove] = field(default_factory=list)
     holds: dict[str, set[int]] = field(default_factory=dict)  # queued moves' node -> vbuckets
+    # old actives a reverted move could not put back (their node stopped answering)
+    unrestored: set[str] = field(default_factory=set)
 
 
 class Rebalancer:
@@ -319,6 +323,9 @@ class Rebalancer:
                 run.holds.get(node, set()).discard(move.vbucket)
             if move.phase is Phase.REVERTED:
                 failed = failed or f"vbucket {move.vbucket}: {move.error}"
+                old = move.old_active
+                if old is not None and self.m.down_for(old) >= NODE_DOWN_S:
+                    run.unrestored.add(old)
             else:
                 self.progress.done += 1
                 if move.error:
@@ -412,6 +419,18 @@ class Rebalancer:
         if committed:
             await self._commit_chains(run, committed)
         await self._end(cfg.RebalanceState.FAILED, why)
+        for node in sorted(run.unrestored):
+            # Spec 002, rebalance step 5: the old active cannot be told to go back to active,
+            # so its node is failed over to a replica. In a task of its own: the failover
+            # takes the manager's lock, which this run's task holds until it returns.
+            asyncio.get_running_loop().create_task(self._fail_over_unrestored(node))
+
+    async def _fail_over_unrestored(self, node: str) -> None:
+        async with self.m.lock:
+            try:
+                await self.m.fail_over_now(node, "the rebalance could not put its vbuckets back")
+            except Exception as exc:  # refused (its last replica...): the operator decides
+                log.warning("cannot fail %s over after the failed rebalance: %s", node, exc)
 
     async def _end(self, state: cfg.RebalanceState, why: str | None) -> None:
         self.progress.finished = time.monotonic()
