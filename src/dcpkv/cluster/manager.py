@@ -317,8 +317,10 @@ class Manager:
         if held and served.get("uuid") != bucket.uuid:
             raise Refused(
                 f"{link.name} already holds {len(held)} vbucket(s) of bucket {bucket.name!r} "
-                "that this cluster did not give it (another cluster's data, or a node not "
-                "started with --managed): refusing to take it over"
+                "that this cluster did not give it (another cluster's data, a node not "
+                "started with --managed, or one this cluster dropped at a rebalance): refusing "
+                "to take it over; stop it and empty its data folder to add it as a new node "
+                "(a failed-over node keeps its data if recovered before the next rebalance)"
             )
 
     # -- failover ---------------------------------------------------------------------------
