@@ -4,7 +4,9 @@ cluster under load, then the checks that nothing the README promises was lost.
     python tests/chaos/chaos.py --seed 7 --duration 120      # make chaos runs 30 minutes
 
 What runs
-    A manager and ``--nodes`` data nodes (real processes, free ports, ``--replicas``),
+    A manager and ``--nodes`` data nodes (real processes, free ports, ``--replicas``), each
+    node behind a small TCP proxy (``linkproxy.py``) whose address is the node's name in the
+    cluster, so every link to it (clients, replication, the manager) can be cut or slowed;
     automatic failover on (3 s). A *writer* (the official SDK, which follows the map) upserts
     a few hundred keys, each with a value that only grows (``{"v": n}``). A *confirmer* asks
     the nodes (ObserveSeqno, same vbucket uuid) which acknowledged writes were persisted on
@@ -18,8 +20,10 @@ a failure can be replayed):
 
     kill      kill -9 a node, restart it on its port before the failover timeout
     pause     SIGSTOP a node (a hung node) for 0.3-1.5 s, then SIGCONT
-    cut       destroy every TCP connection to a node (``ss -K``): clients, replication links,
+    cut       close every connection to a node at its proxy: clients, replication links and
               the manager's links all reconnect
+    delay     hold every chunk to and from a node 50-300 ms at its proxy, for 1-3 s (a slow
+              link)
     manager   kill -9 the manager and restart it (nodes keep serving meanwhile)
     failover  kill -9 a node and leave it down: the manager fails it over by itself (one
               node at a time: the cluster keeps a replica per vbucket)
@@ -39,31 +43,32 @@ Checks at the end (faults stopped, the cluster settled)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "server"), str(HERE.parent / "cluster")]
+sys.path[:0] = [str(HERE), str(HERE.parent / "server"), str(HERE.parent / "cluster")]
 
 from couchbase.auth import PasswordAuthenticator  # noqa: E402
 from couchbase.cluster import Cluster as SdkCluster  # noqa: E402
 from couchbase.exceptions import CouchbaseException  # noqa: E402
 from couchbase.options import ClusterOptions, ClusterTimeoutOptions  # noqa: E402
 from kvclient import KVClient  # noqa: E402
-from managerproc import VBUCKETS, Cluster, start_cluster, tracked_managers  # noqa: E402
+from linkproxy import LinkProxy, Proxies  # noqa: E402
+from managerproc import VBUCKETS, Cluster, ManagerProcess, tracked_managers  # noqa: E402
 from replicacheck import wait_equal  # noqa: E402
 from serverproc import ServerProcess, tracked_servers  # noqa: E402
 
@@ -75,7 +80,7 @@ from dcpkv.protocol.constants import Opcode  # noqa: E402
 
 KEYS = 300
 FAILOVER_TIMEOUT_S = 3
-FAULTS = ("kill", "pause", "cut", "manager", "failover", "recover", "swap")
+FAULTS = ("kill", "pause", "cut", "delay", "manager", "failover", "recover", "swap")
 REBALANCE_TIMEOUT_S = 120
 
 
@@ -106,6 +111,41 @@ class Report:
 
 
 # -- the cluster ------------------------------------------------------------------------------
+
+
+class ProxiedCluster(Cluster):
+    """A cluster whose nodes are known by their proxies' addresses."""
+
+    def __init__(self, nodes: list[ServerProcess], manager: ManagerProcess, proxies: Proxies):
+        super().__init__(nodes, manager)
+        self.proxies = proxies
+
+    def proxy(self, node: ServerProcess) -> LinkProxy:
+        return self.proxies.by_port[node.port]
+
+    def name(self, node: ServerProcess) -> str:
+        return f"127.0.0.1:{self.proxy(node).port}"
+
+
+def start_proxied(
+    servers: type[ServerProcess], managers: type[ManagerProcess], workdir: Path,
+    nodes: int, replicas: int, proxies: Proxies,
+) -> ProxiedCluster:  # fmt: skip
+    started = []
+    for i in range(nodes):
+        node = servers(
+            workdir / f"n{i}", workdir / f"n{i}.log", "--managed", "--vbuckets", str(VBUCKETS)
+        )
+        node.start()
+        proxies.add(node.port)
+        started.append(node)
+    seeds = [f"127.0.0.1:{proxies.by_port[n.port].port}" for n in started]
+    manager = managers(
+        workdir / "manager", workdir / "manager.log", "--replicas", str(replicas),
+        "--vbuckets", str(VBUCKETS), *(arg for seed in seeds for arg in ("--node", seed)),
+    )  # fmt: skip
+    manager.start()
+    return ProxiedCluster(started, manager, proxies)
 
 
 class World:
@@ -312,7 +352,6 @@ class Load:
 def inject(world: World, rng: random.Random, kind: str) -> bool:
     """Do ``kind`` to the cluster; False when it does not apply now (skipped)."""
     cluster = world.cluster
-    members = [n for n in world.live() if cluster.name(n) in member_names(world)]
     if kind == "manager":
         world.log("manager: kill -9, restart")
         cluster.manager.kill9()
@@ -320,39 +359,57 @@ def inject(world: World, rng: random.Random, kind: str) -> bool:
         return True
     if kind == "recover":
         return recover(world)
+    members = [n for n in world.live() if cluster.name(n) in member_names(world)]
     if len(members) < 2 or (kind in ("failover", "swap") and (world.failovers or world.down)):
         return False
-    node = rng.choice(members)
-    name = cluster.name(node)
+    return NODE_FAULTS[kind](world, rng, rng.choice(members))
+
+
+def kill(world: World, rng: random.Random, node: ServerProcess) -> bool:
+    name = world.cluster.name(node)
+    world.crashes += 1
+    world.log(f"kill -9 {name}")
+    node.kill9()
+    time.sleep(rng.uniform(0.2, 1.0))
+    node.start(same_port=True)
+    world.log(f"{name} restarted")
+    return True
+
+
+def pause(world: World, rng: random.Random, node: ServerProcess) -> bool:
     assert node.proc is not None
-    if kind in ("kill", "failover"):
-        world.crashes += 1
-    if kind == "kill":
-        world.log(f"kill -9 {name}")
-        node.kill9()
-        time.sleep(rng.uniform(0.2, 1.0))
-        node.start(same_port=True)
-        world.log(f"{name} restarted")
-    elif kind == "pause":
-        pause = rng.uniform(0.3, 1.5)
-        world.log(f"SIGSTOP {name} for {pause:.1f}s")
-        os.kill(node.proc.pid, signal.SIGSTOP)
-        time.sleep(pause)
-        os.kill(node.proc.pid, signal.SIGCONT)
-    elif kind == "cut":
-        world.log(f"cut every connection to {name}")
-        subprocess.run(
-            ["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(node.port)],
-            capture_output=True, check=False,
-        )  # fmt: skip
-    elif kind == "failover":
-        world.log(f"kill -9 {name}, left down: automatic failover")
-        world.down.add(name)
-        node.kill9()
-        wait_until(lambda: name not in member_names(world), 30)
-        world.log(f"{name} failed over")
-    elif kind == "swap":
-        return swap(world, node)
+    length = rng.uniform(0.3, 1.5)
+    world.log(f"SIGSTOP {world.cluster.name(node)} for {length:.1f}s")
+    os.kill(node.proc.pid, signal.SIGSTOP)
+    time.sleep(length)
+    os.kill(node.proc.pid, signal.SIGCONT)
+    return True
+
+
+def cut(world: World, rng: random.Random, node: ServerProcess) -> bool:
+    world.log(f"cut every connection to {world.cluster.name(node)}")
+    world.cluster.proxy(node).cut()
+    return True
+
+
+def delay(world: World, rng: random.Random, node: ServerProcess) -> bool:
+    held, length = rng.uniform(0.05, 0.3), rng.uniform(1.0, 3.0)
+    name = world.cluster.name(node)
+    world.log(f"delay the links of {name} by {held * 1000:.0f} ms for {length:.1f}s")
+    world.cluster.proxy(node).delay(held)
+    time.sleep(length)
+    world.cluster.proxy(node).delay(0.0)
+    return True
+
+
+def failover(world: World, rng: random.Random, node: ServerProcess) -> bool:
+    name = world.cluster.name(node)
+    world.crashes += 1
+    world.log(f"kill -9 {name}, left down: automatic failover")
+    world.down.add(name)
+    node.kill9()
+    wait_until(lambda: name not in member_names(world), 30)
+    world.log(f"{name} failed over")
     return True
 
 
@@ -391,7 +448,7 @@ def recover(world: World) -> bool:
     return True
 
 
-def swap(world: World, node: ServerProcess) -> bool:
+def swap(world: World, rng: random.Random, node: ServerProcess) -> bool:
     name = world.cluster.name(node)
     try:
         state = rebalance(world, ejectedNodes=name)
@@ -402,6 +459,11 @@ def swap(world: World, node: ServerProcess) -> bool:
     world.cluster.manager.api("POST", "/controller/addNode", hostname=name)
     world.log(f"{name} back in (rebalance {rebalance(world)})")
     return True
+
+
+NODE_FAULTS: dict[str, Callable[[World, random.Random, ServerProcess], bool]] = {
+    "kill": kill, "pause": pause, "cut": cut, "delay": delay, "failover": failover, "swap": swap,
+}  # fmt: skip
 
 
 def count_failovers(world: World) -> None:
@@ -465,8 +527,9 @@ def run(
 ) -> Report:
     rng = random.Random(seed)
     report = Report(seed)
-    with tracked_servers() as servers, tracked_managers() as managers:
-        cluster = start_cluster(servers, managers, workdir, nodes=nodes, replicas=replicas)
+    proxies = Proxies()
+    with tracked_servers() as servers, tracked_managers() as managers, _closing(proxies):
+        cluster = start_proxied(servers, managers, workdir, nodes, replicas, proxies)
         cluster.manager.api(
             "POST", "/settings/autoFailover", enabled="true", timeout=str(FAILOVER_TIMEOUT_S)
         )
@@ -492,6 +555,14 @@ def run(
         finally:
             load.sdk.close()
         return report
+
+
+@contextlib.contextmanager
+def _closing(proxies: Proxies) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        proxies.close()
 
 
 def all_healthy(world: World) -> bool:
