@@ -408,9 +408,22 @@ def failover(world: World, rng: random.Random, node: ServerProcess) -> bool:
     world.log(f"kill -9 {name}, left down: automatic failover")
     world.down.add(name)
     node.kill9()
-    wait_until(lambda: name not in member_names(world), 30)
-    world.log(f"{name} failed over")
+    if wait_until(lambda: name not in member_names(world), 30):
+        world.log(f"{name} failed over")
+        return True
+    # Held (the auto-failover quota is used by a kill that outlasted the timeout, say):
+    # bring it back as the kill fault would
+    world.log(f"{name} not failed over (held: {auto_held(world).get(name)}); restarting it")
+    node.start(same_port=True)
+    world.down.discard(name)
     return True
+
+
+def auto_held(world: World) -> dict[str, str]:
+    try:
+        return dict(world.cluster.status()["autoFailover"]["held"])
+    except Exception:
+        return {}
 
 
 def rebalance(world: World, **params: str) -> str:
@@ -431,14 +444,16 @@ def rebalance(world: World, **params: str) -> str:
 
 
 def recover(world: World) -> bool:
-    """Bring a failed-over node back with delta recovery and a rebalance."""
-    failed = sorted(world.down)
+    """Bring a failed-over node back with delta recovery and a rebalance (a node left down
+    by the failover fault, or one the manager failed over while a kill kept it down)."""
+    failed = failed_over(world)
     if not failed:
         return False
     name = failed[0]
     node = world.cluster.node(name)
     world.log(f"{name}: restarted, delta recovery, rebalance")
-    node.start(same_port=True)
+    if node.proc is None or node.proc.poll() is not None:
+        node.start(same_port=True)
     manager = world.cluster.manager
     manager.api("POST", "/controller/setRecoveryType", otpNode=name, recoveryType="delta")
     state = rebalance(world)
@@ -446,6 +461,14 @@ def recover(world: World) -> bool:
     manager.api("POST", "/settings/autoFailover/resetCount")
     world.log(f"{name} recovered (rebalance {state})")
     return True
+
+
+def failed_over(world: World) -> list[str]:
+    try:
+        status = world.cluster.status()
+    except Exception:  # the manager may be restarting
+        return []
+    return sorted(n["hostname"] for n in status["nodes"] if n["clusterMembership"] == "failed")
 
 
 def swap(world: World, rng: random.Random, node: ServerProcess) -> bool:
@@ -523,10 +546,13 @@ def check(world: World, load: Load) -> None:
 
 
 def run(
-    seed: int, duration_s: float, workdir: Path, *, nodes: int = 3, replicas: int = 1
-) -> Report:
+    seed: int, duration_s: float, workdir: Path, *, nodes: int = 3, replicas: int = 1,
+    report: Report | None = None,
+) -> Report:  # fmt: skip
+    """The whole run; ``report`` (given) fills in as it goes, for a caller that must print
+    the history even when the run itself fails."""
     rng = random.Random(seed)
-    report = Report(seed)
+    report = report or Report(seed)
     proxies = Proxies()
     with tracked_servers() as servers, tracked_managers() as managers, _closing(proxies):
         cluster = start_proxied(servers, managers, workdir, nodes, replicas, proxies)
@@ -541,8 +567,11 @@ def run(
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(1.0, 3.0))
             kind = rng.choice(FAULTS)
-            if inject(world, rng, kind):
-                report.faults[kind] += 1
+            try:
+                if inject(world, rng, kind):
+                    report.faults[kind] += 1
+            except AdminError as exc:  # a refusal of the manager's: said, and the run goes on
+                world.log(f"{kind}: the manager refused: {exc}")
             count_failovers(world)
         world.log("faults stopped; letting the cluster settle")
         wait_until(lambda: all_healthy(world), 60)
@@ -589,8 +618,11 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dcpkv-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"chaos: seed {seed}, {args.duration:.0f}s of faults, logs in {workdir}", flush=True)
-    report = run(seed, args.duration, workdir, nodes=args.nodes, replicas=args.replicas)
-    print("\n".join(report.history))
+    report = Report(seed)
+    try:
+        run(seed, args.duration, workdir, nodes=args.nodes, replicas=args.replicas, report=report)
+    finally:
+        print("\n".join(report.history), flush=True)
     for line in report.lost + report.divergent + report.backwards_without_crash:
         print("PROBLEM", line)
     print(report.summary())

@@ -72,6 +72,7 @@ class Proxies:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_quiet_cancellations)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.by_port: dict[int, LinkProxy] = {}  # node port -> its proxy
@@ -99,3 +100,9 @@ class Proxies:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """Connections cancelled at shutdown are expected; anything else is reported."""
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
