@@ -327,6 +327,9 @@ class Load:
     def _read(self) -> None:
         while not self.world.stop.is_set():
             key = f"key-{self.rng.randrange(KEYS)}"
+            # Counted before the read: a kill that starts while a read is in flight may come
+            # after the node answered, so it can undo what this read saw.
+            crashes = self.world.crashes
             try:
                 value = self.coll.get(key).content_as[dict]["v"]
             except CouchbaseException:
@@ -334,10 +337,9 @@ class Load:
                 continue
             now = time.monotonic() - self.world.started
             before, crashes_then, when = self.seen.get(key, (0, 0, 0.0))
-            crashes = self.world.crashes
             if value < before:
                 self.world.report.backwards += 1
-                if crashes == crashes_then:  # no kill -9 or failover since that read
+                if self.world.crashes == crashes_then:  # no kill or failover since that read
                     self.world.report.backwards_without_crash.append(
                         f"{key} (vb {vbucket_for_key(key.encode(), VBUCKETS)}): read {value} at "
                         f"{now:.2f}s after {before} at {when:.2f}s"
