@@ -56,19 +56,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "server"), str(HERE.parent / "cluster")]
 
-from couchbase.auth import PasswordAuthenticator  # noqa: E402
+import sdkhelp  # noqa: E402
 from couchbase.cluster import Cluster as SdkCluster  # noqa: E402
 from couchbase.exceptions import CouchbaseException  # noqa: E402
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions  # noqa: E402
 from kvclient import KVClient  # noqa: E402
 from linkproxy import LinkProxy, Proxies  # noqa: E402
 from managerproc import VBUCKETS, Cluster, ManagerProcess, tracked_managers  # noqa: E402
+from rebalancecheck import rebalance as run_rebalance  # noqa: E402
 from replicacheck import wait_equal  # noqa: E402
 from serverproc import ServerProcess, tracked_servers  # noqa: E402
 
@@ -81,7 +81,6 @@ from dcpkv.protocol.constants import Opcode  # noqa: E402
 KEYS = 300
 FAILOVER_TIMEOUT_S = 3
 FAULTS = ("kill", "pause", "cut", "delay", "manager", "failover", "recover", "swap")
-REBALANCE_TIMEOUT_S = 120
 
 
 @dataclass
@@ -198,15 +197,7 @@ class Token:
 
 def connect_sdk(world: World) -> SdkCluster:
     seeds = ",".join(world.cluster.name(n) for n in world.cluster.nodes)
-    timeouts = ClusterTimeoutOptions(
-        kv_timeout=timedelta(seconds=2), connect_timeout=timedelta(seconds=10)
-    )
-    options = ClusterOptions(
-        PasswordAuthenticator("Administrator", "password"),
-        timeout_options=timeouts,
-        config_poll_interval=timedelta(milliseconds=500),
-    )
-    return SdkCluster(f"couchbase://{seeds}", options)
+    return SdkCluster(f"couchbase://{seeds}", sdkhelp.options())
 
 
 class Load:
@@ -422,27 +413,13 @@ def failover(world: World, rng: random.Random, node: ServerProcess) -> bool:
 
 
 def auto_held(world: World) -> dict[str, str]:
-    try:
-        return dict(world.cluster.status()["autoFailover"]["held"])
-    except Exception:
-        return {}
+    status = cluster_status(world)
+    return {} if status is None else dict(status["autoFailover"]["held"])
 
 
 def rebalance(world: World, **params: str) -> str:
-    """Run a rebalance to its end (bounded); its final state."""
-    manager = world.cluster.manager
-    manager.api("POST", "/controller/rebalance", **params)
-    state = {"state": "running"}
-
-    def ended() -> bool:
-        try:
-            state.update(manager.api("GET", "/pools/default/rebalanceProgress"))
-        except Exception:  # a manager restarting
-            return False
-        return state["state"] != "running"
-
-    wait_until(ended, REBALANCE_TIMEOUT_S)
-    return str(state["state"])
+    """Run a rebalance to its end (the cluster tests' helper, bounded); its final state."""
+    return str(run_rebalance(world.cluster.manager, **params)["state"])
 
 
 def recover(world: World) -> bool:
@@ -466,11 +443,7 @@ def recover(world: World) -> bool:
 
 
 def failed_over(world: World) -> list[str]:
-    try:
-        status = world.cluster.status()
-    except Exception:  # the manager may be restarting
-        return []
-    return sorted(n["hostname"] for n in status["nodes"] if n["clusterMembership"] == "failed")
+    return sorted(nodes_in(world, "failed") or ())
 
 
 def swap(world: World, rng: random.Random, node: ServerProcess) -> bool:
@@ -491,21 +464,32 @@ NODE_FAULTS: dict[str, Callable[[World, random.Random, ServerProcess], bool]] = 
 }  # fmt: skip
 
 
+def cluster_status(world: World) -> dict[str, Any] | None:
+    """The manager's status; None while it does not answer (a manager restarting)."""
+    try:
+        return world.cluster.status()
+    except Exception:
+        return None
+
+
+def nodes_in(world: World, membership: str) -> set[str] | None:
+    """The nodes with this membership ("active", "failed"); None: the manager is away."""
+    status = cluster_status(world)
+    if status is None:
+        return None
+    return {n["hostname"] for n in status["nodes"] if n["clusterMembership"] == membership}
+
+
 def count_failovers(world: World) -> None:
     """Nodes the manager failed over (a kill that lasted past the timeout counts too)."""
-    try:
-        status = world.cluster.status()
-    except Exception:  # the manager may be restarting
-        return
-    world.failovers = sum(1 for n in status["nodes"] if n["clusterMembership"] == "failed")
+    failed = nodes_in(world, "failed")
+    if failed is not None:
+        world.failovers = len(failed)
 
 
 def member_names(world: World) -> set[str]:
-    try:
-        status = world.cluster.status()
-    except Exception:  # the manager may be restarting
-        return {world.cluster.name(n) for n in world.live()}
-    return {n["hostname"] for n in status["nodes"] if n["clusterMembership"] == "active"}
+    members = nodes_in(world, "active")
+    return {world.cluster.name(n) for n in world.live()} if members is None else members
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -597,11 +581,8 @@ def _closing(proxies: Proxies) -> Iterator[None]:
 
 
 def all_healthy(world: World) -> bool:
-    try:
-        status = world.cluster.status()
-    except Exception:
-        return False
-    return all(
+    status = cluster_status(world)
+    return status is not None and all(
         n["status"] == "healthy" and n["inSync"]
         for n in status["nodes"]
         if n["clusterMembership"] == "active"

@@ -13,17 +13,21 @@ from couchbase.options import ClusterOptions, ClusterTimeoutOptions
 from serverproc import ServerProcess
 
 
-def connect(node: ServerProcess, opened: list[SdkCluster], kv_timeout_s: float = 2.0) -> Collection:
+def options(kv_timeout_s: float = 2.0) -> ClusterOptions:
+    """The admin's login, short timeouts, the map polled every half second."""
     timeouts = ClusterTimeoutOptions(
         kv_timeout=timedelta(seconds=kv_timeout_s),
         connect_timeout=timedelta(seconds=10),
         bootstrap_timeout=timedelta(seconds=10),
     )
-    options = ClusterOptions(
+    return ClusterOptions(
         PasswordAuthenticator("Administrator", "password"),
         timeout_options=timeouts,
         config_poll_interval=timedelta(milliseconds=500),
     )
-    cluster = SdkCluster(f"couchbase://127.0.0.1:{node.port}", options)
+
+
+def connect(node: ServerProcess, opened: list[SdkCluster], kv_timeout_s: float = 2.0) -> Collection:
+    cluster = SdkCluster(f"couchbase://127.0.0.1:{node.port}", options(kv_timeout_s))
     opened.append(cluster)
     return cluster.bucket("default").default_collection()
