@@ -471,9 +471,9 @@ class VBucket:
         its start (a partial snapshot is no consistent point of the old history). What the
         replica holds above that point is served as the new branch, so a consumer that has it
         from the old active rolls back to the branch point and gets it again: never wrong,
-        sometimes more than needed. Any other vbucket (a pending one that a takeover drained,
-        a dead one revived) holds a complete history up to its high seqno and branches there,
-        so a consumer that followed the old active needs no rollback after a move.
+        sometimes more than needed. Any other vbucket (a pending or dead one made active by
+        hand) holds a complete history up to its high seqno and branches there. (A takeover's
+        handoff cuts no entry at all: ``set_state(transfer=True)``.)
         """
         if self.state != VBucketState.REPLICA:
             return self.high_seqno
