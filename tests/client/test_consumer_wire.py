@@ -23,6 +23,7 @@ from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
+from dcpkv.core.deadline import within
 
 EVENT_TIMEOUT_S = 60.0  # a safety net against hangs, never an assertion on speed
 MAX_EVENTS = 200_000
@@ -92,7 +93,7 @@ async def follow(
     for _ in range(MAX_EVENTS):
         if done():
             return
-        app.apply(await asyncio.wait_for(anext(it), EVENT_TIMEOUT_S))
+        app.apply(await within(anext(it), EVENT_TIMEOUT_S))
     raise AssertionError("never caught up")
 
 

@@ -55,10 +55,18 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def terminate(self) -> int:
-        """SIGTERM and wait: the exit code."""
+        """SIGTERM and wait: the exit code. A server that does not stop is a defect: it is
+        killed, and the error carries the end of its log."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(
+                f"no exit 30 s after SIGTERM; log:\n{self.log()[-4000:]}"
+            ) from None
 
     def kill9(self) -> None:
         assert self.proc is not None

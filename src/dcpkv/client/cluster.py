@@ -32,6 +32,7 @@ from dcpkv.client.connection import AuthError, ClientError
 from dcpkv.client.kv import Document, KVSession
 from dcpkv.client.router import RetrySchedule, Router
 from dcpkv.client.settings import Node
+from dcpkv.core.deadline import within
 from dcpkv.core.durability import (
     DurabilityLostError,
     DurabilityTimeoutError,
@@ -165,8 +166,8 @@ class ClusterKV:
         # A node that accepts connections but does not answer (stopped) must not hold up a
         # refresh, which every retry waits for, past request_timeout.
         try:
-            session = await asyncio.wait_for(self.session(node), self.config.connect_timeout)
-            answer = await asyncio.wait_for(
+            session = await within(self.session(node), self.config.connect_timeout)
+            answer = await within(
                 session.conn.call(kv.GetClusterConfig()), self.config.request_timeout
             )
         except NODE_ERRORS:
@@ -219,10 +220,8 @@ class ClusterKV:
                 last = "no node holds the vbucket active (failover under way?)"
             else:
                 try:
-                    session = await asyncio.wait_for(
-                        self.session(node), self.config.connect_timeout
-                    )
-                    result = await asyncio.wait_for(attempt(session), self.config.request_timeout)
+                    session = await within(self.session(node), self.config.connect_timeout)
+                    result = await within(attempt(session), self.config.request_timeout)
                 except AuthError:
                     raise
                 except NODE_ERRORS as exc:
@@ -280,12 +279,8 @@ class ClusterKV:
         while True:
             for node, vbs in self.router.actives_by_node(sorted(pending)).items():
                 try:
-                    session = await asyncio.wait_for(
-                        self.session(node), self.config.connect_timeout
-                    )
-                    rows = await asyncio.wait_for(
-                        session.vbucket_seqnos(), self.config.request_timeout
-                    )
+                    session = await within(self.session(node), self.config.connect_timeout)
+                    rows = await within(session.vbucket_seqnos(), self.config.request_timeout)
                 except NODE_ERRORS:
                     await self.drop(node)
                     continue
@@ -358,9 +353,9 @@ class ClusterKV:
     ) -> Observation:
         """``node``'s ObserveSeqno answer about ``token`` (raises when it gave none)."""
         timeout = self.config.request_timeout if timeout is None else timeout
-        session = await asyncio.wait_for(self.session(node), timeout)
+        session = await within(self.session(node), timeout)
         msg = kv.ObserveSeqno(vbucket=token.vbucket, vbucket_uuid=token.vbucket_uuid)
-        answer = await asyncio.wait_for(session.conn.call(msg), timeout)
+        answer = await within(session.conn.call(msg), timeout)
         if isinstance(answer, kv.ObserveSeqnoResponse):
             return Observation(
                 active,
@@ -416,11 +411,11 @@ class ClusterKV:
         """Block on ``node`` (the vbucket's active or a replica) until it has persisted the
         write (SeqnoPersistence, 0xb7, with the token's uuid: the failover-id check).
         DurabilityLostError when the node's history no longer holds the write."""
-        session = await asyncio.wait_for(self.session(node), self.config.connect_timeout)
+        session = await within(self.session(node), self.config.connect_timeout)
         msg = kv.SeqnoPersistence(
             vbucket=token.vbucket, seqno=token.seqno, vbucket_uuid=token.vbucket_uuid
         )
-        answer = await asyncio.wait_for(session.conn.call(msg), timeout)
+        answer = await within(session.conn.call(msg), timeout)
         status = getattr(answer, "status", Status.Success)
         if status == Status.Success:
             return

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 from dcpkv.client.flow_control import Liveness, counts_for_flow_control
 from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_payload
+from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
 from dcpkv.core.tls import TlsOptions
@@ -96,7 +97,7 @@ class Connection:
     ) -> Connection:
         """Connect (with TLS when ``tls`` is given: the certificate must name ``host``)."""
         ssl = tls.context() if tls is not None else None
-        reader, writer = await asyncio.wait_for(
+        reader, writer = await within(
             asyncio.open_connection(host, port, limit=READ_CHUNK, ssl=ssl), timeout
         )
         return cls(reader, writer, opaques=opaques, wake=wake)
@@ -169,7 +170,7 @@ class Connection:
                 raise ConnectionError(f"connection lost: {self._error}") from self._error
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                await within(self._wake.wait(), timeout)
             except TimeoutError:
                 return []
         return self.take()
@@ -193,7 +194,7 @@ class Connection:
                 if self.liveness is not None:
                     timeout = max(0.0, self.liveness.deadline() - loop.time())
                 try:
-                    data = await asyncio.wait_for(self._reader.read(READ_CHUNK), timeout)
+                    data = await within(self._reader.read(READ_CHUNK), timeout)
                 except TimeoutError:
                     raise DeadConnectionError("no frame for two noop intervals") from None
                 if not data:

@@ -89,6 +89,7 @@ from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
 from dcpkv.client.session_policy import DONE, Backoff, StreamRun
 from dcpkv.client.settings import Node
+from dcpkv.core.deadline import within
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.protocol import dcp, kv
@@ -293,7 +294,7 @@ class Consumer:
             opaques=opaques, wake=wake,
         )  # fmt: skip
         try:
-            await asyncio.wait_for(self._handshake(conn), cfg.connect_timeout)
+            await within(self._handshake(conn), cfg.connect_timeout)
         except BaseException:
             await conn.close()
             raise

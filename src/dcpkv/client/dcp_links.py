@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dcpkv.client.connection import Connection
 from dcpkv.client.flow_control import FlowControl
 from dcpkv.client.settings import Node
+from dcpkv.core.deadline import within
 from dcpkv.protocol.base import Message
 
 Opener = Callable[[Node, Iterator[int], asyncio.Event], Awaitable[Connection]]
@@ -68,7 +69,7 @@ class DcpLinks:
     async def wait(self, timeout: float | None) -> None:
         """Until a message (or a connection's end) arrives on any node, or ``timeout``."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), timeout)
+            await within(self.wake.wait(), timeout)
 
     def ack(self, node: Node, nbytes: int) -> None:
         """``nbytes`` of ``node``'s messages were handed over: BufferAck when due."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import ClientError, Connection, authenticate
+from dcpkv.core.deadline import within
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.status import Status, status_name
 from dcpkv.protocol import dcp, kv
@@ -41,7 +42,7 @@ class KVSession:
         c = config.connection
         conn = await Connection.open(host or c.host, port or c.port, config.connect_timeout, c.tls)
         try:
-            await asyncio.wait_for(
+            await within(
                 authenticate(conn, c.user, c.password, c.bucket),
                 config.connect_timeout,
             )

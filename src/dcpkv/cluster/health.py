@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from dcpkv.cluster.node_link import NodeError, NodeLink
+from dcpkv.core.deadline import within
 
 log = logging.getLogger("dcpkv.cluster")
 
@@ -73,7 +74,7 @@ class HealthWatcher:
         while True:
             started = time.monotonic()
             try:
-                await asyncio.wait_for(link.noop(self.bucket), self.interval_s)
+                await within(link.noop(self.bucket), self.interval_s)
                 healthy = True
             except (NodeError, TimeoutError, OSError):
                 healthy = False

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
+from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
 from dcpkv.core.tls import TlsError, TlsOptions
@@ -103,9 +104,7 @@ class NodeLink:
         except (OSError, TimeoutError, TlsError) as exc:
             raise NodeError(f"cannot reach {self.name}: {exc or type(exc).__name__}") from None
         try:
-            await asyncio.wait_for(
-                authenticate(conn, self._user, self._password, bucket), CONNECT_TIMEOUT_S
-            )
+            await within(authenticate(conn, self._user, self._password, bucket), CONNECT_TIMEOUT_S)
         except AuthError as exc:
             await conn.close()
             message = f"{self.name} refused the cluster admin or bucket {bucket!r}: {exc}"
@@ -119,7 +118,7 @@ class NodeLink:
     async def _call(self, bucket: str, msg: kv.Request) -> Any:
         conn = await self._session(bucket)
         try:
-            return await asyncio.wait_for(conn.call(msg), CALL_TIMEOUT_S)
+            return await within(conn.call(msg), CALL_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             await conn.close()
             self._sessions.pop(bucket, None)
@@ -131,7 +130,7 @@ class NodeLink:
         """vbucket -> state, for every vbucket the node holds (dead ones included)."""
         conn = await self._session(bucket)
         try:
-            rows = await asyncio.wait_for(conn.stats("vbucket"), CALL_TIMEOUT_S)
+            rows = await within(conn.stats("vbucket"), CALL_TIMEOUT_S)
         except (OSError, TimeoutError, ClientError) as exc:
             raise NodeError(f"{self.name}: stat vbucket failed: {exc}") from None
         return {int(name[3:]): VBucketState.of(value) for name, value in rows if name[:3] == "vb_"}
@@ -153,7 +152,7 @@ class NodeLink:
         """vbucket -> the seqno the node has persisted (ObserveSeqno, with each vbucket's
         current uuid from ``stat vbucket-seqno``); vbuckets it does not hold are left out."""
         conn = await self._session(bucket)
-        rows = await asyncio.wait_for(conn.stats("vbucket-seqno"), CALL_TIMEOUT_S)
+        rows = await within(conn.stats("vbucket-seqno"), CALL_TIMEOUT_S)
         uuids = {
             int(name[3:].partition(":")[0]): int(value)
             for name, value in rows
@@ -180,7 +179,7 @@ class NodeLink:
         for a copy that is not dead), all at once: what a rebalance watches every tick."""
         conn = await self._session(bucket)
         try:
-            answers = await asyncio.wait_for(
+            answers = await within(
                 asyncio.gather(*(self._vbucket_view(conn, vb) for vb in vbuckets)),
                 CALL_TIMEOUT_S,
             )

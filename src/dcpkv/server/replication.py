@@ -48,6 +48,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from dcpkv.core.deadline import within
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.consumer import DcpConsumer, Rollback
@@ -162,7 +163,7 @@ class ReplicationLink:
             log.info("replicating %d vbuckets from %s", len(self.consumer.streams), self.source)
             while True:
                 try:
-                    data = await asyncio.wait_for(reader.read(READ_CHUNK), TICK_S)
+                    data = await within(reader.read(READ_CHUNK), TICK_S)
                 except TimeoutError:
                     data = None
                 if data == b"":
@@ -219,7 +220,7 @@ class ReplicationLink:
         if not candidates:
             return
         try:
-            done = await asyncio.wait_for(self._write_repairs(vb, candidates), REPAIR_TIMEOUT_S)
+            done = await within(self._write_repairs(vb, candidates), REPAIR_TIMEOUT_S)
         except (OSError, EOFError, CodecError, ReplicationRefused, TimeoutError) as exc:
             log.warning("vbucket %d: repairing %s failed (%s); rolling back without it",
                         vb, self.source, exc)  # fmt: skip
