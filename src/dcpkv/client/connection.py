@@ -10,7 +10,8 @@ A reader task owns the socket's read side. Every frame it parses goes one of thr
   application never makes the producer think the connection died;
 * anything else (DCP messages, and the answers to stream requests, which must stay in order
   with the stream's first messages) is decoded and appended to the *inbox*, with its size when
-  it counts for flow control. :meth:`next_batch` hands the inbox over.
+  it counts for flow control. :meth:`next_batch` hands the inbox over. Mutations, nearly all
+  of a stream, skip the dispatch: decoded straight into the inbox, one wake-up per read.
 
 Liveness: with a :class:`Liveness`, each read waits at most until its deadline (two noop
 intervals after the last frame); a silent producer ends the connection with

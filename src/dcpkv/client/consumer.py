@@ -26,7 +26,11 @@ reconnect backoff in ``session_policy.py``); this module only decides *when*:
 * Events are produced one message at a time, only when the application pulls the next event,
   so :attr:`Consumer.offsets` never runs ahead of what the application was given, and a
   BufferAck for a message goes out only once its events were handed over (flow control
-  paces the producer to the application, not to the socket).
+  paces the producer to the application, not to the socket). The session hands them over in
+  runs: a plain generator per received batch makes each event as it is pulled and stops at a
+  decision (Rollback, StreamEnd, StreamRefused, StreamStart), whose follow-up is asynchronous;
+  so a change costs one async generator step, and its BufferAck bytes are told to the links
+  once per ack threshold (``PendingAcks``), at the very same messages.
 * A Rollback event is yielded *before* the stream is requested again: the application rolls
   back when it receives the event, and the request goes out when it pulls the next one.
 * Noops are answered by the connection's reader task (``connection.py``), independently of

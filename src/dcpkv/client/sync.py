@@ -11,7 +11,8 @@ stops the thread.
 Streaming in chunks. A thread hop per event (a future per ``next()``) costs far more than
 the event itself, so :meth:`SyncConsumer.stream` runs a *pump* task in the loop thread that
 iterates the async stream and appends events to a shared buffer; the caller's iterator takes
-the whole buffer at once and waits only when it is empty. The pump pauses when the buffer
+the whole buffer at once and waits only when it is empty. The pump itself fills the shared
+buffer in runs (one lock per run, see :class:`_Pump`). The pump pauses when the buffer
 holds ``chunk_events`` events, so the library never runs more than two chunks ahead (one in
 the caller's hands, one buffered): flow-control acks, like memory, stay bounded.
 
@@ -22,7 +23,11 @@ What running ahead must not change:
   caller's iterator installs that copy into :attr:`SyncConsumer.offsets` (the object the
   application gave, or the facade's own) as it hands the event over. So the public offsets
   move exactly one event at a time, as before: saved after applying an event, they resume
-  right after it, never past an event the application has not seen.
+  right after it, never past an event the application has not seen. A change (Mutation,
+  Deletion, Expiration, SeqnoAdvanced) moves its progress by one ``deliver``, which the
+  caller repeats from the event's offset (``VbucketProgress.followed``) instead of taking a
+  copy; in mutation-log mode repairs move progress without a delivery, so every event is
+  copied there.
 * Decisions. After a Rollback, a StreamEnd or a StreamRefused the pump stops until the
   caller asks for the event after it: the library's follow-up (requesting the stream again,
   a mutation-log repair) still happens only once the application has handled the event.

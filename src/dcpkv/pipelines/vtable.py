@@ -216,6 +216,37 @@ class RollbackRow:
     pos: int
 
 
+@dataclass(frozen=True)
+class BatchSummary:
+    """What a written batch holds, read back in one job: its row count, its rollback rows (in
+    stream order) and the smallest CAS of its changes (None when the rows carry no CAS, a
+    view's, or there is no change). A CAS is a hybrid logical clock, nanoseconds since the
+    epoch: the smallest is when the batch's oldest change was written."""
+
+    rows: int
+    rollbacks: list[RollbackRow]
+    oldest_cas: int | None
+
+
+def batch_summary(spark: Any, table: Path, name: str) -> BatchSummary:
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(str(table / name))
+    is_rollback = F.col("op") == "rollback"
+    aggs = [
+        F.count(F.lit(1)).alias("rows"),
+        F.collect_list(F.when(is_rollback, F.struct("vbucket", "seqno", "pos"))).alias("rb"),
+    ]
+    if "cas" in df.columns:
+        aggs.append(F.min(F.when(~is_rollback, F.col("cas"))).alias("oldest"))
+    row = df.agg(*aggs).first()
+    rollbacks = sorted(
+        (RollbackRow(r.vbucket, int(r.seqno), r.pos) for r in row["rb"]), key=lambda r: r.pos
+    )
+    oldest = row["oldest"] if "cas" in df.columns else None
+    return BatchSummary(int(row["rows"]), rollbacks, None if oldest is None else int(oldest))
+
+
 def rollback_rows(spark: Any, table: Path, name: str) -> list[RollbackRow]:
     """The rollback rows a written batch holds, in stream order."""
     from pyspark.sql import functions as F
