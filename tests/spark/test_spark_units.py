@@ -117,6 +117,18 @@ def test_spread_puts_every_vbucket_in_one_task() -> None:
     assert spread([], 4) == []
 
 
+@pytest.mark.parametrize(
+    ("distances", "tasks"),
+    [([10] * 1024, 1), ([49_999, 1], 1), ([50_000, 1], 2), ([30_000] * 10, 6), ([10**6] * 64, 16)],
+)
+def test_default_tasks_follow_the_batch_size(distances: list[int], tasks: int) -> None:
+    """Without numPartitions: a task per 50k changes, 1 to 16 (a small live batch over 1024
+    vbuckets is one task, not sixteen connections and logins)."""
+    start = SparkOffsets({vb: VbPosition.at(0, 0) for vb in range(len(distances))})
+    end = SparkOffsets({vb: VbPosition.at(d, A) for vb, d in enumerate(distances)})
+    assert len(spread(targets(start, end), None)) == tasks
+
+
 @given(
     st.dictionaries(st.integers(0, 63), st.sampled_from(["a:1", "b:2", "c:3"]), min_size=1),
     st.integers(1, 20),
