@@ -381,6 +381,8 @@ class DataServer:
             )
             self.state.buckets[bc.name] = bucket
             self.max_value_len = max(self.max_value_len, bucket.max_item_size + VALUE_SLACK)
+        if self.config.managed:
+            self.state.load_cluster_configs()
 
     async def start(self, port_file: Path | None = None) -> int:
         loop = asyncio.get_running_loop()
@@ -390,13 +392,13 @@ class DataServer:
         for name, bucket in self.state.buckets.items():
             bucket.seqno_listeners.append(partial(self._on_queued, name))
             bucket.state_listeners.append(partial(self._on_state_change, name))
-        if self.config.managed:
-            self._start_replication()
         self._server = await loop.create_server(
             lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True
         )
         port = self._server.sockets[0].getsockname()[1]
         self.state.port = port
+        if self.config.managed:  # after the bind: a replica names itself by its port
+            self._start_replication()
         if tls is not None:
             self._tls_server = await loop.create_server(
                 lambda: KVProtocol(self),
@@ -443,6 +445,8 @@ class DataServer:
             )
             self.state.replicators[name] = replicator
             bucket.state_listeners.append(lambda vb, r=replicator: r.schedule())
+            if self.state.pushed_config(name) is not None:  # the map kept before a restart
+                replicator.schedule()
         self.state.config_listeners.append(lambda name: self.state.replicators[name].schedule())
 
     # -- DCP push path -----------------------------------------------------------------------
