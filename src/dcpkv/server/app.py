@@ -95,6 +95,7 @@ from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
+from dcpkv.server.fast_path import serve_chunk
 from dcpkv.server.replication import Credentials, Replicator
 from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
@@ -206,6 +207,16 @@ class KVProtocol(asyncio.Protocol):
         conn = self.conn
         assert conn is not None
         parser = self.parser
+        if conn.bucket_name is None or conn.dcp is not None or parser.buffered:
+            self._general(data, out)
+            return
+        serve_chunk(conn, data, out, parser.max_value_len, self._general)
+
+    def _general(self, data: bytes, out: list[bytes]) -> bool:
+        """Frames through the parser and the dispatcher; False once the connection closes."""
+        conn = self.conn
+        assert conn is not None
+        parser = self.parser
         for frame in parser.feed(data):
             try:
                 answer = handle(conn, frame)
@@ -213,7 +224,7 @@ class KVProtocol(asyncio.Protocol):
                 if close.args:
                     out.append(close.args[0])
                 self.closing = True
-                return
+                return False
             except Exception:
                 log.exception("handler for opcode 0x%02x failed", frame.opcode)
                 answer = error_answer(frame, Status.Einternal)
@@ -221,6 +232,7 @@ class KVProtocol(asyncio.Protocol):
                 out.append(answer)
             if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
                 parser.max_value_len = self.server.max_value_len  # logged in: the item limit
+        return True
 
     def _send_later(self, data: bytes) -> None:
         if self.transport is not None and not self.closing and not self.transport.is_closing():
