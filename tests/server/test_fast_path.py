@@ -8,6 +8,7 @@ must end in the same state, whatever mix of plain and unusual requests the chunk
 
 from __future__ import annotations
 
+import itertools
 import random
 import struct
 from collections.abc import Iterator
@@ -62,8 +63,9 @@ def general(conn: Connection, data: bytes) -> list[bytes]:
     return [a for f in FrameParser(MAX_VALUE).feed(data) if (a := handle(conn, f))]
 
 
-def fast(conn: Connection, data: bytes) -> list[bytes]:
-    """The server's way: serve_chunk with a parser and the dispatcher for what it leaves."""
+def fast(conn: Connection, data: bytes, cuts: list[int] = []) -> list[bytes]:  # noqa: B006
+    """The server's way: serve_chunk on each chunk (``data`` cut at ``cuts``), with a parser
+    and the dispatcher for what it leaves."""
     parser = FrameParser(MAX_VALUE)
 
     def rest(data: bytes, out: list[bytes]) -> bool:
@@ -71,7 +73,9 @@ def fast(conn: Connection, data: bytes) -> list[bytes]:
         return True
 
     out: list[bytes] = []
-    serve_chunk(conn, data, out, MAX_VALUE, rest)
+    bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
+    for start, stop in itertools.pairwise(bounds):
+        serve_chunk(conn, parser, data[start:stop], out, rest)
     return out
 
 
@@ -85,7 +89,17 @@ def state_of(bucket: Bucket) -> list[object]:
 # vbuckets 0 and 1 are active, 2 a replica, 3 missing (checked below)
 keys = st.sampled_from([b"k0", b"k3", b"k7", b"k0", b"k3", b"x" * 250, b"k1", b"a", b""])
 request = st.tuples(
-    st.sampled_from([Opcode.Get, Opcode.Set, Opcode.GetK, Opcode.SetQ, Opcode.Delete, Opcode.Add]),
+    st.sampled_from(
+        [
+            Opcode.Get,
+            Opcode.Set,
+            Opcode.GetQ,
+            Opcode.SetQ,
+            Opcode.GetK,
+            Opcode.Delete,
+            Opcode.Add,
+        ]
+    ),
     keys,
     st.sampled_from([b"", b"v", b'{"a":1}', b"v" * 1100]),  # 1100: over the item size
     st.sampled_from([0, 0, 0, Datatype.JSON, Datatype.Snappy]),
@@ -99,7 +113,7 @@ request = st.tuples(
 def encode(i: int, op: Opcode, key: bytes, value: bytes, dt: int, cas: int, exp: int,
            vb: int | None, usual: bool) -> bytes:  # fmt: skip
     vbucket = vb if vb is not None else vbucket_for_key(key, VBUCKETS) if key else 0
-    is_get = op in (Opcode.Get, Opcode.GetK)
+    is_get = op in (Opcode.Get, Opcode.GetQ, Opcode.GetK)
     has_extras = is_get != usual
     return encode_frame(
         Magic.ClientRequest, op, key=key, value=b"" if is_get else value, datatype=dt,
@@ -107,18 +121,19 @@ def encode(i: int, op: Opcode, key: bytes, value: bytes, dt: int, cas: int, exp:
     )  # fmt: skip
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.lists(request, min_size=1, max_size=40),
     st.sampled_from([1 << 30, 4000]),  # 4000 bytes: writes run into the memory quota
     st.sampled_from([set(), {HelloFeature.MutationSeqno, HelloFeature.Datatype}]),
+    st.lists(st.integers(0, 1 << 16), max_size=4),  # where the reads cut the byte stream
 )
 def test_fast_path_answers_like_the_general_path(
-    requests: list[tuple], quota: int, features: set[HelloFeature]
+    requests: list[tuple], quota: int, features: set[HelloFeature], cuts: list[int]
 ) -> None:
     data = b"".join(encode(i, *r) for i, r in enumerate(requests))
     with served(quota, features) as (c1, b1), served(quota, features) as (c2, b2):
-        assert b"".join(fast(c1, data)) == b"".join(general(c2, data))
+        assert b"".join(fast(c1, data, cuts)) == b"".join(general(c2, data))
         assert state_of(b1) == state_of(b2)
 
 

@@ -207,10 +207,7 @@ class KVProtocol(asyncio.Protocol):
         conn = self.conn
         assert conn is not None
         parser = self.parser
-        if conn.bucket_name is None or conn.dcp is not None or parser.buffered:
-            self._general(data, out)
-            return
-        serve_chunk(conn, data, out, parser.max_value_len, self._general)
+        serve_chunk(conn, parser, data, out, self._general)
 
     def _general(self, data: bytes, out: list[bytes]) -> bool:
         """Frames through the parser and the dispatcher; False once the connection closes."""

@@ -9,8 +9,8 @@ not the work, was most of a request's cost. :func:`serve_plain` walks the whole 
 at the start of a chunk and answers in place those of the common shape:
 
 ========== ============================================================================
-Get        magic 0x80, no extras, a key of 1..250 bytes, no value
-Set        magic 0x80, 8 bytes of extras, a key, no CAS, a plain or JSON datatype, the
+Get, GetQ  magic 0x80, no extras, a key of 1..250 bytes, no value
+Set, SetQ  magic 0x80, 8 bytes of extras, a key, no CAS, a plain or JSON datatype, the
            bucket not compressing
 ========== ============================================================================
 
@@ -40,10 +40,12 @@ from dcpkv.engine.item import EngineError
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import MAX_KEY_LEN, Datatype, HelloFeature, Magic, Opcode
-from dcpkv.protocol.frame import HEADER
+from dcpkv.protocol.frame import HEADER, FrameParser
 from dcpkv.server.connection import Connection
 from dcpkv.server.kv_handlers import refusal
 
+# The general path for some bytes: parser + dispatcher; False once the connection closes.
+General = Callable[[bytes, list[bytes]], bool]
 _READ = frozenset({Privilege.READ})
 _WRITE = frozenset({Privilege.WRITE})
 _GET_HIT = struct.Struct(">BBHBBHIIQI")  # header + flags
@@ -54,6 +56,8 @@ _REQUEST = int(Magic.ClientRequest)
 _RESPONSE = int(Magic.ClientResponse)
 _GET = int(Opcode.Get)
 _SET = int(Opcode.Set)
+_GETQ = int(Opcode.GetQ)
+_SETQ = int(Opcode.SetQ)
 _NOT_JSON = 0xFF & ~int(Datatype.JSON)
 _HEADER_LEN = 24
 _SET_EXTRAS = 8
@@ -85,22 +89,23 @@ class _Chunk:
 
     def get(
         self, vbucket: VBucket, data: bytes, k: int, keylen: int, extlen: int, datatype: int,
-        body: int, opaque: int, cas: int,
+        body: int, opaque: int, cas: int, opcode: int,
     ) -> bool:  # fmt: skip
-        """Answer a plain Get (True), or decline it (False, nothing done)."""
+        """Answer a plain Get or GetQ (True), or decline it (False, nothing done)."""
         if extlen or body != keylen or not self.may_read:
             return False
         try:
             item = vbucket.get_plain(data[k : k + keylen])
-        except EngineError as exc:  # a miss
-            self.append(_refused(self.conn, _GET, opaque, exc))
+        except EngineError as exc:  # a miss: a GetQ says nothing
+            if opcode == _GET:
+                self.append(_refused(self.conn, _GET, opaque, exc))
             return True
         if item is None or item.datatype & SHAPED:
             return False
         value = item.value
         assert value is not None  # get_plain returns resident items only
         self.append(_GET_HIT.pack(
-            _RESPONSE, _GET, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
+            _RESPONSE, opcode, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
             item.cas, item.flags,
         ))  # fmt: skip
         self.append(value)
@@ -108,9 +113,9 @@ class _Chunk:
 
     def set(
         self, vbucket: VBucket, data: bytes, k: int, keylen: int, extlen: int, datatype: int,
-        body: int, opaque: int, cas: int,
+        body: int, opaque: int, cas: int, opcode: int,
     ) -> bool:  # fmt: skip
-        """Answer a plain Set (True), or decline it (False, nothing done)."""
+        """Answer a plain Set or SetQ (True), or decline it (False, nothing done)."""
         value_end = k - extlen + body  # k is where the key starts, after the extras
         if (extlen != _SET_EXTRAS or cas or datatype & _NOT_JSON or not self.may_write
                 or not 0 <= value_end - k - keylen <= self.max_value):  # fmt: skip
@@ -120,10 +125,12 @@ class _Chunk:
         try:
             item = vbucket.set_plain(data[k:v], data[v:value_end], flags, exptime, datatype)
         except EngineError as exc:  # TempFail: the memory quota, a failing disk
-            self.append(_refused(self.conn, _SET, opaque, exc))
+            self.append(_refused(self.conn, opcode, opaque, exc))
             return True
         if item is None:
             return False
+        if opcode == _SETQ:
+            return True  # success: a SetQ says nothing
         if self.seqnos:
             self.append(_MUTATED.pack(_RESPONSE, _SET, 0, 16, 0, 0, 16, opaque, item.cas,
                                       vbucket.uuid, item.by_seqno))  # fmt: skip
@@ -132,7 +139,7 @@ class _Chunk:
         return True
 
 
-_SERVE = {_GET: _Chunk.get, _SET: _Chunk.set}
+_SERVE = {_GET: _Chunk.get, _GETQ: _Chunk.get, _SET: _Chunk.set, _SETQ: _Chunk.set}
 
 
 def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_value: int) -> int:
@@ -153,29 +160,52 @@ def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_v
         if vbucket is None:
             break
         k = pos + _HEADER_LEN + extlen
-        if not serve(chunk, vbucket, data, k, keylen, extlen, datatype, body, opaque, cas):
+        if not serve(chunk, vbucket, data, k, keylen, extlen, datatype, body, opaque, cas, opcode):
             break
         pos += size
     return pos
 
 
 def serve_chunk(
-    conn: Connection, data: bytes, out: list[bytes], max_value: int,
-    general: Callable[[bytes, list[bytes]], bool],
-) -> None:  # fmt: skip
-    """Answer a chunk that starts at a frame boundary: runs of plain Gets and Sets here, any
-    other whole frame by ``general`` alone (the parser and the dispatcher), a partial frame
-    and all after it by ``general``. ``general`` returns False when the connection closes."""
+    conn: Connection, parser: FrameParser, data: bytes, out: list[bytes], general: General
+) -> None:
+    """Answer one chunk read from the connection whose ``parser`` holds what came before:
+    runs of plain Gets and Sets here, any other whole frame by ``general`` alone (the parser
+    and the dispatcher), a frame straddling the previous chunk by ``general`` first, and a
+    partial frame with all after it by ``general``, which returns False once the connection
+    closes."""
+    if conn.bucket_name is None or conn.dcp is not None:  # no gate passed yet, or a producer
+        general(data, out)
+        return
     pos, end = 0, len(data)
+    if parser.buffered:
+        head = parser.peek(_HEADER_LEN)
+        need = rest_of_frame(head + data[: _HEADER_LEN - len(head)], parser.buffered, end)
+        if need is None:  # the straddling frame goes on past this chunk
+            general(data, out)
+            return
+        if not general(data[:need], out):
+            return
+        pos = need
     while pos < end:
-        if conn.dcp is None:  # a producer's connection takes the general path throughout
-            pos = serve_plain(conn, data, pos, out, max_value)
+        if conn.dcp is None:  # (DcpOpen went through general: the rest does too)
+            pos = serve_plain(conn, data, pos, out, parser.max_value_len)
             if pos == end:
                 return
         frame_at = frame_end(data, pos)
         if not general(data[pos:frame_at], out) or frame_at is None:
             return
         pos = frame_at
+
+
+def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:
+    """How many more bytes complete a frame of which ``buffered`` bytes (starting with
+    ``head``, its header when 24 bytes long) are already buffered, when ``available`` bytes
+    hold them all; None otherwise (the parser then takes the whole chunk)."""
+    if len(head) < _HEADER_LEN:
+        return None
+    need = _HEADER_LEN + _BODY_LEN.unpack_from(head, 8)[0] - buffered
+    return need if 0 < need <= available else None
 
 
 def frame_end(data: bytes, pos: int) -> int | None:
