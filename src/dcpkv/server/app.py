@@ -460,7 +460,11 @@ class DataServer:
         return [p for p in self.connections if p.producer is not None and p.serves(bucket)]
 
     def _on_queued(self, bucket: str, vb: int) -> None:
-        # Called under a vbucket lock, once per write: only take note.
+        # Called under a vbucket lock, once per write: only take note, and most writes find
+        # the note taken (a racy read is fine from any thread: the push it saw scheduled
+        # runs on the loop after this write's item is queued).
+        if self._push_scheduled and bucket in self._dirty:
+            return
         if threading.get_ident() == self._loop_thread:
             self._mark_dirty(bucket)
         elif self._loop is not None:
