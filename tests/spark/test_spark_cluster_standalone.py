@@ -1,13 +1,17 @@
 """The pipelines on a Spark standalone cluster against a dcpkv cluster.
 
 A Spark master and two workers run as processes from PySpark's own launcher
-(:mod:`standalone`), next to three managed dcpkv nodes and the manager. ``dcpkv pipeline
-mirror --once`` and ``dcpkv backup`` run as subprocesses with ``--master spark://...`` (a
-standalone driver cannot share this pytest process with the suite's local SparkSession), each
-given only the dcpkv cluster's connection string: the executors, on the workers, reach the
-nodes through it and follow the map. The output goes to a tmp dir, which every worker of a
+(:mod:`standalone`), next to three managed dcpkv nodes and the manager. The mirror (one
+AvailableNow run) and a backup run as a subprocess on ``spark://...`` (a standalone driver
+cannot share this pytest process with the suite's local SparkSession), given only the dcpkv
+cluster's connection string: the executors, on the workers, reach the nodes through it and
+follow the map. The output goes to a tmp dir, which every worker of a
 one-machine cluster shares. Then the mirror must equal the bucket, the backup must verify and
 hold the bucket, and both workers must have run executors.
+
+The two jobs run in one driver (``standalone_job.py``, which calls what ``dcpkv pipeline mirror
+--once`` and ``dcpkv backup`` call): a standalone application's executors take seconds to
+start, so they are started once.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.pipelines.backup_layout import committed_runs, verify
 from dcpkv.pipelines.mirror import read_mirror
 
-CLI = [sys.executable, "-m", "dcpkv.cli.main"]
 DOCS = 400
 
 
@@ -59,12 +62,6 @@ def backup_documents(root: Path) -> dict[bytes, bytes]:
     return {k: r["value"] for k, r in latest.items() if r["op"] == "mutation"}
 
 
-def run_cli(*args: str) -> str:
-    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
 def test_mirror_and_backup_on_a_spark_standalone_cluster(
     spark: Any, server_factory: type[ServerProcess], tmp_path: Path
 ) -> None:
@@ -77,10 +74,10 @@ def test_mirror_and_backup_on_a_spark_standalone_cluster(
         try:
             master = standalone.start()
             mirror, backup = tmp_path / "shared" / "mirror", tmp_path / "shared" / "backup"
-            run_cli("pipeline", "mirror", "--to", str(mirror), "--once", "--host",
-                    connection_string, "--master", master)  # fmt: skip
-            run_cli("backup", "--to", str(backup), "--host", connection_string,
-                    "--master", master)  # fmt: skip
+            job = [sys.executable, str(Path(__file__).with_name("standalone_job.py")), master,
+                   connection_string, str(mirror), str(backup)]  # fmt: skip
+            done = subprocess.run(job, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stdout + done.stderr[-5000:]
         finally:
             standalone.stop()
     assert all(p.poll() is not None for p in standalone.procs)
