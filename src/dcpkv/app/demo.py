@@ -93,6 +93,7 @@ SAMPLE_SEED = 42
 TICK_S = 0.5
 PLAIN_LINE_EVERY_S = 5.0  # without a terminal, the progress line is printed this often
 SAMPLE_EVERY_S = 5.0
+SAMPLER_JOBS = "dcpkv-demo-sampler"  # the sampler's Spark job group
 RATE_WINDOW_S = 10.0
 CLUSTER_READY_S = 60.0  # the manager places the map and every node answers
 
@@ -578,6 +579,10 @@ class _Sampler(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        # Its Spark jobs in a group of their own, so stop() can cancel the one in flight
+        # (PySpark pins this thread to a JVM thread, which carries the group).
+        sc = self.pipelines.spark.sparkContext
+        sc.setJobGroup(SAMPLER_JOBS, "the demo's sampler", interruptOnCancel=True)
         sampled = self.pipelines.sampled
         while not self._stop_event.wait(SAMPLE_EVERY_S):
             docs, groups = self.pipelines.sample_once()
@@ -585,8 +590,12 @@ class _Sampler(threading.Thread):
             sampled.groups = groups if groups is not None else sampled.groups
 
     def stop(self) -> None:
+        """Cancel the count in flight: behind the live batches it could take as long as
+        they do, and the final catch-up would wait for it."""
         self._stop_event.set()
         if self.is_alive():
+            with contextlib.suppress(Exception):  # Spark already stopped
+                self.pipelines.spark.sparkContext.cancelJobGroup(SAMPLER_JOBS)
             self.join(60)
 
 
