@@ -20,7 +20,9 @@ def demo(
     data_dir: Annotated[
         Path, typer.Option(help="The node's data; the pipelines write under DATA_DIR/pipelines.")
     ] = Path("./dcpkv-data"),
-    port: Annotated[int, typer.Option(help="The node's port (0 picks a free one).")] = 11210,
+    port: Annotated[
+        int, typer.Option(help="The node's port (0 picks a free one; one node only).")
+    ] = 11210,
     docs: Annotated[int, typer.Option(min=1, help="Sample documents to load.")] = 30_000,
     duration: Annotated[
         float | None, typer.Option(help="Run this many seconds, then stop cleanly.")
