@@ -21,6 +21,7 @@ step                  what happens (each step is an :class:`Event`, timestamped)
                       history, copy what changed since; the rebalance runs to its end and the
                       auto-failover count is reset (the manager allows one at a time)
 ``error``             the manager refused or did not answer: said, and the next round tries
+                      (a round waits while a rebalance runs: one fault at a time)
 ====================  ====================================================================
 
 A round is never cut short by :meth:`Chaos.stop`: it stops *between* rounds, so the job's
@@ -54,7 +55,8 @@ POLL_S = 0.2
 class ChaosSettings:
     every: tuple[float, float] = (20.0, 40.0)  # seconds between two kills, drawn uniformly
     failover_timeout_s: int = 5  # the manager's auto-failover timeout (1-3600)
-    wait_s: float = 60.0  # longest wait for a failover, a restart or a rebalance
+    wait_s: float = 60.0  # longest wait for a failover or a restart
+    rebalance_wait_s: float = 600.0  # a delta recovery of 1024 vbuckets takes a minute here
     seed: int | None = None
 
 
@@ -76,7 +78,8 @@ class Event:
 
     def line(self) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(self.at))
-        return f"{when} {self.kind} {self.node}" + (f": {self.detail}" if self.detail else "")
+        node = f" {self.node}" if self.node else ""
+        return f"{when} {self.kind}{node}" + (f": {self.detail}" if self.detail else "")
 
 
 @dataclass
@@ -140,8 +143,8 @@ class Chaos(threading.Thread):
     def _rounds(self) -> None:
         while not self._stop_event.wait(self.rng.uniform(*self.settings.every)):
             running = [c for c in self.cluster.data_nodes if c.running]
-            if len(running) < 2:
-                continue
+            if len(running) < 2 or self.rebalancing():
+                continue  # one fault at a time: the last round's rebalance still runs
             try:
                 self.round(self.rng.choice(running))
             except (AdminError, OSError, RuntimeError) as exc:
@@ -170,7 +173,7 @@ class Chaos(threading.Thread):
         self.admin("POST", "/controller/setRecoveryType", otpNode=address, recoveryType="delta")
         self.admin("POST", "/controller/rebalance")
         state = "running"
-        deadline = time.monotonic() + self.settings.wait_s
+        deadline = time.monotonic() + self.settings.rebalance_wait_s
         while state == "running" and time.monotonic() < deadline:
             time.sleep(POLL_S)
             state = self.admin("GET", "/pools/default/rebalanceProgress")["state"]
@@ -178,6 +181,12 @@ class Chaos(threading.Thread):
         if state != "idle":
             raise RuntimeError(f"the recovery rebalance of {address} ended {state}")
         self._note("recovered", address)
+
+    def rebalancing(self) -> bool:
+        try:
+            return self.admin("GET", "/pools/default/rebalanceProgress")["state"] == "running"
+        except AdminError:
+            return True  # the manager is away: not the moment for another fault
 
     def _wait(self, condition: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + self.settings.wait_s
@@ -189,7 +198,11 @@ class Chaos(threading.Thread):
 
     def heal(self) -> None:
         """After :meth:`stop`: every node running and none failed over (a round that ended in
-        an error may have left one behind), so the job ends on a whole cluster."""
+        an error may have left one behind, or a rebalance still running), so the job ends
+        on a whole cluster."""
+        deadline = time.monotonic() + self.settings.rebalance_wait_s
+        while self.rebalancing() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
         for child in self.cluster.data_nodes:
             if not child.running:
                 child.restart(time.monotonic() + self.settings.wait_s)
