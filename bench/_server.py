@@ -3,6 +3,7 @@ stopped (SIGTERM, then SIGKILL) and cleaned up."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -48,3 +49,14 @@ def bench_server(
             proc.kill()
             proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, all its threads (Linux /proc; 0.0
+    elsewhere): on a shared machine a server's CPU per operation swings much less than its
+    wall-clock rate."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -48,6 +48,7 @@ from typing import Annotated
 import typer
 
 from _report import write_json
+from _server import cpu_seconds
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
@@ -134,15 +135,6 @@ def loaded_server_proc(
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc; 0.0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Consumer:

@@ -17,8 +17,11 @@ Phases, per connection count: Set of distinct keys (16-byte keys, 100-byte value
 the same keys. Against dcpkv each request carries the key's vbucket (as a smart client would)
 and each connection logs in with SASL PLAIN first; memcached ignores the vbucket field. Any
 answer that is not Success is counted and shown, so a fast wrong answer is not mistaken for a
-fast right one. ``--json PATH`` writes the rates (``set_ops_per_s_1conn``, memcached's as
-``memcached_set_ops_per_s_1conn``, ...) for ``make bench``'s summary.
+fast right one. Each phase also shows the server process's CPU time per operation (user +
+system, all threads, from /proc): on a machine shared with other work the wall-clock rate
+swings from run to run, the CPU cost much less. ``--json PATH`` writes the rates
+(``set_ops_per_s_1conn``, memcached's as ``memcached_set_ops_per_s_1conn``, ...) and CPU
+costs (``set_server_cpu_us_per_op_1conn``, ...) for ``make bench``'s summary.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 from _report import write_json
+from _server import cpu_seconds
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Magic, Opcode
@@ -61,6 +65,7 @@ class Target:
     port: int
     login: bool  # SASL PLAIN first (dcpkv); memcached runs without SASL
     vbuckets: bool  # put the key's vbucket in the header
+    pid: int  # the server process, for its CPU time
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,11 @@ class Result:
     ops: int
     seconds: float
     errors: int
+    cpu_seconds: float  # the server's, user + system, all threads
+
+    @property
+    def cpu_us_per_op(self) -> float:
+        return self.cpu_seconds / self.ops * 1e6
 
     @property
     def rate(self) -> float:
@@ -153,13 +163,13 @@ async def phase(target: Target, opcode: Opcode, ops: int, conns: int, batch: int
     work = [batches(opcode, range(n * per, (n + 1) * per), batch, target) for n in range(conns)]
     clients = [await Conn.open(target) for _ in range(conns)]
     try:
-        start = time.perf_counter()
+        cpu, start = cpu_seconds(target.pid), time.perf_counter()
         await asyncio.gather(*(c.run(w) for c, w in zip(clients, work, strict=True)))
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, cpu_seconds(target.pid) - cpu
     finally:
         for c in clients:
             await c.close()
-    return Result(per * conns, seconds, sum(c.errors for c in clients))
+    return Result(per * conns, seconds, sum(c.errors for c in clients), cpu)
 
 
 # -- servers -------------------------------------------------------------------------------------
@@ -200,7 +210,8 @@ def dcpkv_server(tmp: Path) -> Iterator[Target]:
     with open(tmp / "dcpkv.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     try:
-        yield Target("dcpkv", _wait_port_file(proc, port_file), login=True, vbuckets=True)
+        port = _wait_port_file(proc, port_file)
+        yield Target("dcpkv", port, login=True, vbuckets=True, pid=proc.pid)
     finally:
         _stop(proc)
 
@@ -214,7 +225,7 @@ def memcached_server(binary: str) -> Iterator[Target]:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_listening(proc, port)
-        yield Target("memcached", port, login=False, vbuckets=False)
+        yield Target("memcached", port, login=False, vbuckets=False, pid=proc.pid)
     finally:
         _stop(proc)
 
@@ -243,9 +254,13 @@ def measure(
             result = asyncio.run(phase(target, opcode, ops, conns, batch))
             figures[f"{prefix}{opcode.name.lower()}_ops_per_s_{conns}conn"] = result.rate
             figures[f"{prefix}{opcode.name.lower()}_errors_{conns}conn"] = result.errors
+            figures[f"{prefix}{opcode.name.lower()}_server_cpu_us_per_op_{conns}conn"] = (
+                result.cpu_us_per_op
+            )
             rows.append([
                 target.name, opcode.name, str(conns), f"{result.ops:,}",
-                f"{result.rate:,.0f}", f"{result.seconds:.2f}", str(result.errors),
+                f"{result.rate:,.0f}", f"{result.seconds:.2f}", f"{result.cpu_us_per_op:.2f}",
+                str(result.errors),
             ])  # fmt: skip
     return rows
 
@@ -270,7 +285,8 @@ def main(
             rows += measure(target, ops, batch, conn_counts, figures)
     table = Table(title=f"Pipelined KV throughput ({batch} requests per write, {len(VALUE)}-byte "
                   "values, one asyncio client process)")  # fmt: skip
-    for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "errors"):
+    for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "server CPU us/op",
+                "errors"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("server", "op") else "right")
     for row in rows:
         table.add_row(*row)

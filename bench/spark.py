@@ -19,6 +19,13 @@ Theory of operation
 Rates are rows/s. With N cores the query runs N tasks at once, each with its own consumer
 connection, so it can beat the single-consumer ceiling on a machine with spare cores.
 ``--json PATH`` writes the rates for ``make bench``'s summary.
+
+4. Three nodes (``--cluster-count``, 0 skips it): the same ``--cluster-count`` items written
+   through the protocol into a fresh node and into a local 3-node cluster (1 replica,
+   ``bench/_cluster.py``), then the same AvailableNow query on each (the cluster through its
+   connection string: partitions planned by node, each vbucket read from its active).
+   Figures ``cluster3_query_rows_per_s``, ``single_same_data_query_rows_per_s`` and their
+   ratio.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 import dcpkv.spark
+from _cluster import same_data
 from _report import write_json
 from dcp import loaded_server  # bench/dcp.py (the script's folder is on sys.path)
 from dcpkv.client import events
@@ -89,7 +97,13 @@ def spark_session(cores: int) -> SparkSession:
 
 
 def query_rate(spark: SparkSession, port: int, out: Path, partitions: int | None) -> float:
-    reader = spark.readStream.format("dcpkv").option("port", port)
+    return query_rate_on(spark, {"port": str(port)}, out, partitions)
+
+
+def query_rate_on(
+    spark: SparkSession, options: dict[str, str], out: Path, partitions: int | None
+) -> float:
+    reader = spark.readStream.format("dcpkv").options(**options)
     if partitions:
         reader = reader.option("numPartitions", partitions)
     start = time.perf_counter()
@@ -118,6 +132,9 @@ def main(
     cores: int = typer.Option(2, "--cores", help="Spark local[N]"),
     partitions: int = typer.Option(0, "--partitions", help="numPartitions (0: default)"),
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+    cluster_count: int = typer.Option(
+        200_000, "--cluster-count", help="items of the 3-node run (0: skip it)"
+    ),
 ) -> None:
     figures: dict[str, float] = {}
     print(f"Spark bench: {count:,} items of 100 bytes, {vbuckets} vbuckets, local[{cores}]")
@@ -142,8 +159,30 @@ def main(
         rows = spark.read.parquet(str(Path(out) / "warm" / "parquet")).count()
         print(_line("  the same again (warm JVM, workers)", rows, seconds))
         figures["query_warm_rows_per_s"] = rows / seconds
+        if cluster_count:
+            figures |= three_nodes(spark, cluster_count, vbuckets, partitions or None, Path(out))
         spark.stop()
     write_json(json_out, "spark", figures)
+
+
+def three_nodes(
+    spark: SparkSession, count: int, vbuckets: int, partitions: int | None, out: Path
+) -> dict[str, float]:
+    """The same items on one node and on three: the same AvailableNow query on each."""
+    print(f"3 nodes against 1 on the same data: {count:,} items, {vbuckets} vbuckets")
+    figures: dict[str, float] = {}
+    with same_data(count, vbuckets, "spark", width=34) as (single, three):
+        for label, conn in (("single_same_data", single), ("cluster3", three)):
+            target = out / label
+            seconds = query_rate_on(spark, conn.spark_options(), target, partitions)
+            rows = spark.read.parquet(str(target / "parquet")).count()
+            print(_line(f"AvailableNow query, {label}", rows, seconds))
+            figures[f"{label}_query_rows_per_s"] = rows / seconds
+            figures[f"{label}_query_rows_missing"] = count - rows
+    ratio = figures["cluster3_query_rows_per_s"] / figures["single_same_data_query_rows_per_s"]
+    figures["cluster3_query_vs_single"] = ratio
+    print(f"  query: 3 nodes / 1 node = {ratio:.2f}")
+    return figures
 
 
 if __name__ == "__main__":

@@ -12,6 +12,12 @@ Theory of operation
 
 Each prints items/s and the final count against the expected one; ``--json PATH`` writes the
 rates for ``make bench``'s summary.
+
+4. Three nodes (``--cluster-count``, 0 skips it): the same ``--cluster-count`` items written
+   through the protocol into a fresh node and into a local 3-node cluster (1 replica,
+   ``bench/_cluster.py``), then the Consumer and ``dcpkv stream`` on each (the cluster through
+   its connection string: one DCP connection per node, each vbucket from its active).
+   Figures ``cluster3_*`` and ``single_same_data_*``, and their ratio.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Annotated
 import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cluster import same_data
 from _report import write_json
 from dcp import loaded_server
 from dcpkv.client import events
@@ -36,19 +43,22 @@ from dcpkv.client.settings import ConnectionSettings
 
 
 async def consume(port: int) -> tuple[int, float]:
+    return await consume_from(ConnectionSettings.at(port=port))
+
+
+async def consume_from(conn: ConnectionSettings) -> tuple[int, float]:
     count = 0
     start = time.perf_counter()
-    async with Consumer(
-        ClientConfig(ConnectionSettings.at(port=port), name="bench:consumer")
-    ) as consumer:
+    async with Consumer(ClientConfig(conn, name="bench:consumer")) as consumer:
         async for ev in consumer.stream(end="now"):
             if type(ev) is events.Mutation:
                 count += 1
     return count, time.perf_counter() - start
 
 
-def cli(port: int) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", "dcpkv.cli.main", "stream", "--port", str(port), "--from",
+def cli(port: int, host: str | None = None) -> tuple[int, float]:
+    where = ["--port", str(port)] if host is None else ["--host", host]
+    cmd = [sys.executable, "-m", "dcpkv.cli.main", "stream", *where, "--from",
            "beginning", "--to", "now", "--format", "json", "--name", "bench:cli"]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
@@ -64,6 +74,9 @@ def main(
     count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+    cluster_count: int = typer.Option(
+        200_000, "--cluster-count", help="items of the 3-node run (0: skip it)"
+    ),
 ) -> None:
     figures: dict[str, float] = {}
     print(f"stream bench: {count:,} items, {vbuckets} vbuckets")
@@ -77,7 +90,34 @@ def main(
             ok = "ok" if items == count else f"MISMATCH, expected {count:,}"
             print(f"  {what:<30} {items:>10,} items {seconds:7.2f} s "
                   f"{items / seconds:>10,.0f} items/s  ({ok})")  # fmt: skip
+    if cluster_count:
+        figures |= three_nodes(cluster_count, vbuckets)
     write_json(json_out, "stream", figures)
+
+
+def three_nodes(count: int, vbuckets: int) -> dict[str, float]:
+    """The same items on one node and on three: the Consumer and the CLI on each."""
+    print(f"3 nodes against 1 on the same data: {count:,} items, {vbuckets} vbuckets")
+    figures: dict[str, float] = {}
+    with same_data(count, vbuckets, "stream") as (single, three):
+        for label, conn in (("single_same_data", single), ("cluster3", three)):
+            host = None if conn is single else conn.connection_string
+            for what, metric, (items, seconds) in (
+                (f"Consumer, {label}", "consumer", asyncio.run(consume_from(conn))),
+                (f"dcpkv stream, {label}", "cli_json", cli(conn.port, host)),
+            ):
+                figures[f"{label}_{metric}_items_per_s"] = items / seconds
+                figures[f"{label}_{metric}_items_missing"] = count - items
+                print(f"  {what:<30} {items:>10,} items {seconds:7.2f} s "
+                      f"{items / seconds:>10,.0f} items/s")  # fmt: skip
+    for metric in ("consumer", "cli_json"):
+        ratio = (
+            figures[f"cluster3_{metric}_items_per_s"]
+            / figures[f"single_same_data_{metric}_items_per_s"]
+        )
+        figures[f"cluster3_{metric}_vs_single"] = ratio
+        print(f"  {metric}: 3 nodes / 1 node = {ratio:.2f}")
+    return figures
 
 
 if __name__ == "__main__":

@@ -105,6 +105,34 @@ def test_a_cluster_comes_up_serves_by_the_map_and_a_manager_restart_changes_noth
     assert counters["setVbucketSent"] == 0 and counters["casConflicts"] == 0
 
 
+def test_a_node_restarted_while_the_manager_is_away_keeps_its_map_and_its_replicas(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """A managed node writes each map it keeps beside its data: restarted while the manager
+    is down, it serves that map at once (clients can route) and its replicas stream again
+    from their actives, with no manager to push anything. A map file that does not parse is
+    left out with a warning (the next push replaces it)."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=2, replicas=1)
+    a, b = cluster.nodes
+    vb_map = assert_nodes_match(cluster, cluster.nodes)
+    cluster.manager.kill9()
+    b.terminate()
+    b.start(same_port=True)
+    assert VBucketMap.from_config(served_map(b)) == vb_map
+    vb = next(
+        v for v, chain in enumerate(vb_map.chains) if vb_map.servers[chain[0]] == cluster.name(a)
+    )
+    with client(a) as kv:
+        assert kv.set(key_in(vb), b"after the restart", vbucket=vb).status == Status.Success
+    wait_for(lambda: high_seqno(b, vb) == high_seqno(a, vb), "b's replica to catch up")
+    b.terminate()
+    (kept,) = b.data_dir.glob("*.cluster-config.json")
+    kept.write_bytes(b"{torn")
+    b.start(same_port=True)
+    assert served_map(b)["vBucketServerMap"]["serverList"] == [cluster.name(b)]  # its own map
+    assert "the last cluster map kept is unreadable" in b.log()
+
+
 def test_manual_failover_promotes_replicas_and_handles_a_stale_state_cas(
     server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
 ) -> None:

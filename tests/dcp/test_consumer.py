@@ -167,6 +167,25 @@ TRANSITIONS = [
 ]
 
 
+def test_what_arrives_for_a_vbucket_set_dead_under_its_stream_is_dropped(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    """A move sets the old replica dead while its stream is open and changes are in flight:
+    they are dropped for that vbucket (found under load: applying them raised NotMyVbucket and
+    ended the replica's whole connection, every other vbucket's stream with it)."""
+    active, replica = buckets("a", VBucketState.ACTIVE), buckets("b", VBucketState.REPLICA)
+    link = Link(active, replica)
+    link.connect()
+    link.pump()
+    dead = active.vbucket_for(b"k0")
+    replica.set_vbucket_state(dead, VBucketState.DEAD)
+    write(active, 40, "k")
+    link.pump()  # nothing raised
+    held, expected = state_of(replica), state_of(active)
+    assert held.pop(dead) == {} and expected.pop(dead)
+    assert held == expected  # every other vbucket's stream went on
+
+
 @pytest.mark.parametrize(("event", "before", "after"), TRANSITIONS)
 def test_passive_stream_transitions(
     buckets: Callable[[str, VBucketState], Bucket],

@@ -48,6 +48,27 @@ def test_draw_report_writes_a_png(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_marks_are_drawn_as_vertical_lines_on_every_panel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.axes
+
+    write_metrics(tmp_path / "mirror", 5)
+    drawn: list[float] = []
+    original = matplotlib.axes.Axes.axvline
+
+    def spy(self: matplotlib.axes.Axes, x: float = 0, *args: object, **kw: object) -> object:
+        drawn.append(x)
+        return original(self, x, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", spy)
+    marks = [(1_700_000_003.0, "failover 127.0.0.1:1"), (1_700_000_006.5, "failover 127.0.0.1:2")]
+    out = draw_report([tmp_path / "mirror"], tmp_path / "r.png", marks=marks)
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    # seconds since the first batch started (1_700_000_000 - 0.5), once per panel
+    assert sorted(drawn) == pytest.approx([3.5] * 4 + [7.0] * 4)  # four panels
+
+
 def test_missing_or_empty_metrics_are_errors(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match=r"no _metrics\.jsonl"):
         read_series(tmp_path)

@@ -108,27 +108,17 @@ def test_an_available_now_query_rides_through_a_node_restart(
     work = Workload(server.port)
     work.run(600)
     log = Changelog()  # written by foreachBatch's thread; the test only reads its length
-    failure: list[BaseException] = []
-
-    def query() -> None:
-        try:
-            stream_available_now(
-                spark,
-                server.port,
-                tmp_path / "cp",
-                log,
-                maxChangesPerTrigger="100",
-                numPartitions="2",
-            )
-        except BaseException as exc:  # handed to the test's thread
-            failure.append(exc)
-
-    runner = threading.Thread(target=query)
-    runner.start()
-    for _ in range(6000):
-        if log.batch_sizes or not runner.is_alive():
-            break
-        time.sleep(0.01)
+    runner, failure = run_in_background(
+        lambda: stream_available_now(
+            spark,
+            server.port,
+            tmp_path / "cp",
+            log,
+            maxChangesPerTrigger="100",
+            numPartitions="2",
+        )
+    )
+    wait_first_batch(log, runner, 0)
     server.kill9()
     time.sleep(0.5)
     server.start(same_port=True)
@@ -139,3 +129,80 @@ def test_an_available_now_query_rides_through_a_node_restart(
     truth = work.truth()
     stream_available_now(spark, server.port, tmp_path / "cp", log)  # what came after
     assert log.live() == truth
+
+
+def run_in_background(query: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``query()`` in a thread; its exception, if any, lands in the list."""
+    failure: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            query()
+        except BaseException as exc:  # handed to the test's thread
+            failure.append(exc)
+
+    runner = threading.Thread(target=guarded)
+    runner.start()
+    return runner, failure
+
+
+def wait_first_batch(log: Changelog, runner: threading.Thread, before: int) -> None:
+    """Until the running query applied a batch beyond the ``before`` it started with."""
+    deadline = time.monotonic() + 300
+    while len(log.batch_sizes) <= before and runner.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_an_available_now_query_stays_exact_through_a_rebalance_and_a_failover_mid_run(
+    spark: Any, server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """Small batches (maxChangesPerTrigger) so the faults land while the query runs: a
+    rebalance in (2 -> 3 nodes) moves vbuckets under it with no rollback row; a kill -9 and
+    failover of a node gives rollback rows only for vbuckets that node held active; both
+    runs end with the output equal to the bucket, and the query never fails."""
+    from rebalancecheck import rebalance, served_map
+
+    with tracked_managers() as managers:
+        cluster = start_cluster(server_factory, managers, tmp_path, nodes=2, replicas=1)
+        third = server_factory(tmp_path / "n2", tmp_path / "n2.log", "--managed", "--vbuckets",
+                               str(VBUCKETS))  # fmt: skip
+        third.start()
+        names = [cluster.name(n) for n in cluster.nodes] + [f"127.0.0.1:{third.port}"]
+        options = {"connectionString": "couchbase://" + ",".join(names),
+                   "maxChangesPerTrigger": "40", "numPartitions": "3"}  # fmt: skip
+        conn = ConnectionSettings.parse(options["connectionString"])
+        log, checkpoint = Changelog(), tmp_path / "checkpoint"
+
+        def query() -> None:
+            stream_available_now(spark, 0, checkpoint, log, **options)
+
+        # a rebalance in while the query runs: vbuckets move, nothing is lost
+        write(conn, 0, 600, "a")
+        runner, failure = run_in_background(query)
+        wait_first_batch(log, runner, 0)
+        assert runner.is_alive(), "the query ended before the rebalance"
+        cluster.manager.api("POST", "/controller/addNode", hostname=names[2])
+        assert rebalance(cluster.manager)["state"] == "idle"
+        runner.join(timeout=600)
+        assert not runner.is_alive() and not failure, failure
+        stream_available_now(spark, 0, checkpoint, log, **options)
+        assert log.rollbacks == [], "a clean move must not roll back"
+        assert log.live() == truth(conn)
+        # a kill -9 and a failover while the next run reads
+        write(conn, 600, 1200, "b")
+        nodes = [*cluster.nodes, third]
+        vb_map = served_map(nodes)
+        victim = nodes[1]
+        held = {vb for vb, chain in enumerate(vb_map.chains)
+                if vb_map.servers[chain[0]] == cluster.name(victim)}  # fmt: skip
+        before = len(log.batch_sizes)
+        runner, failure = run_in_background(query)
+        wait_first_batch(log, runner, before)
+        assert runner.is_alive(), "the query ended before the failover"
+        victim.kill9()
+        cluster.manager.api("POST", "/controller/failOver", otpNode=cluster.name(victim))
+        runner.join(timeout=600)
+        assert not runner.is_alive() and not failure, failure
+        stream_available_now(spark, 0, checkpoint, log, **options)
+        assert {vb for vb, _seqno in log.rollbacks} <= held
+        assert log.live() == truth(conn)

@@ -1,4 +1,5 @@
-"""The main job (``dcpkv demo``, ``make run``): one node, sample data, a mirror and a view.
+"""The main job (``dcpkv demo``, ``make run``): a node or a local cluster, sample data, a mirror
+and a view, and at the end the check that both equal the bucket.
 
 Theory of operation
 -------------------
@@ -7,6 +8,10 @@ order however the job ends:
 
 1. **Node.** A ``dcpkv server`` child process (:class:`~dcpkv.app.node.LocalNode`) on
    the embedded defaults, its data in the data dir. A taken port is reported, exit 1.
+   With ``--nodes N`` (N > 1) a local cluster instead (:class:`~dcpkv.cluster.local.
+   LocalCluster`, what ``dcpkv cluster up`` runs: N managed nodes and the manager, under
+   ``<data>/cluster``); every client (loader, generator, pipelines, end check) then gets the
+   cluster's connection string and follows the map.
 2. **Sample.** :func:`~dcpkv.pipelines.loader.load_sample` with a progress bar, unless the
    bucket's marker says the sample is already there (a re-run resumes, it does not reload).
 3. **Pipelines.** A SparkSession (local, or ``--master``), then two streaming queries: the
@@ -17,10 +22,15 @@ order however the job ends:
 4. **Live.** The main thread redraws one progress line from the queries' ``on_batch``
    callbacks (batches, rows/s, lag) and from a sampler thread that asks Spark, every few
    seconds, how many documents the mirror holds and how many groups the view has.
-5. **Stop** (Ctrl-C, SIGTERM or ``--duration``): generator first, then the live queries, then
-   one ``AvailableNow`` run of each pipeline, which catches up with everything the server
-   holds at that moment (so the mirror ends equal to the bucket), then Spark, then the server
-   (SIGTERM and its clean shutdown), and finally the metrics report PNG.
+   With ``--chaos`` (a cluster only) :class:`~dcpkv.app.chaos.Chaos` kills a random node
+   every so often, waits for the auto-failover, restarts the node and takes it back with
+   delta recovery; the live line counts the failovers.
+5. **Stop** (Ctrl-C, SIGTERM or ``--duration``): chaos first (its running round ends, every
+   node back), then the generator, then the live queries, then one ``AvailableNow`` run of
+   each pipeline, which catches up with everything the server holds at that moment, then the
+   end check (:mod:`~dcpkv.app.endcheck`: the mirror and the view against the bucket; a
+   difference is exit status 1), then Spark, then the nodes (SIGTERM and their clean
+   shutdown), and finally the metrics report PNG, a dashed line at each failover.
 
 Signals: the first SIGINT/SIGTERM only sets an event; every phase looks at it between
 steps (the load between chunks, the live loop every tick), so stopping is orderly. A second
@@ -32,6 +42,7 @@ terminal's Ctrl-C: it must outlive the queries that read from it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
@@ -57,9 +68,15 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from dcpkv.app.chaos import Chaos, ChaosSettings, Event
+from dcpkv.app.endcheck import end_check
 from dcpkv.app.node import LocalNode, NodeError
+from dcpkv.client.cluster import ClusterKV
+from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
-from dcpkv.core.defaults import DEFAULT_PORT
+from dcpkv.cluster.admin_client import AdminError, admin_request
+from dcpkv.cluster.local import LocalCluster, LocalClusterError
+from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_PORT, DEFAULT_USER
 from dcpkv.pipelines.loader import (
     ChangeGenerator,
     SampleInfo,
@@ -67,6 +84,7 @@ from dcpkv.pipelines.loader import (
     load_sample,
     loaded_sample,
 )
+from dcpkv.pipelines.mirror import SourceSettings
 
 VIEW_NAME = "revenue_by_country"
 VIEW_MAP = "dcpkv.pipelines.example_views:revenue_by_country"
@@ -75,7 +93,9 @@ SAMPLE_SEED = 42
 TICK_S = 0.5
 PLAIN_LINE_EVERY_S = 5.0  # without a terminal, the progress line is printed this often
 SAMPLE_EVERY_S = 5.0
+SAMPLER_JOBS = "dcpkv-demo-sampler"  # the sampler's Spark job group
 RATE_WINDOW_S = 10.0
+CLUSTER_READY_S = 60.0  # the manager places the map and every node answers
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,9 @@ class DemoSettings:
     master: str | None = None
     rate: float = 200.0
     vbuckets: int = 1024
+    nodes: int = 1
+    replicas: int = 1
+    chaos: ChaosSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +145,10 @@ class DemoPaths:
     @property
     def report(self) -> Path:
         return self.pipelines / "report.png"
+
+    @property
+    def cluster(self) -> Path:
+        return self.root / "cluster"
 
 
 class Stopper:
@@ -218,19 +245,129 @@ def ensure_sample(
     return SampleInfo(docs=docs, seed=SAMPLE_SEED)
 
 
-def where_to_look(settings: DemoSettings, paths: DemoPaths, port: int, master: str) -> str:
-    port_opt = "" if port == DEFAULT_PORT else f" --port {port}"
+class _OneNode:
+    """``--nodes 1``: one ``dcpkv server`` child."""
+
+    def __init__(self, settings: DemoSettings, paths: DemoPaths) -> None:
+        self.node = LocalNode(
+            settings.data_dir, paths.server_log, port=settings.port, vbuckets=settings.vbuckets
+        )
+        self.data_dir = settings.data_dir
+
+    def start(self, console: Console) -> ConnectionSettings:
+        port = self.node.start()
+        console.print(f"Node up: 127.0.0.1:{port} (pid {self.node.pid}), data in {self.data_dir}")
+        return ConnectionSettings.at(port=port)
+
+    def stop(self, console: Console) -> None:
+        if self.node.pid is None:
+            return  # it never started
+        status = self.node.stop()
+        console.print(f"Node stopped (pid {self.node.pid}, exit status {status}).")
+
+    def describe(self) -> str:
+        return f"node 127.0.0.1:{self.node.port} (data in {self.data_dir})"
+
+    def cli_options(self) -> str:
+        """What the other commands need to find it."""
+        return "" if self.node.port == DEFAULT_PORT else f" --port {self.node.port}"
+
+    def vbuckets(self, ep: ConnectionSettings) -> int:
+        return bucket_vbuckets(ep)[0]
+
+    def extra_help(self) -> list[str]:
+        return []
+
+
+class _ClusterNodes:
+    """``--nodes N``: N managed nodes and the manager, as ``dcpkv cluster up`` runs them."""
+
+    def __init__(self, settings: DemoSettings, paths: DemoPaths) -> None:
+        self.cluster = LocalCluster(
+            paths.cluster, settings.nodes, settings.replicas, settings.vbuckets
+        )
+        self.ep = ConnectionSettings()
+
+    def start(self, console: Console) -> ConnectionSettings:
+        try:
+            with console.status(f"Starting {self.cluster.nodes} nodes and the manager..."):
+                self.cluster.start()
+                self._wait_ready()
+        except (LocalClusterError, AdminError) as exc:
+            raise NodeError(str(exc)) from None
+        nodes = ",".join(self.cluster.address(c) for c in self.cluster.data_nodes)
+        self.ep = ConnectionSettings.at(f"couchbase://{nodes}")
+        pids = ", ".join(str(c.proc.pid) for c in self.cluster.children if c.proc is not None)
+        console.print(
+            f"Cluster up: {self.ep.connection_string}, manager {self.cluster.manager_url} "
+            f"(pids {pids}), {self.cluster.replicas} replica(s), data in {self.cluster.data_dir}"
+        )
+        return self.ep
+
+    def _wait_ready(self) -> None:
+        """Until the map is placed and every node answers the manager's heartbeats."""
+        deadline = time.monotonic() + CLUSTER_READY_S
+        while time.monotonic() < deadline:
+            doc = admin_request(
+                self.cluster.manager_url, "GET", "/pools/default", user=DEFAULT_USER,
+                password=DEFAULT_PASSWORD,
+            )  # fmt: skip
+            placed = all(b["placed"] for b in doc["buckets"])
+            if placed and all(n["status"] == "healthy" for n in doc["nodes"]):
+                return
+            time.sleep(0.2)
+        raise NodeError(f"the cluster was not ready in {CLUSTER_READY_S:.0f} s")
+
+    def stop(self, console: Console) -> None:
+        self.cluster.stop()
+        codes = [c.proc.returncode for c in self.cluster.children if c.proc is not None]
+        console.print(f"Cluster stopped (exit statuses {codes}).")
+
+    def describe(self) -> str:
+        return f"cluster {self.ep.connection_string} (data in {self.cluster.data_dir})"
+
+    def cli_options(self) -> str:
+        return f" --host {self.ep.connection_string}"
+
+    def vbuckets(self, ep: ConnectionSettings) -> int:
+        return cluster_vbuckets(ep)
+
+    def extra_help(self) -> list[str]:
+        url = self.cluster.manager_url
+        return [f"  cluster  dcpkv cluster status --url {url}   (nodes, failovers, lag)"]
+
+
+Nodes = _OneNode | _ClusterNodes
+
+
+def cluster_vbuckets(ep: ConnectionSettings) -> int:
+    """The bucket's vbucket count, from the cluster map (one node's stats count only the
+    vbuckets active there)."""
+
+    async def read() -> int:
+        kv = await ClusterKV.open(ClientConfig(ep))
+        try:
+            return len(kv.bucket_vbuckets())
+        finally:
+            await kv.close()
+
+    return asyncio.run(read())
+
+
+def where_to_look(settings: DemoSettings, paths: DemoPaths, nodes: Nodes, master: str) -> str:
+    opts = nodes.cli_options()
     views_opt = f" --views-dir {paths.views}"  # `dcpkv view`'s own default is elsewhere
     return "\n".join(
         [
-            f"[bold green]dcpkv demo is running[/]: node 127.0.0.1:{port} (data in "
-            f"{settings.data_dir}), Spark {master}, {settings.rate:.0f} changes/s written.",
+            f"[bold green]dcpkv demo is running[/]: {nodes.describe()}, Spark {master}, "
+            f"{settings.rate:.0f} changes/s written.",
             "[bold]Where to look[/] (from another terminal, while it runs):",
             f"  mirror   {paths.mirror}  (a versioned Parquet table of the documents; in",
             "           PySpark: dcpkv.pipelines.mirror.read_mirror(spark, path).show())",
-            f"  view     dcpkv view query {VIEW_NAME} --group{views_opt}{port_opt}",
-            f"  changes  dcpkv stream --to now{port_opt} | head",
-            f"  stats    dcpkv stats{port_opt}   /   dcpkv stats dcp{port_opt}",
+            f"  view     dcpkv view query {VIEW_NAME} --group{views_opt}{opts}",
+            f"  changes  dcpkv stream --to now{opts} | head",
+            f"  stats    dcpkv stats{opts}   /   dcpkv stats dcp{opts}",
+            *nodes.extra_help(),
             f"  metrics  {paths.mirror}/_metrics.jsonl, {paths.view}/_metrics.jsonl",
             f"  report   dcpkv pipeline report {paths.mirror} {paths.view}  (also written at exit)",
             "Ctrl-C stops everything cleanly (a second Ctrl-C skips the final catch-up).",
@@ -243,60 +380,104 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
     paths = DemoPaths(settings.data_dir)
     stopper = Stopper(console)
     stopper.install()
-    node = LocalNode(
-        settings.data_dir, paths.server_log, port=settings.port, vbuckets=settings.vbuckets
+    nodes: Nodes = (
+        _OneNode(settings, paths) if settings.nodes == 1 else _ClusterNodes(settings, paths)
     )
+    events: list[Event] = []
     with contextlib.ExitStack() as stack:
+        stack.callback(nodes.stop, console)
         try:
-            port = node.start()
+            ep = nodes.start(console)
         except NodeError as exc:
             console.print(f"[red]dcpkv demo: cannot start the node: {exc}")
             return 1
-        stack.callback(_stop_node, node, console)
-        console.print(f"Node up: 127.0.0.1:{port} (pid {node.pid}), data in {settings.data_dir}")
-        ep = ConnectionSettings.at(port=port)
-        num_vbuckets, _items = bucket_vbuckets(ep)
-        sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
-        if sample is None or stopper.stopped:
-            return 0
-        pipelines = _Pipelines.start(settings, paths, port, stopper, console, stack)
-        if stopper.stopped:
-            return 0
-        generator = ChangeGenerator(
-            ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time())
-        )
-        generator.start()
-        stack.callback(generator.stop)
-        console.print(where_to_look(settings, paths, port, pipelines.master))
-        started = time.monotonic()
-        line = lambda: progress_line(started, pipelines, generator)  # noqa: E731
-        _live(line, stopper, settings.duration, started, console, pipelines.queries)
-        generator.stop()
-        if generator.error is not None:
-            console.print(f"[yellow]the change generator stopped early: {generator.error}")
-        console.print(f"Stopped after {generator.written:,} changes. Catching up with the node...")
-        pipelines.finish()
-        console.print("Final: " + line())
-    _write_report(paths, console)
-    return 0
+        code = _run(settings, paths, nodes, ep, stopper, console, stack, events)
+    _write_report(paths, console, events)
+    return code
 
 
-def _stop_node(node: LocalNode, console: Console) -> None:
-    status = node.stop()
-    console.print(f"Node stopped (pid {node.pid}, exit status {status}).")
+def _run(
+    settings: DemoSettings, paths: DemoPaths, nodes: Nodes, ep: ConnectionSettings,
+    stopper: Stopper, console: Console, stack: contextlib.ExitStack, events: list[Event],
+) -> int:  # fmt: skip
+    """Sample, pipelines, generator (and chaos), live line, catch-up, end check."""
+    num_vbuckets = nodes.vbuckets(ep)
+    sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
+    if sample is None or stopper.stopped:
+        return 0
+    pipelines = _Pipelines.start(settings, paths, SourceSettings(ep), stopper, console, stack)
+    if stopper.stopped:
+        return 0
+    generator = ChangeGenerator(
+        ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time())
+    )
+    generator.start()
+    stack.callback(generator.stop)
+    chaos = _start_chaos(settings, nodes, console, stack, events)
+    console.print(where_to_look(settings, paths, nodes, pipelines.master))
+    started = time.monotonic()
+    line = lambda: progress_line(started, pipelines, generator, chaos)  # noqa: E731
+    _live(line, stopper, settings.duration, started, console, pipelines.queries)
+    if chaos is not None:
+        _stop_chaos(chaos, console)
+    generator.stop()
+    if generator.error is not None:
+        console.print(f"[yellow]the change generator stopped early: {generator.error}")
+    console.print(f"Stopped after {generator.written:,} changes. Catching up with the node...")
+    pipelines.finish()
+    console.print("Final: " + line())
+    check = end_check(
+        pipelines.spark, pipelines.source, paths.mirror, paths.views, VIEW_NAME, VIEW_MAP
+    )
+    console.print(("[green]" if check.ok else "[red]") + check.line())
+    return 0 if check.ok else 1
+
+
+def _stop_chaos(chaos: Chaos, console: Console) -> None:
+    """After its running round, every node back in: the catch-up reads a whole cluster."""
+    console.print("Stopping the chaos (its running round ends first)...")
+    chaos.stop()
+    try:
+        chaos.heal()
+    except (AdminError, RuntimeError, OSError) as exc:  # the catch-up can still run
+        console.print(f"[yellow]a node could not be brought back: {exc}")
+    console.print(f"Chaos: {chaos.summary().removeprefix('chaos: ')}.")
+
+
+def _start_chaos(
+    settings: DemoSettings, nodes: Nodes, console: Console, stack: contextlib.ExitStack,
+    events: list[Event],
+) -> Chaos | None:  # fmt: skip
+    if settings.chaos is None or not isinstance(nodes, _ClusterNodes):
+        return None
+
+    def on_event(event: Event) -> None:
+        events.append(event)
+        console.print(f"[magenta]chaos[/] {event.line()}")
+
+    chaos = Chaos(nodes.cluster, settings.chaos, on_event)
+    chaos.switch_on()
+    every = settings.chaos.every
+    console.print(
+        f"Chaos: a random node is killed every {every[0]:g}-{every[1]:g} s, failed over "
+        f"automatically after {settings.chaos.failover_timeout_s} s, restarted and recovered "
+        "(delta)."
+    )
+    chaos.start()
+    stack.callback(chaos.cancel)  # a forced stop: no waiting for the round
+    return chaos
 
 
 class _Pipelines:
     """The mirror and the view: their Spark queries, stats and sampler."""
 
-    def __init__(self, spark: Any, master: str, paths: DemoPaths, port: int) -> None:
-        from dcpkv.pipelines.mirror import SourceSettings
+    def __init__(self, spark: Any, master: str, paths: DemoPaths, source: SourceSettings) -> None:
         from dcpkv.pipelines.views import create_view
 
         self.spark = spark
         self.master = master
         self.paths = paths
-        self.source = SourceSettings.at(port=port)
+        self.source = source
         create_view(paths.views, VIEW_NAME, VIEW_MAP, VIEW_REDUCE)
         self.mirror, self.view = PipelineStats(), PipelineStats()
         self.sampled = Sampled()
@@ -305,8 +486,8 @@ class _Pipelines:
 
     @classmethod
     def start(
-        cls, settings: DemoSettings, paths: DemoPaths, port: int, stopper: Stopper,
-        console: Console, stack: contextlib.ExitStack,
+        cls, settings: DemoSettings, paths: DemoPaths, source: SourceSettings,
+        stopper: Stopper, console: Console, stack: contextlib.ExitStack,
     ) -> _Pipelines:  # fmt: skip
         from dcpkv.pipelines.spark_session import DEFAULT_MASTER, get_spark
 
@@ -315,7 +496,7 @@ class _Pipelines:
             spark = get_spark("dcpkv-demo", settings.master)
         stack.callback(spark.stop)
         stopper.install()  # SparkContext replaced our SIGINT handler with its own
-        pipelines = cls(spark, master, paths, port)
+        pipelines = cls(spark, master, paths, source)
         stack.callback(pipelines.stop)
         pipelines.queries = pipelines.run(available_now=False)
         pipelines.sampler.start()
@@ -364,7 +545,9 @@ class _Pipelines:
         return docs, groups
 
 
-def progress_line(started: float, pipelines: _Pipelines, generator: ChangeGenerator) -> str:
+def progress_line(
+    started: float, pipelines: _Pipelines, generator: ChangeGenerator, chaos: Chaos | None = None
+) -> str:
     elapsed = int(time.monotonic() - started)
     mirror, view, sampled = pipelines.mirror, pipelines.view, pipelines.sampled
     lag = "-" if mirror.lag is None else f"{mirror.lag:,}"
@@ -375,6 +558,7 @@ def progress_line(started: float, pipelines: _Pipelines, generator: ChangeGenera
         f"{elapsed // 60:02d}:{elapsed % 60:02d}  mirror: {mirror.batches} batches, "
         f"{mirror.rate(started):,.0f} rows/s, lag {lag}, {docs} docs mirrored  |  "
         f"view: {view.batches} batches, {groups} groups  |  {generator.written:,} changes written"
+        + ("" if chaos is None else f"  |  {chaos.summary()}")
     )
 
 
@@ -411,6 +595,10 @@ class _Sampler(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        # Its Spark jobs in a group of their own, so stop() can cancel the one in flight
+        # (PySpark pins this thread to a JVM thread, which carries the group).
+        sc = self.pipelines.spark.sparkContext
+        sc.setJobGroup(SAMPLER_JOBS, "the demo's sampler", interruptOnCancel=True)
         sampled = self.pipelines.sampled
         while not self._stop_event.wait(SAMPLE_EVERY_S):
             docs, groups = self.pipelines.sample_once()
@@ -418,19 +606,24 @@ class _Sampler(threading.Thread):
             sampled.groups = groups if groups is not None else sampled.groups
 
     def stop(self) -> None:
+        """Cancel the count in flight: behind the live batches it could take as long as
+        they do, and the final catch-up would wait for it."""
         self._stop_event.set()
         if self.is_alive():
+            with contextlib.suppress(Exception):  # Spark already stopped
+                self.pipelines.spark.sparkContext.cancelJobGroup(SAMPLER_JOBS)
             self.join(60)
 
 
-def _write_report(paths: DemoPaths, console: Console) -> None:
+def _write_report(paths: DemoPaths, console: Console, events: list[Event]) -> None:
     from dcpkv.pipelines.report import ReportError, draw_report
 
     dirs = [d for d in (paths.mirror, paths.view) if (d / "_metrics.jsonl").exists()]
     if not dirs:
         return
     try:
-        out = draw_report(dirs, paths.report)
+        marks = [(e.at, f"failover {e.node}") for e in events if e.kind == "failover"]
+        out = draw_report(dirs, paths.report, marks=marks)
     except ReportError as exc:
         console.print(f"[yellow]no report: {exc}")
         return

@@ -20,8 +20,6 @@ it (``PR_SET_PDEATHSIG``), so a ``kill -9`` of the job leaves no orphaned server
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import signal
 import socket
 import subprocess
@@ -29,12 +27,12 @@ import sys
 import time
 from pathlib import Path
 
+from dcpkv.core.children import die_with_parent
 from dcpkv.core.defaults import DEFAULT_HOST, DEFAULT_PORT
 from dcpkv.core.errors import DcpkvError
 
 START_TIMEOUT_S = 120.0  # a big bucket's warm-up happens before the port is bound
 STOP_TIMEOUT_S = 60.0  # the final flush of everything still in memory
-PR_SET_PDEATHSIG = 1
 
 
 class NodeError(DcpkvError, RuntimeError):
@@ -48,12 +46,6 @@ def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)
         return sock.connect_ex((host, port)) == 0
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LocalNode:
@@ -93,7 +85,7 @@ class LocalNode:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, process_group=0,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
         self._wait_for(port_file)
         self.port = int(port_file.read_text())

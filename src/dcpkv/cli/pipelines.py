@@ -3,17 +3,16 @@
 Theory of operation
 -------------------
 Thin shells over ``dcpkv.pipelines.mirror`` and ``dcpkv.pipelines.views``: each command that
-runs a stream starts one local SparkSession (``local[*]``), runs the query until Ctrl-C (or
-until caught up with ``--once``), and stops the session. ``view query`` reads the view's files
-without Spark, so it answers in a fraction of a second.
+runs a stream starts one SparkSession (:func:`~dcpkv.pipelines.spark_session.get_spark`:
+``local[*]``, or ``--master``, e.g. a standalone cluster's ``spark://host:7077``), runs the
+query until Ctrl-C (or until caught up with ``--once``), and stops the session. ``view query``
+reads the view's files without Spark, so it answers in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,6 +40,9 @@ User = Annotated[str, typer.Option(help="User name.")]
 Password = Annotated[str, typer.Option(help="Its password.")]
 Once = Annotated[bool, typer.Option("--once", help="Stop once caught up (AvailableNow).")]
 ViewsDir = Annotated[Path, typer.Option(help="Where views live.")]
+Master = Annotated[
+    str | None, typer.Option(help="Spark master [default: $DCPKV_SPARK_MASTER or local[*]].")
+]
 
 
 def _connection(
@@ -53,19 +55,10 @@ def _connection(
     )
 
 
-def local_spark() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+def local_spark(master: str | None = None) -> Any:
+    from dcpkv.pipelines.spark_session import get_spark
 
-    spark = (
-        SparkSession.builder.master("local[*]")
-        .appName("dcpkv-pipeline")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "8")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return get_spark("dcpkv-pipeline", master)
 
 
 def _run(query: Any, spark: Any) -> None:
@@ -114,6 +107,7 @@ def mirror(
     tls_ca: TlsCa = None,
     vbuckets: Annotated[str | None, typer.Option(help="vbuckets, e.g. 0-7.")] = None,
     max_changes: Annotated[int | None, typer.Option(help="Changes per batch at most.")] = None,
+    master: Master = None,
 ) -> None:
     """Keep a Parquet table of the bucket's current documents (read it with read_mirror)."""
     from dcpkv.pipelines.mirror import SourceSettings, start_mirror
@@ -121,7 +115,7 @@ def mirror(
     source = SourceSettings(
         _connection(host, port, bucket, user, password, tls, tls_ca), vbuckets, max_changes
     )
-    spark = local_spark()
+    spark = local_spark(master)
     _run(start_mirror(spark, source, to, available_now=once, on_batch=_print_batch), spark)
 
 
@@ -155,13 +149,14 @@ def run(
     password: Password = DEFAULT_PASSWORD,
     tls: Tls = False,
     tls_ca: TlsCa = None,
+    master: Master = None,
 ) -> None:
     """Keep a view up to date from the server (or a mirror)."""
     from dcpkv.pipelines.mirror import SourceSettings
     from dcpkv.pipelines.views import start_view
 
     source = mirror or SourceSettings(_connection(host, port, bucket, user, password, tls, tls_ca))
-    spark = local_spark()
+    spark = local_spark(master)
     query = start_view(spark, views_dir, name, source, available_now=once, on_batch=_print_batch)
     _run(query, spark)
 

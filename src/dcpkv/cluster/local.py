@@ -14,7 +14,12 @@ the same folder reuses the ports the files name, so the saved configuration stil
 its nodes. The nodes start first; the manager gets them as seeds (it ignores them when its
 folder already holds a configuration). ``up`` then prints where everything is and waits.
 SIGINT or SIGTERM stops the manager, then the nodes, each by its PID: SIGTERM, and SIGKILL
-after a grace period; if the manager exits by itself, the nodes are stopped too.
+after a grace period; if the manager exits by itself, the nodes are stopped too. The children
+run in their own process group (a terminal's Ctrl-C reaches only the parent, which stops them
+in that order) and get SIGTERM if the parent dies (:func:`~dcpkv.core.children.die_with_parent`).
+
+A job that injects faults (``dcpkv demo --chaos``) kills one child with :meth:`Child.kill9`
+and brings it back on the same port with :meth:`Child.restart`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from dcpkv.core.children import die_with_parent
 
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 15.0
@@ -48,7 +55,28 @@ class Child:
     def start(self) -> None:
         self.port_file.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log)
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, process_group=0,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL (a crash: no final flush), by PID; waits for the exit."""
+        if self.running:
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, deadline: float) -> int:
+        """Start again on the port it had (the cluster configuration names it); the port."""
+        if self.port and "--port" in self.argv:
+            self.argv[self.argv.index("--port") + 1] = str(self.port)
+        self.start()
+        return self.wait_port(deadline)
 
     def wait_port(self, deadline: float) -> int:
         assert self.proc is not None
@@ -146,6 +174,18 @@ class LocalCluster:
     @property
     def manager(self) -> Child:
         return next(c for c in self.children if c.name == "manager")
+
+    @property
+    def data_nodes(self) -> list[Child]:
+        return [c for c in self.children if c.name != "manager"]
+
+    @property
+    def manager_url(self) -> str:
+        return f"http://{self.host}:{self.manager.port}"
+
+    def address(self, child: Child) -> str:
+        """How the cluster names a data node: host:port."""
+        return f"{self.host}:{child.port}"
 
     def describe(self, out: IO[str]) -> None:
         out.write(

@@ -161,7 +161,14 @@ class DcpConsumer:
         return []
 
     def _apply(self, stream: PassiveStream, msg: Message, now: float) -> None:
-        if isinstance(msg, dcp.SnapshotMarker):
+        if isinstance(msg, dcp.StreamEnd):
+            stream.ended(now + RETRY_S)
+        elif stream.vbucket.state not in _STREAMED:
+            # Set dead (a move) or active under the open stream: what was in flight for it is
+            # dropped, and the shell's next set_vbuckets closes the stream. Applying it would
+            # fail on the vbucket and end the whole connection.
+            return
+        elif isinstance(msg, dcp.SnapshotMarker):
             stream.marker(msg)
         elif isinstance(msg, dcp.Mutation):
             stream.mutation(msg)
@@ -169,8 +176,6 @@ class DcpConsumer:
         elif isinstance(msg, dcp.Deletion | dcp.DeletionV2 | dcp.Expiration):
             stream.deletion(msg)
             self.items_received += 1
-        elif isinstance(msg, dcp.StreamEnd):
-            stream.ended(now + RETRY_S)
 
     def _ack(self, size: int) -> list[bytes]:
         self.unacked_bytes += size

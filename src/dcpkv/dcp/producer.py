@@ -80,6 +80,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
@@ -209,25 +210,29 @@ class DcpProducer:
                 # a refusal leaves the handoff waiting: the manager times it out and reverts
                 self.set_vbucket_state_ack(msg.opaque)
             return None  # answers to our other server-side messages need nothing
-        if isinstance(msg, dcp.DcpControl):
-            try:
-                self.control(msg.key, msg.value)
-            except ProducerError as exc:
-                return exc.response(Opcode.DcpControl, msg.opaque)
-            return _ok(Opcode.DcpControl, msg.opaque)
-        if isinstance(msg, dcp.StreamRequest):
-            return self.stream_request(msg)
-        if isinstance(msg, dcp.CloseStream):
-            return self.close_stream(msg.vbucket, msg.opaque, msg.stream_id)
-        if isinstance(msg, dcp.GetFailoverLog):
-            return self.get_failover_log(msg.vbucket, msg.opaque)
-        if isinstance(msg, dcp.BufferAck):
-            self.buffer_ack(msg.bytes_acked)
-            return None
-        if isinstance(msg, dcp.DcpBarrier) and not msg.echo:
-            self.barrier(bytes(msg.cookie), msg.opaque)
-            return None
-        return _error(msg.opcode, msg.opaque, Status.NotSupported, "not for a DCP producer")
+        serve = _REQUESTS.get(type(msg))
+        if serve is None or (isinstance(msg, dcp.DcpBarrier) and msg.echo):
+            return _error(msg.opcode, msg.opaque, Status.NotSupported, "not for a DCP producer")
+        return serve(self, msg)
+
+    def _control_request(self, msg: dcp.DcpControl) -> bytes:
+        try:
+            self.control(msg.key, msg.value)
+        except ProducerError as exc:
+            return exc.response(Opcode.DcpControl, msg.opaque)
+        return _ok(Opcode.DcpControl, msg.opaque)
+
+    def _close_stream_request(self, msg: dcp.CloseStream) -> bytes:
+        return self.close_stream(msg.vbucket, msg.opaque, msg.stream_id)
+
+    def _failover_log_request(self, msg: dcp.GetFailoverLog) -> bytes:
+        return self.get_failover_log(msg.vbucket, msg.opaque)
+
+    def _buffer_ack_request(self, msg: dcp.BufferAck) -> None:
+        self.buffer_ack(msg.bytes_acked)
+
+    def _barrier_request(self, msg: dcp.DcpBarrier) -> None:
+        self.barrier(bytes(msg.cookie), msg.opaque)
 
     def control(self, key: str, value: str) -> None:
         """Apply a DcpControl setting; ``ProducerError(Einval)`` for an unknown key or value."""
@@ -507,13 +512,8 @@ class DcpProducer:
                 self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
                 unacked = self.unacked_bytes
-            if msg is None:
-                in_ready.discard(vbid)  # idle until its vbucket queues something
-                if entry.finished:
-                    self._forget(vbid)
-            elif not pending and entry.finished:
-                in_ready.discard(vbid)
-                self._forget(vbid)
+            if msg is None or (entry.finished and not pending):
+                self._leave_ready(vbid, entry)  # idle until its vbucket queues something
             else:
                 requeue(vbid)
         self.unacked_bytes = unacked
@@ -523,6 +523,11 @@ class DcpProducer:
         if out:
             self._last_send = self.clock.time()
         return out
+
+    def _leave_ready(self, vbid: int, entry: ActiveStream) -> None:
+        self._in_ready.discard(vbid)
+        if entry.finished:
+            self._forget(vbid)
 
     def _echo_barriers(self, out: list[bytes]) -> None:
         while self._barriers and not self._barriers[0].waiting:
@@ -616,6 +621,17 @@ class DcpProducer:
             stats.update({f"{k}:{where}:{n}": v for k, v in per.items()})
         return {k: str(v) for k, v in stats.items()}
 
+
+# What a producer serves of the requests a consumer sends it, by message type; the rest
+# answers NotSupported (handle).
+_REQUESTS: dict[type, Callable[[DcpProducer, Any], bytes | None]] = {
+    dcp.DcpControl: DcpProducer._control_request,
+    dcp.StreamRequest: DcpProducer.stream_request,
+    dcp.CloseStream: DcpProducer._close_stream_request,
+    dcp.GetFailoverLog: DcpProducer._failover_log_request,
+    dcp.BufferAck: DcpProducer._buffer_ack_request,
+    dcp.DcpBarrier: DcpProducer._barrier_request,
+}
 
 _CONTROLS = {
     "connection_buffer_size": DcpProducer._set_buffer_size,

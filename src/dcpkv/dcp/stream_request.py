@@ -81,11 +81,10 @@ def decide_stream_request(
     req: StreamRequest, vb: VBucketView | None, *, stream_exists: bool
 ) -> Answer:
     flags = req.flags
-    if vb is None or vb.state is VBucketState.DEAD:
-        return Refuse(Status.NotMyVbucket, f"vbucket {req.vbucket} is not here")
-    if flags & StreamRequestFlag.ActiveVbOnly and vb.state is not VBucketState.ACTIVE:
-        return Refuse(Status.NotMyVbucket, f"vbucket {req.vbucket} is not active here")
-
+    refused = _refuse_vbucket(req, vb)
+    if refused is not None:
+        return refused
+    assert vb is not None  # _refuse_vbucket refuses a missing vbucket
     start, end, snap_start, snap_end, uuid = (
         req.start,
         req.end,
@@ -97,13 +96,9 @@ def decide_stream_request(
         start = snap_start = snap_end = vb.high_seqno
         uuid = vb.failover_table.latest_uuid
         end = max(end, start)
-    if start > end:
-        return Refuse(Status.Erange, f"start seqno {start} is above end seqno {end}")
-    if not snap_start <= start <= snap_end:
-        return Refuse(
-            Status.Erange,
-            f"snapshot {{{snap_start},{snap_end}}} does not contain start seqno {start}",
-        )
+    refused = _refuse_range(start, end, snap_start, snap_end)
+    if refused is not None:
+        return refused
     if stream_exists:
         return Refuse(Status.KeyEexists, f"a stream for vbucket {req.vbucket} already exists")
 
@@ -130,3 +125,24 @@ def decide_stream_request(
     if start > vb.high_seqno:
         return Refuse(Status.Erange, f"start seqno {start} is above high seqno {vb.high_seqno}")
     return Accept(start, end, snap_start, snap_end, uuid)
+
+
+def _refuse_vbucket(req: StreamRequest, vb: VBucketView | None) -> Refuse | None:
+    """NotMyVbucket when the vbucket is missing or dead, or not active for ActiveVbOnly."""
+    if vb is None or vb.state is VBucketState.DEAD:
+        return Refuse(Status.NotMyVbucket, f"vbucket {req.vbucket} is not here")
+    if req.flags & StreamRequestFlag.ActiveVbOnly and vb.state is not VBucketState.ACTIVE:
+        return Refuse(Status.NotMyVbucket, f"vbucket {req.vbucket} is not active here")
+    return None
+
+
+def _refuse_range(start: int, end: int, snap_start: int, snap_end: int) -> Refuse | None:
+    """Erange when the requested range or snapshot does not hold together."""
+    if start > end:
+        return Refuse(Status.Erange, f"start seqno {start} is above end seqno {end}")
+    if not snap_start <= start <= snap_end:
+        return Refuse(
+            Status.Erange,
+            f"snapshot {{{snap_start},{snap_end}}} does not contain start seqno {start}",
+        )
+    return None

@@ -190,7 +190,7 @@ class CheckpointManager:
         with self._lock:
             if item.by_seqno <= self.high_seqno:
                 raise ValueError(f"seqno {item.by_seqno} is not above {self.high_seqno}")
-            ckpt = self.open_checkpoint
+            ckpt = self._checkpoints[-1]  # the open one (the property costs a call per write)
             items, key, seqno = ckpt.items, item.key, item.by_seqno
             if len(items) >= self.max_items:
                 ckpt = self._close_open()

@@ -65,7 +65,9 @@ class HybridLogicalClock:
         return int(self._clock.time() * 1_000_000_000) & _LOW_BITS_MASK & U64_MASK
 
     def next_cas(self) -> int:
-        cas = max(self.physical(), self._last + 1)
+        # physical(), inlined: every write takes a CAS
+        now = int(self._clock.time() * 1_000_000_000) & _LOW_BITS_MASK & U64_MASK
+        cas = max(now, self._last + 1)
         self._last = cas
         return cas
 

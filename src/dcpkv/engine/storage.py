@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import itertools
 import json
 import os
 import sqlite3
@@ -318,6 +319,9 @@ _TRIM_POINTS = _MultiRow(
 _MAX_ROWS = 2048  # rows per statement: 2048 x 11 parameters stays below SQLite's 32766
 
 
+_flatten = itertools.chain.from_iterable  # the rows' values in one list, at C speed
+
+
 def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: Sequence[tuple[object, ...]]) -> None:
     """Execute ``stmt`` over ``rows``, many rows per statement.
 
@@ -328,7 +332,7 @@ def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: Sequence[tuple[objec
     i, n = 0, len(rows)
     while i < n:
         size = min(_MAX_ROWS, 1 << ((n - i).bit_length() - 1))
-        db.execute(stmt.text(size), [v for row in rows[i : i + size] for v in row])
+        db.execute(stmt.text(size), list(_flatten(rows[i : i + size])))
         i += size
 
 

@@ -77,6 +77,7 @@ _FLUSH_ALL = 1 << 62
 
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
 _XATTR = document.XATTR
+_ACTIVE = VBucketState.ACTIVE
 
 Fetcher = Callable[[int, bytes], Item | None]
 
@@ -239,6 +240,57 @@ class VBucket:
             if current is not None and current.datatype & _XATTR:
                 value, datatype = self._keep_system_xattrs(current, value, datatype)
             return self._mutate(key, value, flags, self._expiry(expiry), datatype)
+
+    # -- the request fast path: Get and Set of plain values -----------------------------------
+
+    def get_plain(self, key: bytes) -> Item | None:
+        """What :meth:`get` returns when it needs none of its general steps (a fetch from
+        storage, an expiry to apply), else None: call :meth:`get`. A definite miss (no key,
+        a tombstone) raises KeyNotFound as :meth:`get` does. Lock-free: one read of the table
+        (atomic under the GIL) of an item that is never changed in place."""
+        if self.state is not _ACTIVE:
+            return None
+        item = self._ht.get(key)
+        if item is None or item.deleted:
+            raise KeyNotFound("no such key")
+        if item.value is None or (item.expiry and item.expiry <= int(self.clock.time())):
+            return None
+        return item
+
+    def set_plain(
+        self, key: bytes, value: bytes, flags: int, exptime: int, datatype: int
+    ) -> Item | None:
+        """:meth:`set` without a CAS, in fewer steps, when the key's current version has no
+        xattrs to carry and no expiry to apply; None when it has (nothing was done: call
+        :meth:`set`). Same checks in the same order, same item, same side effects."""
+        with self.lock:
+            current = self._ht.get(key)
+            if current is not None and (
+                current.datatype & _XATTR or (current.expiry and not current.deleted)
+            ):
+                return None
+            if self.state is not _ACTIVE:
+                return None
+            if not key or len(key) > MAX_KEY_LENGTH or len(value) > self.max_item_size:
+                return None
+            size = ITEM_OVERHEAD + len(key) + len(value)
+            if self._admit is not None:
+                self._admit(2 * size)  # as _check_write charges it
+            rev = (current.rev_seqno if current is not None else self._max_deleted_rev) + 1
+            expiry = absolute_expiry(exptime, self.clock.time()) if exptime else 0
+            checkpoints = self.checkpoints
+            item = Item(
+                key, value, flags, expiry, self.hlc.next_cas(), rev, checkpoints.high_seqno + 1,
+                datatype,
+            )  # fmt: skip
+            if current is not None:
+                self._ht_memory -= current.size()
+            self._ht[key] = item
+            self._ht_memory += size
+            checkpoints.queue(item)
+            if self.on_queued is not None:
+                self.on_queued(self.id)
+            return item
 
     def add(
         self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0

@@ -10,7 +10,8 @@ from the write of the batch's oldest change to its commit, null without one). Th
 reads those lines, each directory one series, and draws four panels sharing one time axis
 (seconds since the first batch started): throughput (rows per second of batch time), lag in
 changes, lag in seconds, and rows per batch. Markers make isolated batches visible; a batch
-without a lag leaves a gap in that line.
+without a lag leaves a gap in that line. ``marks`` (Unix time, label), e.g. the failovers of
+``dcpkv demo --chaos``, are drawn as vertical lines across the panels, labelled on the first.
 
 A half-written last line (a pipeline still running) is skipped, not an error. matplotlib
 runs on its Agg backend: no display is needed, and nothing is imported before the command
@@ -20,6 +21,7 @@ is actually used.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,8 +85,12 @@ def _optional(batches: list[dict[str, Any]], name: str) -> list[float | None]:
     return [None if b.get(name) is None else float(b[name]) for b in batches]
 
 
-def draw_report(directories: list[Path], out: Path, title: str | None = None) -> Path:
-    """Draw the metrics of ``directories`` (one series each) into the PNG ``out``."""
+def draw_report(
+    directories: list[Path], out: Path, title: str | None = None,
+    marks: Sequence[tuple[float, str]] = (),
+) -> Path:  # fmt: skip
+    """Draw the metrics of ``directories`` (one series each) into the PNG ``out``, with a
+    vertical line at each of ``marks`` (Unix time, label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,6 +106,7 @@ def draw_report(directories: list[Path], out: Path, title: str | None = None) ->
             ax.plot(t, [float("nan") if v is None else v for v in values], marker="o",
                     markersize=3, label=s.label)  # fmt: skip
         ax_rows.plot(t, s.rows, marker="o", markersize=3, drawstyle="steps-mid", label=s.label)
+    _mark(ax_rate, ax_lag, ax_lag_s, ax_rows, marks=[(at - origin, text) for at, text in marks])
     _label(ax_rate, "Throughput", "rows / second of batch time", [s.rates for s in series])
     _label(ax_lag, "Lag after each batch", "changes behind the server", [s.lag for s in series])
     _label(ax_lag_s, "Lag of each batch: its oldest change's write to its commit", "seconds",
@@ -113,6 +120,15 @@ def draw_report(directories: list[Path], out: Path, title: str | None = None) ->
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _mark(ax_top: Any, *others: Any, marks: list[tuple[float, str]]) -> None:
+    for i, (t, text) in enumerate(marks):
+        for ax in (ax_top, *others):
+            ax.axvline(t, color="tab:red", linestyle="--", linewidth=1,
+                       label=text.split(" ")[0] if ax is ax_top and i == 0 else None)  # fmt: skip
+        ax_top.annotate(text, (t, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                        va="top", ha="right", fontsize=7, color="tab:red")  # fmt: skip
 
 
 def _label(ax: Any, title: str, unit: str, values: list[list[Any]]) -> None:

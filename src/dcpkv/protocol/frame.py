@@ -201,36 +201,49 @@ def encode_frame(
     return b"".join((header, framing_extras, extras, key, value))
 
 
+def _framing_item(framing: memoryview, pos: int) -> tuple[int, int, int]:
+    """(item id, data length, offset of its data) of the item whose tag byte is at ``pos``."""
+    end = len(framing)
+    tag = framing[pos]
+    pos += 1
+    item_id, length = tag >> 4, tag & 0x0F
+    if item_id == 15:
+        if pos >= end:
+            raise CodecError(Status.Einval, "framing extras: escaped id is truncated")
+        item_id += framing[pos]
+        pos += 1
+    if length == 15:
+        if pos >= end:
+            raise CodecError(Status.Einval, "framing extras: escaped length is truncated")
+        length += framing[pos]
+        pos += 1
+    if pos + length > end:
+        raise CodecError(Status.Einval, f"framing extras: item {item_id} overruns the frame")
+    return item_id, length, pos
+
+
+# The two-byte items we read, by (is a request, id): what the error calls them
+_KNOWN_ITEMS: dict[tuple[bool, int], str] = {
+    (True, FramingId.RequestDcpStreamId): "stream id",
+    (False, FramingId.ResponseServerDuration): "duration",
+}
+
+
 def _parse_framing(framing: memoryview, request: bool) -> tuple[int | None, int | None]:
     """(stream id, server duration) from framing extras, checking every item's shape."""
-    stream_id = duration = None
-    pos, end = 0, len(framing)
-    while pos < end:
-        tag = framing[pos]
-        pos += 1
-        item_id, length = tag >> 4, tag & 0x0F
-        if item_id == 15:
-            if pos >= end:
-                raise CodecError(Status.Einval, "framing extras: escaped id is truncated")
-            item_id += framing[pos]
-            pos += 1
-        if length == 15:
-            if pos >= end:
-                raise CodecError(Status.Einval, "framing extras: escaped length is truncated")
-            length += framing[pos]
-            pos += 1
-        if pos + length > end:
-            raise CodecError(Status.Einval, f"framing extras: item {item_id} overruns the frame")
-        if request and item_id == FramingId.RequestDcpStreamId:
+    found: dict[int, int] = {}
+    pos = 0
+    while pos < len(framing):
+        item_id, length, pos = _framing_item(framing, pos)
+        name = _KNOWN_ITEMS.get((request, item_id))
+        if name is not None:
             if length != 2:
-                raise CodecError(Status.Einval, f"framing extras: stream id of {length} bytes")
-            stream_id = _U16.unpack_from(framing, pos)[0]
-        elif not request and item_id == FramingId.ResponseServerDuration:
-            if length != 2:
-                raise CodecError(Status.Einval, f"framing extras: duration of {length} bytes")
-            duration = _U16.unpack_from(framing, pos)[0]
+                raise CodecError(Status.Einval, f"framing extras: {name} of {length} bytes")
+            found[item_id] = _U16.unpack_from(framing, pos)[0]
         pos += length
-    return stream_id, duration
+    if request:
+        return found.get(FramingId.RequestDcpStreamId), None
+    return None, found.get(FramingId.ResponseServerDuration)
 
 
 class FrameParser:

@@ -95,6 +95,7 @@ from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
+from dcpkv.server.fast_path import serve_chunk
 from dcpkv.server.replication import Credentials, Replicator
 from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
@@ -206,6 +207,13 @@ class KVProtocol(asyncio.Protocol):
         conn = self.conn
         assert conn is not None
         parser = self.parser
+        serve_chunk(conn, parser, data, out, self._general)
+
+    def _general(self, data: bytes, out: list[bytes]) -> bool:
+        """Frames through the parser and the dispatcher; False once the connection closes."""
+        conn = self.conn
+        assert conn is not None
+        parser = self.parser
         for frame in parser.feed(data):
             try:
                 answer = handle(conn, frame)
@@ -213,7 +221,7 @@ class KVProtocol(asyncio.Protocol):
                 if close.args:
                     out.append(close.args[0])
                 self.closing = True
-                return
+                return False
             except Exception:
                 log.exception("handler for opcode 0x%02x failed", frame.opcode)
                 answer = error_answer(frame, Status.Einternal)
@@ -221,6 +229,7 @@ class KVProtocol(asyncio.Protocol):
                 out.append(answer)
             if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
                 parser.max_value_len = self.server.max_value_len  # logged in: the item limit
+        return True
 
     def _send_later(self, data: bytes) -> None:
         if self.transport is not None and not self.closing and not self.transport.is_closing():
@@ -381,6 +390,8 @@ class DataServer:
             )
             self.state.buckets[bc.name] = bucket
             self.max_value_len = max(self.max_value_len, bucket.max_item_size + VALUE_SLACK)
+        if self.config.managed:
+            self.state.load_cluster_configs()
 
     async def start(self, port_file: Path | None = None) -> int:
         loop = asyncio.get_running_loop()
@@ -390,13 +401,13 @@ class DataServer:
         for name, bucket in self.state.buckets.items():
             bucket.seqno_listeners.append(partial(self._on_queued, name))
             bucket.state_listeners.append(partial(self._on_state_change, name))
-        if self.config.managed:
-            self._start_replication()
         self._server = await loop.create_server(
             lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True
         )
         port = self._server.sockets[0].getsockname()[1]
         self.state.port = port
+        if self.config.managed:  # after the bind: a replica names itself by its port
+            self._start_replication()
         if tls is not None:
             self._tls_server = await loop.create_server(
                 lambda: KVProtocol(self),
@@ -443,6 +454,8 @@ class DataServer:
             )
             self.state.replicators[name] = replicator
             bucket.state_listeners.append(lambda vb, r=replicator: r.schedule())
+            if self.state.pushed_config(name) is not None:  # the map kept before a restart
+                replicator.schedule()
         self.state.config_listeners.append(lambda name: self.state.replicators[name].schedule())
 
     # -- DCP push path -----------------------------------------------------------------------
@@ -451,7 +464,11 @@ class DataServer:
         return [p for p in self.connections if p.producer is not None and p.serves(bucket)]
 
     def _on_queued(self, bucket: str, vb: int) -> None:
-        # Called under a vbucket lock, once per write: only take note.
+        # Called under a vbucket lock, once per write: only take note, and most writes find
+        # the note taken (a racy read is fine from any thread: the push it saw scheduled
+        # runs on the loop after this write's item is queued).
+        if self._push_scheduled and bucket in self._dirty:
+            return
         if threading.get_ident() == self._loop_thread:
             self._mark_dirty(bucket)
         elif self._loop is not None:

@@ -147,6 +147,8 @@ class ReplicationLink:
                 await self._session()
             except (OSError, EOFError, CodecError, ReplicationRefused) as exc:
                 log.info("replication from %s: %s; retrying in %.2fs", self.source, exc, backoff)
+            except Exception:  # a defect must not end replication for good: log it, go on
+                log.exception("replication from %s failed; retrying in %.2fs", self.source, backoff)
             finally:
                 self._writer = None
             await asyncio.sleep(backoff)

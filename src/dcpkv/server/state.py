@@ -5,14 +5,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from dcpkv.core.files import atomic_write
 from dcpkv.core.rbac import USERS_FILE
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.login_throttle import LoginThrottle
+
+CLUSTER_CONFIG_SUFFIX = ".cluster-config.json"  # <data dir>/<bucket><suffix>: the last map kept
 
 
 @dataclass
@@ -47,15 +51,35 @@ class ServerState:
 
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;
-        whether it was. ValueError when it is not a config (no integer ``rev``...)."""
+        whether it was. ValueError when it is not a config (no integer ``rev``...). A kept map
+        is written beside the data, so a node restarted while the manager is away still
+        serves its cluster's map (and its replicas stream) instead of a map of "nobody"."""
         pushed = PushedConfig.parse(config)
         held = self.cluster_configs.get(bucket)
         if held is not None and pushed.version <= held.version:
             return False
         self.cluster_configs[bucket] = pushed
+        path = self._config_path(bucket)
+        # A map push is rare (a state change of the cluster), so the durable write is cheap
+        atomic_write(path, pushed.raw, path.with_name(f".{path.name}.tmp"))
         for listener in list(self.config_listeners):
             listener(bucket)
         return True
+
+    def load_cluster_configs(self) -> None:
+        """The maps kept before a restart (a managed node): a file that does not parse is
+        left out with a warning, the manager's next push replaces it."""
+        for name in [b.name for b in self.config.buckets]:
+            path = self._config_path(name)
+            try:
+                self.cluster_configs[name] = PushedConfig.parse(path.read_bytes())
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                self.log.warning("%s: the last cluster map kept is unreadable (%s)", path, exc)
+
+    def _config_path(self, bucket: str) -> Path:
+        return self.config.data_dir / f"{bucket}{CLUSTER_CONFIG_SUFFIX}"
 
     def pushed_config(self, bucket: str) -> bytes | None:
         pushed = self.cluster_configs.get(bucket)

@@ -1,0 +1,217 @@
+"""The request fast path: pipelined Gets and Sets of plain values, answered from the read buffer.
+
+Theory of operation
+-------------------
+Nearly every request a data server sees is a Get or a Set. The general path
+(:class:`~dcpkv.protocol.frame.FrameParser` -> ``Frame`` -> route -> decoded message ->
+handler -> response message -> bytes) builds four objects per request, and that object churn,
+not the work, was most of a request's cost. :func:`serve_plain` walks the whole classic frames
+at the start of a chunk and answers in place those of the common shape:
+
+========== ============================================================================
+Get, GetQ  magic 0x80, no extras, a key of 1..250 bytes, no value
+Set, SetQ  magic 0x80, 8 bytes of extras, a key, no CAS, a plain or JSON datatype, the
+           bucket not compressing
+========== ============================================================================
+
+with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_plain` and
+:meth:`~dcpkv.engine.vbucket.VBucket.set_plain`. It stops at the first frame that is anything
+else (another opcode, a flex frame, a partial frame, a gate the user does not pass, a value
+with xattrs or compressed, a key the engine declines) and returns where it stopped; the caller
+gives that one frame to the parser and the general path (:mod:`dcpkv.server.dispatch`) and
+comes back here for the next (:func:`frame_end`); a partial frame and what follows it go to
+the parser. A declined
+frame has changed nothing, so the general path answers it exactly as if this module did not
+exist; a test holds both paths to the same bytes. An engine refusal (KeyEnoent, TempFail) is
+answered here, as the general path would answer it.
+
+The gates (authenticated, bucket selected, READ or WRITE on it) are checked once per chunk:
+nothing in a chunk can change them before the first request that takes the general path.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from dcpkv.core.rbac import Privilege
+from dcpkv.engine.document import SHAPED, CompressionMode
+from dcpkv.engine.item import EngineError
+from dcpkv.engine.vbucket import VBucket
+from dcpkv.protocol.base import GenericResponse
+from dcpkv.protocol.constants import MAX_KEY_LEN, Datatype, HelloFeature, Magic, Opcode
+from dcpkv.protocol.frame import HEADER, FrameParser
+from dcpkv.server.connection import Connection
+from dcpkv.server.kv_handlers import refusal
+
+# The general path for some bytes: parser + dispatcher; False once the connection closes.
+General = Callable[[bytes, list[bytes]], bool]
+_READ = frozenset({Privilege.READ})
+_WRITE = frozenset({Privilege.WRITE})
+_GET_HIT = struct.Struct(">BBHBBHIIQI")  # header + flags
+_MUTATED = struct.Struct(">BBHBBHIIQQQ")  # header + vbucket uuid, seqno (MutationSeqno)
+_FLAGS_EXPIRY = struct.Struct(">II")
+_BODY_LEN = struct.Struct(">I")
+_REQUEST = int(Magic.ClientRequest)
+_RESPONSE = int(Magic.ClientResponse)
+_GET = int(Opcode.Get)
+_SET = int(Opcode.Set)
+_GETQ = int(Opcode.GetQ)
+_SETQ = int(Opcode.SetQ)
+_NOT_JSON = 0xFF & ~int(Datatype.JSON)
+_HEADER_LEN = 24
+_SET_EXTRAS = 8
+
+
+def _refused(conn: Connection, opcode: int, opaque: int, exc: EngineError) -> bytes:
+    reply = refusal(conn, exc)
+    return GenericResponse(
+        opcode=opcode, opaque=opaque, status=reply.status, value=reply.value, cas=reply.cas
+    ).encode()
+
+
+class _Chunk:
+    """What serving one chunk needs, looked up once: the gates, the bucket, the features."""
+
+    __slots__ = ("append", "conn", "mask", "max_value", "may_read", "may_write", "seqnos")
+
+    def __init__(self, conn: Connection, out: list[bytes], max_value: int) -> None:
+        self.conn, self.append, self.max_value = conn, out.append, max_value
+        self.may_read = self.may_write = False
+        grants = conn.server.users.grants(conn.user) if conn.user is not None else None
+        if grants is not None and conn.bucket_name is not None:
+            self.may_read = grants.allows(_READ, conn.bucket_name)
+            self.may_write = grants.allows(_WRITE, conn.bucket_name) and (
+                conn.bucket.compression_mode is not CompressionMode.ACTIVE
+            )
+        self.mask = conn.datatype_mask
+        self.seqnos = HelloFeature.MutationSeqno in conn.features
+
+    def get(
+        self, vbucket: VBucket, data: bytes, k: int, keylen: int, extlen: int, datatype: int,
+        body: int, opaque: int, cas: int, opcode: int,
+    ) -> bool:  # fmt: skip
+        """Answer a plain Get or GetQ (True), or decline it (False, nothing done)."""
+        if extlen or body != keylen or not self.may_read:
+            return False
+        try:
+            item = vbucket.get_plain(data[k : k + keylen])
+        except EngineError as exc:  # a miss: a GetQ says nothing
+            if opcode == _GET:
+                self.append(_refused(self.conn, _GET, opaque, exc))
+            return True
+        if item is None or item.datatype & SHAPED:
+            return False
+        value = item.value
+        assert value is not None  # get_plain returns resident items only
+        self.append(_GET_HIT.pack(
+            _RESPONSE, opcode, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
+            item.cas, item.flags,
+        ))  # fmt: skip
+        self.append(value)
+        return True
+
+    def set(
+        self, vbucket: VBucket, data: bytes, k: int, keylen: int, extlen: int, datatype: int,
+        body: int, opaque: int, cas: int, opcode: int,
+    ) -> bool:  # fmt: skip
+        """Answer a plain Set or SetQ (True), or decline it (False, nothing done)."""
+        value_end = k - extlen + body  # k is where the key starts, after the extras
+        if (extlen != _SET_EXTRAS or cas or datatype & _NOT_JSON or not self.may_write
+                or not 0 <= value_end - k - keylen <= self.max_value):  # fmt: skip
+            return False
+        flags, exptime = _FLAGS_EXPIRY.unpack_from(data, k - _SET_EXTRAS)
+        v = k + keylen
+        try:
+            item = vbucket.set_plain(data[k:v], data[v:value_end], flags, exptime, datatype)
+        except EngineError as exc:  # TempFail: the memory quota, a failing disk
+            self.append(_refused(self.conn, opcode, opaque, exc))
+            return True
+        if item is None:
+            return False
+        if opcode == _SETQ:
+            return True  # success: a SetQ says nothing
+        if self.seqnos:
+            self.append(_MUTATED.pack(_RESPONSE, _SET, 0, 16, 0, 0, 16, opaque, item.cas,
+                                      vbucket.uuid, item.by_seqno))  # fmt: skip
+        else:
+            self.append(HEADER.pack(_RESPONSE, _SET, 0, 0, 0, 0, 0, opaque, item.cas))
+        return True
+
+
+_SERVE = {_GET: _Chunk.get, _GETQ: _Chunk.get, _SET: _Chunk.set, _SETQ: _Chunk.set}
+
+
+def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_value: int) -> int:
+    """Answer (into ``out``) the plain Gets and Sets of ``data`` from ``pos``, a frame
+    boundary, on; returns the offset of the first frame left for the general path."""
+    chunk = _Chunk(conn, out, max_value)
+    if not (chunk.may_read or chunk.may_write):
+        return pos
+    vbuckets = conn.bucket.vbuckets
+    unpack, end, serves = HEADER.unpack_from, len(data), _SERVE.get
+    while end - pos >= _HEADER_LEN:
+        magic, opcode, keylen, extlen, datatype, vb, body, opaque, cas = unpack(data, pos)
+        size = _HEADER_LEN + body
+        serve = serves(opcode)
+        if serve is None or magic != _REQUEST or size > end - pos or not 0 < keylen <= MAX_KEY_LEN:
+            break
+        vbucket = vbuckets.get(vb)
+        if vbucket is None:
+            break
+        k = pos + _HEADER_LEN + extlen
+        if not serve(chunk, vbucket, data, k, keylen, extlen, datatype, body, opaque, cas, opcode):
+            break
+        pos += size
+    return pos
+
+
+def serve_chunk(
+    conn: Connection, parser: FrameParser, data: bytes, out: list[bytes], general: General
+) -> None:
+    """Answer one chunk read from the connection whose ``parser`` holds what came before:
+    runs of plain Gets and Sets here, any other whole frame by ``general`` alone (the parser
+    and the dispatcher), a frame straddling the previous chunk by ``general`` first, and a
+    partial frame with all after it by ``general``, which returns False once the connection
+    closes."""
+    if conn.bucket_name is None or conn.dcp is not None:  # no gate passed yet, or a producer
+        general(data, out)
+        return
+    pos, end = 0, len(data)
+    if parser.buffered:
+        head = parser.peek(_HEADER_LEN)
+        need = rest_of_frame(head + data[: _HEADER_LEN - len(head)], parser.buffered, end)
+        if need is None:  # the straddling frame goes on past this chunk
+            general(data, out)
+            return
+        if not general(data[:need], out):
+            return
+        pos = need
+    while pos < end:
+        if conn.dcp is None:  # (DcpOpen went through general: the rest does too)
+            pos = serve_plain(conn, data, pos, out, parser.max_value_len)
+            if pos == end:
+                return
+        frame_at = frame_end(data, pos)
+        if not general(data[pos:frame_at], out) or frame_at is None:
+            return
+        pos = frame_at
+
+
+def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:
+    """How many more bytes complete a frame of which ``buffered`` bytes (starting with
+    ``head``, its header when 24 bytes long) are already buffered, when ``available`` bytes
+    hold them all; None otherwise (the parser then takes the whole chunk)."""
+    if len(head) < _HEADER_LEN:
+        return None
+    need = _HEADER_LEN + _BODY_LEN.unpack_from(head, 8)[0] - buffered
+    return need if 0 < need <= available else None
+
+
+def frame_end(data: bytes, pos: int) -> int | None:
+    """Where the frame at ``pos`` ends, when it lies wholly in ``data`` (its header is not
+    checked: the parser that takes it does that)."""
+    if len(data) - pos < _HEADER_LEN:
+        return None
+    end = pos + _HEADER_LEN + _BODY_LEN.unpack_from(data, pos + 8)[0]
+    return end if end <= len(data) else None

@@ -1,0 +1,170 @@
+"""The request fast path answers exactly what the general path answers (no sockets).
+
+Two identical buckets (same clock, same failover uuids) receive the same pipelined chunk: one
+through :func:`serve_plain` and then the parser for whatever it leaves (as the server does),
+the other through the general path alone. The answers must be the same bytes and the buckets
+must end in the same state, whatever mix of plain and unusual requests the chunk holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcpkv.core.vbucket import VBucketState, vbucket_for_key
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.hlc import ManualClock
+from dcpkv.protocol.constants import Datatype, HelloFeature, Magic, Opcode
+from dcpkv.protocol.frame import FrameParser, encode_frame
+from dcpkv.server.config import ServerConfig
+from dcpkv.server.connection import Connection
+from dcpkv.server.dispatch import handle
+from dcpkv.server.fast_path import serve_chunk, serve_plain
+from dcpkv.server.state import ServerState
+
+VBUCKETS = 4
+MAX_VALUE = 2048
+_EXTRAS = struct.Struct(">II")
+# keys of the active vbuckets (0 and 1)
+MINE = [k for k in (b"k%d" % i for i in range(99)) if vbucket_for_key(k, VBUCKETS) < 2][:9]
+
+
+@contextmanager
+def served(quota: int, features: set[HelloFeature]) -> Iterator[tuple[Connection, Bucket]]:
+    with TemporaryDirectory() as tmp:
+        bucket = Bucket(
+            "default", Path(tmp), num_vbuckets=VBUCKETS, clock=ManualClock(),
+            rng=random.Random(5), memory_quota=quota, max_item_size=1024,
+        )  # fmt: skip
+        for vb in range(VBUCKETS - 1):  # the last one stays missing, the one before is a replica
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+        bucket.set_vbucket_state(VBUCKETS - 2, VBucketState.REPLICA)
+        state = ServerState(ServerConfig(port=12000))
+        state.buckets["default"] = bucket
+        conn = Connection(state, peer="test", initial_bucket="default")
+        conn.authenticated("Administrator")
+        conn.features = set(features)
+        conn.datatype_mask = 0xFF if HelloFeature.Datatype in features else 0
+        try:
+            yield conn, bucket
+        finally:
+            bucket.shutdown()
+
+
+def general(conn: Connection, data: bytes) -> list[bytes]:
+    return [a for f in FrameParser(MAX_VALUE).feed(data) if (a := handle(conn, f))]
+
+
+def fast(conn: Connection, data: bytes, cuts: list[int] = []) -> list[bytes]:  # noqa: B006
+    """The server's way: serve_chunk on each chunk (``data`` cut at ``cuts``), with a parser
+    and the dispatcher for what it leaves."""
+    parser = FrameParser(MAX_VALUE)
+
+    def rest(data: bytes, out: list[bytes]) -> bool:
+        out.extend(a for f in parser.feed(data) if (a := handle(conn, f)))
+        return True
+
+    out: list[bytes] = []
+    bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
+    for start, stop in itertools.pairwise(bounds):
+        serve_chunk(conn, parser, data[start:stop], out, rest)
+    return out
+
+
+def state_of(bucket: Bucket) -> list[object]:
+    return [
+        (vb.id, vb.high_seqno, vb.memory_used, sorted((k, repr(i)) for k, i in vb._ht.items()))
+        for vb in bucket.vbuckets.values()
+    ]
+
+
+# vbuckets 0 and 1 are active, 2 a replica, 3 missing (checked below)
+keys = st.sampled_from([b"k0", b"k3", b"k7", b"k0", b"k3", b"x" * 250, b"k1", b"a", b""])
+request = st.tuples(
+    st.sampled_from(
+        [
+            Opcode.Get,
+            Opcode.Set,
+            Opcode.GetQ,
+            Opcode.SetQ,
+            Opcode.GetK,
+            Opcode.Delete,
+            Opcode.Add,
+        ]
+    ),
+    keys,
+    st.sampled_from([b"", b"v", b'{"a":1}', b"v" * 1100]),  # 1100: over the item size
+    st.sampled_from([0, 0, 0, Datatype.JSON, Datatype.Snappy]),
+    st.sampled_from([0, 0, 0, 7]),  # cas
+    st.sampled_from([0, 0, 0, 100]),  # expiry
+    st.sampled_from([None, None, None, VBUCKETS - 1, VBUCKETS - 2]),  # None: the key's vbucket
+    st.sampled_from([True, True, True, False]),  # usual extras (False: a Get with, a Set without)
+)
+
+
+def encode(i: int, op: Opcode, key: bytes, value: bytes, dt: int, cas: int, exp: int,
+           vb: int | None, usual: bool) -> bytes:  # fmt: skip
+    vbucket = vb if vb is not None else vbucket_for_key(key, VBUCKETS) if key else 0
+    is_get = op in (Opcode.Get, Opcode.GetQ, Opcode.GetK)
+    has_extras = is_get != usual
+    return encode_frame(
+        Magic.ClientRequest, op, key=key, value=b"" if is_get else value, datatype=dt,
+        extras=_EXTRAS.pack(3, exp) if has_extras else b"", cas=cas, vbucket=vbucket, opaque=i,
+    )  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(request, min_size=1, max_size=40),
+    st.sampled_from([1 << 30, 4000]),  # 4000 bytes: writes run into the memory quota
+    st.sampled_from([set(), {HelloFeature.MutationSeqno, HelloFeature.Datatype}]),
+    st.lists(st.integers(0, 1 << 16), max_size=4),  # where the reads cut the byte stream
+)
+def test_fast_path_answers_like_the_general_path(
+    requests: list[tuple], quota: int, features: set[HelloFeature], cuts: list[int]
+) -> None:
+    data = b"".join(encode(i, *r) for i, r in enumerate(requests))
+    with served(quota, features) as (c1, b1), served(quota, features) as (c2, b2):
+        assert b"".join(fast(c1, data, cuts)) == b"".join(general(c2, data))
+        assert state_of(b1) == state_of(b2)
+
+
+def test_the_keys_cover_every_kind_of_vbucket() -> None:
+    vbs = {k: vbucket_for_key(k, VBUCKETS) for k in (b"k0", b"k3", b"k7", b"x" * 250, b"k1", b"a")}
+    assert set(vbs.values()) == {0, 1, 2, 3}
+
+
+def test_plain_gets_and_sets_take_the_fast_path() -> None:
+    """The common shape is served whole (it did not just fall through to the parser)."""
+    sets = b"".join(encode(i, Opcode.Set, k, b"v", 0, 0, 0, None, True) for i, k in enumerate(MINE))
+    gets = b"".join(encode(i, Opcode.Get, k, b"", 0, 0, 0, None, True) for i, k in enumerate(MINE))
+    with served(1 << 30, set()) as (conn, _):
+        out: list[bytes] = []
+        assert serve_plain(conn, sets + gets, 0, out, MAX_VALUE) == len(sets + gets)
+        assert len(out) == 9 + 2 * 9  # a hit is a header and the value
+        parsed = list(FrameParser().feed(b"".join(out)))
+        assert [bytes(f.value) for f in parsed[9:]] == [b"v"] * 9
+
+
+def test_a_partial_frame_is_left_to_the_parser() -> None:
+    whole = encode(1, Opcode.Set, MINE[0], b"v", 0, 0, 0, None, True)
+    with served(1 << 30, set()) as (conn, _):
+        out: list[bytes] = []
+        assert serve_plain(conn, whole + whole[:30], 0, out, MAX_VALUE) == len(whole)
+
+
+def test_no_gate_no_fast_path() -> None:
+    """Before login nothing is served here: the general path answers Eaccess."""
+    data = encode(1, Opcode.Get, b"k", b"", 0, 0, 0, None, True)
+    with served(1 << 30, set()) as (conn, _):
+        conn.user = None
+        out: list[bytes] = []
+        assert serve_plain(conn, data, 0, out, MAX_VALUE) == 0 and out == []
