@@ -54,3 +54,38 @@ def test_stop_gives_up_after_its_timeout(tmp_path: Path) -> None:
     batch.join(10)
     with pytest.raises(PipelineStopping):
         job(None, 2)
+
+
+def _write(directory: Path, ops: list[str], cas: list[int | None], files: int = 1) -> None:
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        table = pa.table(
+            {
+                "op": ops,
+                "cas": pa.array(
+                    [None if c is None else decimal.Decimal(c) for c in cas],
+                    pa.decimal128(20, 0),
+                ),
+            }
+        )
+        pq.write_table(table, directory / f"part-{f}.parquet")
+
+
+def test_footer_summary_reads_counts_and_the_oldest_cas_without_spark(tmp_path: Path) -> None:
+    from dcpkv.pipelines.vtable import footer_summary
+
+    _write(tmp_path / "a", ["mutation", "deletion", "expiration"], [2**64 - 1, 2**63, 7], files=2)
+    summary = footer_summary(tmp_path / "a")
+    assert summary is not None
+    assert (summary.rows, summary.rollbacks, summary.oldest_cas) == (6, [], 7)
+    # a rollback row must be read (its vbucket, seqno and position): the Spark job does that
+    _write(tmp_path / "b", ["mutation", "rollback"], [5, None])
+    assert footer_summary(tmp_path / "b") is None
+    # no rows at all (an empty batch): nothing to read, no CAS
+    empty = footer_summary(tmp_path / "c")
+    assert empty is not None and (empty.rows, empty.oldest_cas) == (0, None)
