@@ -131,6 +131,12 @@ class Cursor:
         """The next snapshot, or None when the cursor has read everything queued so far."""
         return self._manager.read(self, max_items)
 
+    def caught_up(self) -> bool:
+        """Whether the cursor has read all that is queued (False may still find nothing new:
+        a cheap test that spares a reader a :meth:`next_snapshot` call that returns None)."""
+        ckpt = self.checkpoint
+        return ckpt.is_open and self.pos >= len(ckpt.items)
+
     def remaining(self) -> int:
         """Slots not read yet (an upper bound on the items the next snapshots hold)."""
         return self._manager.remaining(self)
@@ -254,6 +260,8 @@ class CheckpointManager:
         return ckpt
 
     def _free_unreferenced(self) -> None:
+        if len(self._checkpoints) == 1:
+            return  # the open one is never freed (the common case of every read)
         pinned = {id(c.checkpoint) for c in self._cursors.values()}
         while len(self._checkpoints) > 1:
             head = self._checkpoints[0]
