@@ -162,12 +162,28 @@ class ActiveStream:
         # stream on without queueing anything (a backfill ending empty hands over to memory),
         # and an idle stream leaves the ready queue, so "None" must mean "nothing for now".
         pending, stream = self.pending, self.stream
+        if not pending and stream.state is StreamState.IN_MEMORY and self._caught_up():
+            return None
         while not pending and stream.state is not StreamState.DEAD:
             before = (stream.state, self.queued_seqno, self.backfill)
             self._refill()
             if not pending and (stream.state, self.queued_seqno, self.backfill) == before:
                 break
         return pending.popleft() if pending else None
+
+    def _caught_up(self) -> bool:
+        """A live stream whose cursor has read all that is queued: nothing to send until the
+        next notification. A cheap test (no lock: an item queued meanwhile notifies us again)
+        that spares the checkpoint read, finding nothing, which ended every live snapshot's
+        turn. Not when a takeover waits for this moment, nor after a rollback (a refill must
+        end the stream)."""
+        cursor = self.cursor
+        if cursor is None or cursor.dropped or self.takeover_state is not None:
+            return False
+        if not cursor.caught_up():
+            return False
+        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
+        return vb is not None and vb.rollbacks == self.generation
 
     def end(self, reason: StreamEndReason, *, send: bool = True) -> None:
         """End the stream: release its cursor and backfill; queue StreamEnd if ``send``."""
