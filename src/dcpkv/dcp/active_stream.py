@@ -350,10 +350,8 @@ class ActiveStream:
             self._advance(min(snap.end, end))
             return
         flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
-        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
-        purge = vb.purge_seqno if vb is not None else 0
         start = self.stream.marker_start(snap.start)
-        self._marker(start, min(snap.end, end), flags, purge)
+        self._marker(start, min(snap.end, end), flags, None)
         encode, append = self.encode_item, self.pending.append
         for item in items:
             seqno = item.by_seqno
@@ -383,7 +381,9 @@ class ActiveStream:
             self.backfill.close()  # ends the SQLite read transaction now (or when it lands)
             self.backfill = None
 
-    def _marker(self, start: int, end: int, flags: int, purge: int) -> None:
+    def _marker(self, start: int, end: int, flags: int, purge: int | None) -> None:
+        """Queue a snapshot marker; ``purge`` None: the vbucket's purge seqno now (looked up
+        only for the V2.2 marker that carries it)."""
         stream = self.stream
         version = self.owner.marker_version
         data: bytes
@@ -401,6 +401,9 @@ class ActiveStream:
             if version == "2.0":
                 data = dcp.SnapshotMarkerV2_0(**common).encode()
             else:
+                if purge is None:
+                    vb = self.owner.bucket.vbuckets.get(stream.vbucket)
+                    purge = vb.purge_seqno if vb is not None else 0
                 data = dcp.SnapshotMarkerV2_2(**common, purge_seqno=purge).encode()
         stream.note_snapshot(start, end)
         self.pending.append((data, 0, 0))
