@@ -23,7 +23,8 @@ Theory of operation
 
 Rates are items/s and MB/s of DCP wire bytes received, plus the server process's CPU time
 per item (user + system, from /proc, both of its threads): on a machine shared with other
-work the wall-clock rate swings from run to run, the CPU cost per item much less.
+work the wall-clock rate swings from run to run, the CPU cost per item much less. The live
+line also shows snapshot markers per item (1.00: every item came in a snapshot of its own).
 ``--json PATH`` writes the figures for ``make bench``'s summary.
 """
 
@@ -154,6 +155,7 @@ class Consumer:
             session.call(Opcode.DcpControl, key=b"force_value_compression", value=b"true")
         self.sock, self.parser = session.sock, session.parser
         self.uuids: dict[int, int] = {}  # from the stream requests' failover logs
+        self.markers = 0  # snapshot markers received (per item: how well live items batch)
 
     def request_all(self, starts: dict[int, int], ends: dict[int, int] | None = None) -> None:
         """Pipelined stream requests (answers are skipped by ``run_until``)."""
@@ -180,6 +182,8 @@ class Consumer:
                     continue
                 if frame.opcode == Opcode.DcpMutation:
                     got_items += 1
+                elif frame.opcode == Opcode.DcpSnapshotMarker:
+                    self.markers += 1
                 elif frame.opcode == Opcode.DcpStreamEnd:
                     got_ends += 1
         return got_items, nbytes
@@ -304,14 +308,20 @@ def main(
                     "backfill_mb_per_s": nbytes / seconds / 1e6,
                     "backfill_server_cpu_us_per_item": cpu / max(items, 1) * 1e6}  # fmt: skip
         consumer.request_all(highs)
+        consumer.markers = 0
         writer_proc = multiprocessing.Process(target=writer, args=(port, live, vbuckets))
         start, cpu = time.perf_counter(), cpu_seconds(proc.pid)
         writer_proc.start()
         items, nbytes = consumer.run_until(items=live)
         seconds, cpu = time.perf_counter() - start, cpu_seconds(proc.pid) - cpu
         writer_proc.join()
-        print(_line("live, concurrent writer", items, nbytes, seconds, cpu))
+        markers = consumer.markers / max(items, 1)
+        print(
+            _line("live, concurrent writer", items, nbytes, seconds, cpu)
+            + f"  {markers:.2f} markers/item"
+        )
         figures |= {"live_items": items, "live_items_per_s": items / seconds,
+                    "live_markers_per_item": markers,
                     "live_mb_per_s": nbytes / seconds / 1e6,
                     "live_server_cpu_us_per_item": cpu / max(items, 1) * 1e6}  # fmt: skip
         rate = codec_rate()

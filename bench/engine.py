@@ -6,6 +6,9 @@ picks the filesystem, default the temp dir, often tmpfs where fsync is free). Pr
 
 * ``set``: ``VBucket.set`` of N distinct keys (100-byte values) into one active vbucket;
 * ``flush 1 vb``: one ``Bucket.flush_once`` of those N items, synchronous=FULL and NORMAL;
+* ``flush 1024 vb x 2``: many small flushes as a server sees them at realistic write rates:
+  2 items into each of 1,024 active vbuckets, then one ``Bucket.flush_once``, repeated until N
+  items are flushed (the per-dirty-vbucket cost of the flusher dominates there);
 * the storage layout choice: N items spread over 64 vbuckets, flushed as one transaction
   in one file (the design), one transaction per vbucket in one file, and one file per vbucket.
 """
@@ -52,6 +55,28 @@ def bench_bucket(n: int, synchronous: str) -> tuple[float, float]:
         assert flushed == n
         bucket.shutdown()
         return set_time, flush_time
+
+
+def bench_small_flushes(n: int, vbs: int = 1024, per_vb: int = 2) -> float:
+    """Seconds spent in ``flush_once`` for N items written ``per_vb`` per vbucket per flush."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        bucket = Bucket(
+            "bench", Path(tmp), num_vbuckets=vbs, rng=random.Random(1), synchronous="NORMAL",
+            memory_quota=1 << 34,
+        )  # fmt: skip
+        vbuckets = [bucket.set_vbucket_state(vb, VBucketState.ACTIVE) for vb in range(vbs)]
+        bucket.flush_once()
+        flushing, done, i = 0.0, 0, 0
+        while done < n:
+            for vb in vbuckets:
+                for _ in range(per_vb):
+                    vb.set(b"key-%08d" % (i % 50_000), VALUE)
+                    i += 1
+            start = time.perf_counter()
+            done += bucket.flush_once()
+            flushing += time.perf_counter() - start
+        bucket.shutdown()
+        return flushing
 
 
 def _items(n: int, vbs: int) -> dict[int, list[Item]]:
@@ -101,6 +126,9 @@ def main(
             figures["set_items_per_s"] = n / set_time
         print(f"  flush 1 vb, sync={sync:<7}    {_rate(n, flush_time)}")
         figures[f"flush_{sync.lower()}_items_per_s"] = n / flush_time
+    seconds = bench_small_flushes(n)
+    print(f"  flush 1024 vb x 2 items     {_rate(n, seconds)}")
+    figures["flush_1024vb_x2_items_per_s"] = n / seconds
     for layout in ("one txn", "txn per vb", "file per vb"):
         seconds = bench_layout(n, 64, layout)
         print(f"  64 vbs, {layout:<12}        {_rate(n, seconds)}")

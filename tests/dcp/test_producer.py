@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import BATCH_ITEMS, DcpProducer, ProducerError
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.checkpoint import Cursor, Snapshot
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.item import Item
 from dcpkv.engine.vbucket import VBucket
@@ -647,6 +649,37 @@ def test_a_write_visits_only_its_own_stream(
         p.disconnect()
     # a marker, an item, then the visit that finds the stream idle again
     assert visits[1] == visits[1024] == 3 * len(written)
+
+
+def test_a_live_snapshot_goes_out_in_one_turn_with_one_checkpoint_read(
+    bucket: Bucket, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live write (a snapshot of one item) is sent marker then item in one turn of its
+    stream, which then leaves the ready queue having read the checkpoints once: no round per
+    message, no second read to find nothing."""
+    p, c = producer(bucket, clock), Consumer()
+    for vb in (0, 1):
+        assert isinstance(request(p, vb, opaque=vb), dcp.StreamRequestOk)
+    c.drain(p)
+    reads = {0: 0, 1: 0}
+    for vb in (0, 1):
+        manager = bucket.get_vbucket(vb).checkpoints
+        read = manager.read
+
+        def counted(
+            cursor: Cursor, max_items: int, vb: int = vb, read: Any = read
+        ) -> Snapshot | None:
+            reads[vb] += 1
+            return read(cursor, max_items)
+
+        monkeypatch.setattr(manager, "read", counted)
+    write(bucket.get_vbucket(0), 1, prefix="a")
+    write(bucket.get_vbucket(1), 1, prefix="b")
+    msgs = c.receive(p.next_messages())
+    kinds = [(isinstance(m, dcp.SnapshotMarker), m.vbucket) for m in msgs]
+    assert kinds == [(True, 0), (False, 0), (True, 1), (False, 1)]
+    assert p.stats()[f"ready_streams:{NAME}"] == "0"
+    assert reads == {0: 1, 1: 1}
 
 
 def test_idle_streams_wake_for_state_changes_and_takeover_acks(

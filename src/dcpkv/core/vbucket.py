@@ -31,7 +31,7 @@ class VBucketState(IntEnum):
     @property
     def label(self) -> str:
         """The name a vbucket state is stored and shown by: ``active``, ``replica``..."""
-        return self.name.lower()
+        return _LABELS[self]  # (``name`` is a slow descriptor; the flusher asks per vbucket)
 
     @classmethod
     def from_label(cls, label: str) -> VBucketState:
@@ -58,3 +58,6 @@ class VBucketState(IntEnum):
 
     def __str__(self) -> str:
         return self.label
+
+
+_LABELS = {state: state.name.lower() for state in VBucketState}

@@ -162,12 +162,28 @@ class ActiveStream:
         # stream on without queueing anything (a backfill ending empty hands over to memory),
         # and an idle stream leaves the ready queue, so "None" must mean "nothing for now".
         pending, stream = self.pending, self.stream
+        if not pending and stream.state is StreamState.IN_MEMORY and self._caught_up():
+            return None
         while not pending and stream.state is not StreamState.DEAD:
             before = (stream.state, self.queued_seqno, self.backfill)
             self._refill()
             if not pending and (stream.state, self.queued_seqno, self.backfill) == before:
                 break
         return pending.popleft() if pending else None
+
+    def _caught_up(self) -> bool:
+        """A live stream whose cursor has read all that is queued: nothing to send until the
+        next notification. A cheap test (no lock: an item queued meanwhile notifies us again)
+        that spares the checkpoint read, finding nothing, which ended every live snapshot's
+        turn. Not when a takeover waits for this moment, nor after a rollback (a refill must
+        end the stream)."""
+        cursor = self.cursor
+        if cursor is None or cursor.dropped or self.takeover_state is not None:
+            return False
+        if not cursor.caught_up():
+            return False
+        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
+        return vb is not None and vb.rollbacks == self.generation
 
     def end(self, reason: StreamEndReason, *, send: bool = True) -> None:
         """End the stream: release its cursor and backfill; queue StreamEnd if ``send``."""
@@ -334,10 +350,8 @@ class ActiveStream:
             self._advance(min(snap.end, end))
             return
         flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
-        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
-        purge = vb.purge_seqno if vb is not None else 0
         start = self.stream.marker_start(snap.start)
-        self._marker(start, min(snap.end, end), flags, purge)
+        self._marker(start, min(snap.end, end), flags, None)
         encode, append = self.encode_item, self.pending.append
         for item in items:
             seqno = item.by_seqno
@@ -367,7 +381,9 @@ class ActiveStream:
             self.backfill.close()  # ends the SQLite read transaction now (or when it lands)
             self.backfill = None
 
-    def _marker(self, start: int, end: int, flags: int, purge: int) -> None:
+    def _marker(self, start: int, end: int, flags: int, purge: int | None) -> None:
+        """Queue a snapshot marker; ``purge`` None: the vbucket's purge seqno now (looked up
+        only for the V2.2 marker that carries it)."""
         stream = self.stream
         version = self.owner.marker_version
         data: bytes
@@ -385,6 +401,9 @@ class ActiveStream:
             if version == "2.0":
                 data = dcp.SnapshotMarkerV2_0(**common).encode()
             else:
+                if purge is None:
+                    vb = self.owner.bucket.vbuckets.get(stream.vbucket)
+                    purge = vb.purge_seqno if vb is not None else 0
                 data = dcp.SnapshotMarkerV2_2(**common, purge_seqno=purge).encode()
         stream.note_snapshot(start, end)
         self.pending.append((data, 0, 0))

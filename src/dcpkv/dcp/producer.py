@@ -22,11 +22,14 @@ Output and memory
     slow consumer has not read stays on disk or in the checkpoints, and backfill buffers are
     bounded per producer (``BackfillManager.buffer_bytes``).
 
-    ``next_messages`` takes one message per stream per round (round-robin, as kv_engine's
-    producer does), while the byte budget of the call and the flow-control window allow: with
-    ``connection_buffer_size`` N, a message is sent only while fewer than N bytes are
-    unacknowledged (so one message may overflow N); every message but Noop counts, header
-    included; BufferAck releases.
+    ``next_messages`` gives each ready stream a short turn per round (round-robin, as
+    kv_engine's producer does): up to :data:`TURN_MESSAGES` visits, each sending one message
+    or finding the stream idle. A live snapshot is typically a marker and one item, so one
+    turn sends it and lets the stream leave the ready queue, where one message per round took
+    three rounds (and a checkpoint read that found nothing). It goes on while the byte budget
+    of the call and the flow-control window allow: with ``connection_buffer_size`` N, a
+    message is sent only while fewer than N bytes are unacknowledged (so one message may
+    overflow N); every message but Noop counts, header included; BufferAck releases.
 
 Ready queue
     A write must not cost O(open streams): a replica or a Spark query streams all 1024
@@ -116,6 +119,7 @@ DEFAULT_NOOP_INTERVAL = 20.0
 _BOOLS = {"true": True, "false": False}
 _PRIORITIES = frozenset({"low", "medium", "high"})
 _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
+TURN_MESSAGES = 3  # per turn: a live snapshot (marker, item) and the look that finds it idle
 
 
 class ProducerError(DcpkvError):
@@ -480,7 +484,8 @@ class DcpProducer:
         # The loop runs once per message sent: the counters it bumps are locals, written
         # back before anything else reads them (barrier echoes count bytes too).
         unacked, sent, items = self.unacked_bytes, 0, 0
-        append, popleft, requeue = out.append, ready.popleft, ready.append
+        append, popleft = out.append, ready.popleft
+        turn = 0  # messages the stream at the head of ``ready`` sent in this turn
         while ready and budget > 0 and unacked < limit:
             vbid = popleft()
             entry = streams.get(vbid)
@@ -512,10 +517,7 @@ class DcpProducer:
                 self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
                 unacked = self.unacked_bytes
-            if msg is None or (entry.finished and not pending):
-                self._leave_ready(vbid, entry)  # idle until its vbucket queues something
-            else:
-                requeue(vbid)
+            turn = self._end_visit(vbid, entry, msg is None, turn)
         self.unacked_bytes = unacked
         self.bytes_sent += sent
         self.items_sent += items
@@ -523,6 +525,17 @@ class DcpProducer:
         if out:
             self._last_send = self.clock.time()
         return out
+
+    def _end_visit(self, vbid: int, entry: ActiveStream, idle: bool, turn: int) -> int:
+        """Where the stream goes after one visit of its turn; the turn count that follows."""
+        if idle or (entry.finished and not entry.pending):
+            self._leave_ready(vbid, entry)  # idle until its vbucket queues something
+            return 0
+        if turn < TURN_MESSAGES - 1:
+            self._ready.appendleft(vbid)  # its turn goes on (each visit passes every check)
+            return turn + 1
+        self._ready.append(vbid)
+        return 0
 
     def _leave_ready(self, vbid: int, entry: ActiveStream) -> None:
         self._in_ready.discard(vbid)

@@ -131,6 +131,12 @@ class Cursor:
         """The next snapshot, or None when the cursor has read everything queued so far."""
         return self._manager.read(self, max_items)
 
+    def caught_up(self) -> bool:
+        """Whether the cursor has read all that is queued (False may still find nothing new:
+        a cheap test that spares a reader a :meth:`next_snapshot` call that returns None)."""
+        ckpt = self.checkpoint
+        return ckpt.is_open and self.pos >= len(ckpt.items)
+
     def remaining(self) -> int:
         """Slots not read yet (an upper bound on the items the next snapshots hold)."""
         return self._manager.remaining(self)
@@ -254,6 +260,8 @@ class CheckpointManager:
         return ckpt
 
     def _free_unreferenced(self) -> None:
+        if len(self._checkpoints) == 1:
+            return  # the open one is never freed (the common case of every read)
         pinned = {id(c.checkpoint) for c in self._cursors.values()}
         while len(self._checkpoints) > 1:
             head = self._checkpoints[0]
@@ -354,11 +362,13 @@ class CheckpointManager:
         with self._lock:
             if cursor.dropped:
                 raise CursorDropped(cursor.name)
+            if cursor.checkpoint.is_open:
+                return self._read_open(cursor)
             self._skip_read_checkpoints(cursor)
             ckpt = cursor.checkpoint
             if cursor.pos >= len(ckpt):
                 return None
-            at_start, first = cursor.pos == 0, cursor._first
+            at_start = cursor.pos == 0
             ckpt_snap_start = ckpt.snap_start
             collected: dict[bytes, Item] = {}
             while True:
@@ -374,18 +384,26 @@ class CheckpointManager:
             if not collected:
                 return None
             items = list(collected.values())
-            cursor._first = False
-            if first:
-                start = cursor.start_seqno
-            elif at_start:
-                start = ckpt_snap_start
-            else:
-                start = items[0].by_seqno
-            if high < end:
-                # Part of a replica snapshot still arriving: the state is only consistent at
-                # ``end``, so the range must reach back to the marker's start.
-                start = min(start, last_start)
-            return Snapshot(start, end, items, at_start, high)
+            return _snapshot(cursor, items, at_start, ckpt_snap_start, (last_start, end, high))
+
+    def _read_open(self, cursor: Cursor) -> Snapshot | None:
+        """:meth:`read` of a cursor in the open checkpoint (a live reader's every read): one
+        slice, nothing to cross or free, and no dedup of a single new item."""
+        ckpt, pos = cursor.checkpoint, cursor.pos
+        slots = ckpt.items
+        if pos >= len(slots):
+            return None
+        cursor.pos = len(slots)
+        if cursor.pos == pos + 1:
+            items = [] if (one := slots[pos]) is None else [one]
+        else:
+            collected: dict[bytes, Item] = {}
+            _collect(collected, slots[pos:])
+            items = list(collected.values())
+        if not items:
+            return None
+        last = (ckpt.snap_start, ckpt.snap_end, ckpt.seqnos[-1])
+        return _snapshot(cursor, items, pos == 0, ckpt.snap_start, last)
 
     def _skip_read_checkpoints(self, cursor: Cursor) -> None:
         while cursor.pos >= len(cursor.checkpoint) and not cursor.checkpoint.is_open:
@@ -413,3 +431,28 @@ def _collect(into: dict[bytes, Item], slots: Iterable[Item | None]) -> None:
         if item is not None:
             into.pop(item.key, None)
             into[item.key] = item
+
+
+def _snapshot(
+    cursor: Cursor,
+    items: list[Item],
+    at_start: bool,
+    first_snap_start: int,
+    last: tuple[int, int, int],
+) -> Snapshot:
+    """The snapshot a read returns: ``items`` (in seqno order) read from a checkpoint whose
+    start is ``first_snap_start`` (from its first slot if ``at_start``) up to one whose
+    (snap_start, snap_end, last seqno) is ``last``."""
+    last_start, end, high = last
+    if cursor._first:
+        start = cursor.start_seqno
+    elif at_start:
+        start = first_snap_start
+    else:
+        start = items[0].by_seqno
+    cursor._first = False
+    if high < end:
+        # Part of a replica snapshot still arriving: the state is only consistent at
+        # ``end``, so the range must reach back to the marker's start.
+        start = min(start, last_start)
+    return Snapshot(start, end, items, at_start, high)

@@ -492,12 +492,13 @@ class Storage:
         states: list[tuple[object, ...]] = []
         points: list[tuple[int, int]] = []
         trims: list[tuple[int, int]] = []
-        for vb, items, vbstate in batches:
-            latest = {item.key: item for item in items}
-            docs.extend(_row(vb, i) for i in latest.values())
+        history = self.history_window > 0
+        for vb, items, vbstate in batches:  # (per dirty vbucket: kept to few calls)
+            latest = {item.key: item for item in items}.values()
+            docs += [_row(vb, i) for i in latest]
             states.append(_vbstate_row(vb, vbstate))
-            if self.history_window > 0:
-                replaced.extend((vb, i.key, i.by_seqno) for i in latest.values())
+            if history:
+                replaced += [(vb, i.key, i.by_seqno) for i in latest]
                 points.append((vb, vbstate.high_seqno))
                 if self._trim_due(vb, vbstate.high_seqno):
                     trims.append((vb, vbstate.high_seqno))

@@ -45,13 +45,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine import document
-from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager, Snapshot
+from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
 from dcpkv.engine.item import (
     ITEM_OVERHEAD,
@@ -120,7 +120,6 @@ class FlushBatch:
     vb: int
     items: list[Item]
     vbstate: VBState
-    snapshots: list[Snapshot] = field(default_factory=list)
 
 
 class VBucket:
@@ -549,21 +548,25 @@ class VBucket:
         """Everything the flusher has not persisted yet (a failed batch is taken again)."""
         with self.lock:
             batch = self._unacked
-            snapshots: list[Snapshot] = []
-            while snap := self.checkpoints.persistence_cursor.next_snapshot(_FLUSH_ALL):
-                snapshots.append(snap)
-            if batch is None and not snapshots and not self._state_dirty:
+            cursor = self.checkpoints.persistence_cursor
+            if batch is None and not self._state_dirty and cursor.caught_up():
                 return None
             items = batch.items if batch else []
             snap_range, high = self.persisted_snapshot, self.persisted_seqno
             if batch:
                 snap_range = (batch.vbstate.snap_start, batch.vbstate.snap_end)
                 high = batch.vbstate.high_seqno
-            for snap in snapshots:
-                items = items + snap.items
+            taken = False
+            # One read usually takes all (it crosses closed checkpoints); the test spares the
+            # second read, which would only find nothing.
+            while not cursor.caught_up() and (snap := cursor.next_snapshot(_FLUSH_ALL)):
+                items = items + snap.items if items else snap.items
                 snap_range, high = (snap.start, snap.end), snap.high_seqno
+                taken = True
+            if batch is None and not taken and not self._state_dirty:
+                return None
             self._state_dirty = False
-            self._unacked = FlushBatch(self.id, items, self.vbstate(snap_range, high), snapshots)
+            self._unacked = FlushBatch(self.id, items, self.vbstate(snap_range, high))
             return self._unacked
 
     def flush_failed(self) -> None:
