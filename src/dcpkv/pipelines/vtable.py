@@ -216,6 +216,74 @@ class RollbackRow:
     pos: int
 
 
+@dataclass(frozen=True)
+class BatchSummary:
+    """What a written batch holds, read back in one job: its row count, its rollback rows (in
+    stream order) and the smallest CAS of its changes (None when the rows carry no CAS, a
+    view's, or there is no change). A CAS is a hybrid logical clock, nanoseconds since the
+    epoch: the smallest is when the batch's oldest change was written."""
+
+    rows: int
+    rollbacks: list[RollbackRow]
+    oldest_cas: int | None
+
+
+def batch_summary(spark: Any, table: Path, name: str) -> BatchSummary:
+    """:class:`BatchSummary` of a written batch: from the Parquet footers when they show no
+    rollback row (the usual case: no Spark job at all), else from one Spark job."""
+    quick = footer_summary(table / name)
+    return quick if quick is not None else _summary_job(spark, table, name)
+
+
+def footer_summary(directory: Path) -> BatchSummary | None:
+    """The summary from the Parquet footers alone (row counts, and the min/max statistics of
+    ``op`` and ``cas``), or None when they cannot tell: a row group without statistics, or
+    one whose largest ``op`` is ``rollback`` or above (rollback rows must be read)."""
+    import pyarrow.parquet as pq
+
+    rows, oldest, has_cas = 0, None, True
+    for path in sorted(directory.glob("*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            rows += group.num_rows
+            stats = {
+                group.column(j).path_in_schema: group.column(j).statistics
+                for j in range(group.num_columns)
+            }
+            if "op" not in stats:
+                return None
+            has_cas = has_cas and "cas" in stats
+            op = stats["op"]
+            if group.num_rows and (op is None or not op.has_min_max or op.max >= "rollback"):
+                return None
+            cas = stats.get("cas")
+            if has_cas and cas is not None and cas.has_min_max:
+                oldest = int(cas.min) if oldest is None else min(oldest, int(cas.min))
+            elif has_cas and group.num_rows and (cas is None or cas.null_count != group.num_rows):
+                return None  # changes whose CAS the footer does not show
+    return BatchSummary(rows, [], oldest if has_cas else None)
+
+
+def _summary_job(spark: Any, table: Path, name: str) -> BatchSummary:
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(str(table / name))
+    is_rollback = F.col("op") == "rollback"
+    aggs = [
+        F.count(F.lit(1)).alias("rows"),
+        F.collect_list(F.when(is_rollback, F.struct("vbucket", "seqno", "pos"))).alias("rb"),
+    ]
+    if "cas" in df.columns:
+        aggs.append(F.min(F.when(~is_rollback, F.col("cas"))).alias("oldest"))
+    row = df.agg(*aggs).first()
+    rollbacks = sorted(
+        (RollbackRow(r.vbucket, int(r.seqno), r.pos) for r in row["rb"]), key=lambda r: r.pos
+    )
+    oldest = row["oldest"] if "cas" in df.columns else None
+    return BatchSummary(int(row["rows"]), rollbacks, None if oldest is None else int(oldest))
+
+
 def rollback_rows(spark: Any, table: Path, name: str) -> list[RollbackRow]:
     """The rollback rows a written batch holds, in stream order."""
     from pyspark.sql import functions as F
