@@ -11,7 +11,8 @@ A reader task owns the socket's read side. Every frame it parses goes one of thr
 * anything else (DCP messages, and the answers to stream requests, which must stay in order
   with the stream's first messages) is decoded and appended to the *inbox*, with its size when
   it counts for flow control. :meth:`next_batch` hands the inbox over. Mutations, nearly all
-  of a stream, skip the dispatch: decoded straight into the inbox, one wake-up per read.
+  of a stream, skip the dispatch: decoded straight from the read buffer into the inbox
+  (``protocol.fast_dcp``, no Frame in between), one wake-up per read.
 
 Liveness: with a :class:`Liveness`, each read waits at most until its deadline (two noop
 intervals after the last frame); a silent producer ends the connection with
@@ -36,6 +37,7 @@ from dcpkv.core.tls import TlsOptions
 from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Opcode
+from dcpkv.protocol.fast_dcp import feed_mutations
 from dcpkv.protocol.frame import Frame, FrameParser
 from dcpkv.protocol.messages import decode_message
 
@@ -216,9 +218,14 @@ class Connection:
         the inbox, anything else through :meth:`_dispatch`; one wake-up for the lot."""
         inbox = self._inbox
         before = len(inbox)
-        append, mutation = inbox.append, _decode_mutation
-        for frame in self._parser.feed(data):
+        append, mutation, extend = inbox.append, _decode_mutation, inbox.extend
+        for item in feed_mutations(self._parser, data):
+            if isinstance(item, list):
+                extend(item)  # plain mutations, each with its flow-control size, no Frame
+                continue
+            frame = item
             if frame.opcode == _MUTATION and frame.magic == _REQUEST:
+                # one the fused path left: split across reads, or malformed (decode raises);
                 # counts for flow control (a producer's DCP message): header plus body
                 size = _HEADER + len(frame.extras) + len(frame.key) + len(frame.value)
                 append((size, mutation(frame)))
