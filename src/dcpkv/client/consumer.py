@@ -189,10 +189,7 @@ class Consumer:
 
     async def failover_logs(self, vbuckets: Iterable[int]) -> dict[int, tuple[FailoverEntry, ...]]:
         """:meth:`failover_log` of every vbucket of ``vbuckets``, asked all at once."""
-        kv = await self._kv_session()
-        vbs = list(vbuckets)
-        logs = await asyncio.gather(*(kv.failover_log(vb) for vb in vbs))
-        return dict(zip(vbs, logs, strict=True))
+        return await (await self._kv_session()).failover_logs(vbuckets)
 
     async def active_nodes(self) -> dict[int, str]:
         """vbucket -> ``host:port`` of its active node, as the cluster map says now."""
