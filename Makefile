@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dcp.py --json $(RESULTS)/dcp.json
 	$(BIN)/python bench/stream.py --json $(RESULTS)/stream.json
 	$(BIN)/python bench/spark.py --json $(RESULTS)/spark.json
+	$(BIN)/python bench/demo_lag.py --rate 1000 --duration 60 --json $(RESULTS)/demo.json
 	$(BIN)/python bench/fanout.py --json $(RESULTS)/fanout.json
 	$(BIN)/python bench/latency.py --json $(RESULTS)/latency.json
 	$(BIN)/python bench/memory.py --json $(RESULTS)/memory.json

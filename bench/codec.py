@@ -3,12 +3,14 @@
 Theory of operation
 -------------------
 Builds ``--count`` DCP Mutation messages (16-byte key, 100-byte value, the shape of a small
-document change), then times three things with ``time.perf_counter``:
+document change), then times four things with ``time.perf_counter``:
 
 * encode: ``Mutation.encode()`` for every message;
 * parse: ``FrameParser.feed`` over one big buffer of all the encoded frames;
 * decode: parse plus ``Mutation.decode`` of each frame into the typed message (what a
-  consumer pays per change).
+  consumer pays per change);
+* fused: the same mutations, with their flow-control sizes, straight from the buffer by
+  ``fast_dcp.feed_mutations`` (no Frame in between: what the client's receive path pays).
 
 Rates are printed as a rich table, in messages/s and MB/s of wire bytes; ``--json PATH``
 writes them for ``make bench``'s summary.
@@ -28,6 +30,7 @@ from rich.table import Table
 from _report import write_json
 from dcpkv.protocol import FrameParser
 from dcpkv.protocol.dcp import Mutation
+from dcpkv.protocol.fast_dcp import feed_mutations
 
 KEY_LEN = 16
 VALUE_LEN = 100
@@ -82,14 +85,28 @@ def run(
             n += 1
         return n
 
+    def fused() -> int:
+        n = 0
+        for run in feed_mutations(FrameParser(), buffer):
+            assert isinstance(run, list)  # nothing but plain mutations in this buffer
+            n += len(run)
+        return n
+
     parse_s, parsed = _timed(parse)
     dec_s, decoded = _timed(decode)
-    assert parsed == decoded == count
+    fused_s, fused_n = _timed(fused)
+    assert parsed == decoded == fused_n == count
 
     table = Table(title=f"DCP Mutation codec, {count:,} messages of {len(encoded[0])} bytes")
     for column in ("operation", "seconds", "messages/s", "MB/s", "µs/message"):
         table.add_column(column, justify="right")
-    for name, seconds in (("encode", enc_s), ("parse frames", parse_s), ("parse + decode", dec_s)):
+    rows = (
+        ("encode", enc_s),
+        ("parse frames", parse_s),
+        ("parse + decode", dec_s),
+        ("parse + decode, fused", fused_s),
+    )
+    for name, seconds in rows:
         table.add_row(
             name,
             f"{seconds:.3f}",
@@ -102,6 +119,7 @@ def run(
         "encode_msgs_per_s": count / enc_s,
         "parse_msgs_per_s": count / parse_s,
         "parse_decode_msgs_per_s": count / dec_s,
+        "parse_decode_fused_msgs_per_s": count / fused_s,
     })  # fmt: skip
 
 

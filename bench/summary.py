@@ -78,7 +78,8 @@ MEMCACHED_SAME_CLIENT = "memcached, same client"
 RSS_ALLOWED = at_most(1.0, "<= 1 (1.25x quota + 16 MiB)")  # the README's data-server section
 REDIS_PACED = "Redis Streams, same pacing"
 
-# The targets table of issue 15, then its two defects, then the memory figure (issue 15 item 5).
+# The targets table of issue 15, then its two defects, then the memory figure (issue 15 item 5),
+# then issue 16's consumer targets.
 ROWS: list[Row] = [
     Row("KV pipelined Set, 1 conn, ops/s", ("kv", "set_ops_per_s_1conn"),
         at_least(120_000, ">= 120k"),
@@ -133,6 +134,20 @@ ROWS: list[Row] = [
     Row("  during", ("rebalance", "during_writes_per_s")),
     Row("write p99 before / during rebalance, ms", ("rebalance", "before_p99_ms")),
     Row("  during", ("rebalance", "during_p99_ms")),
+    Row("client Consumer to now, items/s", ("stream", "consumer_items_per_s"),
+        at_least(300_000, ">= 300k"),
+        [("Redis XREAD, redis-py", ("peer:redis", "backfill_xread_redispy"))]),
+    Row("dcpkv stream --format json, items/s", ("stream", "cli_json_items_per_s"),
+        at_least(150_000, ">= 150k")),
+    Row("SyncConsumer to now, items/s", ("spark", "sync_consumer_rows_per_s"),
+        at_least(200_000, ">= 200k")),
+    Row("Spark AvailableNow -> Parquet, rows/s", ("spark", "query_rows_per_s"),
+        at_least(150_000, ">= 150k")),
+    Row("  the same query again (warm), rows/s", ("spark", "query_warm_rows_per_s")),
+    Row("demo mirror lag p50 @1k changes/s, s", ("demo", "lag_p50_s"), at_most(2.0, "<= 2 s")),
+    Row("demo mirror lag p99 @1k changes/s, s", ("demo", "lag_p99_s"), at_most(5.0, "<= 5 s")),
+    Row("demo first batch (30k docs), rows/s", ("demo", "first_batch_rows_per_s"),
+        at_least(50_000, ">= 50k")),
 ]  # fmt: skip
 
 
@@ -164,7 +179,7 @@ def fmt(value: float | None) -> str:
 
 
 def table(figures: Figures) -> Table:
-    out = Table(title="make bench: issue 15 targets, this run (dcpkv / peer from the same run)")
+    out = Table(title="make bench: issues 15 and 16 targets (dcpkv / peer from the same run)")
     for col in ("metric", "dcpkv", "target", "met", "peer", "peer figure", "dcpkv / peer"):
         out.add_column(col, justify="left" if col in ("metric", "target", "peer") else "right")
     for row in ROWS:

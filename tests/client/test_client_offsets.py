@@ -244,3 +244,41 @@ def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(OffsetsFileError, match="cannot read"):
         Offsets.load(tmp_path / "nope.json")
     assert len(Offsets.load_or_new(tmp_path / "nope.json")) == 0
+
+
+@st.composite
+def stream_steps(draw: st.DrawFn) -> list[tuple[int, int]]:
+    """Snapshots of 1..6 seqnos, each marker followed by some of its seqnos in order (a
+    partial snapshot too: the next marker completes it), as (marker start, marker end) and
+    (seqno, 0) steps."""
+    steps: list[tuple[int, int]] = []
+    seqno = 0
+    for _ in range(draw(st.integers(1, 8))):
+        start, end = seqno + 1, seqno + draw(st.integers(1, 6))
+        steps.append((-start, end))  # a marker
+        delivered = sorted(draw(st.sets(st.integers(start, end), max_size=end - start + 1)))
+        steps.extend((s, 0) for s in delivered)
+        seqno = end
+    return steps
+
+
+@given(stream_steps(), st.integers(2, 5))
+@settings(max_examples=200)
+def test_followed_repeats_a_delivery_made_on_a_copy(
+    steps: list[tuple[int, int]], max_points: int
+) -> None:
+    """The facade's caller side repeats each delivery from the event's offset alone
+    (``followed``); it must end exactly where the loop side's progress is, every step."""
+    loop_side = VbucketProgress(max_points=max_points)
+    loop_side.accepted([FailoverEntry(U, 0)])
+    caller_side = loop_side.copy()
+    for a, b in steps:
+        if a < 0:  # a marker: the facade hands over a copy of the progress
+            loop_side.marker(-a, b)
+            caller_side = loop_side.copy()
+            continue
+        offset = loop_side.deliver(a)
+        caller_side.followed(offset)
+        assert caller_side.to_json_obj() == loop_side.to_json_obj()
+        assert caller_side.pending == loop_side.pending
+        assert caller_side.consistent_points == loop_side.consistent_points

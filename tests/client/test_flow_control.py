@@ -62,3 +62,46 @@ def test_dead_after_two_silent_noop_intervals() -> None:
     assert live.is_dead(135.0)
     with pytest.raises(ValueError):
         Liveness(0, now=0)
+
+
+class _Wire:
+    """What DcpLinks.ack needs of a connection: the messages it would send."""
+
+    error = None
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int]] = []  # (message index, bytes acked)
+        self.at = 0
+
+    def send(self, msg: dcp.BufferAck) -> None:
+        self.sent.append((self.at, msg.bytes_acked))
+
+
+def _acks_sent(sizes: list[int], buffer_size: int, batched: bool) -> list[tuple[int, int]]:
+    from dcpkv.client.dcp_links import DcpLinks, PendingAcks
+    from dcpkv.client.settings import Node
+
+    node = Node("127.0.0.1", 1)
+    links = DcpLinks(None, buffer_size)  # type: ignore[arg-type]
+    wire = _Wire()
+    links.conns[node] = wire  # type: ignore[assignment]
+    links.flows[node] = FlowControl(buffer_size)
+    pending = PendingAcks(links)
+    for i, size in enumerate(sizes):
+        wire.at = i
+        if batched:
+            pending.add(node, size)
+        else:
+            links.ack(node, size)
+    pending.flush()
+    return wire.sent
+
+
+@pytest.mark.parametrize("buffer_size", [0, 500, 1000, 100_000])
+@pytest.mark.parametrize("sizes", [[66] * 100, [24, 300, 1000, 24, 24, 5000, 31] * 5, [1]])
+def test_batched_acks_go_out_at_the_same_messages(sizes: list[int], buffer_size: int) -> None:
+    """The consumer tells the links once per threshold instead of once per message: the
+    BufferAcks must be the very same, sent after the very same messages."""
+    per_message = _acks_sent(sizes, buffer_size, batched=False)
+    assert _acks_sent(sizes, buffer_size, batched=True) == per_message
+    assert (len(per_message) > 0) == (buffer_size > 0 and sum(sizes) >= ack_threshold(buffer_size))

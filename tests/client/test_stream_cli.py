@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import signal
 import subprocess
@@ -12,8 +14,9 @@ import pytest
 from conftest import VBUCKETS, Writer
 from serverproc import ServerProcess
 
-from dcpkv.cli.stream import parse_vbuckets
-from dcpkv.client.offsets import Offsets
+from dcpkv.cli.stream import LineWriter, event_record, format_line, parse_vbuckets
+from dcpkv.client import events
+from dcpkv.client.offsets import Offsets, VbucketOffset
 
 ITEMS = 3000
 
@@ -32,6 +35,46 @@ def test_parse_vbuckets() -> None:
     for bad in ("x", "3-1", "1-"):
         with pytest.raises(ValueError):
             parse_vbuckets(bad)
+
+
+def test_json_lines_keep_every_field_exactly() -> None:
+    offset = VbucketOffset.at(7, 1)
+    cases = [
+        events.Mutation(3, b"k\xc3\xa9", b'{"a":1}', 7, 2, 0xFFFFFFFF, 5, 2**64 - 1, 1, offset),
+        events.Mutation(3, b"\xff\xfe", b"\x00\x01", 7, 2, 0, 0, 1, 0, offset),
+        events.Deletion(4, b"gone", 8, 3, 2**63, offset, 99),
+        events.Rollback(5, 10, 12, offset, offset),
+    ]
+    for ev in cases:
+        rec = event_record(ev)
+        assert rec is not None
+        assert json.loads(format_line(rec, "json")) == rec  # the stdlib reads it back as is
+
+
+def test_line_writer_writes_blocks_and_whenever_the_task_waits() -> None:
+    async def main() -> list[bytes]:
+        out = io.BytesIO()
+        task = asyncio.current_task()
+        assert task is not None
+        lines = LineWriter(out, task, block=100)
+        seen = []
+        for i in range(3):
+            lines.write_line(b"line%d" % i)
+        seen.append(out.getvalue())  # nothing yet: the task has not waited
+        await asyncio.sleep(0)  # waits: the lines go out
+        seen.append(out.getvalue())
+        for _ in range(12):
+            lines.write_line(b"x" * 9)  # 10 bytes each: a block of 100 written at once
+        seen.append(out.getvalue())
+        lines.flush()
+        seen.append(out.getvalue())
+        return seen
+
+    empty, three, block, everything = asyncio.run(main())
+    assert empty == b""
+    assert three == b"line0\nline1\nline2\n"
+    assert block == three + b"xxxxxxxxx\n" * 10
+    assert everything == three + b"xxxxxxxxx\n" * 12
 
 
 def test_stream_counts_resume_and_failover_log(server: ServerProcess, tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ def write_metrics(directory: Path, batches: int, first_rows: int = 20_000) -> No
             "rows": first_rows if i == 0 else 100 + i, "rollbacks": 0, "seconds": 0.5,
             "lag": None if i == 2 else 1000 - 10 * i,
         }  # fmt: skip
+        if i != 3:  # older lines have no lag_s, a view's is null
+            batch["lag_s"] = None if i == 1 else 0.25 * i
         lines.append(json.dumps(batch))
     # A running pipeline may be halfway through its next line.
     (directory / "_metrics.jsonl").write_text("\n".join(lines) + '\n{"batch_id": 9')
@@ -35,6 +37,7 @@ def test_series_reads_batches_and_skips_a_partial_line(tmp_path: Path) -> None:
     assert series.rows == [20_000, 101, 102, 103, 104]
     assert series.rates[1] == pytest.approx(202.0)
     assert series.lag[2] is None and series.lag[3] == 970
+    assert series.lag_s == [0.0, None, 0.5, None, 1.0]
     assert series.started[0] == pytest.approx(1_700_000_000.0 - 0.5)
 
 
@@ -63,7 +66,7 @@ def test_marks_are_drawn_as_vertical_lines_on_every_panel(
     out = draw_report([tmp_path / "mirror"], tmp_path / "r.png", marks=marks)
     assert out.read_bytes()[:8] == PNG_MAGIC
     # seconds since the first batch started (1_700_000_000 - 0.5), once per panel
-    assert sorted(drawn) == pytest.approx([3.5] * 3 + [7.0] * 3)
+    assert sorted(drawn) == pytest.approx([3.5] * 4 + [7.0] * 4)  # four panels
 
 
 def test_missing_or_empty_metrics_are_errors(tmp_path: Path) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,7 +17,7 @@ from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.spark.options import OptionError, parse_options, parse_vbuckets
 from dcpkv.spark.plan import plan_end, split_budget, spread, spread_by_node, targets
-from dcpkv.spark.rows import ARROW_SCHEMA, rollback_row, to_batch
+from dcpkv.spark.rows import ARROW_SCHEMA, event_batches, event_row, rollback_row, to_batch
 from dcpkv.spark.source import SinkError, row_op
 from dcpkv.spark.sparkoffsets import SparkOffsetError, SparkOffsets, VbPosition
 
@@ -114,6 +117,18 @@ def test_spread_puts_every_vbucket_in_one_task() -> None:
     assert spread([], 4) == []
 
 
+@pytest.mark.parametrize(
+    ("distances", "tasks"),
+    [([10] * 1024, 1), ([49_999, 1], 1), ([50_000, 1], 2), ([30_000] * 10, 6), ([10**6] * 64, 16)],
+)
+def test_default_tasks_follow_the_batch_size(distances: list[int], tasks: int) -> None:
+    """Without numPartitions: a task per 50k changes, 1 to 16 (a small live batch over 1024
+    vbuckets is one task, not sixteen connections and logins)."""
+    start = SparkOffsets({vb: VbPosition.at(0, 0) for vb in range(len(distances))})
+    end = SparkOffsets({vb: VbPosition.at(d, A) for vb, d in enumerate(distances)})
+    assert len(spread(targets(start, end), None)) == tasks
+
+
 @given(
     st.dictionaries(st.integers(0, 63), st.sampled_from(["a:1", "b:2", "c:3"]), min_size=1),
     st.integers(1, 20),
@@ -156,6 +171,48 @@ def test_rows_hold_u64_exactly() -> None:
     assert batch.column("key")[0].as_py() is None
 
 
+def _events(kinds: str) -> list[Any]:
+    from dcpkv.client import events
+
+    out: list[Any] = []
+    for i, kind in enumerate(kinds):
+        o = VbucketOffset(U64_MAX - i, 10 + i, 10, 10 + len(kinds))
+        if kind == "m":
+            out.append(
+                events.Mutation(
+                    i % 3, b"k%d" % i, b"v" * i, 10 + i, 1, 2**32 - 1, 7, U64_MAX - i, 1, o
+                )
+            )
+        elif kind == "d":
+            out.append(events.Deletion(1, b"d%d" % i, 10 + i, 2, 2**63, o, 5))
+        elif kind == "e":
+            out.append(events.Expiration(2, b"e%d" % i, 10 + i, 3, 9, o))
+        elif kind == "r":
+            out.append(events.Rollback(1, 4, 6, o, VbucketOffset.at(4, 1)))
+        else:
+            out.append(events.SnapshotStart(1, 10, 20, 0, o))
+    return out
+
+
+@pytest.mark.parametrize("kinds", ["mmmmm", "mdmem", "rmms", "s", "mmmmmmm"])
+@pytest.mark.parametrize("values", [True, False])
+def test_batches_from_events_hold_what_row_tuples_held(kinds: str, values: bool) -> None:
+    """Columns built straight from the events (mutations only) or through rows (mixed) are
+    the very rows :func:`event_row` describes, u64s exact, cut every ``batch_rows``."""
+    evs = _events(kinds)
+    got = list(event_batches(iter(evs), values, batch_rows=3))
+    rows = [r for r in (event_row(e, values) for e in evs) if r is not None]
+    assert [b.num_rows for b in got] == [min(3, len(rows) - i) for i in range(0, len(rows), 3)]
+    assert all(b.schema == ARROW_SCHEMA for b in got)
+    if rows:
+        assert pa.Table.from_batches(got).equals(pa.Table.from_batches([to_batch(rows)]))
+        table = pa.Table.from_batches(got).to_pylist()
+        assert [tuple(r.values()) for r in table] == [
+            tuple(Decimal(v) if i in (7, 8, 9, 10, 11, 12) and v is not None else v
+                  for i, v in enumerate(r)) for r in rows
+        ]  # fmt: skip
+
+
 def test_sink_row_mapping() -> None:
     cols = ("key", "value", "op")
     assert row_op(Row(key="k", value=b"v", op=None), cols).value == b"v"
@@ -163,3 +220,18 @@ def test_sink_row_mapping() -> None:
     assert row_op(Row(key=b"k", value=None, op="rollback"), cols) is None
     with pytest.raises(SinkError, match="without a key"):
         row_op(Row(key=None, value=b"v", op="mutation"), cols)
+
+
+def test_the_driver_link_is_pickled_without_its_connection() -> None:
+    """The stream reader goes to the tasks pickled: its kept planning connection (a
+    SyncConsumer with a thread) must stay behind."""
+    import pickle
+    import threading
+
+    from dcpkv.spark.source import DcpkvStreamReader
+
+    reader = DcpkvStreamReader(parse_options({"port": "1"}))
+    reader._link._consumer = threading.Lock()  # type: ignore[assignment]  # unpicklable
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._link._consumer is None and copy._link.opts == reader.opts
+    assert reader._link._consumer is not None

@@ -7,6 +7,8 @@ overflowed the JVM stack in the main job).
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +46,38 @@ def test_thousand_entries_and_floors_stay_plannable(spark: Any, tmp_path: Path) 
     # per vbucket two keys: k-1 (seqno 1, latest) and k-0 (seqno 2, latest): both kept
     assert kept.count() == VBUCKETS * 2
     assert compacted.floors[0] == 1 and len(compacted.floors) == VBUCKETS
+
+
+def test_the_spark_kill_rule_is_the_row_rule(spark: Any, tmp_path: Path) -> None:
+    """``live_changes`` (a Spark join) keeps exactly the rows ``vtable.is_dead`` keeps, on
+    random rows and entries: rollbacks, resync-style rollback+skip pairs, lone skips."""
+    rng = random.Random(15)
+    schema = mirror_schema()
+    extra = [f.name for f in schema.fields][12:]
+    places = [(o, p) for o in range(1, 7) for p in range(0, 40, 3)]
+    rows = [
+        _row(vb, rng.randint(1, 50), *rng.choice(places)) for vb in range(3) for _ in range(150)
+    ]
+    entries = []
+    for _ in range(14):
+        vb, (o, p) = rng.randrange(3), rng.choice(places)
+        kind = rng.choice(["rollback", "resync", "skip"])
+        if kind == "resync":
+            entries += [vtable.Entry("rollback", vb, -1, o, p), vtable.Entry("skip", vb, 30, o, p)]
+        else:
+            entries.append(vtable.Entry(kind, vb, rng.randint(-1, 40), o, p))
+    df = spark.createDataFrame([r + (None,) * len(extra) for r in rows], schema)
+    table = tmp_path / "t"
+    table.mkdir()
+    manifest = vtable.Manifest(ord=6, entries=entries)
+    manifest.files = [vtable.write_rows(table, df, "b1")]
+    live = vtable.live_changes(spark, table, manifest, schema)
+    got = Counter((r.vbucket, int(r.seqno), r.ord, r.pos) for r in live.collect())
+    reach = vtable.scopes(entries)
+    expected = Counter(
+        (r[1], r[8], r[10], r[11])
+        for r in rows
+        if not vtable.is_dead(r[1], r[8], r[10], r[11], reach)
+    )
+    assert got == expected
+    assert sum(expected.values()) < len(rows)  # the entries killed something

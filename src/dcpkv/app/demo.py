@@ -184,6 +184,7 @@ class PipelineStats:
     batches: int = 0
     rows: int = 0
     lag: int | None = None
+    lag_s: float | None = None  # the last batch's oldest change: write to commit (BatchStats)
     recent: deque[tuple[float, int]] = field(default_factory=deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -193,6 +194,7 @@ class PipelineStats:
             self.batches += 1
             self.rows += stats.rows
             self.lag = stats.lag
+            self.lag_s = stats.lag_s
             self.recent.append((now, stats.rows))
             while self.recent and self.recent[0][0] < now - RATE_WINDOW_S:
                 self.recent.popleft()
@@ -517,10 +519,12 @@ class _Pipelines:
         ]  # fmt: skip
 
     def stop(self) -> None:
+        from dcpkv.pipelines.mirror import stop_query
+
         self.sampler.stop()
         for query in self.queries:
             with contextlib.suppress(Exception):  # an already failed or stopped query
-                query.stop()
+                stop_query(query)  # between batches: no Java trace, no half-written batch
 
     def finish(self) -> None:
         """Stop the live queries, then catch up once with everything the node holds now."""
@@ -547,6 +551,7 @@ def progress_line(
     elapsed = int(time.monotonic() - started)
     mirror, view, sampled = pipelines.mirror, pipelines.view, pipelines.sampled
     lag = "-" if mirror.lag is None else f"{mirror.lag:,}"
+    lag += "" if mirror.lag_s is None else f" ({mirror.lag_s:.1f} s)"
     docs = "-" if sampled.docs is None else f"{sampled.docs:,}"
     groups = "-" if sampled.groups is None else f"{sampled.groups}"
     return (

@@ -12,6 +12,8 @@ reads the view's files without Spark, so it answers in a fraction of a second.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,8 +62,28 @@ def local_spark(master: str | None = None) -> Any:
 
 
 def _run(query: Any, spark: Any) -> None:
+    """Until the query ends (``--once``) or a signal. Our own handler, installed over
+    SparkContext's (which cancels every job mid-write and raises inside a py4j call): the
+    first SIGINT/SIGTERM stops the query between batches (``stop_query``), a second one
+    interrupts."""
+    from dcpkv.pipelines.mirror import stop_query
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     try:
-        query.awaitTermination()
+        while query.isActive and not stop.wait(0.5):
+            pass
+        if stop.is_set():
+            stop_query(query)
+        else:
+            query.awaitTermination()  # ended by itself: raises the query's error, if any
     except KeyboardInterrupt:
         query.stop()
     finally:

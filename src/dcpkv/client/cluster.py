@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from dcpkv.client.config import ClientConfig
@@ -266,40 +266,54 @@ class ClusterKV:
 
     async def vbucket_seqnos(self, vbucket: int | None = None) -> dict[int, tuple[int, int]]:
         """vbucket -> (vbucket uuid, high seqno), each read from the vbucket's active."""
-        if vbucket is not None:
-            return await self.on_active(
-                vbucket, lambda s: _held(s.vbucket_seqnos(vbucket)), what="vbucket-seqno"
-            )
         if self.router.map is None:
-            return await (await self.session(self.router.seeds[0])).vbucket_seqnos()
-        out: dict[int, tuple[int, int]] = {}
-        pending = set(self.bucket_vbuckets())
+            return await (await self.session(self.router.seeds[0])).vbucket_seqnos(vbucket)
+        vbs = self.bucket_vbuckets() if vbucket is None else [vbucket]
+        return await self._from_actives(vbs, _seqnos, "vbucket-seqno")
+
+    async def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
+        return (await self.failover_logs([vbucket]))[vbucket]
+
+    async def failover_logs(self, vbuckets: Iterable[int]) -> dict[int, tuple[FailoverEntry, ...]]:
+        """Each vbucket's failover log, read from its active."""
+        return await self._from_actives(list(vbuckets), _failover_logs, "GetFailoverLog")
+
+    async def _from_actives(self, vbuckets: list[int], ask: AskNode[T], what: str) -> dict[int, T]:
+        """``ask`` each node for the vbuckets the map makes it active for.
+
+        A node's vbucket-seqno stat and GetFailoverLog answer for its replicas and dead
+        copies too (as kv_engine's do), and the map may be older than the nodes' states: a
+        consumer kept across batches meets no NotMyVbucket to learn from. A replica's seqnos
+        or log taken for the active's make a planner see a rollback that is not there (the
+        Spark source's mirror lost documents that way). So an answer counts only when the
+        node holds the vbucket active now (GetAllVbSeqnos, asked in the same round trip);
+        the rest is asked again after a map refresh (a move or failover is under way, or was
+        missed), until ``retry_timeout``."""
+        out: dict[int, T] = {}
+        pending = set(vbuckets)
         loop = asyncio.get_running_loop()
         schedule = RetrySchedule(loop.time(), self.config.retry_timeout, self.config.max_backoff)
         while True:
             for node, vbs in self.router.actives_by_node(sorted(pending)).items():
                 try:
                     session = await within(self.session(node), self.config.connect_timeout)
-                    rows = await within(session.vbucket_seqnos(), self.config.request_timeout)
+                    answers, active = await within(
+                        _with_actives(session, vbs, ask), self.config.request_timeout
+                    )
                 except NODE_ERRORS:
                     await self.drop(node)
                     continue
                 for vb in vbs:
-                    if vb in rows:
-                        out[vb] = rows[vb]
+                    if vb in answers and vb in active:
+                        out[vb] = answers[vb]
                         pending.discard(vb)
             if not pending:
                 return dict(sorted(out.items()))
             delay = schedule.next_delay(loop.time())
             if delay is None:
-                raise NoRouteError(f"vbucket-seqno: no active reached for {len(pending)} vbuckets")
+                raise NoRouteError(f"{what}: no active reached for {len(pending)} vbuckets")
             await asyncio.sleep(delay)
             await self.refresh_once()
-
-    async def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
-        return await self.on_active(
-            vbucket, lambda s: _held(s.failover_log(vbucket)), what="GetFailoverLog"
-        )
 
     async def get(self, vbucket: int, key: bytes) -> Document | None:
         """The current document (None: no such key), read from the active."""
@@ -455,6 +469,30 @@ class ClusterKV:
 async def _boxed(result: Awaitable[T]) -> tuple[T]:
     """``(result,)``: a None result (no such key) must not read as "not here"."""
     return (await result,)
+
+
+# What :meth:`ClusterKV._from_actives` asks a node: answers for (some of) the vbuckets given.
+AskNode = Callable[[KVSession, list[int]], Awaitable[dict[int, T]]]
+
+
+async def _with_actives(
+    session: KVSession, vbuckets: list[int], ask: AskNode[T]
+) -> tuple[dict[int, T], set[int]]:
+    """``ask``'s answers and the vbuckets ``session``'s node holds active, in one round trip."""
+    answers, active = await asyncio.gather(ask(session, vbuckets), session.active_vbuckets())
+    return answers, active
+
+
+async def _seqnos(session: KVSession, vbuckets: list[int]) -> dict[int, tuple[int, int]]:
+    rows = await _held(session.vbucket_seqnos(vbuckets[0] if len(vbuckets) == 1 else None))
+    return rows or {}
+
+
+async def _failover_logs(
+    session: KVSession, vbuckets: list[int]
+) -> dict[int, tuple[FailoverEntry, ...]]:
+    logs = await asyncio.gather(*(_held(session.failover_log(vb)) for vb in vbuckets))
+    return {vb: log for vb, log in zip(vbuckets, logs, strict=True) if log is not None}
 
 
 async def _held(result: Awaitable[T]) -> T | None:

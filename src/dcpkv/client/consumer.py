@@ -26,7 +26,11 @@ reconnect backoff in ``session_policy.py``); this module only decides *when*:
 * Events are produced one message at a time, only when the application pulls the next event,
   so :attr:`Consumer.offsets` never runs ahead of what the application was given, and a
   BufferAck for a message goes out only once its events were handed over (flow control
-  paces the producer to the application, not to the socket).
+  paces the producer to the application, not to the socket). The session hands them over in
+  runs: a plain generator per received batch makes each event as it is pulled and stops at a
+  decision (Rollback, StreamEnd, StreamRefused, StreamStart), whose follow-up is asynchronous;
+  so a change costs one async generator step, and its BufferAck bytes are told to the links
+  once per ack threshold (``PendingAcks``), at the very same messages.
 * A Rollback event is yielded *before* the stream is requested again: the application rolls
   back when it receives the event, and the request goes out when it pulls the next one.
 * Noops are answered by the connection's reader task (``connection.py``), independently of
@@ -82,7 +86,7 @@ from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
 from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
-from dcpkv.client.dcp_links import DcpLinks
+from dcpkv.client.dcp_links import DcpLinks, PendingAcks, Received
 from dcpkv.client.flow_control import Liveness
 from dcpkv.client.kv import Document
 from dcpkv.client.mutation_log import MutationLog
@@ -102,6 +106,9 @@ log = logging.getLogger("dcpkv.client")
 Start = Literal["beginning", "now"] | Offsets
 End = Literal["forever", "now"] | Mapping[int, int]
 
+# Events after which the library acts (requests again, repairs, fails): everything else is
+# handed over and forgotten.
+_FOLLOWED = (events.Rollback, events.StreamRefused, events.StreamEnd, events.StreamStart)
 _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
 # Snappy: values the bucket keeps compressed come as they are (less to send), inflated on receipt
 _HELLO = (HelloFeature.Datatype, HelloFeature.JSON, HelloFeature.Snappy)
@@ -157,6 +164,10 @@ class Consumer:
             self._kv = None
 
     @property
+    def mutation_log(self) -> MutationLog | None:
+        return self._mlog
+
+    @property
     def offsets(self) -> Offsets:
         """Every vbucket's progress; moves only as events are handed to the application."""
         return self._offsets
@@ -175,6 +186,10 @@ class Consumer:
     async def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
         """The producer's failover log of ``vbucket``, newest entry first."""
         return await (await self._kv_session()).failover_log(vbucket)
+
+    async def failover_logs(self, vbuckets: Iterable[int]) -> dict[int, tuple[FailoverEntry, ...]]:
+        """:meth:`failover_log` of every vbucket of ``vbuckets``, asked all at once."""
+        return await (await self._kv_session()).failover_logs(vbuckets)
 
     async def active_nodes(self) -> dict[int, str]:
         """vbucket -> ``host:port`` of its active node, as the cluster map says now."""
@@ -238,8 +253,11 @@ class Consumer:
             links = DcpLinks(self._open_dcp, self.config.buffer_size)
             self._links.add(links)
             try:
-                async for ev in self._session(links, run):
-                    yield ev
+                # The session hands over runs of events made one at a time as they are
+                # pulled (a sync generator per batch): one async layer per event, not two.
+                async for events_run in self._session(links, run):
+                    for ev in events_run:
+                        yield ev
             except AuthError:
                 raise
             except _SESSION_ERRORS as exc:
@@ -323,10 +341,13 @@ class Consumer:
         await conn.call_ok(dcp.DcpControl(key="set_noop_interval", value=f"{cfg.noop_interval:g}"))
         conn.liveness = Liveness(cfg.noop_interval, asyncio.get_running_loop().time())
 
-    async def _session(self, links: DcpLinks, run: StreamRun) -> AsyncIterator[events.Event]:
+    async def _session(
+        self, links: DcpLinks, run: StreamRun
+    ) -> AsyncIterator[Iterable[events.Event]]:
         loop = asyncio.get_running_loop()
         async for ev in self._session_start(links, run):
-            yield ev
+            yield (ev,)
+        acks = PendingAcks(links)
         while not run.finished:
             batch, lost = links.take()
             if not batch and not lost:
@@ -335,12 +356,60 @@ class Consumer:
                 await self._node_lost(links, run, node, "connection ended")
             if self._mlog is not None:
                 self._log_keys(run, [(nbytes, msg) for _node, nbytes, msg in batch])
-            for node, nbytes, msg in batch:
-                async for ev in self._message(links, run, node, nbytes, msg):
-                    yield ev
+            async for events_run in self._batch(links, run, acks, batch):
+                yield events_run
             for cs in run.due_retries(loop.time()):
                 async for ev in self._request(links, run, cs):
-                    yield ev
+                    yield (ev,)
+
+    async def _batch(
+        self, links: DcpLinks, run: StreamRun, acks: PendingAcks, batch: list[Received]
+    ) -> AsyncIterator[Iterable[events.Event]]:
+        """A batch's events: runs of changes, broken by decisions and what follows them."""
+        messages = iter(batch)
+        decided: list[tuple[ConsumerStream, events.Event]] = []
+        while True:
+            yield self._changes(run, acks, messages, decided)
+            if not decided:
+                break
+            cs, ev = decided.pop()  # a decision: what follows it, then a request
+            async for follow in self._follow(links, run, cs, ev):
+                yield (follow,)
+        acks.flush()
+
+    @staticmethod
+    def _changes(
+        run: StreamRun,
+        acks: PendingAcks,
+        messages: Iterator[Received],
+        decided: list[tuple[ConsumerStream, events.Event]],
+    ) -> Iterator[events.Event]:
+        """The events of ``messages``, each made only when pulled (the offsets never run
+        ahead of the application) and acked once taken, up to and including the first
+        decision event, which is left in ``decided`` for the library to act on."""
+        for node, nbytes, msg in messages:
+            cs = run.stream_for(msg, node)
+            ev = None if cs is None else cs.event_for(msg)
+            if ev is not None:
+                yield ev
+            if nbytes:
+                acks.add(node, nbytes)
+            if isinstance(ev, _FOLLOWED):
+                assert cs is not None
+                acks.flush()
+                decided.append((cs, ev))
+                return
+
+    async def _follow(
+        self, links: DcpLinks, run: StreamRun, cs: ConsumerStream, ev: events.Event
+    ) -> AsyncIterator[events.Event]:
+        """What follows a decision event, once the application pulled the next one, and the
+        stream's next request when it ended or was refused."""
+        async for follow in self._after(run, cs, ev, asyncio.get_running_loop().time()):
+            yield follow
+        if run.wants_request(cs):
+            async for follow in self._request(links, run, cs):
+                yield follow
 
     async def _node_lost(self, links: DcpLinks, run: StreamRun, node: Node, why: object) -> None:
         """``node``'s connection is gone: its streams resume (from their offsets) wherever the
@@ -358,24 +427,6 @@ class Consumer:
         if run.reads_highs_at_once():
             run.highs = {vb: high for vb, (_uuid, high) in (await self.vbucket_seqnos()).items()}
         for cs in run.first_requests():
-            async for ev in self._request(links, run, cs):
-                yield ev
-
-    async def _message(
-        self, links: DcpLinks, run: StreamRun, node: Node, nbytes: int, msg: Message
-    ) -> AsyncIterator[events.Event]:
-        """One received message: its events (and what follows each), its BufferAck, and the
-        stream's next request when it ended or was refused."""
-        loop = asyncio.get_running_loop()
-        cs = run.stream_for(msg, node)
-        if cs is not None:
-            for ev in cs.receive(msg):
-                yield ev
-                async for follow in self._after(run, cs, ev, loop.time()):
-                    yield follow
-        if nbytes:  # only now: the message's events were handed over (module docstring)
-            links.ack(node, nbytes)
-        if cs is not None and run.wants_request(cs):
             async for ev in self._request(links, run, cs):
                 yield ev
 
@@ -428,7 +479,7 @@ class Consumer:
             if run.clamp and cs.end_seqno != U64_MAX:
                 await self._clamp_end(run, cs)
             opaque = conn.next_opaque()
-            run.requested(cs.vbucket, opaque, node)
+            run.requested(cs.vbucket, opaque, links.same_node(node))
             conn.send(cs.request(opaque=opaque))
         except AuthError:
             raise

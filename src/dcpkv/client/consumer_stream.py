@@ -61,7 +61,7 @@ from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import retryable
 from dcpkv.protocol import dcp, snappy
-from dcpkv.protocol.base import GenericResponse, Message, Request
+from dcpkv.protocol.base import GenericResponse, Message, Request, Response
 from dcpkv.protocol.constants import Opcode, StreamEndReason
 
 
@@ -134,6 +134,9 @@ _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
 _SNAPPY = snappy.SNAPPY
 _INFLATE_LIMIT = 1 << 31  # a producer's value; the server checked sizes at the door
 _ADVANCES = (dcp.SeqnoAdvanced, dcp.SystemEvent)
+# The item types exactly (no subclass exists): a set lookup instead of the isinstance chain.
+_CHANGES = frozenset(_ITEMS)
+_STREAMING = ConsumerState.STREAMING
 
 
 class ConsumerStream:
@@ -224,30 +227,49 @@ class ConsumerStream:
 
     def receive(self, message: Message) -> list[events.Event]:
         """Apply one message from the producer for this vbucket; the events it produces."""
-        if isinstance(message, dcp.StreamRequestOk):
-            return [self._accepted(message)]
-        if isinstance(message, dcp.StreamRequestRollback):
-            self._move(ConsumerEvent.ROLLBACK)
-            return [self._roll_back(message.rollback_seqno)]
-        if isinstance(message, GenericResponse) and message.opcode == Opcode.DcpStreamRequest:
-            return [self._refused(message.status)]
+        return [self.event_for(message)]
+
+    def event_for(self, message: Message) -> events.Event:
+        """:meth:`receive`'s one event (every message makes exactly one): the hot path."""
+        kind = type(message)
+        if kind in _CHANGES:  # first: all but a handful of a stream's messages are changes
+            if message.vbucket != self.vbucket:  # type: ignore[attr-defined]
+                self._wrong_vbucket(message)
+            return self._item(message)  # type: ignore[arg-type]
+        if isinstance(message, Response):
+            return self._answer(message)
         if isinstance(message, Request) and message.vbucket != self.vbucket:
-            raise StreamStateError(
-                f"vbucket {self.vbucket}: got {type(message).__name__} for vbucket "
-                f"{message.vbucket}"
-            )
+            self._wrong_vbucket(message)
         if isinstance(message, dcp.SnapshotMarker):
-            return [self._marker(message)]
+            return self._marker(message)
         if isinstance(message, _ITEMS):
-            return [self._item(message)]
+            return self._item(message)
         if isinstance(message, _ADVANCES):
             self._move(ConsumerEvent.ITEM)
             offset = self.progress.deliver(message.by_seqno)
-            return [events.SeqnoAdvanced(self.vbucket, message.by_seqno, offset)]
+            return events.SeqnoAdvanced(self.vbucket, message.by_seqno, offset)
         if isinstance(message, dcp.StreamEnd):
-            return [self._end(message.reason)]
+            return self._end(message.reason)
         raise StreamStateError(
             f"vbucket {self.vbucket}: a consumer stream does not handle {type(message).__name__}"
+        )
+
+    def _answer(self, message: Message) -> events.Event:
+        """The answer to our stream request: accepted, rollback or refused."""
+        if isinstance(message, dcp.StreamRequestOk):
+            return self._accepted(message)
+        if isinstance(message, dcp.StreamRequestRollback):
+            self._move(ConsumerEvent.ROLLBACK)
+            return self._roll_back(message.rollback_seqno)
+        if isinstance(message, GenericResponse) and message.opcode == Opcode.DcpStreamRequest:
+            return self._refused(message.status)
+        raise StreamStateError(
+            f"vbucket {self.vbucket}: a consumer stream does not handle {type(message).__name__}"
+        )
+
+    def _wrong_vbucket(self, message: Message) -> None:
+        raise StreamStateError(
+            f"vbucket {self.vbucket}: got {type(message).__name__} for vbucket {message.vbucket}"  # type: ignore[attr-defined]
         )
 
     # -- handlers -------------------------------------------------------------------------
@@ -277,7 +299,8 @@ class ConsumerStream:
     def _item(
         self, m: dcp.Mutation | dcp.Deletion | dcp.DeletionV2 | dcp.Expiration
     ) -> events.Mutation | events.Deletion | events.Expiration:
-        self._move(ConsumerEvent.ITEM)
+        if self.state is not _STREAMING:  # the table's only ITEM move keeps STREAMING
+            self._move(ConsumerEvent.ITEM)
         offset = self.progress.deliver(m.by_seqno)
         vb, key = self.vbucket, bytes(m.key)
         if isinstance(m, dcp.Mutation):

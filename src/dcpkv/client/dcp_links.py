@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Awaitable, Callable, Iterator
 
 from dcpkv.client.connection import Connection
-from dcpkv.client.flow_control import FlowControl
+from dcpkv.client.flow_control import FlowControl, ack_threshold
 from dcpkv.client.settings import Node
 from dcpkv.core.deadline import within
 from dcpkv.protocol.base import Message
@@ -39,7 +39,7 @@ class DcpLinks:
 
     def __init__(self, opener: Opener, buffer_size: int) -> None:
         self._opener = opener
-        self._buffer_size = buffer_size
+        self.buffer_size = buffer_size
         self.conns: dict[Node, Connection] = {}
         self.flows: dict[Node, FlowControl] = {}
         self.opaques = itertools.count(1)
@@ -51,8 +51,16 @@ class DcpLinks:
         if conn is None:
             conn = await self._opener(node, self.opaques, self.wake)
             self.conns[node] = conn
-            self.flows[node] = FlowControl(self._buffer_size)
+            self.flows[node] = FlowControl(self.buffer_size)
         return conn
+
+    def same_node(self, node: Node) -> Node:
+        """The very object :meth:`take` names ``node`` by (an equal one from a later map
+        would cost an equality test per message where an identity test does)."""
+        for known in self.conns:
+            if known == node:
+                return known
+        return node
 
     def take(self) -> tuple[list[Received], list[Node]]:
         """Every message waiting, and the nodes whose connection ended (dropped here)."""
@@ -91,3 +99,34 @@ class DcpLinks:
     async def close(self) -> None:
         for node in list(self.conns):
             await self.drop(node)
+
+
+class PendingAcks:
+    """Bytes of one node's messages handed over but not yet told to :meth:`DcpLinks.ack`.
+
+    The consumer adds every message's bytes here and the links hear of them once per
+    threshold (the flow-control ack threshold) and at the end of a batch, instead of once per
+    message: the BufferAcks go out at the same messages as before, for a call per message
+    less. :meth:`flush` before anything that may wait (the next batch, a request).
+    """
+
+    __slots__ = ("links", "nbytes", "node", "threshold")
+
+    def __init__(self, links: DcpLinks) -> None:
+        self.links = links
+        self.node: Node | None = None
+        self.nbytes = 0
+        self.threshold = ack_threshold(links.buffer_size) if links.buffer_size else 1 << 62
+
+    def add(self, node: Node, nbytes: int) -> None:
+        if node is not self.node:
+            self.flush()
+            self.node = node
+        self.nbytes += nbytes
+        if self.nbytes >= self.threshold:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.nbytes and self.node is not None:
+            self.links.ack(self.node, self.nbytes)
+        self.nbytes = 0

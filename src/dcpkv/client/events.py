@@ -5,7 +5,9 @@ applied. An application that persists ``event.offset`` (or the whole :class:`Off
 it has applied the event resumes exactly there, never past a change it did not apply.
 
 Keys and values are ``bytes`` copies (the codec's memoryviews point into a receive buffer that
-the connection reuses).
+the connection reuses). The events are frozen dataclasses built with ``fast_init``'s
+constructor (one is built per change: the generated frozen ``__init__`` cost more than the
+rest of a change's handling).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from dataclasses import dataclass
 
 from dcpkv.client.offsets import VbucketOffset
 from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.fastinit import fast_init
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StreamStart:
     """The producer accepted the stream request. The consumer adopted its failover log (which
@@ -26,6 +30,7 @@ class StreamStart:
     offset: VbucketOffset
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StreamRefused:
     """The producer answered the stream request with an error ``status``. With
@@ -38,6 +43,7 @@ class StreamRefused:
     offset: VbucketOffset
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Mutation:
     vbucket: int
@@ -52,6 +58,7 @@ class Mutation:
     offset: VbucketOffset
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Deletion:
     vbucket: int
@@ -63,6 +70,7 @@ class Deletion:
     delete_time: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Expiration:
     vbucket: int
@@ -74,6 +82,7 @@ class Expiration:
     delete_time: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SeqnoAdvanced:
     """The stream moved to ``seqno`` without a change for the application (a SeqnoAdvanced
@@ -84,6 +93,7 @@ class SeqnoAdvanced:
     offset: VbucketOffset
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SnapshotStart:
     """A snapshot marker: changes ``start..end`` follow. Until ``end`` is reached the
@@ -96,6 +106,7 @@ class SnapshotStart:
     offset: VbucketOffset
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Rollback:
     """Undo every change above ``rollback_seqno`` before the stream is requested again.
@@ -112,6 +123,7 @@ class Rollback:
     offset: VbucketOffset
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
     """The producer ended the stream. ``will_resume`` says whether the library asks again

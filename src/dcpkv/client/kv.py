@@ -5,7 +5,8 @@ Theory of operation
 One authenticated :class:`~dcpkv.client.connection.Connection` with the bucket selected;
 requests are pipelined freely (answers are matched by opaque). It serves the questions a DCP
 consumer asks outside the stream: every vbucket's uuid and high seqno (Stat
-``vbucket-seqno``), a vbucket's failover log (GetFailoverLog needs no DCP connection), and
+``vbucket-seqno``), which vbuckets the node holds active (GetAllVbSeqnos with the active
+state), a vbucket's failover log (GetFailoverLog needs no DCP connection), and
 the current document of a key (Get), for the mutation-log repair after a rollback.
 """
 
@@ -19,6 +20,7 @@ from dcpkv.client.connection import ClientError, Connection, authenticate
 from dcpkv.core.deadline import within
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.status import Status, status_name
+from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import dcp, kv
 
 
@@ -70,6 +72,14 @@ class KVSession:
             vb = int(vb_part[3:])
             (uuids if field == "uuid" else highs)[vb] = int(value)
         return {vb: (uuids.get(vb, 0), highs[vb]) for vb in sorted(highs)}
+
+    async def active_vbuckets(self) -> set[int]:
+        """The vbuckets this node holds active (GetAllVbSeqnos, state active)."""
+        answer = await self.conn.call(kv.GetAllVbSeqnos(state=int(VBucketState.ACTIVE)))
+        if not isinstance(answer, kv.GetAllVbSeqnosResponse):
+            status = getattr(answer, "status", None)
+            raise ClientError(f"GetAllVbSeqnos: {status_name(status or 0)}", status)
+        return {vb for vb, _seqno in answer.seqnos}
 
     async def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
         answer = await self.conn.call(dcp.GetFailoverLog(vbucket=vbucket))

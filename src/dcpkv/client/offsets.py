@@ -56,6 +56,7 @@ from typing import Any
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.fastinit import fast_init, slot_setters
 from dcpkv.core.files import atomic_write
 from dcpkv.core.seqno import U64_MAX
 
@@ -80,6 +81,7 @@ def _u64(value: Any, what: str, error: type[ValueError] = OffsetError) -> int:
     return value
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class VbucketOffset:
     """What a consumer holds of one vbucket: see the module docstring."""
@@ -111,6 +113,23 @@ class VbucketOffset:
     def stream_request_fields(self) -> tuple[int, int, int, int]:
         """``(start, vb_uuid, snap_start, snap_end)`` for the stream request that resumes."""
         return self.seqno, self.vb_uuid, self.snap_start, self.snap_end
+
+
+_new = object.__new__
+_SET_UUID, _SET_SEQNO, _SET_START, _SET_END = slot_setters(
+    VbucketOffset, "vb_uuid", "seqno", "snap_start", "snap_end"
+)
+
+
+def _offset(vb_uuid: int, seqno: int, snap_start: int, snap_end: int) -> VbucketOffset:
+    """A :class:`VbucketOffset` from fields the caller already checked (u64s, the seqno inside
+    its snapshot): the delivery path builds one per change, and the checks would double it."""
+    o = _new(VbucketOffset)
+    _SET_UUID(o, vb_uuid)
+    _SET_SEQNO(o, seqno)
+    _SET_START(o, snap_start)
+    _SET_END(o, snap_end)
+    return o
 
 
 def uuid_at(failover_log: Sequence[FailoverEntry], seqno: int) -> int:
@@ -212,13 +231,15 @@ class VbucketProgress:
 
     def deliver(self, seqno: int) -> VbucketOffset:
         """An item (or SeqnoAdvanced) at ``seqno`` was handed to the application."""
-        _u64(seqno, "seqno")
-        if seqno <= self.offset.seqno:
-            raise OffsetError(f"seqno {seqno} does not advance past {self.offset.seqno}")
+        if type(seqno) is not int or not 0 <= seqno <= U64_MAX:
+            _u64(seqno, "seqno")
+        o = self.offset
+        if seqno <= o.seqno:
+            raise OffsetError(f"seqno {seqno} does not advance past {o.seqno}")
         if self.pending is not None:
             start, end = self.pending
-        elif not self.offset.complete:
-            start, end = self.offset.snap_start, self.offset.snap_end
+        elif o.seqno != o.snap_end:
+            start, end = o.snap_start, o.snap_end
         else:
             raise OffsetError(f"seqno {seqno} arrived outside any snapshot")
         if not start <= seqno <= end:
@@ -227,9 +248,21 @@ class VbucketProgress:
         if seqno == end:
             self._complete_at(end)
         else:
-            self.offset = VbucketOffset(self.offset.vb_uuid, seqno, start, end)
+            self.offset = _offset(o.vb_uuid, seqno, start, end)
             self._delivered_in_snapshot = True
         return self.offset
+
+    def followed(self, offset: VbucketOffset) -> None:
+        """Repeat here a :meth:`deliver` made on a copy of this progress, given the offset it
+        returned (the facade's caller-side offsets: ``sync.py``). Exact only when this
+        progress was equal to the copy before that delivery."""
+        self.pending = None
+        self.offset = offset
+        if offset.seqno == offset.snap_end:
+            self._delivered_in_snapshot = False
+            self._note_consistent(offset.seqno)
+        else:
+            self._delivered_in_snapshot = True
 
     def accepted(self, failover_log: Sequence[FailoverEntry]) -> VbucketOffset:
         """The producer accepted our stream request: adopt its failover log and branch."""
@@ -271,7 +304,7 @@ class VbucketProgress:
             self._complete_at(self.offset.snap_end)
 
     def _complete_at(self, seqno: int) -> None:
-        self.offset = VbucketOffset.at(seqno, self.offset.vb_uuid)
+        self.offset = _offset(self.offset.vb_uuid, seqno, seqno, seqno)
         self._delivered_in_snapshot = False
         self._note_consistent(seqno)
 

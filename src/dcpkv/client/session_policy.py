@@ -42,6 +42,7 @@ STREAM_MESSAGES = (
     dcp.SnapshotMarker, dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration,
     dcp.SeqnoAdvanced, dcp.SystemEvent, dcp.StreamEnd,
 )  # fmt: skip
+_STREAM_TYPES = frozenset(STREAM_MESSAGES)  # exact types; marker versions take the isinstance
 DONE = frozenset({ConsumerState.ENDED, ConsumerState.FAILED})
 
 
@@ -96,7 +97,9 @@ class StreamRun:
 
     def stream_for(self, msg: Message, node: Hashable = None) -> ConsumerStream | None:
         """The stream ``msg`` (received from ``node``) is for, if any."""
-        if isinstance(msg, Response):
+        if type(msg) in _STREAM_TYPES:  # the hot path: one set lookup for a change
+            vb = msg.vbucket  # type: ignore[attr-defined]
+        elif isinstance(msg, Response):
             if msg.opcode != Opcode.DcpStreamRequest:
                 return None
             vb = self.opaques.pop(msg.opaque, None)
@@ -104,7 +107,10 @@ class StreamRun:
             vb = msg.vbucket
         else:
             return None  # barriers, takeover state changes: nothing for a plain consumer
-        if vb is None or self.where.get(vb) != node:
+        if vb is None:
+            return None
+        where = self.where.get(vb)
+        if where is not node and where != node:
             return None
         return self.streams.get(vb)
 

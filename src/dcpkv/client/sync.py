@@ -11,7 +11,8 @@ stops the thread.
 Streaming in chunks. A thread hop per event (a future per ``next()``) costs far more than
 the event itself, so :meth:`SyncConsumer.stream` runs a *pump* task in the loop thread that
 iterates the async stream and appends events to a shared buffer; the caller's iterator takes
-the whole buffer at once and waits only when it is empty. The pump pauses when the buffer
+the whole buffer at once and waits only when it is empty. The pump itself fills the shared
+buffer in runs (one lock per run, see :class:`_Pump`). The pump pauses when the buffer
 holds ``chunk_events`` events, so the library never runs more than two chunks ahead (one in
 the caller's hands, one buffered): flow-control acks, like memory, stay bounded.
 
@@ -22,7 +23,11 @@ What running ahead must not change:
   caller's iterator installs that copy into :attr:`SyncConsumer.offsets` (the object the
   application gave, or the facade's own) as it hands the event over. So the public offsets
   move exactly one event at a time, as before: saved after applying an event, they resume
-  right after it, never past an event the application has not seen.
+  right after it, never past an event the application has not seen. A change (Mutation,
+  Deletion, Expiration, SeqnoAdvanced) moves its progress by one ``deliver``, which the
+  caller repeats from the event's offset (``VbucketProgress.followed``) instead of taking a
+  copy; in mutation-log mode repairs move progress without a delivery, so every event is
+  copied there.
 * Decisions. After a Rollback, a StreamEnd or a StreamRefused the pump stops until the
   caller asks for the event after it: the library's follow-up (requesting the stream again,
   a mutation-log repair) still happens only once the application has handled the event.
@@ -117,6 +122,9 @@ class SyncConsumer:
     def failover_log(self, vbucket: int) -> tuple[FailoverEntry, ...]:
         return self._call(self._consumer.failover_log(vbucket))
 
+    def failover_logs(self, vbuckets: Iterable[int]) -> dict[int, tuple[FailoverEntry, ...]]:
+        return self._call(self._consumer.failover_logs(vbuckets))
+
     def active_nodes(self) -> dict[int, str]:
         return self._call(self._consumer.active_nodes())
 
@@ -137,7 +145,9 @@ class SyncConsumer:
         if isinstance(start, Offsets):
             start = private
         agen = self._consumer.stream(vbuckets, start=start, end=end, clamp_ends=clamp_ends)
-        return self._iterate(_Pump(agen, private, set(self._offsets), self._chunk, self._loop))
+        copy_all = self._consumer.mutation_log is not None
+        pump = _Pump(agen, private, set(self._offsets), self._chunk, self._loop, copy_all)
+        return self._iterate(pump)
 
     def _iterate(self, pump: _Pump) -> Iterator[events.Event]:
         asyncio.run_coroutine_threadsafe(pump.run(), self._loop)
@@ -146,11 +156,14 @@ class SyncConsumer:
             while True:
                 chunk, finished, error = pump.take()
                 for ev, progress in chunk:
-                    if isinstance(progress, dict):  # the first event: new vbuckets' starts
+                    if progress is None:  # a plain delivery: repeat it on the public side
+                        public.progress(ev.vbucket).followed(ev.offset)
+                    elif isinstance(progress, dict):  # the first event: new vbuckets' starts
                         for vb, p in progress.items():
                             public.set_progress(vb, p)
                         continue
-                    public.set_progress(ev.vbucket, progress)
+                    else:
+                        public.set_progress(ev.vbucket, progress)
                     yield ev
                 if finished and not chunk:
                     if error is not None:
@@ -165,11 +178,26 @@ class SyncConsumer:
 # (resume when the caller asks for the event after it), or that decision taken.
 _FULL, _DECISION, _DECISION_TAKEN = 1, 2, 3
 _DECISIONS = (events.Rollback, events.StreamEnd, events.StreamRefused)
-Handed = tuple[Any, Any]  # (event, its vbucket's progress after it) or (None, {vb: start})
+# Events whose progress is one VbucketProgress.deliver: handed over without a copy.
+_DELIVERIES = frozenset({events.Mutation, events.Deletion, events.Expiration, events.SeqnoAdvanced})
+# Events moved to the shared buffer at once at most (one lock and one wake-up per run).
+FLUSH_EVENTS = 128
+# (event, progress): a copy of its vbucket's progress after it, None for a plain delivery the
+# caller repeats (VbucketProgress.followed); or (None, {vb: start}) first.
+Handed = tuple[Any, Any]
 
 
 class _Pump:
-    """Moves events from the async stream (loop thread) to the caller (its own thread)."""
+    """Moves events from the async stream (loop thread) to the caller (its own thread).
+
+    The pump collects events in a list of the loop thread's own and moves them to the shared
+    buffer (one lock, one notify) every :data:`FLUSH_EVENTS`, at a decision, at the end, and
+    whenever the pump's task waits (a callback scheduled when the list starts: the loop runs
+    it only once the task is suspended), so no event waits on the network for company.
+    Without a mutation log every change is one delivery on its vbucket's progress, which the
+    caller repeats from the event's offset instead of taking a copy of the progress (in
+    mutation-log mode repairs move the progress without a delivery: copies throughout).
+    """
 
     def __init__(
         self,
@@ -178,13 +206,16 @@ class _Pump:
         known: set[int],
         chunk: int,
         loop: asyncio.AbstractEventLoop,
+        copy_all: bool = False,
     ) -> None:
         self.agen, self.offsets, self.known, self.chunk, self.loop = (
             agen, offsets, known, chunk, loop,
         )  # fmt: skip
+        self.copy_all = copy_all
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)
         self.buf: list[Handed] = []
+        self.local: list[Handed] = []  # the loop thread's, not yet in buf
         self.hold = 0
         self.done = False
         self.error: Exception | None = None
@@ -193,38 +224,63 @@ class _Pump:
 
     async def run(self) -> None:
         self.task = asyncio.current_task()
-        self.resume = resume = asyncio.Event()
-        first = True
+        self.resume = asyncio.Event()
         try:
-            async for ev in self.agen:
-                progress = self.offsets.progress(ev.vbucket).copy()
-                with self.lock:
-                    if first:
-                        # Vbuckets the stream planned (e.g. start="now") are in the public
-                        # offsets from the first event on, as they were without chunks.
-                        first = False
-                        starts = {
-                            vb: self.offsets.progress(vb).copy()
-                            for vb in self.offsets
-                            if vb not in self.known and vb != ev.vbucket
-                        }
-                        self.buf.append((None, starts))
-                    self.buf.append((ev, progress))
-                    if isinstance(ev, _DECISIONS):
-                        self.hold = _DECISION
-                    elif len(self.buf) >= self.chunk:
-                        self.hold = _FULL
-                    if self.hold:
-                        resume.clear()
-                    self.ready.notify()
-                if self.hold:
-                    await resume.wait()
+            await self._pump()
         except Exception as exc:  # handed to the caller after the events before it
             self.error = exc
         finally:
             with self.lock:
+                self.buf.extend(self.local)
+                self.local = []
                 self.done = True
                 self.ready.notify()
+
+    async def _pump(self) -> None:
+        assert self.resume is not None
+        local, deliveries, flush_at = self.local, _DELIVERIES, min(FLUSH_EVENTS, self.chunk)
+        if self.copy_all:
+            deliveries = frozenset()
+        first = True
+        async for ev in self.agen:
+            if first:
+                first = False
+                local.append((None, self._starts(ev.vbucket)))
+            if type(ev) in deliveries:
+                local.append((ev, None))
+            else:
+                local.append((ev, self.offsets.progress(ev.vbucket).copy()))
+            if isinstance(ev, _DECISIONS) or len(local) >= flush_at:
+                self._flush(decision=isinstance(ev, _DECISIONS))
+            elif len(local) == 1:
+                self.loop.call_soon(self._flush)
+            if self.hold:
+                await self.resume.wait()
+
+    def _starts(self, vbucket: int) -> dict[int, Any]:
+        # Vbuckets the stream planned (e.g. start="now") are in the public offsets from the
+        # first event on, as they were without chunks.
+        return {
+            vb: self.offsets.progress(vb).copy()
+            for vb in self.offsets
+            if vb not in self.known and vb != vbucket
+        }
+
+    def _flush(self, decision: bool = False) -> None:
+        """Move the local events to the shared buffer (loop thread)."""
+        if not self.local:
+            return
+        assert self.resume is not None
+        with self.lock:
+            self.buf.extend(self.local)
+            self.local.clear()
+            if decision:
+                self.hold = _DECISION
+            elif len(self.buf) >= self.chunk and not self.hold:
+                self.hold = _FULL
+            if self.hold:
+                self.resume.clear()
+            self.ready.notify()
 
     def _wake(self) -> None:
         self.hold = 0

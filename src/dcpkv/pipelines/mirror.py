@@ -28,12 +28,22 @@ failover to a lagging replica, a purge) falls back to the resync, which is alway
 
 ``read_mirror`` reads through the manifest: the current documents, consistent as of one
 committed batch. Per batch a JSON line of :class:`BatchStats` goes to ``<to>/_metrics.jsonl``.
+
+Stopping (:func:`stop_query`, for Ctrl-C). ``query.stop()`` interrupts the stream thread
+wherever it is: in the middle of a batch's Parquet write that is a page of Java
+``InterruptedException`` traces and a directory the manifest never names. So a pipeline's
+query stops between batches: :meth:`TableJob.stop` waits for the batch in flight to commit
+and makes any later batch refuse to start (:class:`PipelineStopping`, before writing
+anything; Spark did not commit that batch, so a restarted query runs it again), and only
+then is the query stopped, with Spark's log silenced for the stop itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -47,6 +57,12 @@ from dcpkv.pipelines import vtable
 from dcpkv.pipelines.vtable import Entry, Manifest
 
 RESYNC_ATTEMPTS = 3
+STOP_WAIT_S = 300.0  # how long a stop waits for the batch in flight before interrupting it
+SPARK_LOG_LEVEL = "ERROR"  # the pipelines' level, restored after a stop
+
+
+class PipelineStopping(RuntimeError):
+    """A batch refused to start because its pipeline is stopping (it runs after a restart)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +113,10 @@ class SourceSettings:
 @dataclass(frozen=True)
 class BatchStats:
     """One applied batch. ``lag``: changes not yet applied (sum over vbuckets of high seqno
-    minus applied seqno) right after the commit, None when the server could not be asked."""
+    minus applied seqno) right after the commit, None when the server could not be asked.
+    ``lag_s``: seconds from the write of the batch's oldest change (its CAS, a hybrid logical
+    clock) to the batch's commit, i.e. the longest a change of it waited to be visible; None
+    for a batch without changes or rows without a CAS (a view)."""
 
     batch_id: int
     finished_at: float
@@ -105,6 +124,7 @@ class BatchStats:
     rollbacks: int
     seconds: float
     lag: int | None
+    lag_s: float | None = None
 
 
 # -- the server's seqnos ----------------------------------------------------------------------
@@ -257,8 +277,25 @@ class TableJob:
     checkpoint: Path
     compact_every: int | None = 10
     on_batch: Callable[[BatchStats], None] | None = None
+    _busy: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _stopping: bool = field(default=False, init=False)
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        with self._busy:
+            if self._stopping:
+                raise PipelineStopping(f"batch {batch_id} not started: the pipeline is stopping")
+            self._apply(df, batch_id)
+
+    def stop(self, timeout: float = STOP_WAIT_S) -> bool:
+        """Wait (up to ``timeout``) for the batch in flight; no batch starts afterwards.
+        False when the batch did not finish in time."""
+        done = self._busy.acquire(timeout=timeout)
+        self._stopping = True
+        if done:
+            self._busy.release()
+        return done
+
+    def _apply(self, df: Any, batch_id: int) -> None:
         manifest = vtable.load_manifest(self.table)
         if batch_id <= manifest.batch_id:
             return  # committed before a restart: Spark re-runs the last batch, we do not
@@ -266,8 +303,8 @@ class TableJob:
         ord_ = manifest.ord + 1
         rows = vtable.stamp(self.transform(df), ord_)
         name = vtable.write_rows(self.table, rows, f"b{ord_:08d}")
-        count = self.spark.read.parquet(str(self.table / name)).count()
-        rollbacks = vtable.rollback_rows(self.spark, self.table, name)
+        summary = vtable.batch_summary(self.spark, self.table, name)  # one job, not two
+        rollbacks = summary.rollbacks
         manifest.files.append(name)
         for rb in rollbacks:
             self._roll_back(manifest, ord_, rb)
@@ -277,7 +314,8 @@ class TableJob:
         vtable.commit_manifest(self.table, manifest)
         if self.compact_every and ord_ - manifest.compacted_ord >= self.compact_every:
             compact_table(self.spark, self.table, self.schema, self.source)
-        self._report(batch_id, count - len(rollbacks), len(rollbacks), started, manifest)
+        changes = summary.rows - len(rollbacks)
+        self._report(batch_id, changes, len(rollbacks), started, manifest, summary.oldest_cas)
 
     def _roll_back(self, manifest: Manifest, ord_: int, rb: vtable.RollbackRow) -> None:
         if rb.seqno >= manifest.floors.get(rb.vbucket, 0):
@@ -308,15 +346,18 @@ class TableJob:
         raise RuntimeError(f"vbucket {vb}: the server kept rolling back during a resync")
 
     def _report(
-        self, batch_id: int, rows: int, rollbacks: int, started: float, manifest: Manifest
-    ) -> None:
+        self, batch_id: int, rows: int, rollbacks: int, started: float, manifest: Manifest,
+        oldest_cas: int | None = None,
+    ) -> None:  # fmt: skip
+        finished = time.time()
         stats = BatchStats(
             batch_id=batch_id,
-            finished_at=time.time(),
+            finished_at=finished,
             rows=rows,
             rollbacks=rollbacks,
             seconds=time.monotonic() - started,
             lag=lag_of(self.source, manifest.applied_seqnos()),
+            lag_s=None if oldest_cas is None else max(0.0, finished - oldest_cas / 1e9),
         )
         vtable.append_metrics(self.table, asdict(stats))
         if self.on_batch is not None:
@@ -365,7 +406,29 @@ def start_stream(
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
-    return writer.start()
+    query = writer.start()
+    _JOBS[str(query.id)] = job
+    return query
+
+
+_JOBS: dict[str, TableJob] = {}  # query id -> its job, for stop_query
+
+
+def stop_query(query: Any, timeout: float = STOP_WAIT_S) -> None:
+    """Stop a pipeline's query quietly, between batches (module docstring); any query
+    works, one not started by :func:`start_stream` is simply stopped."""
+    job = _JOBS.pop(str(query.id), None)
+    if job is None:
+        query.stop()
+        return
+    context = job.spark.sparkContext
+    context.setLogLevel("OFF")  # the refused batch ends the query with an error trace
+    try:
+        job.stop(timeout)
+        with contextlib.suppress(Exception):  # already failed (PipelineStopping) or stopped
+            query.stop()
+    finally:
+        context.setLogLevel(SPARK_LOG_LEVEL)
 
 
 def start_mirror(

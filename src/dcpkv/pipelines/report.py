@@ -4,13 +4,14 @@ Theory of operation
 -------------------
 The mirror and the views append one JSON line per micro-batch to ``<dir>/_metrics.jsonl``
 (the fields of :class:`~dcpkv.pipelines.mirror.BatchStats`: ``batch_id``, ``finished_at``
-(Unix time), ``rows``, ``rollbacks``, ``seconds`` (the batch's wall time) and ``lag`` (changes
-the batch left behind the server's high seqnos, or null when unknown)). The report reads those
-lines, each directory one series, and draws three panels sharing one time axis (seconds since
-the first batch started): throughput (rows per second of batch time), lag, and rows per batch.
-Markers make isolated batches visible; a batch without a lag leaves a gap in that line.
-``marks`` (Unix time, label), e.g. the failovers of ``dcpkv demo --chaos``, are drawn as
-vertical lines across the three panels, labelled on the first.
+(Unix time), ``rows``, ``rollbacks``, ``seconds`` (the batch's wall time), ``lag`` (changes
+the batch left behind the server's high seqnos, or null when unknown) and ``lag_s`` (seconds
+from the write of the batch's oldest change to its commit, null without one). The report
+reads those lines, each directory one series, and draws four panels sharing one time axis
+(seconds since the first batch started): throughput (rows per second of batch time), lag in
+changes, lag in seconds, and rows per batch. Markers make isolated batches visible; a batch
+without a lag leaves a gap in that line. ``marks`` (Unix time, label), e.g. the failovers of
+``dcpkv demo --chaos``, are drawn as vertical lines across the panels, labelled on the first.
 
 A half-written last line (a pipeline still running) is skipped, not an error. matplotlib
 runs on its Agg backend: no display is needed, and nothing is imported before the command
@@ -45,6 +46,7 @@ class Series:
     rows: list[int]
     seconds: list[float]
     lag: list[float | None]
+    lag_s: list[float | None]
 
     @property
     def rates(self) -> list[float]:
@@ -74,8 +76,13 @@ def read_series(directory: Path, label: str | None = None) -> Series:
         finished=finished,
         rows=[int(b.get("rows") or 0) for b in batches],
         seconds=seconds,
-        lag=[None if b.get("lag") is None else float(b["lag"]) for b in batches],
+        lag=_optional(batches, "lag"),
+        lag_s=_optional(batches, "lag_s"),
     )
+
+
+def _optional(batches: list[dict[str, Any]], name: str) -> list[float | None]:
+    return [None if b.get(name) is None else float(b[name]) for b in batches]
 
 
 def draw_report(
@@ -91,16 +98,19 @@ def draw_report(
 
     series = [read_series(d) for d in directories]
     origin = min(s.started[0] for s in series)
-    fig, (ax_rate, ax_lag, ax_rows) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    fig, (ax_rate, ax_lag, ax_lag_s, ax_rows) = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     for s in series:
         t = [f - origin for f in s.finished]
         ax_rate.plot(t, s.rates, marker="o", markersize=3, label=s.label)
-        ax_lag.plot(t, [float("nan") if v is None else v for v in s.lag], marker="o",
+        for ax, values in ((ax_lag, s.lag), (ax_lag_s, s.lag_s)):
+            ax.plot(t, [float("nan") if v is None else v for v in values], marker="o",
                     markersize=3, label=s.label)  # fmt: skip
         ax_rows.plot(t, s.rows, marker="o", markersize=3, drawstyle="steps-mid", label=s.label)
-    _mark(ax_rate, ax_lag, ax_rows, marks=[(at - origin, text) for at, text in marks])
+    _mark(ax_rate, ax_lag, ax_lag_s, ax_rows, marks=[(at - origin, text) for at, text in marks])
     _label(ax_rate, "Throughput", "rows / second of batch time", [s.rates for s in series])
     _label(ax_lag, "Lag after each batch", "changes behind the server", [s.lag for s in series])
+    _label(ax_lag_s, "Lag of each batch: its oldest change's write to its commit", "seconds",
+           [s.lag_s for s in series])  # fmt: skip
     _label(ax_rows, "Rows per batch", "rows", [s.rows for s in series])
     ax_rows.set_xlabel("time since the first batch started (seconds)")
     fig.suptitle(title or "dcpkv pipeline metrics: " + ", ".join(s.label for s in series))
@@ -144,8 +154,10 @@ def _summary(series: list[Series]) -> str:
     for s in series:
         lags = [v for v in s.lag if v is not None]
         last_lag = f"{lags[-1]:.0f}" if lags else "n/a"
+        seconds = sorted(v for v in s.lag_s if v is not None)
+        lag_s = f", lag p50 {seconds[len(seconds) // 2]:.1f} s" if seconds else ""
         parts.append(
             f"{s.label}: {len(s.rows)} batches, {sum(s.rows):,} rows, "
-            f"max lag {max(lags, default=0):.0f}, final lag {last_lag}"
+            f"max lag {max(lags, default=0):.0f}, final lag {last_lag}{lag_s}"
         )
     return "   |   ".join(parts)

@@ -26,13 +26,20 @@ Rollbacks are never applied by rewriting files. The manifest keeps *entries*:
 * ``rollback`` (vb, R, ord, pos): a change of vb *before* (ord, pos) with seqno > R is dead
   (a reset to nothing is a rollback to -1);
 * ``skip`` (vb, H, ord, pos): a change of vb *after* (ord, pos) with seqno <= H is dead (used
-  after a resync that already holds the vbucket's state at H).
+  after a resync that already holds the vbucket's state at H), up to the vbucket's next
+  rollback entry: the skip hides the stream's re-sending of what the resync holds, and a
+  later rollback starts another history (a second resync's rows, the changes of a new
+  branch) whose seqnos at or below H are live. Without that end, a vbucket reset twice lost
+  the documents of its second resync up to the first one's H: its oldest documents (the
+  chaos demo with two failovers).
 
-A change is live when no entry kills it; among the live changes the seqnos of a vbucket are
-unique (the new branch restarts above R), so the current version of a key is its live change
-with the highest seqno, and a deletion or expiration there means "absent". Entries are kept
-forever (they are few): compaction keeps the rows' ``ord``/``pos``, so the entries stay true of
-the rewritten rows, and a view built on this table can replay them.
+A change is live when no entry kills it (:func:`is_dead`, the rule for one row; the Spark
+join in :func:`live_changes` is the same rule for a whole table); among the live changes the
+seqnos of a vbucket are unique (the new branch restarts above R), so the current version of
+a key is its live change with the highest seqno, and a deletion or expiration there means
+"absent". Entries are kept forever (they are few): compaction keeps the rows' ``ord``/``pos``,
+so the entries stay true of the rewritten rows, and a view built on this table can replay
+them.
 
 Retention (``compact``): per vbucket a *floor* F promises exact rollbacks to any R >= F. A
 version is kept when it is the latest, or when the change that superseded it has a seqno > F
@@ -117,6 +124,50 @@ class Manifest:
         return {vb: (int(a["vb_uuid"]), int(a["seqno"])) for vb, a in self.applied.items()}
 
 
+@dataclass(frozen=True)
+class Scope:
+    """An entry with the end of its reach: a skip stops at (``end_ord``, ``end_pos``), the place
+    of the vbucket's next rollback entry; a rollback, or a skip with no rollback after it,
+    reaches on (``end_ord`` None)."""
+
+    entry: Entry
+    end_ord: int | None = None
+    end_pos: int | None = None
+
+    def kills(self, vbucket: int, seqno: int, place: tuple[int, int]) -> bool:
+        e = self.entry
+        if e.vbucket != vbucket:
+            return False
+        if e.kind == "rollback":
+            return place < (e.ord, e.pos) and seqno > e.seqno
+        ended = self.end_ord is not None and place >= (self.end_ord, self.end_pos or 0)
+        return place > (e.ord, e.pos) and not ended and seqno <= e.seqno
+
+
+def scopes(entries: Iterable[Entry]) -> list[Scope]:
+    """Every entry with its reach (see the module docstring): a skip ends at the first
+    rollback entry of its vbucket strictly after it (the rollback that came with the same
+    resync sits at the skip's own place, and ends nothing)."""
+    rollbacks: dict[int, list[tuple[int, int]]] = {}
+    for e in entries:
+        if e.kind == "rollback":
+            rollbacks.setdefault(e.vbucket, []).append((e.ord, e.pos))
+    out = []
+    for e in entries:
+        later = [p for p in rollbacks.get(e.vbucket, ()) if p > (e.ord, e.pos)]
+        if e.kind == "skip" and later:
+            end_ord, end_pos = min(later)
+            out.append(Scope(e, end_ord, end_pos))
+        else:
+            out.append(Scope(e))
+    return out
+
+
+def is_dead(vbucket: int, seqno: int, ord_: int, pos: int, reach: Iterable[Scope]) -> bool:
+    """Whether an entry kills the change of ``vbucket`` at ``seqno``, stored at (ord, pos)."""
+    return any(s.kills(vbucket, seqno, (ord_, pos)) for s in reach)
+
+
 def load_manifest(table: Path) -> Manifest:
     path = table / MANIFEST
     if not path.exists():
@@ -157,7 +208,10 @@ def live_changes(spark: Any, table: Path, manifest: Manifest, schema: Any) -> An
     return _drop_dead(spark, rows, manifest.entries)
 
 
-_ENTRY_SCHEMA = "e_kind string, e_vbucket int, e_seqno decimal(20,0), e_ord long, e_pos long"
+_ENTRY_SCHEMA = (
+    "e_kind string, e_vbucket int, e_seqno decimal(20,0), e_ord long, e_pos long, "
+    "e_end_ord long, e_end_pos long"
+)
 
 
 def _drop_dead(spark: Any, rows: Any, entries: Iterable[Entry]) -> Any:
@@ -170,14 +224,21 @@ def _drop_dead(spark: Any, rows: Any, entries: Iterable[Entry]) -> Any:
     from pyspark.sql import functions as F
 
     table = spark.createDataFrame(
-        [(e.kind, e.vbucket, Decimal(e.seqno), e.ord, e.pos) for e in entries], _ENTRY_SCHEMA
-    )
+        [
+            (s.entry.kind, s.entry.vbucket, Decimal(s.entry.seqno), s.entry.ord, s.entry.pos,
+             s.end_ord, s.end_pos)
+            for s in scopes(entries)
+        ],
+        _ENTRY_SCHEMA,
+    )  # fmt: skip
     ord_, pos, seqno = F.col("ord"), F.col("pos"), F.col("seqno")
     e_ord, e_pos, e_seqno = F.col("e_ord"), F.col("e_pos"), F.col("e_seqno")
+    end_ord, end_pos = F.col("e_end_ord"), F.col("e_end_pos")
     before = (ord_ < e_ord) | ((ord_ == e_ord) & (pos < e_pos))
     after = (ord_ > e_ord) | ((ord_ == e_ord) & (pos > e_pos))
+    before_end = end_ord.isNull() | (ord_ < end_ord) | ((ord_ == end_ord) & (pos < end_pos))
     kills = (F.col("e_kind") == "rollback") & before & (seqno > e_seqno)
-    kills = kills | ((F.col("e_kind") != "rollback") & after & (seqno <= e_seqno))
+    kills = kills | ((F.col("e_kind") != "rollback") & after & before_end & (seqno <= e_seqno))
     on = (F.col("vbucket") == F.col("e_vbucket")) & kills
     return rows.join(F.broadcast(table), on, "left_anti")
 
@@ -214,6 +275,74 @@ class RollbackRow:
     vbucket: int
     seqno: int
     pos: int
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """What a written batch holds, read back in one job: its row count, its rollback rows (in
+    stream order) and the smallest CAS of its changes (None when the rows carry no CAS, a
+    view's, or there is no change). A CAS is a hybrid logical clock, nanoseconds since the
+    epoch: the smallest is when the batch's oldest change was written."""
+
+    rows: int
+    rollbacks: list[RollbackRow]
+    oldest_cas: int | None
+
+
+def batch_summary(spark: Any, table: Path, name: str) -> BatchSummary:
+    """:class:`BatchSummary` of a written batch: from the Parquet footers when they show no
+    rollback row (the usual case: no Spark job at all), else from one Spark job."""
+    quick = footer_summary(table / name)
+    return quick if quick is not None else _summary_job(spark, table, name)
+
+
+def footer_summary(directory: Path) -> BatchSummary | None:
+    """The summary from the Parquet footers alone (row counts, and the min/max statistics of
+    ``op`` and ``cas``), or None when they cannot tell: a row group without statistics, or
+    one whose largest ``op`` is ``rollback`` or above (rollback rows must be read)."""
+    import pyarrow.parquet as pq
+
+    rows, oldest, has_cas = 0, None, True
+    for path in sorted(directory.glob("*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            rows += group.num_rows
+            stats = {
+                group.column(j).path_in_schema: group.column(j).statistics
+                for j in range(group.num_columns)
+            }
+            if "op" not in stats:
+                return None
+            has_cas = has_cas and "cas" in stats
+            op = stats["op"]
+            if group.num_rows and (op is None or not op.has_min_max or op.max >= "rollback"):
+                return None
+            cas = stats.get("cas")
+            if has_cas and cas is not None and cas.has_min_max:
+                oldest = int(cas.min) if oldest is None else min(oldest, int(cas.min))
+            elif has_cas and group.num_rows and (cas is None or cas.null_count != group.num_rows):
+                return None  # changes whose CAS the footer does not show
+    return BatchSummary(rows, [], oldest if has_cas else None)
+
+
+def _summary_job(spark: Any, table: Path, name: str) -> BatchSummary:
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(str(table / name))
+    is_rollback = F.col("op") == "rollback"
+    aggs = [
+        F.count(F.lit(1)).alias("rows"),
+        F.collect_list(F.when(is_rollback, F.struct("vbucket", "seqno", "pos"))).alias("rb"),
+    ]
+    if "cas" in df.columns:
+        aggs.append(F.min(F.when(~is_rollback, F.col("cas"))).alias("oldest"))
+    row = df.agg(*aggs).first()
+    rollbacks = sorted(
+        (RollbackRow(r.vbucket, int(r.seqno), r.pos) for r in row["rb"]), key=lambda r: r.pos
+    )
+    oldest = row["oldest"] if "cas" in df.columns else None
+    return BatchSummary(int(row["rows"]), rollbacks, None if oldest is None else int(oldest))
 
 
 def rollback_rows(spark: Any, table: Path, name: str) -> list[RollbackRow]:

@@ -11,7 +11,7 @@ carrying the status a server should answer. The modules, one concept each:
 ``constants``  magics, opcodes, flags, datatypes     ``frame``     header, framing, parser
 ``errors``     CodecError                             ``base``      typed-message machinery
 ``kv``         key-value messages                     ``dcp``       DCP messages
-``messages``   decode_message dispatcher
+``messages``   decode_message dispatcher             ``fast_dcp``  fused parse+decode of mutations
 """
 
 from dcpkv.protocol.base import GenericResponse, Message, Request, Response

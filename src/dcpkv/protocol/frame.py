@@ -26,8 +26,9 @@ slices keeps its whole chunk alive: call ``bytes()`` on anything kept for long.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import (
@@ -40,6 +41,10 @@ from dcpkv.protocol.constants import (
 from dcpkv.protocol.errors import CodecError
 
 Bytes = bytes | memoryview
+_T = TypeVar("_T")
+# a caller's fast path for :meth:`FrameParser.feed_runs`: (chunk, position, value limit) to
+# (the items it took, the position after them)
+RunScanner = Callable[[memoryview, int, int], tuple[list[_T], int]]
 
 # magic, opcode, key length, extras length, datatype, vbucket/status, body, opaque, cas
 HEADER = struct.Struct(">BBHBBHIIQ")
@@ -294,6 +299,22 @@ class FrameParser:
         return head
 
     def feed(self, data: bytes | bytearray | memoryview) -> Iterator[Frame]:
+        self._take(data)
+        return self._frames()
+
+    def feed_runs(
+        self, data: bytes | bytearray | memoryview, scan: RunScanner[_T]
+    ) -> Iterator[list[_T] | Frame]:
+        """``feed`` with a fast path of the caller's, for a stream of one frame shape it can
+        decode better than a :class:`Frame` (e.g. DCP mutations). At every frame boundary
+        ``scan(chunk, pos, max_value_len)`` may take a run of whole frames that lie in the
+        current chunk, returning them as items and the position after them; it must take only
+        frames this parser would accept, and stop at the first it does not want. Each run
+        comes out as one list; every frame it leaves comes out as a Frame, in wire order."""
+        self._take(data)
+        return self._parse_with(lambda: self._runs(scan))
+
+    def _take(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
             raise CodecError(self._error.status, self._error.message)
         if data:
@@ -303,21 +324,41 @@ class FrameParser:
             else:
                 self._tail.append(chunk)
                 self._tail_len += len(chunk)
-        return self._frames()
+
+    def _next_chunk(self) -> bool:
+        """Move to the next chunk when the current one ends exactly at a frame boundary: used
+        as is, no copy. False when there is nothing to move to."""
+        if self._pos != len(self._buf) or not self._tail:
+            return False
+        self._buf, self._pos = memoryview(self._tail.pop(0)), 0
+        self._tail_len -= len(self._buf)
+        return True
+
+    def _runs(self, scan: RunScanner[_T]) -> Iterator[list[_T]]:
+        """The caller's fast path, run after run (a scanner may cut its runs short: it is
+        asked again until it takes nothing)."""
+        while True:
+            items, pos = scan(self._buf, self._pos, self._max_value)
+            if not items:
+                return
+            self._pos = pos
+            yield items
 
     def _frames(self) -> Iterator[Frame]:
+        return self._parse_with(self._whole_classic_frames)
+
+    def _parse_with(self, fast: Callable[[], Iterator[_T]]) -> Iterator[_T | Frame]:
+        """Whatever the fast path takes, then one frame by the general path (flex, split
+        across chunks, errors), and again, until the bytes run out."""
         if self._error is not None:
             raise CodecError(self._error.status, self._error.message)
         next_frame = self._next_frame  # one error check for the loop, not one per frame
         try:
             while True:
-                yield from self._whole_classic_frames()
-                if self._pos == len(self._buf) and self._tail:
-                    # the next chunk starts exactly at a frame boundary: use it as is, no copy
-                    self._buf, self._pos = memoryview(self._tail.pop(0)), 0
-                    self._tail_len -= len(self._buf)
+                yield from fast()
+                if self._next_chunk():
                     continue
-                frame = next_frame()  # the general path: flex, split across chunks, errors
+                frame = next_frame()
                 if frame is None:
                     return
                 yield frame
@@ -380,10 +421,7 @@ class FrameParser:
             assert frame is not None
         self._pos = pos + size
         self._need = HEADER_LEN
-        if self._pos == len(buf) and self._tail:
-            # the next chunk starts exactly at a frame boundary: use it as is, no copy
-            self._buf, self._pos = memoryview(self._tail.pop(0)), 0
-            self._tail_len -= len(self._buf)
+        self._next_chunk()
         return frame
 
     def _join(self) -> tuple[memoryview, int]:

@@ -60,7 +60,7 @@ class SourceOptions:
     starting: str | SparkOffsets = "earliest"  # "earliest", "latest" or offsets
     ending: str | SparkOffsets = "latest"  # batch "changes" mode only
     max_changes_per_trigger: int | None = None
-    num_partitions: int | None = None  # None: one task per vbucket, at most 2 * cores
+    num_partitions: int | None = None  # None: plan.default_tasks (by the batch's size)
     include_values: bool = True
     mode: str = "changes"  # batch reads only
 

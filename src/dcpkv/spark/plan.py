@@ -22,8 +22,9 @@ to the vbuckets with the most left to read, so no vbucket starves behind others.
 whose branch moved is always part of the batch, even with nothing to read: its rollback row is
 news for downstream.
 
-Partitions. The vbuckets to read are spread over ``numPartitions`` tasks, longest first onto
-the least loaded task (by seqno distance): one vbucket is always read by one task, in order.
+Partitions. The vbuckets to read are spread over ``numPartitions`` tasks (by default one per
+:data:`CHANGES_PER_TASK` changes, 1 to 16), longest first onto the least loaded task (by
+seqno distance): one vbucket is always read by one task, in order.
 On a cluster (:func:`spread_by_node`) a node's vbuckets are read together: the tasks are
 shared out over the nodes in proportion to what each has to send, and a task reads from one
 node only (one DCP connection, to the node holding its vbuckets active when planned; the
@@ -40,6 +41,17 @@ from dcpkv.core.rollback import needs_rollback
 from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 
 DEFAULT_MAX_PARTITIONS = 16
+# Without numPartitions, a task per this many changes (at least one, at most the maximum): a
+# task's fixed cost (a Python worker's turn, a connection and login, a stream request per
+# vbucket) is repaid only by that much work. A live batch of a few thousand changes over
+# 1024 vbuckets is then one task, not sixteen, and the first batch of a large bucket is many.
+CHANGES_PER_TASK = 50_000
+
+
+def default_tasks(work: Sequence[VbTarget]) -> int:
+    """How many tasks a batch gets when the user did not say (``numPartitions``)."""
+    total = sum(t.distance for t in work)
+    return max(1, min(DEFAULT_MAX_PARTITIONS, -(-total // CHANGES_PER_TASK)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +157,7 @@ def spread(work: Sequence[VbTarget], num_partitions: int | None) -> list[list[Vb
     """Longest first onto the least loaded of ``num_partitions`` tasks; no empty task."""
     if not work:
         return []
-    n = min(len(work), num_partitions or DEFAULT_MAX_PARTITIONS)
+    n = min(len(work), num_partitions or default_tasks(work))
     tasks: list[list[VbTarget]] = [[] for _ in range(n)]
     loads = [0] * n
     for t in sorted(work, key=lambda t: (-t.distance, t.vbucket)):
@@ -167,7 +179,7 @@ def spread_by_node(
         groups.setdefault(node_of.get(t.vbucket, ""), []).append(t)
     if len(groups) <= 1:
         return spread(work, num_partitions)
-    n = max(len(groups), min(len(work), num_partitions or DEFAULT_MAX_PARTITIONS))
+    n = max(len(groups), min(len(work), num_partitions or default_tasks(work)))
     loads = {node: sum(t.distance + 1 for t in ts) for node, ts in groups.items()}
     total = sum(loads.values())
     tasks: list[list[VbTarget]] = []

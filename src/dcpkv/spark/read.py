@@ -7,7 +7,8 @@ opens ONE :class:`~dcpkv.client.sync.SyncConsumer` for all of them (the facade h
 over in chunks, so a task pays no thread hop per event, and its loop thread answers noops
 while Spark turns rows into Arrow batches). The start positions become
 the client's :class:`~dcpkv.client.offsets.Offsets` (with each vbucket's ancestry from the
-producer's failover log, so a rollback lands on a known branch) and the end seqnos the
+producer's failover log, so a rollback lands on a known branch: the logs are asked for all
+at once, not one round trip each) and the end seqnos the
 stream's explicit ends. The library finishes a vbucket only at StreamEnd OK, which the
 producer sends once the end seqno is reached; every other stream end (the server restarted,
 a slow stream was cut, the connection died) is resumed by the library from the offset, so a
@@ -53,7 +54,7 @@ from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.spark.plan import VbTarget
-from dcpkv.spark.rows import Row, change_row, event_row
+from dcpkv.spark.rows import Row, change_row
 from dcpkv.spark.sparkoffsets import SparkOffsets
 
 
@@ -64,18 +65,10 @@ def stream_events(config: ClientConfig, work: Sequence[VbTarget]) -> Iterator[ev
     vbs = [t.vbucket for t in work]
     with SyncConsumer(config) as consumer:
         # The ancestry matters only for a branch other than "nothing yet" (uuid 0).
-        logs = {t.vbucket: consumer.failover_log(t.vbucket) for t in work if t.start.offset.vb_uuid}
+        logs = consumer.failover_logs([t.vbucket for t in work if t.start.offset.vb_uuid])
         start = SparkOffsets({t.vbucket: t.start for t in work}).client_offsets(vbs, logs)
         ends = {t.vbucket: t.end for t in work}
         yield from consumer.stream(vbs, start=start, end=ends, clamp_ends=True)
-
-
-def change_rows(config: ClientConfig, work: Sequence[VbTarget], values: bool) -> Iterator[Row]:
-    """The source's rows for ``work``: changes and rollbacks, in stream order per vbucket."""
-    for event in stream_events(config, work):
-        row = event_row(event, values)
-        if row is not None:
-            yield row
 
 
 def document_rows(config: ClientConfig, work: Sequence[VbTarget], values: bool) -> Iterator[Row]:

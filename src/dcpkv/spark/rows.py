@@ -12,8 +12,13 @@ A rollback row carries ``vbucket`` and, in ``seqno``, the seqno downstream must 
 drop every change of that vbucket with a higher seqno received *before* the rollback row. The
 changes of the new branch follow it. Every other field of a rollback row is null.
 
-Rows are handed to Spark as Arrow record batches (much cheaper than a Python tuple per row):
-:class:`RowBuffer` collects columns and cuts a batch every :data:`BATCH_ROWS` rows.
+Rows are handed to Spark as Arrow record batches, built column by column straight from the
+events (:func:`event_batches`): a batch of mutations only (the usual case) makes each column
+with one comprehension over the events, no tuple per row; a batch with deletions or rollbacks
+goes through row tuples (:func:`to_batch`). The u64 columns are built as ``uint64`` and cast
+to decimal in Arrow (five times cheaper than Python ints to decimals). :data:`BATCH_ROWS`
+rows per batch: large enough that Arrow's and Spark's per-batch costs vanish, small enough
+that a task's memory stays a few MB.
 """
 
 from __future__ import annotations
@@ -87,39 +92,83 @@ def event_row(event: events.Event, values: bool) -> Row | None:
     return None
 
 
-class RowBuffer:
-    """Rows in, Arrow record batches out (columns are built once per batch)."""
+def _u64(values: list[Any]) -> pa.Array:
+    return pa.array(values, type=pa.uint64()).cast(U64)
 
-    def __init__(self, batch_rows: int = BATCH_ROWS) -> None:
-        self.batch_rows = batch_rows
-        self.rows: list[Row] = []
 
-    def add(self, row: Row) -> pa.RecordBatch | None:
-        self.rows.append(row)
-        if len(self.rows) >= self.batch_rows:
-            return self.flush()
-        return None
-
-    def flush(self) -> pa.RecordBatch | None:
-        if not self.rows:
-            return None
-        batch = to_batch(self.rows)
-        self.rows = []
-        return batch
+_TYPES = [f.type for f in ARROW_SCHEMA]
+_U64_COLUMNS = frozenset(i for i, t in enumerate(_TYPES) if t == U64)
 
 
 def to_batch(rows: list[Row]) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True))
-    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, ARROW_SCHEMA, strict=True)]
+    arrays = [
+        _u64(list(col)) if i in _U64_COLUMNS else pa.array(col, type=_TYPES[i])
+        for i, col in enumerate(columns)
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
+def mutations_batch(evs: list[events.Mutation], values: bool) -> pa.RecordBatch:
+    """The batch of ``evs``, all :class:`~dcpkv.client.events.Mutation`: a column each."""
+    n = len(evs)
+    offsets = [e.offset for e in evs]
+    if values:
+        value = pa.array([e.value for e in evs], type=pa.binary())
+        datatype = pa.array([e.datatype for e in evs], type=pa.int32())
+    else:  # without values the producer sends none (DCP NoValue) and no datatype either
+        value, datatype = pa.nulls(n, pa.binary()), pa.nulls(n, pa.int32())
+    arrays = [
+        pa.array(["mutation"] * n, type=pa.string()),
+        pa.array([e.vbucket for e in evs], type=pa.int32()),
+        pa.array([e.key for e in evs], type=pa.binary()),
+        value,
+        datatype,
+        pa.array([e.flags for e in evs], type=pa.int64()),
+        pa.array([e.expiration for e in evs], type=pa.int64()),
+        _u64([e.cas for e in evs]),
+        _u64([e.rev_seqno for e in evs]),
+        _u64([e.seqno for e in evs]),
+        _u64([o.vb_uuid for o in offsets]),
+        _u64([o.snap_start for o in offsets]),
+        _u64([o.snap_end for o in offsets]),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def events_batch(evs: list[Any], values: bool) -> pa.RecordBatch:
+    """The batch of change and rollback events ``evs``."""
+    if all(type(e) is events.Mutation for e in evs):
+        return mutations_batch(evs, values)
+    rows = [event_row(e, values) for e in evs]
+    return to_batch([r for r in rows if r is not None])
+
+
+_ROW_EVENTS = (events.Mutation, events.Deletion, events.Expiration, events.Rollback)
+
+
+def event_batches(
+    evs: Iterator[events.Event], values: bool, batch_rows: int = BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """The rows of a stream of events (those that make one), ``batch_rows`` at a time."""
+    pending: list[Any] = []
+    for ev in evs:
+        if isinstance(ev, _ROW_EVENTS):
+            pending.append(ev)
+            if len(pending) >= batch_rows:
+                yield events_batch(pending, values)
+                pending = []
+    if pending:
+        yield events_batch(pending, values)
+
+
 def batches(rows: Iterator[Row], batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    buffer = RowBuffer(batch_rows)
+    """Row tuples (``documents`` mode) as batches of ``batch_rows``."""
+    pending: list[Row] = []
     for row in rows:
-        batch = buffer.add(row)
-        if batch is not None:
-            yield batch
-    last = buffer.flush()
-    if last is not None:
-        yield last
+        pending.append(row)
+        if len(pending) >= batch_rows:
+            yield to_batch(pending)
+            pending = []
+    if pending:
+        yield to_batch(pending)

@@ -33,9 +33,10 @@ skipped, anything else upserts ``key``/``value``/``flags``/``expiry``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -55,6 +56,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from dcpkv.client.connection import ClientError
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.client.writer import KVWriter, WriteOp
@@ -62,8 +64,8 @@ from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
 from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread_by_node, targets
-from dcpkv.spark.read import change_rows, document_rows
-from dcpkv.spark.rows import SCHEMA_DDL, batches
+from dcpkv.spark.read import document_rows, stream_events
+from dcpkv.spark.rows import SCHEMA_DDL, batches, event_batches
 from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 
 DELETE_OPS = frozenset({"deletion", "expiration", "delete"})
@@ -88,7 +90,7 @@ def failover_logs(
     if not vbuckets:
         return {}
     with SyncConsumer(opts.client_config()) as consumer:
-        return {vb: consumer.failover_log(vb) for vb in vbuckets}
+        return consumer.failover_logs(vbuckets)
 
 
 class DcpkvPartition(InputPartition):
@@ -108,10 +110,54 @@ def active_nodes(opts: SourceOptions) -> dict[int, str]:
         return consumer.active_nodes()
 
 
-def _partitions(work: list[VbTarget], opts: SourceOptions) -> list[DcpkvPartition]:
+def _partitions(
+    work: list[VbTarget], opts: SourceOptions, link: DriverLink | None = None
+) -> list[DcpkvPartition]:
     """Tasks by node (``plan.spread_by_node``); one node's map is all of it on a single node."""
-    node_of = active_nodes(opts) if work else {}
+    if not work:
+        node_of: dict[int, str] = {}
+    elif link is not None:
+        node_of = link.ask(SyncConsumer.active_nodes)
+    else:
+        node_of = active_nodes(opts)
     return [DcpkvPartition(task) for task in spread_by_node(work, opts.num_partitions, node_of)]
+
+
+T = TypeVar("T")
+_LINK_ERRORS = (ClientError, ConnectionError, OSError, TimeoutError)
+
+
+class DriverLink:
+    """The stream reader's connection for its planning questions (seqnos, failover logs, the
+    map), kept across batches: a new :class:`SyncConsumer` per question cost a thread, a
+    connection and an authentication each, two or three per batch. A question that fails on
+    the kept connection (the server restarted, a node left) is asked once more on a new one.
+    Pickled without its connection (the reader goes to the tasks); :meth:`close` on stop."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._consumer: SyncConsumer | None = None
+
+    def ask(self, question: Callable[[SyncConsumer], T]) -> T:
+        try:
+            return question(self._open())
+        except _LINK_ERRORS:
+            self.close()
+            return question(self._open())
+
+    def _open(self) -> SyncConsumer:
+        if self._consumer is None:
+            self._consumer = SyncConsumer(self.opts.client_config())
+        return self._consumer
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):  # a broken connection: nothing to flush
+                consumer.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts, "_consumer": None}
 
 
 # -- the data source -------------------------------------------------------------------------
@@ -150,9 +196,13 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._target: dict[int, int] | None = None  # AvailableNow: never plan past these
+        self._link = DriverLink(opts)
+
+    def _seqnos(self) -> dict[int, tuple[int, int]]:
+        return self._link.ask(SyncConsumer.vbucket_seqnos)
 
     def initialOffset(self) -> dict[str, Any]:
-        seqnos = server_seqnos(self.opts)
+        seqnos = self._seqnos()
         vbs = self.opts.selected(seqnos)
         return initial_offsets(self.opts.starting, vbs, seqnos).to_dict()
 
@@ -161,18 +211,19 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {vb: high for vb, (_uuid, high) in server_seqnos(self.opts).items()}
+        self._target = {vb: high for vb, (_uuid, high) in self._seqnos().items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = SparkOffsets.from_dict(start)
-        seqnos = server_seqnos(self.opts)
+        seqnos = self._seqnos()
         missing = sorted(set(begin) - set(seqnos))
         if missing:
             raise OptionError(f"the offset names vbucket {missing[0]}, which the bucket lacks")
         current = {vb: self._capped(vb, *seqnos[vb]) for vb in begin}
         moved = [vb for vb, pos in begin.items() if branch_moved(pos, current[vb][0])]
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = plan_end(begin, current, failover_logs(self.opts, moved), budget)
+        logs = self._link.ask(lambda c: c.failover_logs(moved)) if moved else {}
+        end = plan_end(begin, current, logs, budget)
         return end.to_dict()
 
     def _capped(self, vb: int, uuid: int, high: int) -> tuple[int, int]:
@@ -182,16 +233,19 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[DcpkvPartition]:
         work = targets(SparkOffsets.from_dict(start), SparkOffsets.from_dict(end))
-        return _partitions(work, self.opts)
+        return _partitions(work, self.opts, self._link)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DcpkvPartition)
         config = self.opts.client_config()
-        return batches(change_rows(config, partition.work, self.opts.include_values))
+        return event_batches(stream_events(config, partition.work), self.opts.include_values)
 
     def commit(self, end: dict[str, Any]) -> None:
         # Nothing to release: the server keeps no state for us between batches.
         pass
+
+    def stop(self) -> None:
+        self._link.close()
 
 
 def initial_offsets(
@@ -237,8 +291,10 @@ class DcpkvBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DcpkvPartition)
         config = self.opts.client_config()
-        rows = document_rows if self.opts.mode == "documents" else change_rows
-        return batches(rows(config, partition.work, self.opts.include_values))
+        values = self.opts.include_values
+        if self.opts.mode == "documents":
+            return batches(document_rows(config, partition.work, values))
+        return event_batches(stream_events(config, partition.work), values)
 
 
 def _ending(

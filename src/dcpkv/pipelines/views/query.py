@@ -7,7 +7,6 @@ See the package docstring (:mod:`dcpkv.pipelines.views`) for how a view works as
 
 import json
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +88,13 @@ def current_emissions(table: Path) -> list[tuple[str, str, str]]:
     manifest = vtable.load_manifest(table)
     latest: dict[bytes, tuple[tuple[int, int, int], str, list[Any]]] = {}
     cols = ["op", "vbucket", "key", "seqno", "emits", "ord", "pos"]
+    reach = vtable.scopes(manifest.entries)
     for name in manifest.files:
         for path in sorted((table / name).rglob("*.parquet")):
             for row in pq.read_table(path, columns=cols).to_pylist():
-                if row["op"] == "rollback" or _is_dead(row, manifest.entries):
+                if row["op"] == "rollback" or vtable.is_dead(
+                    row["vbucket"], row["seqno"], row["ord"], row["pos"], reach
+                ):
                     continue
                 order = (row["seqno"], row["ord"], row["pos"])
                 have = latest.get(row["key"])
@@ -104,18 +106,6 @@ def current_emissions(table: Path) -> list[tuple[str, str, str]]:
             doc = doc_key.decode("utf-8", "replace")
             out.extend((doc, e["key"], e["value"]) for e in emits)
     return out
-
-
-def _is_dead(row: dict[str, Any], entries: Iterable[vtable.Entry]) -> bool:
-    place = (row["ord"], row["pos"])
-    for e in entries:
-        if e.vbucket != row["vbucket"]:
-            continue
-        if e.kind == "rollback" and place < (e.ord, e.pos) and row["seqno"] > e.seqno:
-            return True
-        if e.kind == "skip" and place > (e.ord, e.pos) and row["seqno"] <= e.seqno:
-            return True
-    return False
 
 
 def collation_key(value: Any) -> tuple[Any, ...]:

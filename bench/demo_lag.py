@@ -1,0 +1,88 @@
+"""The main job's live figures: the mirror's lag in seconds and its first batch's rate.
+
+Theory of operation
+-------------------
+Runs ``dcpkv demo`` (a node with 1024 vbuckets, the sample data load, the live mirror and view
+on Spark, a generator writing ``--rate`` changes per second) for ``--duration`` seconds into
+a fresh data dir, then reads the mirror's ``_metrics.jsonl``:
+
+* the first batch (the sample load, ``--docs`` documents): rows per second of batch time;
+* every later batch's ``lag_s``: seconds from the write of the batch's oldest change (its CAS)
+  to the batch's commit, i.e. the longest any change of the batch waited to be visible in the
+  mirror. p50 and p99 over the live batches (the last, catch-up batch after the stop
+  included): an upper bound on the per-change figure, since each change of a batch waited at
+  most that long.
+
+``--json PATH`` writes the figures for ``make bench``'s summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_json
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, round(q / 100 * len(ordered)))
+    return ordered[min(len(ordered), rank) - 1]
+
+
+def main(
+    rate: float = typer.Option(1000.0, "--rate", help="changes written per second"),
+    duration: float = typer.Option(60.0, "--duration", help="seconds of the live phase"),
+    docs: int = typer.Option(30_000, "--docs", help="sample documents loaded first"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="dcpkv-bench-demo-"))
+    try:
+        cmd = [sys.executable, "-m", "dcpkv.cli.main", "demo", "--data-dir", str(tmp / "data"),
+               "--port", "0", "--docs", str(docs), "--rate", f"{rate:g}",
+               "--duration", f"{duration:g}"]  # fmt: skip
+        print(f"demo bench: {docs:,} docs, then {rate:,.0f} changes/s for {duration:g} s")
+        started = time.perf_counter()
+        with open(tmp / "demo.log", "wb") as log:
+            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        print(f"  demo ran {time.perf_counter() - started:.0f} s, exit code {code}")
+        metrics = tmp / "data" / "pipelines" / "mirror" / "_metrics.jsonl"
+        if code or not metrics.is_file():
+            sys.stdout.write((tmp / "demo.log").read_text(errors="replace")[-3000:])
+            raise SystemExit(f"the demo failed (exit {code})")
+        batches = [json.loads(line) for line in metrics.read_text().splitlines() if line]
+        figures = summarize(batches)
+        for name, value in figures.items():
+            print(f"  {name:<28} {value:12,.2f}")
+        write_json(json_out, "demo", figures, rate=rate, duration=duration, docs=docs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summarize(batches: list[dict[str, float]]) -> dict[str, float]:
+    first, live = batches[0], batches[1:]
+    lags = [float(b["lag_s"]) for b in live if b.get("lag_s") is not None]
+    figures = {
+        "first_batch_rows_per_s": first["rows"] / max(first["seconds"], 1e-9),
+        "live_batches": float(len(live)),
+    }
+    if lags:
+        figures["lag_p50_s"] = percentile(lags, 50)
+        figures["lag_p99_s"] = percentile(lags, 99)
+    return figures
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    typer.run(main)
