@@ -52,6 +52,7 @@ from typing import Any
 
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
+from dcpkv.core.durability import MutationToken, Observation
 from dcpkv.core.tls import TlsOptions
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.vtable import Entry, Manifest
@@ -145,28 +146,74 @@ def server_seqnos(source: SourceSettings) -> dict[int, tuple[int, int]]:
 
 
 def persisted_seqnos(source: SourceSettings, uuids: dict[int, int]) -> dict[int, int]:
-    """vbucket -> the server's persisted seqno on branch ``uuids[vb]`` (ObserveSeqno); a
-    vbucket whose branch moved since is left out (its floor stays where it was)."""
+    """vbucket -> the seqno persisted on branch ``uuids[vb]`` by its active *and* its
+    replicas (:func:`safe_seqno`); a vbucket whose branch moved since is left out (its floor
+    stays where it was)."""
     from dcpkv.client.cluster import ClusterKV
-    from dcpkv.protocol import kv
 
     async def ask() -> dict[int, int]:
         session = await ClusterKV.open(source.client_config())
         try:
-            calls = [
-                session.call(vb, kv.ObserveSeqno(vbucket=vb, vbucket_uuid=u))
-                for vb, u in uuids.items()
-            ]
-            answers = await asyncio.gather(*calls)
+            found = await asyncio.gather(
+                *(_observed(session, MutationToken(vb, u, 0)) for vb, u in uuids.items())
+            )
         finally:
             await session.close()
-        out = {}
-        for vb, answer in zip(uuids, answers, strict=True):
-            if isinstance(answer, kv.ObserveSeqnoResponse) and not answer.failed_over:
-                out[vb] = answer.last_persisted_seqno
-        return out
+        return {
+            vb: safe for vb, obs in zip(uuids, found, strict=True)
+            if (safe := safe_seqno(obs)) is not None
+        }  # fmt: skip
 
     return asyncio.run(ask())
+
+
+async def _observed(session: Any, token: MutationToken) -> list[Observation]:
+    """ObserveSeqno of the token's branch on its active (first) and on each replica that
+    answers (a replica down cannot be promoted while it is down)."""
+    from dcpkv.client.cluster import NODE_ERRORS
+    from dcpkv.client.connection import ClientError
+    from dcpkv.protocol import kv
+
+    answer = await session.call(
+        token.vbucket, kv.ObserveSeqno(vbucket=token.vbucket, vbucket_uuid=token.vbucket_uuid)
+    )
+    if not isinstance(answer, kv.ObserveSeqnoResponse) or answer.failed_over:
+        return []
+    found = [Observation(True, answer.last_persisted_seqno, answer.current_seqno)]
+    for node in session.router.replicas(token.vbucket):
+        with contextlib.suppress(ClientError, *NODE_ERRORS):
+            found.append(await session.observe(node, token, active=False))
+    return found
+
+
+def safe_seqno(found: list[Observation]) -> int | None:
+    """The highest seqno a failover cannot take away from the branch, as far as is known: the
+    lowest persisted seqno of the active (first) and its replicas. A failover promotes a
+    replica at what *it* persisted, usually below the active's figure, so a floor from the
+    active alone made most rollbacks after a failover land below it and resync the vbucket
+    (a Spark job each: minutes of lag in the chaos demo). A replica that does not know the
+    branch (being rebuilt) or whose branch ended (it was promoted and demoted since) gives
+    0 or its branch end. None: the active did not answer on this branch.
+
+    ===================================================  ==================================
+    found                                                safe
+    ===================================================  ==================================
+    []                                                   None (branch moved, or no answer)
+    active persisted 40                                  40
+    active 40, replica persisted 33                      33
+    active 40, replica 45 (flushed further)              40
+    active 40, replica not knowing the branch            0
+    active 40, replica 50 whose branch ended at 30       30
+    ===================================================  ==================================
+    """
+    if not found:
+        return None
+    safe = found[0].persisted
+    for obs in found[1:]:
+        if not obs.known:
+            return 0
+        safe = min(safe, obs.persisted, obs.branch_end if obs.branch_end is not None else safe)
+    return safe
 
 
 def lag_of(source: SourceSettings, applied: dict[int, tuple[int, int]]) -> int | None:
