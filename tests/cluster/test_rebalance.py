@@ -276,10 +276,7 @@ def test_the_issue_story_3_to_4_to_3_then_failover_and_delta_recovery(
             for vb, at in positions(placed).items()
             if placed.servers[placed.chains[vb][0]] != cluster.name(c)
         }
-        if how == "delta-after-kill9":
-            c.kill9()
-        else:
-            c.terminate()
+        c.terminate()
         manager.api("POST", "/controller/failOver", otpNode=cluster.name(c))
         writes = load.writes
         wait_for(lambda: load.writes > writes + 100, "writes while the node is out")
