@@ -166,3 +166,19 @@ def test_branches_stay_newest_first_with_non_increasing_seqnos(cuts: list[int]) 
         assert len({e.uuid for e in t}) == len(t)
         # a sanitised reload of a healthy table changes nothing
         assert FailoverTable.from_json(t.to_json(), high_seqno=seqno) == t
+
+
+@pytest.mark.parametrize(
+    ("pairs", "seqno", "uuid"),
+    [
+        ([(9, 30), (5, 0)], 30, 5),  # a branch cut at 30 wrote nothing at or below 30
+        ([(9, 30), (5, 0)], 31, 9),  # it wrote 31: its own
+        ([(9, 30), (8, 30), (5, 0)], 30, 5),  # two empty branches in a row
+        ([(9, 30), (5, 10), (4, 0)], 30, 5),  # 5 wrote 11..30
+        ([(9, 0)], 0, 9),  # nothing held: the latest
+        ([(9, 30)], 30, 9),  # no older branch: the latest
+        ([], 0, 0),  # no history at all
+    ],
+)
+def test_the_uuid_a_stream_is_asked_with(pairs: list, seqno: int, uuid: int) -> None:
+    assert table(*pairs).uuid_holding(seqno) == uuid

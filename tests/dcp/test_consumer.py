@@ -153,6 +153,36 @@ def test_a_replica_rolls_back_when_its_active_branched(
     fresh.storage.close()
 
 
+def test_a_former_active_back_after_a_crash_resumes_as_a_replica_without_rolling_back_to_0(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    """Delta recovery after kill -9: the old active's warm-up cut a branch at the end of its
+    disk (no other node knows that uuid); made a replica of the promoted copy, it asks with
+    the branch that wrote its data, so it keeps it and copies only what was written since."""
+    old, other = buckets("a", VBucketState.ACTIVE), buckets("b", VBucketState.REPLICA)
+    write(old, 30, "k")
+    old.flush_once()
+    link = Link(old, other)
+    link.connect()
+    link.pump()
+    other.flush_once()
+    crashed = Bucket("default", old.path, num_vbuckets=VBS, synchronous="NORMAL",
+                     clock=old.clock, rng=random.Random(9))  # fmt: skip
+    assert not crashed.warmed_up_after_clean_shutdown
+    for vb in range(VBS):  # the failover promotes the other copies, the crashed node rejoins
+        other.set_vbucket_state(vb, VBucketState.ACTIVE)
+        crashed.set_vbucket_state(vb, VBucketState.REPLICA)
+        assert crashed.vbuckets[vb].failover.latest.uuid != other.vbuckets[vb].uuid
+    write(other, 6, "after")
+    back = Link(other, crashed)
+    back.connect()
+    back.pump()
+    assert state_of(crashed) == state_of(other)
+    assert sum(s.rollbacks for s in back.consumer.streams.values()) == 0
+    assert back.consumer.items_received == 6  # only what was written since
+    crashed.storage.close()
+
+
 # -- the passive stream's transitions ---------------------------------------------------------
 
 TRANSITIONS = [

@@ -162,6 +162,20 @@ class FailoverTable:
         """The uuid a consumer sends in a stream request: 0 when it knows no history."""
         return self._entries[0].uuid if self._entries else 0
 
+    def uuid_holding(self, seqno: int) -> int:
+        """The uuid to ask for a stream from ``seqno`` with: the newest branch that wrote at or
+        below ``seqno``. A branch that begins at ``seqno`` or above has written nothing a
+        consumer holding ``seqno`` has, so the history up to ``seqno`` is its parent's: a
+        replica cut a branch at warm-up after an unclean shutdown (it was active) and then made
+        a replica again by a delta recovery holds its old active's history exactly, and asking
+        with the new, empty branch's uuid (which no other node knows) rolled it back to 0.
+        The latest uuid when no older branch is there (or nothing is held yet)."""
+        if seqno > 0:
+            for entry in self._entries:
+                if entry.seqno < seqno:
+                    return entry.uuid
+        return self.latest_uuid
+
     def index_of(self, uuid: int) -> int | None:
         for i, entry in enumerate(self._entries):
             if entry.uuid == uuid:

@@ -15,7 +15,8 @@ state              event                                    then
 =================  =======================================  ==============================
 PENDING            ``request()``: StreamRequest from the     AWAITING
                    vbucket's own position (high seqno, its
-                   current snapshot, its newest uuid)
+                   current snapshot, the newest uuid that
+                   wrote at or below the high seqno)
 AWAITING           StreamRequest OK + the active's log       READING (the log adopted:
                                                              a replica's history *is* the
                                                              active's)
@@ -95,7 +96,7 @@ class PassiveStream:
         with vb.lock:
             high = vb.high_seqno
             start, end = vb.replica_snapshot
-            uuid = vb.uuid
+            uuid = vb.failover.uuid_holding(high)  # not a branch cut since (warm-up)
         if not start <= high <= end:
             start = end = high  # consistent where it stands (a fresh or just reset vbucket)
         self.state = PassiveState.AWAITING
