@@ -285,10 +285,14 @@ class ClusterKV:
         copies too (as kv_engine's do), and the map may be older than the nodes' states: a
         consumer kept across batches meets no NotMyVbucket to learn from. A replica's seqnos
         or log taken for the active's make a planner see a rollback that is not there (the
-        Spark source's mirror lost documents that way). So an answer counts only when the
-        node holds the vbucket active now (GetAllVbSeqnos, asked in the same round trip);
+        Spark source then rolled back, or resynced, whole vbuckets for nothing). So an answer
+        counts only when the node holds the vbucket active now (GetAllVbSeqnos, asked in the
+        same round trip);
         the rest is asked again after a map refresh (a move or failover is under way, or was
-        missed), until ``retry_timeout``."""
+        missed), until ``retry_timeout``. The map is refreshed first: a node restarted after a
+        failover holds its old vbuckets active (its disk's states) until the manager tells it
+        otherwise, and a client whose map predates the failover would take its word."""
+        await self.refresh_once()
         out: dict[int, T] = {}
         pending = set(vbuckets)
         loop = asyncio.get_running_loop()
