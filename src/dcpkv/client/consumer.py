@@ -29,8 +29,11 @@ reconnect backoff in ``session_policy.py``); this module only decides *when*:
   paces the producer to the application, not to the socket). The session hands them over in
   runs: a plain generator per received batch makes each event as it is pulled and stops at a
   decision (Rollback, StreamEnd, StreamRefused, StreamStart), whose follow-up is asynchronous;
-  so a change costs one async generator step, and its BufferAck bytes are told to the links
-  once per ack threshold (``PendingAcks``), at the very same messages.
+  so a change costs one async generator step. Changes come from the receive path as runs of
+  field tuples (``connection.py``), each made into its event by
+  :meth:`~ConsumerStream.change` as it is pulled; a run's BufferAck bytes are told to the
+  links once the whole run was handed over, and the links hear of them once per ack threshold
+  (``PendingAcks``).
 * A Rollback event is yielded *before* the stream is requested again: the application rolls
   back when it receives the event, and the request goes out when it pulls the next one.
 * Noops are answered by the connection's reader task (``connection.py``), independently of
@@ -84,7 +87,7 @@ from typing import Literal
 from dcpkv.client import events
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
-from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
+from dcpkv.client.connection import AuthError, ClientError, Connection, Pushed, authenticate
 from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
 from dcpkv.client.dcp_links import DcpLinks, PendingAcks, Received
 from dcpkv.client.flow_control import Liveness
@@ -97,7 +100,6 @@ from dcpkv.core.deadline import within
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.protocol import dcp, kv
-from dcpkv.protocol.base import Message
 from dcpkv.protocol.constants import HelloFeature, OpenFlag
 from dcpkv.protocol.errors import CodecError
 
@@ -387,7 +389,17 @@ class Consumer:
         """The events of ``messages``, each made only when pulled (the offsets never run
         ahead of the application) and acked once taken, up to and including the first
         decision event, which is left in ``decided`` for the library to act on."""
+        route = run.route
         for node, nbytes, msg in messages:
+            if isinstance(msg, list):  # a run of plain mutations (fields): the hot path
+                run_bytes = 0
+                for fields in msg:
+                    cs = route(fields[1], node)
+                    if cs is not None:
+                        yield cs.change(fields)
+                    run_bytes += fields[0]
+                acks.add(node, run_bytes)  # once the whole run was handed over
+                continue
             cs = run.stream_for(msg, node)
             ev = None if cs is None else cs.event_for(msg)
             if ev is not None:
@@ -507,13 +519,14 @@ class Consumer:
         async for ev in self._repair(run, cs):
             yield ev
 
-    def _log_keys(self, run: StreamRun, batch: list[tuple[int, Message]]) -> None:
+    def _log_keys(self, run: StreamRun, batch: list[Pushed]) -> None:
         assert self._mlog is not None
-        entries = [
-            (msg.vbucket, msg.by_seqno, bytes(msg.key))
-            for _, msg in batch
-            if isinstance(msg, _ITEMS) and msg.vbucket in run.streams
-        ]
+        entries: list[tuple[int, int, bytes]] = []
+        for _, msg in batch:
+            if isinstance(msg, list):  # a run of mutations' fields (connection.py)
+                entries.extend((f[1], f[4], f[2]) for f in msg if f[1] in run.streams)
+            elif isinstance(msg, _ITEMS) and msg.vbucket in run.streams:
+                entries.append((msg.vbucket, msg.by_seqno, bytes(msg.key)))
         if entries:
             self._mlog.record_many(entries)
 
