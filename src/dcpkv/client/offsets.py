@@ -380,9 +380,11 @@ class Offsets:
         self._vbuckets: dict[int, VbucketProgress] = {}
 
     def progress(self, vbucket: int) -> VbucketProgress:
-        if vbucket not in self._vbuckets:
-            self._vbuckets[vbucket] = VbucketProgress(max_points=self._max_points)
-        return self._vbuckets[vbucket]
+        try:  # one look-up when it exists (the facade asks once per event)
+            return self._vbuckets[vbucket]
+        except KeyError:
+            new = self._vbuckets[vbucket] = VbucketProgress(max_points=self._max_points)
+            return new
 
     def set_progress(self, vbucket: int, progress: VbucketProgress) -> None:
         """Replace one vbucket's progress (a stream that starts "now", not from 0)."""
