@@ -457,9 +457,11 @@ class Consumer:
         route = run.route
         for node, nbytes, msg in messages:
             if isinstance(msg, list):  # a run of plain mutations (fields): the hot path
-                run_bytes = 0
+                run_bytes, last_vb, cs = 0, -1, None
                 for fields in msg:
-                    cs = route(fields[1], node)
+                    if fields[1] != last_vb:  # a vbucket's changes come a few in a row
+                        last_vb = fields[1]
+                        cs = route(last_vb, node)
                     if cs is not None:
                         yield cs.change(fields)
                     run_bytes += fields[0]
