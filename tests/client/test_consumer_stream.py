@@ -12,12 +12,13 @@ from dcpkv.client.consumer_stream import (
     ConsumerStream,
     StreamStateError,
 )
-from dcpkv.client.offsets import VbucketOffset, VbucketProgress
+from dcpkv.client.offsets import OffsetError, VbucketOffset, VbucketProgress
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.status import Status
-from dcpkv.protocol import dcp
+from dcpkv.protocol import dcp, snappy
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import Opcode, StreamEndReason
+from dcpkv.protocol.constants import Datatype, Opcode, StreamEndReason
+from dcpkv.protocol.fast_dcp import MutationFields, feed_fields
 from dcpkv.protocol.frame import FrameParser
 from dcpkv.protocol.messages import decode_message
 
@@ -227,3 +228,56 @@ def test_wrong_vbucket_and_unknown_messages_raise() -> None:
         s.receive(marker(1, 2).__class__(vbucket=9, start_seqno=1, end_seqno=2))
     with pytest.raises(StreamStateError, match="does not handle"):
         s.receive(dcp.DcpNoop(vbucket=VB))
+
+
+def _fields(m: dcp.Mutation) -> MutationFields:
+    """What the receive path makes of ``m`` on the fused path (``fast_dcp``)."""
+    (run,) = feed_fields(FrameParser(), m.encode())
+    assert isinstance(run, list)
+    (fields,) = run
+    return fields
+
+
+def _mutation(seqno: int, value: bytes = b"v", datatype: int = 0, vb: int = VB) -> dcp.Mutation:
+    return dcp.Mutation(vbucket=vb, key=b"k%d" % seqno, value=value, by_seqno=seqno,
+                        rev_seqno=seqno + 7, flags=3, expiration=4, cas=seqno * 11,
+                        datatype=datatype)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("msgs", "raises"),
+    [
+        ([_mutation(1), _mutation(2), _mutation(4)], None),  # the last completes {1, 4}
+        ([_mutation(1, snappy.deflate(b"inflated"), Datatype.Snappy | Datatype.JSON)], None),
+        ([_mutation(1, vb=9)], StreamStateError),  # another vbucket's change
+        ([_mutation(2), _mutation(2)], OffsetError),  # no advance
+        ([_mutation(5)], OffsetError),  # past the snapshot
+    ],
+)
+def test_change_from_fields_is_event_for_the_message(
+    msgs: list[dcp.Mutation], raises: type[Exception] | None
+) -> None:
+    """``change`` (the fused receive path) makes exactly the event, offset and progress that
+    ``event_for`` makes of the decoded message, and refuses exactly what it refuses."""
+    by_message, by_fields = streaming(), streaming()
+    for s in (by_message, by_fields):
+        s.receive(wire(marker(1, 4)))
+    for m in msgs:
+        if raises is not None and m is msgs[-1]:
+            with pytest.raises(raises):
+                by_message.event_for(wire(m))
+            with pytest.raises(raises):
+                by_fields.change(_fields(m))
+            break
+        expected, got = by_message.event_for(wire(m)), by_fields.change(_fields(m))
+        assert type(got) is events.Mutation and got == expected
+        assert by_fields.offset == by_message.offset
+        assert by_fields.progress.consistent_points == by_message.progress.consistent_points
+    assert by_fields.state is by_message.state
+
+
+def test_change_moves_the_state_like_any_item() -> None:
+    s = ConsumerStream(VB)
+    s.request()
+    with pytest.raises(StreamStateError, match="illegal in state requested"):
+        s.change(_fields(_mutation(1)))

@@ -14,7 +14,8 @@ import pytest
 from conftest import VBUCKETS, Writer
 from serverproc import ServerProcess
 
-from dcpkv.cli.stream import LineWriter, event_record, format_line, parse_vbuckets
+from dcpkv.cli import stream as cli_stream
+from dcpkv.cli.stream import LineWriter, Saver, event_record, format_line, line_of, parse_vbuckets
 from dcpkv.client import events
 from dcpkv.client.offsets import Offsets, VbucketOffset
 
@@ -49,6 +50,40 @@ def test_json_lines_keep_every_field_exactly() -> None:
         rec = event_record(ev)
         assert rec is not None
         assert json.loads(format_line(rec, "json")) == rec  # the stdlib reads it back as is
+
+
+def test_line_of_is_the_record_formatted() -> None:
+    """The fast line of a UTF-8 mutation is byte for byte the general path's line."""
+    offset = VbucketOffset.at(7, 1)
+    cases = [
+        events.Mutation(
+            3, b"k\xc3\xa9", b'{"a":"\\u00e9"}', 7, 2, 0xFFFFFFFF, 5, 2**64 - 1, 1, offset
+        ),
+        events.Mutation(3, b"key", b"\xff\x00", 7, 2, 0, 0, 1, 0, offset),  # value in base64
+        events.Mutation(3, b"\xff", b"v", 7, 2, 0, 0, 1, 0, offset),  # key in base64
+        events.Deletion(4, b"gone", 8, 3, 2**63, offset, 99),
+        events.Expiration(4, b"old", 9, 3, 5, offset, 1),
+        events.Rollback(5, 10, 12, offset, offset),
+        events.SnapshotStart(5, 1, 4, 1, offset),  # not printed
+    ]
+    for fmt in ("json", "table"):
+        for ev in cases:
+            rec = event_record(ev)
+            assert line_of(ev, fmt) == (None if rec is None else format_line(rec, fmt))
+
+
+def test_saver_saves_when_a_list_crosses_the_event_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_stream, "SAVE_EVERY_EVENTS", 100)
+    monkeypatch.setattr(cli_stream, "SAVE_EVERY_S", 1e9)  # only the event count here
+    out = LineWriter(io.BytesIO())
+    saves: list[int] = []
+    saver = Saver(tmp_path / "offsets.json", Offsets, out)
+    monkeypatch.setattr(saver, "save", lambda: saves.append(saver.events))
+    for n in (60, 30, 40, 256, 1):  # 60, 90, 130 (crosses 100), 386 (crosses 200, 300), 387
+        saver.tick(n)
+    assert saves == [130, 386]
 
 
 def test_line_writer_writes_blocks_and_whenever_the_task_waits() -> None:

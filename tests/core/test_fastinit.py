@@ -9,7 +9,7 @@ import pytest
 
 from dcpkv.client import events
 from dcpkv.client.offsets import OffsetError, VbucketOffset
-from dcpkv.core.fastinit import fast_init
+from dcpkv.core.fastinit import fast_builder, fast_init
 
 
 @fast_init
@@ -66,3 +66,50 @@ def test_refuses_what_it_cannot_build() -> None:
 
     with pytest.raises(TypeError, match="plain fields"):
         fast_init(Factory)
+
+
+def test_the_instance_leaves_init_as_the_frozen_class() -> None:
+    # __init__ goes through the mutable twin and back: no instance may stay a twin
+    p = Point(1, 2)
+    assert type(p) is Point and isinstance(p, Point)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.y = 3  # type: ignore[misc]
+    assert dataclasses.replace(p, y=5) == Point(1, 5)
+    assert type(dataclasses.replace(p, y=5)) is Point
+
+
+def test_fast_builder_builds_the_same_frozen_object_without_checks() -> None:
+    build_point = fast_builder(Point)
+    p = build_point(1, 2)
+    assert type(p) is Point and p == Point(1, 2) and hash(p) == hash(Point(1, 2))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.x = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        build_point(1)  # every field, in order: no defaults
+    build_offset = fast_builder(VbucketOffset)
+    assert build_offset(9, 3, 1, 4) == VbucketOffset(9, 3, 1, 4)
+    # no __post_init__: the caller vouches for the fields (this one would be refused)
+    assert build_offset(0, 5, 6, 7).seqno == 5
+    o = VbucketOffset.at(3, 9)
+    m = fast_builder(events.Mutation)(1, b"k", b"v", 3, 1, 0, 0, 5, 0, o)
+    assert m == events.Mutation(1, b"k", b"v", 3, 1, 0, 0, 5, 0, o)
+
+
+def test_twins_only_for_what_fast_init_built() -> None:
+    @dataclass(frozen=True, slots=True)
+    class Plain:
+        x: int
+
+    with pytest.raises(TypeError, match="not a fast_init class"):
+        fast_builder(Plain)
+
+    @dataclass(frozen=True, slots=True)
+    class Base:
+        x: int
+
+    @dataclass(frozen=True, slots=True)
+    class Derived(Base):
+        y: int
+
+    with pytest.raises(TypeError, match="based on object"):
+        fast_init(Derived)

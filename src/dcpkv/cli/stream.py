@@ -4,12 +4,15 @@ Theory of operation
 -------------------
 One :class:`~dcpkv.client.consumer.Consumer` in ``asyncio.run``. Every change event becomes
 one output line (JSON lines, or a table); rollbacks are printed too, since whoever reads the
-output must undo what lies above them. JSON lines are encoded by orjson (UTF-8, not ASCII
-escapes) and written in large blocks (:class:`LineWriter`, ``WRITE_BYTES``): a ``write`` per
-line cost more than the consumer's own work. Offsets are saved atomically (``Offsets.save``)
-at most every ``SAVE_EVERY_EVENTS`` events or ``SAVE_EVERY_S`` seconds, and at exit; the
-output is flushed before each save, so a saved offset never runs ahead of what was written
-out.
+output must undo what lies above them. The events come in lists
+(:meth:`~dcpkv.client.consumer.Consumer.stream_chunks`, ``CHUNK_EVENTS``), each turned into
+its line as it is made (:func:`line_of`), so a list costs one async step and one call into
+the writer. JSON lines are encoded by orjson (UTF-8, not ASCII escapes) and written in large
+blocks (:class:`LineWriter`, ``WRITE_BYTES``): a ``write`` per line cost more than the
+consumer's own work. Offsets are saved atomically (``Offsets.save``) at most every
+``SAVE_EVERY_EVENTS`` events or ``SAVE_EVERY_S`` seconds, and at exit, always between lists
+(where the consumer's offsets are exactly after the last event taken); the output is flushed
+before each save, so a saved offset never runs ahead of what was written out.
 SIGINT and SIGTERM cancel the stream task: offsets are saved and the exit code is 0.
 """
 
@@ -21,6 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -34,6 +38,7 @@ from dcpkv.client.offsets import Offsets
 SAVE_EVERY_EVENTS = 10_000
 SAVE_EVERY_S = 1.0
 WRITE_BYTES = 1 << 18  # output written in blocks of this size (and before every save)
+CHUNK_EVENTS = 256  # events taken from the consumer at once
 
 
 def parse_end(text: str) -> Literal["now", "forever"]:
@@ -103,6 +108,21 @@ def event_record(ev: events.Event) -> dict[str, Any] | None:
     return None
 
 
+def line_of(ev: events.Event, fmt: str) -> bytes | None:
+    """The output line of an event (without its newline), None for events not printed."""
+    if fmt == "json" and type(ev) is events.Mutation:  # nearly every line: one dict, no copy
+        try:
+            key, value = ev.key.decode(), ev.value.decode()
+        except UnicodeDecodeError:
+            pass  # base64 somewhere: the general path below
+        else:
+            return orjson.dumps({"op": "mutation", "vbucket": ev.vbucket, "seqno": ev.seqno,
+                                 "key": key, "value": value, "cas": ev.cas, "flags": ev.flags,
+                                 "expiry": ev.expiration, "rev_seqno": ev.rev_seqno})  # fmt: skip
+    rec = event_record(ev)
+    return None if rec is None else format_line(rec, fmt)
+
+
 def format_line(rec: dict[str, Any], fmt: str) -> bytes:
     """One output line (without its newline), UTF-8."""
     if fmt == "json":
@@ -138,6 +158,17 @@ class LineWriter:
         if self.size >= self.block:
             self._write()
 
+    def write_lines(self, lines: list[bytes | None]) -> int:
+        """:meth:`write_line` for each line that is not None; how many were."""
+        kept = [line for line in lines if line is not None]
+        if kept and not self.lines and self.task is not None:
+            self.task.get_loop().call_soon(self._flush_soon)
+        self.lines += kept
+        self.size += sum(map(len, kept)) + len(kept)
+        if self.size >= self.block:
+            self._write()
+        return len(kept)
+
     def _write(self) -> None:
         if self.lines:
             self.lines.append(b"")  # the last line's newline
@@ -164,11 +195,13 @@ class Saver:
         self.events = 0
         self.last = time.monotonic()
 
-    def tick(self) -> None:
-        self.events += 1
+    def tick(self, n: int = 1) -> None:
+        """``n`` more events were written out (the offsets are exactly after the last one)."""
+        before, self.events = self.events, self.events + n
         if self.path is None:
             return
-        if self.events % SAVE_EVERY_EVENTS == 0 or time.monotonic() - self.last >= SAVE_EVERY_S:
+        crossed = self.events // SAVE_EVERY_EVENTS != before // SAVE_EVERY_EVENTS
+        if crossed or time.monotonic() - self.last >= SAVE_EVERY_S:
             self.save()
 
     def save(self) -> None:
@@ -200,13 +233,14 @@ async def run_stream(
     try:
         if bar is not None:
             await bar.start(vbuckets)
-        async for ev in consumer.stream(vbuckets, start=start, end=end):
-            rec = event_record(ev)
-            if rec is not None:
-                lines.write_line(format_line(rec, fmt))
-                if bar is not None:
-                    bar.advance()
-            saver.tick()
+        chunks = consumer.stream_chunks(
+            vbuckets, start=start, end=end, each=partial(line_of, fmt=fmt), most=CHUNK_EVENTS
+        )
+        async for chunk in chunks:
+            printed = lines.write_lines(chunk)
+            if bar is not None:
+                bar.advance(printed)
+            saver.tick(len(chunk))
     except asyncio.CancelledError:
         pass  # Ctrl-C / SIGTERM: save and exit 0
     finally:
@@ -244,8 +278,8 @@ class _Progress:
         self.highs = {vb: high for vb, (_u, high) in seqnos.items() if vb in wanted}
         self.progress.start()
 
-    def advance(self) -> None:
-        self.count += 1
+    def advance(self, n: int = 1) -> None:
+        self.count += n
         now = time.monotonic()
         if now - self.last_refresh < 0.25:
             return

@@ -11,8 +11,11 @@ A reader task owns the socket's read side. Every frame it parses goes one of thr
 * anything else (DCP messages, and the answers to stream requests, which must stay in order
   with the stream's first messages) is decoded and appended to the *inbox*, with its size when
   it counts for flow control. :meth:`next_batch` hands the inbox over. Mutations, nearly all
-  of a stream, skip the dispatch: decoded straight from the read buffer into the inbox
-  (``protocol.fast_dcp``, no Frame in between), one wake-up per read.
+  of a stream, skip the dispatch: decoded straight from the read buffer (``protocol.fast_dcp``,
+  no Frame in between) into runs of field tuples, one inbox entry ``(0, run)`` per run (each
+  tuple carries its own flow-control size), one wake-up per read. Tuples of ints and bytes are
+  dropped by the garbage collector's tracking at its first pass, so a full inbox does not make
+  every collection longer (events are built from them as the application pulls).
 
 Liveness: with a :class:`Liveness`, each read waits at most until its deadline (two noop
 intervals after the last frame); a silent producer ends the connection with
@@ -37,7 +40,7 @@ from dcpkv.core.tls import TlsOptions
 from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Opcode
-from dcpkv.protocol.fast_dcp import feed_mutations
+from dcpkv.protocol.fast_dcp import MutationFields, feed_fields
 from dcpkv.protocol.frame import Frame, FrameParser
 from dcpkv.protocol.messages import decode_message
 
@@ -46,6 +49,9 @@ MAX_VALUE_LEN = 64 * 1024 * 1024
 _MUTATION, _REQUEST, _HEADER = int(Opcode.DcpMutation), int(Magic.ClientRequest), HEADER_LEN
 _decode_mutation = dcp.Mutation.decode
 _RESPONSES = frozenset({Magic.ClientResponse, Magic.AltClientResponse, Magic.ServerResponse})
+# An inbox entry: a message with the bytes it counts for flow control, or (0, a run of plain
+# mutations' fields), each with its own size (the module docstring).
+Pushed = tuple[int, Message | list[MutationFields]]
 
 
 class ClientError(DcpkvError):
@@ -83,7 +89,7 @@ class Connection:
         self._opaques = opaques if opaques is not None else itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._stats: dict[int, tuple[list[tuple[str, str]], asyncio.Future[Message]]] = {}
-        self._inbox: deque[tuple[int, Message]] = deque()
+        self._inbox: deque[Pushed] = deque()
         self._wake = wake if wake is not None else asyncio.Event()
         self._error: BaseException | None = None
         self.liveness: Liveness | None = None
@@ -167,8 +173,9 @@ class Connection:
 
     # -- the inbox --------------------------------------------------------------------------
 
-    async def next_batch(self, timeout: float | None = None) -> list[tuple[int, Message]]:
-        """Pushed messages as ``(flow-control bytes, message)``; [] after ``timeout``. Raises
+    async def next_batch(self, timeout: float | None = None) -> list[Pushed]:
+        """Pushed messages as ``(flow-control bytes, message)``, runs of mutations as ``(0,
+        fields)`` (module docstring); [] after ``timeout``. Raises
         the connection's error once everything received before it was handed over."""
         if not self._inbox:
             if self._error is not None:
@@ -180,7 +187,7 @@ class Connection:
                 return []
         return self.take()
 
-    def take(self) -> list[tuple[int, Message]]:
+    def take(self) -> list[Pushed]:
         """What the inbox holds now, without waiting (the caller waits on the shared wake
         event). Raises the connection's error once the inbox is empty."""
         batch = list(self._inbox)
@@ -218,10 +225,10 @@ class Connection:
         the inbox, anything else through :meth:`_dispatch`; one wake-up for the lot."""
         inbox = self._inbox
         before = len(inbox)
-        append, mutation, extend = inbox.append, _decode_mutation, inbox.extend
-        for item in feed_mutations(self._parser, data):
+        append, mutation = inbox.append, _decode_mutation
+        for item in feed_fields(self._parser, data):
             if isinstance(item, list):
-                extend(item)  # plain mutations, each with its flow-control size, no Frame
+                append((0, item))  # plain mutations' fields, each with its size, no Frame
                 continue
             frame = item
             if frame.opcode == _MUTATION and frame.magic == _REQUEST:

@@ -29,8 +29,11 @@ reconnect backoff in ``session_policy.py``); this module only decides *when*:
   paces the producer to the application, not to the socket). The session hands them over in
   runs: a plain generator per received batch makes each event as it is pulled and stops at a
   decision (Rollback, StreamEnd, StreamRefused, StreamStart), whose follow-up is asynchronous;
-  so a change costs one async generator step, and its BufferAck bytes are told to the links
-  once per ack threshold (``PendingAcks``), at the very same messages.
+  so a change costs one async generator step. Changes come from the receive path as runs of
+  field tuples (``connection.py``), each made into its event by
+  :meth:`~ConsumerStream.change` as it is pulled; a run's BufferAck bytes are told to the
+  links once the whole run was handed over, and the links hear of them once per ack threshold
+  (``PendingAcks``).
 * A Rollback event is yielded *before* the stream is requested again: the application rolls
   back when it receives the event, and the request goes out when it pulls the next one.
 * Noops are answered by the connection's reader task (``connection.py``), independently of
@@ -75,16 +78,18 @@ GetFailoverLog-then-request, and nothing when no rollback is due.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Literal
+from typing import Literal, TypeVar
 
 from dcpkv.client import events
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
-from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
+from dcpkv.client.connection import AuthError, ClientError, Connection, Pushed, authenticate
 from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
 from dcpkv.client.dcp_links import DcpLinks, PendingAcks, Received
 from dcpkv.client.flow_control import Liveness
@@ -97,7 +102,6 @@ from dcpkv.core.deadline import within
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.protocol import dcp, kv
-from dcpkv.protocol.base import Message
 from dcpkv.protocol.constants import HelloFeature, OpenFlag
 from dcpkv.protocol.errors import CodecError
 
@@ -105,6 +109,7 @@ log = logging.getLogger("dcpkv.client")
 
 Start = Literal["beginning", "now"] | Offsets
 End = Literal["forever", "now"] | Mapping[int, int]
+T = TypeVar("T")
 
 # Events after which the library acts (requests again, repairs, fails): everything else is
 # handed over and forgotten.
@@ -242,32 +247,94 @@ class Consumer:
         vbs = None if vbuckets is None else sorted(set(vbuckets))
         return self._stream(vbs, start, end, clamp_ends)
 
+    def stream_chunks(
+        self,
+        vbuckets: Iterable[int] | None = None,
+        *,
+        start: Start = "beginning",
+        end: End = "forever",
+        clamp_ends: bool = False,
+        each: Callable[[events.Event], T],
+        most: int = 128,
+    ) -> AsyncGenerator[list[T], None]:
+        """:meth:`stream`'s events as ``each(event)``, in lists of at most ``most``, for a
+        caller that hands them on in bulk (the blocking facade, ``dcpkv stream``): one async
+        step per list instead of one per event. Each list is made when it is asked for, so
+        :attr:`offsets` run ahead of the caller by up to one list (at a list's end they are
+        exactly after its last event); ``each(event)`` is called right after each event is
+        made, while the offsets are exactly after it (the facade copies a progress there). A
+        decision event (Rollback, StreamEnd, StreamRefused, StreamStart) always ends its list,
+        and what follows it (a request, a repair) happens only when the next list is asked
+        for. An error raised while a list is made comes after the events made before it.
+        """
+        if isinstance(start, Offsets):
+            self._offsets = start
+        vbs = None if vbuckets is None else sorted(set(vbuckets))
+        return self._chunks(vbs, start, end, clamp_ends, max(1, most), each)
+
     async def _stream(
         self, vbuckets: list[int] | None, start: Start, end: End, clamp: bool = False
     ) -> AsyncGenerator[events.Event, None]:
-        run = StreamRun(await self._plan(vbuckets, start, end), clamp=clamp)
-        if self._mlog is not None:
-            run.owed.update(self._owed_at_start(run))
-        backoff = Backoff(self.config.max_backoff, rng=self._rng)
+        run, backoff = await self._start_run(vbuckets, start, end, clamp)
         while not run.finished and not self._closed:
-            links = DcpLinks(self._open_dcp, self.config.buffer_size)
-            self._links.add(links)
-            try:
+            async with self._session_scope(run, backoff) as links:
                 # The session hands over runs of events made one at a time as they are
                 # pulled (a sync generator per batch): one async layer per event, not two.
                 async for events_run in self._session(links, run):
                     for ev in events_run:
                         yield ev
-            except AuthError:
-                raise
-            except _SESSION_ERRORS as exc:
-                log.warning("DCP session ended: %s", exc or type(exc).__name__)
-            finally:
-                self._links.discard(links)
-                await links.close()
-                run.session_ended()
-            if not run.finished and not self._closed:
-                await asyncio.sleep(backoff.next_delay())
+
+    async def _chunks(
+        self,
+        vbuckets: list[int] | None,
+        start: Start,
+        end: End,
+        clamp: bool,
+        most: int,
+        each: Callable[[events.Event], T],
+    ) -> AsyncGenerator[list[T], None]:
+        """:meth:`_stream` in lists: see :meth:`stream_chunks`."""
+        run, backoff = await self._start_run(vbuckets, start, end, clamp)
+        while not run.finished and not self._closed:
+            async with self._session_scope(run, backoff) as links:
+                async for events_run in self._session(links, run):
+                    made = iter(events_run)
+                    while True:
+                        chunk, error = _take(made, most, each)
+                        if chunk:
+                            yield chunk
+                        if error is not None:
+                            raise error  # in the session scope, as from :meth:`_stream`
+                        if len(chunk) < most:
+                            break
+
+    async def _start_run(
+        self, vbuckets: list[int] | None, start: Start, end: End, clamp: bool
+    ) -> tuple[StreamRun, Backoff]:
+        run = StreamRun(await self._plan(vbuckets, start, end), clamp=clamp)
+        if self._mlog is not None:
+            run.owed.update(self._owed_at_start(run))
+        return run, Backoff(self.config.max_backoff, rng=self._rng)
+
+    @contextlib.asynccontextmanager
+    async def _session_scope(self, run: StreamRun, backoff: Backoff) -> AsyncIterator[DcpLinks]:
+        """One session's links. A connection-level failure ends the session quietly (the
+        streams resume on the next one, after a pause), anything else goes to the
+        application."""
+        links = DcpLinks(self._open_dcp, self.config.buffer_size)
+        self._links.add(links)
+        try:
+            yield links
+        except AuthError:
+            raise
+        except _SESSION_ERRORS as exc:
+            log.warning("DCP session ended: %s", exc or type(exc).__name__)
+        finally:
+            self._links.discard(links)
+            await links.close()
+            run.session_ended()
+        if not run.finished and not self._closed:
+            await asyncio.sleep(backoff.next_delay())
 
     async def _plan(
         self, vbuckets: list[int] | None, start: Start, end: End
@@ -387,7 +454,19 @@ class Consumer:
         """The events of ``messages``, each made only when pulled (the offsets never run
         ahead of the application) and acked once taken, up to and including the first
         decision event, which is left in ``decided`` for the library to act on."""
+        route = run.route
         for node, nbytes, msg in messages:
+            if isinstance(msg, list):  # a run of plain mutations (fields): the hot path
+                run_bytes, last_vb, cs = 0, -1, None
+                for fields in msg:
+                    if fields[1] != last_vb:  # a vbucket's changes come a few in a row
+                        last_vb = fields[1]
+                        cs = route(last_vb, node)
+                    if cs is not None:
+                        yield cs.change(fields)
+                    run_bytes += fields[0]
+                acks.add(node, run_bytes)  # once the whole run was handed over
+                continue
             cs = run.stream_for(msg, node)
             ev = None if cs is None else cs.event_for(msg)
             if ev is not None:
@@ -507,13 +586,14 @@ class Consumer:
         async for ev in self._repair(run, cs):
             yield ev
 
-    def _log_keys(self, run: StreamRun, batch: list[tuple[int, Message]]) -> None:
+    def _log_keys(self, run: StreamRun, batch: list[Pushed]) -> None:
         assert self._mlog is not None
-        entries = [
-            (msg.vbucket, msg.by_seqno, bytes(msg.key))
-            for _, msg in batch
-            if isinstance(msg, _ITEMS) and msg.vbucket in run.streams
-        ]
+        entries: list[tuple[int, int, bytes]] = []
+        for _, msg in batch:
+            if isinstance(msg, list):  # a run of mutations' fields (connection.py)
+                entries.extend((f[1], f[4], f[2]) for f in msg if f[1] in run.streams)
+            elif isinstance(msg, _ITEMS) and msg.vbucket in run.streams:
+                entries.append((msg.vbucket, msg.by_seqno, bytes(msg.key)))
         if entries:
             self._mlog.record_many(entries)
 
@@ -544,6 +624,20 @@ class Consumer:
                 yield _repair_event(vb, key, doc, high, cs.offset)
         self._mlog.repaired(vb, point, [(key, high) for key in keys])
         run.owed.discard(vb)
+
+
+def _take(
+    made: Iterator[events.Event], most: int, each: Callable[[events.Event], T]
+) -> tuple[list[T], Exception | None]:
+    """Up to ``most`` events of ``made`` through ``each``, and the error that stopped them:
+    the events made before an error must still reach the caller (their offsets moved)."""
+    chunk: list[T] = []
+    try:
+        for ev in itertools.islice(made, most):
+            chunk.append(each(ev))
+    except Exception as exc:
+        return chunk, exc
+    return chunk, None
 
 
 def _end_seqno(vb: int, end: End, seqnos: Mapping[int, tuple[int, int]]) -> int:

@@ -58,11 +58,13 @@ from dcpkv.client.offsets import VbucketOffset, VbucketProgress
 from dcpkv.client.rollback_point import ImpossibleHistoryError, consumer_rollback_point
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.core.fastinit import fast_builder
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import retryable
 from dcpkv.protocol import dcp, snappy
 from dcpkv.protocol.base import GenericResponse, Message, Request, Response
 from dcpkv.protocol.constants import Opcode, StreamEndReason
+from dcpkv.protocol.fast_dcp import MutationFields
 
 
 class StreamStateError(DcpkvError):
@@ -137,6 +139,8 @@ _ADVANCES = (dcp.SeqnoAdvanced, dcp.SystemEvent)
 # The item types exactly (no subclass exists): a set lookup instead of the isinstance chain.
 _CHANGES = frozenset(_ITEMS)
 _STREAMING = ConsumerState.STREAMING
+# The change event from fields already checked (decoded from the wire): no __init__
+_new_mutation = fast_builder(events.Mutation)
 
 
 class ConsumerStream:
@@ -254,6 +258,19 @@ class ConsumerStream:
             f"vbucket {self.vbucket}: a consumer stream does not handle {type(message).__name__}"
         )
 
+    def change(self, fields: MutationFields) -> events.Mutation:
+        """:meth:`event_for` of a plain mutation the receive path decoded to its fields
+        (``protocol.fast_dcp``), not to a message: the hot path of a stream."""
+        _, vb, key, value, seqno, rev, flags, expiry, cas, datatype, _, _, _, _ = fields
+        if vb != self.vbucket:
+            raise StreamStateError(f"vbucket {self.vbucket}: got a Mutation for vbucket {vb}")
+        if self.state is not _STREAMING:  # the table's only ITEM move keeps STREAMING
+            self._move(ConsumerEvent.ITEM)
+        offset = self.progress.deliver(seqno)
+        if datatype & _SNAPPY:  # the application sees the value, whatever the wire had
+            value, datatype = snappy.inflate(value, _INFLATE_LIMIT), datatype & ~_SNAPPY
+        return _new_mutation(vb, key, value, seqno, rev, flags, expiry, cas, datatype, offset)
+
     def _answer(self, message: Message) -> events.Event:
         """The answer to our stream request: accepted, rollback or refused."""
         if isinstance(message, dcp.StreamRequestOk):
@@ -307,7 +324,7 @@ class ConsumerStream:
             value, datatype = bytes(m.value), m.datatype
             if datatype & _SNAPPY:  # the application sees the value, whatever the wire had
                 value, datatype = snappy.inflate(value, _INFLATE_LIMIT), datatype & ~_SNAPPY
-            return events.Mutation(
+            return _new_mutation(
                 vb, key, value, m.by_seqno, m.rev_seqno, m.flags, m.expiration,
                 m.cas, datatype, offset,
             )  # fmt: skip

@@ -12,9 +12,10 @@ consumer passes in (connect, authenticate, DcpOpen, controls). The connections s
   (nothing is read ahead into a queue of our own: flow control keeps pacing each producer to
   the application).
 
-:meth:`DcpLinks.take` hands over what every inbox holds as ``(node, bytes, message)`` and the
-nodes whose connection ended (after the messages received before the end): the consumer
-resumes those nodes' streams elsewhere while the other connections go on.
+:meth:`DcpLinks.take` hands over what every inbox holds as ``(node, bytes, message)`` (a run of
+plain mutations as one entry, ``connection.py``) and the nodes whose connection ended (after
+the messages received before the end): the consumer resumes those nodes' streams elsewhere
+while the other connections go on.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from dcpkv.client.flow_control import FlowControl, ack_threshold
 from dcpkv.client.settings import Node
 from dcpkv.core.deadline import within
 from dcpkv.protocol.base import Message
+from dcpkv.protocol.fast_dcp import MutationFields
 
 Opener = Callable[[Node, Iterator[int], asyncio.Event], Awaitable[Connection]]
-Received = tuple[Node, int, Message]
+# (node, flow-control bytes, message), or (node, 0, a run of mutations' fields): connection.py
+Received = tuple[Node, int, Message | list[MutationFields]]
 
 
 class DcpLinks:
@@ -104,10 +107,11 @@ class DcpLinks:
 class PendingAcks:
     """Bytes of one node's messages handed over but not yet told to :meth:`DcpLinks.ack`.
 
-    The consumer adds every message's bytes here and the links hear of them once per
-    threshold (the flow-control ack threshold) and at the end of a batch, instead of once per
-    message: the BufferAcks go out at the same messages as before, for a call per message
-    less. :meth:`flush` before anything that may wait (the next batch, a request).
+    The consumer adds every message's bytes here (a run of mutations' bytes at once, once the
+    run was handed over) and the links hear of them once per threshold (the flow-control ack
+    threshold) and at the end of a batch, instead of once per message: a BufferAck goes out
+    at the first message (or run) that crosses the threshold, never for bytes not yet handed
+    over. :meth:`flush` before anything that may wait (the next batch, a request).
     """
 
     __slots__ = ("links", "nbytes", "node", "threshold")

@@ -56,7 +56,7 @@ from typing import Any
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
-from dcpkv.core.fastinit import fast_init, slot_setters
+from dcpkv.core.fastinit import fast_builder, fast_init
 from dcpkv.core.files import atomic_write
 from dcpkv.core.seqno import U64_MAX
 
@@ -115,21 +115,9 @@ class VbucketOffset:
         return self.seqno, self.vb_uuid, self.snap_start, self.snap_end
 
 
-_new = object.__new__
-_SET_UUID, _SET_SEQNO, _SET_START, _SET_END = slot_setters(
-    VbucketOffset, "vb_uuid", "seqno", "snap_start", "snap_end"
-)
-
-
-def _offset(vb_uuid: int, seqno: int, snap_start: int, snap_end: int) -> VbucketOffset:
-    """A :class:`VbucketOffset` from fields the caller already checked (u64s, the seqno inside
-    its snapshot): the delivery path builds one per change, and the checks would double it."""
-    o = _new(VbucketOffset)
-    _SET_UUID(o, vb_uuid)
-    _SET_SEQNO(o, seqno)
-    _SET_START(o, snap_start)
-    _SET_END(o, snap_end)
-    return o
+# A VbucketOffset from fields the caller already checked (u64s, the seqno inside its
+# snapshot): the delivery path builds one per change, and the checks would double its cost.
+_offset = fast_builder(VbucketOffset)
 
 
 def uuid_at(failover_log: Sequence[FailoverEntry], seqno: int) -> int:
@@ -392,9 +380,11 @@ class Offsets:
         self._vbuckets: dict[int, VbucketProgress] = {}
 
     def progress(self, vbucket: int) -> VbucketProgress:
-        if vbucket not in self._vbuckets:
-            self._vbuckets[vbucket] = VbucketProgress(max_points=self._max_points)
-        return self._vbuckets[vbucket]
+        try:  # one look-up when it exists (the facade asks once per event)
+            return self._vbuckets[vbucket]
+        except KeyError:
+            new = self._vbuckets[vbucket] = VbucketProgress(max_points=self._max_points)
+            return new
 
     def set_progress(self, vbucket: int, progress: VbucketProgress) -> None:
         """Replace one vbucket's progress (a stream that starts "now", not from 0)."""

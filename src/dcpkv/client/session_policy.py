@@ -109,6 +109,11 @@ class StreamRun:
             return None  # barriers, takeover state changes: nothing for a plain consumer
         if vb is None:
             return None
+        return self.route(vb, node)
+
+    def route(self, vb: int, node: Hashable = None) -> ConsumerStream | None:
+        """The stream of vbucket ``vb`` if it was last requested on ``node`` (a change from the
+        receive path's runs, which need no look at the message type)."""
         where = self.where.get(vb)
         if where is not node and where != node:
             return None

@@ -144,20 +144,24 @@ class SyncConsumer:
         self._consumer.offsets = private
         if isinstance(start, Offsets):
             start = private
-        agen = self._consumer.stream(vbuckets, start=start, end=end, clamp_ends=clamp_ends)
         copy_all = self._consumer.mutation_log is not None
-        pump = _Pump(agen, private, set(self._offsets), self._chunk, self._loop, copy_all)
+        pump = _Pump(private, set(self._offsets), self._chunk, self._loop, copy_all)
+        pump.agen = self._consumer.stream_chunks(
+            vbuckets, start=start, end=end, clamp_ends=clamp_ends, each=pump.handed,
+            most=min(FLUSH_EVENTS, self._chunk),
+        )  # fmt: skip
         return self._iterate(pump)
 
     def _iterate(self, pump: _Pump) -> Iterator[events.Event]:
         asyncio.run_coroutine_threadsafe(pump.run(), self._loop)
         public = self._offsets
+        progress_of = public.progress
         try:
             while True:
                 chunk, finished, error = pump.take()
                 for ev, progress in chunk:
                     if progress is None:  # a plain delivery: repeat it on the public side
-                        public.progress(ev.vbucket).followed(ev.offset)
+                        progress_of(ev.vbucket).followed(ev.offset)
                     elif isinstance(progress, dict):  # the first event: new vbuckets' starts
                         for vb, p in progress.items():
                             public.set_progress(vb, p)
@@ -190,28 +194,31 @@ Handed = tuple[Any, Any]
 class _Pump:
     """Moves events from the async stream (loop thread) to the caller (its own thread).
 
-    The pump collects events in a list of the loop thread's own and moves them to the shared
-    buffer (one lock, one notify) every :data:`FLUSH_EVENTS`, at a decision, at the end, and
-    whenever the pump's task waits (a callback scheduled when the list starts: the loop runs
-    it only once the task is suspended), so no event waits on the network for company.
-    Without a mutation log every change is one delivery on its vbucket's progress, which the
-    caller repeats from the event's offset instead of taking a copy of the progress (in
-    mutation-log mode repairs move the progress without a delivery: copies throughout).
+    The pump takes the consumer's events in lists (:meth:`Consumer.stream_chunks`: one
+    async step per list, each event wrapped by :meth:`handed` right after it is made, while
+    the private offsets are exactly after it), collects them in a list of the loop thread's
+    own and moves them to the shared buffer (one lock, one notify) every
+    :data:`FLUSH_EVENTS`, at a decision, at the end, and whenever the pump's task waits (a
+    callback scheduled when the list starts: the loop runs it only once the task is
+    suspended), so no event waits on the network for company. Without a mutation log every
+    change is one delivery on its vbucket's progress, which the caller repeats from the
+    event's offset instead of taking a copy of the progress (in mutation-log mode repairs
+    move the progress without a delivery: copies throughout).
     """
+
+    agen: AsyncGenerator[list[Handed], None]
 
     def __init__(
         self,
-        agen: AsyncGenerator[events.Event, None],
         offsets: Offsets,
         known: set[int],
         chunk: int,
         loop: asyncio.AbstractEventLoop,
         copy_all: bool = False,
     ) -> None:
-        self.agen, self.offsets, self.known, self.chunk, self.loop = (
-            agen, offsets, known, chunk, loop,
-        )  # fmt: skip
-        self.copy_all = copy_all
+        self.offsets, self.known, self.chunk, self.loop = offsets, known, chunk, loop
+        self.deliveries = frozenset() if copy_all else _DELIVERIES
+        self.starts: dict[int, Any] | None = None  # set at the first event
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)
         self.buf: list[Handed] = []
@@ -221,6 +228,14 @@ class _Pump:
         self.error: Exception | None = None
         self.resume: asyncio.Event | None = None
         self.task: asyncio.Task[None] | None = None
+
+    def handed(self, ev: events.Event) -> Handed:
+        """What the caller gets for ``ev``, made right after it (``stream_chunks``' each)."""
+        if self.starts is None:
+            self.starts = self._starts(ev.vbucket)
+        if type(ev) in self.deliveries:
+            return (ev, None)
+        return (ev, self.offsets.progress(ev.vbucket).copy())
 
     async def run(self) -> None:
         self.task = asyncio.current_task()
@@ -238,21 +253,18 @@ class _Pump:
 
     async def _pump(self) -> None:
         assert self.resume is not None
-        local, deliveries, flush_at = self.local, _DELIVERIES, min(FLUSH_EVENTS, self.chunk)
-        if self.copy_all:
-            deliveries = frozenset()
-        first = True
-        async for ev in self.agen:
-            if first:
-                first = False
-                local.append((None, self._starts(ev.vbucket)))
-            if type(ev) in deliveries:
-                local.append((ev, None))
-            else:
-                local.append((ev, self.offsets.progress(ev.vbucket).copy()))
-            if isinstance(ev, _DECISIONS) or len(local) >= flush_at:
-                self._flush(decision=isinstance(ev, _DECISIONS))
-            elif len(local) == 1:
+        local, flush_at = self.local, min(FLUSH_EVENTS, self.chunk)
+        sent_starts = False
+        async for handed in self.agen:
+            started = bool(local)
+            if not sent_starts and self.starts is not None:
+                sent_starts = True
+                local.append((None, self.starts))
+            local.extend(handed)
+            decision = isinstance(handed[-1][0], _DECISIONS)  # a decision ends its list
+            if decision or len(local) >= flush_at:
+                self._flush(decision=decision)
+            elif not started:
                 self.loop.call_soon(self._flush)
             if self.hold:
                 await self.resume.wait()

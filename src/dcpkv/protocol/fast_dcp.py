@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 A DCP stream is nearly all Mutation frames. Parsing each into a :class:`Frame` and then
 decoding that into a :class:`Mutation` builds two objects and reads the header twice.
-:func:`mutation_run` reads header and extras in one ``struct`` unpack and builds the
-:class:`Mutation` straight from the chunk, for as long as the frames are plain mutations:
+:func:`fields_run` reads header and extras in one ``struct`` unpack and keeps the fields in a
+plain tuple (:data:`MutationFields`), for as long as the frames are plain mutations:
 
 * magic 0x80 (no framing extras, so no stream id), opcode DcpMutation, 31 bytes of extras,
   a key of 1..250 bytes, a value within the parser's limit, the whole frame in the chunk.
@@ -13,8 +13,14 @@ decoding that into a :class:`Mutation` builds two objects and reads the header t
 It stops at the first frame that is anything else and :meth:`FrameParser.feed_runs` hands that
 one to the general path as a Frame, so a flex frame, a frame split across chunks or a malformed
 mutation gets exactly the message or the error it gets today. Each mutation comes with its size
-on the wire (header plus body), what a consumer acknowledges for flow control. Keys and values
-are memoryview slices of the chunk, as the parser makes them.
+on the wire (header plus body), what a consumer acknowledges for flow control.
+
+Why a tuple: the client builds its own event from the fields (``client/connection.py``), and
+a tuple of ints and ``bytes`` is the cheapest thing to build, to unpack and to keep: the
+garbage collector stops tracking it at its first pass, so a full inbox costs the collections
+nothing. Keys and values are ``bytes`` sliced from the chunk (one copy each, no memoryview).
+:func:`mutation_run` makes :class:`Mutation` messages of the same fields, for callers that
+want messages.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from dcpkv.protocol.dcp import Mutation
 from dcpkv.protocol.frame import HEADER, Frame, FrameParser
 
 SizedMutation = tuple[int, Mutation]
+# (size on the wire, vbucket, key, value, by_seqno, rev_seqno, flags, expiration, cas,
+#  datatype, opaque, lock_time, nmeta, nru)
+MutationFields = tuple[int, int, bytes, bytes, int, int, int, int, int, int, int, int, int, int]
 
 _EXTRAS = Mutation.EXTRAS
 assert _EXTRAS is not None
@@ -35,17 +44,19 @@ _HEAD_LEN = _HEAD.size
 _EXTRAS_LEN = _EXTRAS.size
 _MAGIC, _OPCODE = int(Magic.ClientRequest), int(Opcode.DcpMutation)
 _new = object.__new__
-# mutations per run at most: a run is kept alive whole until its caller is done with it, and
-# a few hundred thousand live objects (one big chunk) cost more in garbage collection than
-# they save; short runs also let a consumer apply the first ones sooner
+# mutations per run at most: short runs let a consumer apply the first ones sooner, and the
+# per-run cost is spread over enough of them
 RUN_MAX = 64
 
 
-def mutation_run(buf: memoryview, pos: int, max_value: int) -> tuple[list[SizedMutation], int]:
-    """(size, mutation) of every plain mutation frame lying whole in ``buf`` from ``pos`` up
-    to the first other frame, and the position after them. A :data:`RunScanner`."""
-    run: list[SizedMutation] = []
-    append, unpack, end, cls = run.append, _HEAD.unpack_from, len(buf), Mutation
+def fields_run(buf: memoryview, pos: int, max_value: int) -> tuple[list[MutationFields], int]:
+    """The fields of every plain mutation frame lying whole in ``buf`` from ``pos`` up to the
+    first other frame, and the position after them. A :data:`RunScanner`."""
+    run: list[MutationFields] = []
+    append, unpack, end = run.append, _HEAD.unpack_from, len(buf)
+    data = buf.obj  # slices of the bytes themselves: one copy each, no memoryview
+    if type(data) is not bytes or len(data) != end:
+        data = bytes(buf)
     while end - pos >= _HEAD_LEN and len(run) < RUN_MAX:
         (magic, opcode, keylen, extlen, datatype, vbucket, body, opaque, cas,
          seqno, rev, flags, expiry, lock, nmeta, nru) = unpack(buf, pos)  # fmt: skip
@@ -58,18 +69,35 @@ def mutation_run(buf: memoryview, pos: int, max_value: int) -> tuple[list[SizedM
         k = pos + _HEAD_LEN
         v = k + keylen
         pos += size
-        m = _new(cls)  # every field set below, as Mutation.decode does
-        m.by_seqno, m.rev_seqno, m.flags, m.expiration = seqno, rev, flags, expiry
-        m.lock_time, m.nmeta, m.nru = lock, nmeta, nru
-        m.opaque, m.cas, m.datatype, m.vbucket, m.stream_id = opaque, cas, datatype, vbucket, None
-        m.key, m.value = buf[k:v], buf[v:pos]
-        append((size, m))
+        append((size, vbucket, data[k:v], data[v:pos], seqno, rev, flags, expiry, cas,
+                datatype, opaque, lock, nmeta, nru))  # fmt: skip
     return run, pos
+
+
+def mutation_run(buf: memoryview, pos: int, max_value: int) -> tuple[list[SizedMutation], int]:
+    """:func:`fields_run` as (size, :class:`Mutation`) pairs. A :data:`RunScanner`."""
+    run, pos = fields_run(buf, pos, max_value)
+    return [(f[0], _mutation(f)) for f in run], pos
+
+
+def _mutation(f: MutationFields) -> Mutation:
+    m = _new(Mutation)  # every field set below, as Mutation.decode does
+    (_, m.vbucket, m.key, m.value, m.by_seqno, m.rev_seqno, m.flags, m.expiration, m.cas,
+     m.datatype, m.opaque, m.lock_time, m.nmeta, m.nru) = f  # fmt: skip
+    m.stream_id = None
+    return m
+
+
+def feed_fields(
+    parser: FrameParser, data: bytes | bytearray | memoryview
+) -> Iterator[list[MutationFields] | Frame]:
+    """``parser.feed(data)`` with plain mutations decoded on the way: runs of their fields as
+    lists, every other frame as a Frame, in wire order."""
+    return parser.feed_runs(data, fields_run)
 
 
 def feed_mutations(
     parser: FrameParser, data: bytes | bytearray | memoryview
 ) -> Iterator[list[SizedMutation] | Frame]:
-    """``parser.feed(data)`` with plain mutations decoded on the way: runs of (size, mutation)
-    as lists, every other frame as a Frame, in wire order."""
+    """:func:`feed_fields` with (size, :class:`Mutation`) pairs."""
     return parser.feed_runs(data, mutation_run)
