@@ -45,7 +45,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.tls import TlsOptions
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.vtable import Entry, Manifest
+from dcpkv.spark.link import DriverLink
 
 RESYNC_ATTEMPTS = 3
 STOP_WAIT_S = 300.0  # how long a stop waits for the batch in flight before interrupting it
@@ -169,12 +170,45 @@ def persisted_seqnos(source: SourceSettings, uuids: dict[int, int]) -> dict[int,
     return asyncio.run(ask())
 
 
-def lag_of(source: SourceSettings, applied: dict[int, tuple[int, int]]) -> int | None:
-    try:
-        highs = server_seqnos(source)
-    except (OSError, RuntimeError, ValueError):
-        return None
-    return sum(max(0, highs[vb][1] - applied.get(vb, (0, 0))[1]) for vb in highs if vb in applied)
+def lag_from(highs: dict[int, tuple[int, int]], applied: dict[int, tuple[int, int]]) -> int:
+    """Changes not yet applied: the sum over applied vbuckets of high seqno minus applied."""
+    return sum(max(0, highs[vb][1] - applied[vb][1]) for vb in highs if vb in applied)
+
+
+def resync_rows(
+    rollbacks: Sequence[vtable.RollbackRow], floors: Mapping[int, int]
+) -> list[vtable.RollbackRow]:
+    """The rollback rows of a batch (stream order) that resync their vbucket: one below its
+    vbucket's floor (the history it needs is gone), and every later one of a vbucket already
+    resynced in the batch (the batch reads each such vbucket once, as it is now, so a later
+    rollback of it is a resync too: always exact, and its H is the same read's)."""
+    out: list[vtable.RollbackRow] = []
+    resynced: set[int] = set()
+    for rb in rollbacks:
+        if rb.vbucket in resynced or rb.seqno < floors.get(rb.vbucket, 0):
+            resynced.add(rb.vbucket)
+            out.append(rb)
+    return out
+
+
+def rollback_entries(
+    rollbacks: Sequence[vtable.RollbackRow],
+    resyncs: Sequence[vtable.RollbackRow],
+    highs: Mapping[int, int],
+    ord_: int,
+) -> list[Entry]:
+    """A batch's manifest entries, in stream order: a rollback row becomes a rollback entry at
+    its place; one of ``resyncs`` a reset (rollback to -1) and a skip to its vbucket's resync
+    seqno ``highs[vb]``, both at its own place (``vtable``'s docstring)."""
+    resync = set(resyncs)
+    out: list[Entry] = []
+    for rb in rollbacks:
+        if rb in resync:
+            out.append(Entry("rollback", rb.vbucket, -1, ord_, rb.pos))
+            out.append(Entry("skip", rb.vbucket, highs[rb.vbucket], ord_, rb.pos))
+        else:
+            out.append(Entry("rollback", rb.vbucket, rb.seqno, ord_, rb.pos))
+    return out
 
 
 def caught_up(applied: dict[int, tuple[int, int]], highs: dict[int, tuple[int, int]]) -> bool:
@@ -279,6 +313,10 @@ class TableJob:
     on_batch: Callable[[BatchStats], None] | None = None
     _busy: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stopping: bool = field(default=False, init=False)
+    _link: DriverLink = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._link = DriverLink(self.source)  # lag and resync questions, one connection
 
     def __call__(self, df: Any, batch_id: int) -> None:
         with self._busy:
@@ -292,6 +330,7 @@ class TableJob:
         done = self._busy.acquire(timeout=timeout)
         self._stopping = True
         if done:
+            self._link.close()
             self._busy.release()
         return done
 
@@ -306,8 +345,8 @@ class TableJob:
         summary = vtable.batch_summary(self.spark, self.table, name)  # one job, not two
         rollbacks = summary.rollbacks
         manifest.files.append(name)
-        for rb in rollbacks:
-            self._roll_back(manifest, ord_, rb)
+        if rollbacks:
+            self._roll_back(manifest, ord_, rollbacks)
         manifest.ord = ord_
         manifest.batch_id = batch_id
         manifest.applied.update(applied_offset(self.checkpoint, batch_id) or {})
@@ -317,33 +356,66 @@ class TableJob:
         changes = summary.rows - len(rollbacks)
         self._report(batch_id, changes, len(rollbacks), started, manifest, summary.oldest_cas)
 
-    def _roll_back(self, manifest: Manifest, ord_: int, rb: vtable.RollbackRow) -> None:
-        if rb.seqno >= manifest.floors.get(rb.vbucket, 0):
-            manifest.entries.append(Entry("rollback", rb.vbucket, rb.seqno, ord_, rb.pos))
-            return
-        high, name = self._resync(rb.vbucket, ord_, rb.pos)
-        manifest.entries.append(Entry("rollback", rb.vbucket, -1, ord_, rb.pos))
-        manifest.entries.append(Entry("skip", rb.vbucket, high, ord_, rb.pos))
-        manifest.files.append(name)
-        manifest.floors[rb.vbucket] = high
+    def _roll_back(
+        self, manifest: Manifest, ord_: int, rollbacks: list[vtable.RollbackRow]
+    ) -> None:
+        resyncs = resync_rows(rollbacks, manifest.floors)
+        # The last resync row of a vbucket is where its read goes (dict: the last one wins).
+        places = {rb.vbucket: rb.pos for rb in resyncs}
+        highs, names = self._resync(places, ord_) if places else ({}, [])
+        manifest.entries.extend(rollback_entries(rollbacks, resyncs, highs, ord_))
+        manifest.files.extend(names)
+        manifest.floors.update(highs)
 
-    def _resync(self, vb: int, ord_: int, pos: int) -> tuple[int, str]:
-        """Read vbucket ``vb`` from 0 to its high seqno now; its rows share the rollback's
-        position, so earlier entries leave them alone and the skip entry hides what the
-        stream sends again up to that seqno."""
+    def _resync(self, places: dict[int, int], ord_: int) -> tuple[dict[int, int], list[str]]:
+        """Read the vbuckets of ``places`` from 0 to their high seqnos now, in ONE Spark read;
+        each vbucket's rows take its rollback's position (``places[vb]``), so earlier entries
+        leave them alone and its skip entry hides what the stream sends again up to that seqno.
+        A vbucket that rolled back during the read (a rollback row among its rows) is dropped
+        from the written rows and read again. Returns vbucket -> the seqno read to, and the
+        directories written."""
+        pending, highs, names = dict(places), {}, []
+        for _attempt in range(RESYNC_ATTEMPTS):
+            seqnos = self._highs()
+            lost = sorted(set(pending) - set(seqnos))
+            if lost:
+                raise RuntimeError(f"vbucket {lost[0]}: no high seqno to resync it to")
+            now = {vb: seqnos[vb] for vb in pending}
+            name = self._read_changes(now, pending, ord_)
+            again = {rb.vbucket for rb in vtable.written_rollbacks(self.spark, self.table, name)}
+            kept = vtable.without_vbuckets(self.spark, self.table, name, again)
+            names.extend([kept] if kept else [])
+            highs.update({vb: now[vb][1] for vb in pending if vb not in again})
+            pending = {vb: p for vb, p in pending.items() if vb in again}
+            if not pending:
+                return highs, names
+        raise RuntimeError(f"vbucket {min(pending)}: the server kept rolling back during a resync")
+
+    def _read_changes(
+        self, ends: dict[int, tuple[int, int]], places: dict[int, int], ord_: int
+    ) -> str:
+        """Write the changes of ``ends``' vbuckets from 0 to (uuid, seqno), stamped (ord_,
+        ``places[vb]``); the directory's name."""
         from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 
-        for _attempt in range(RESYNC_ATTEMPTS):
-            uuid, high = server_seqnos(self.source)[vb]
-            ending = SparkOffsets({vb: VbPosition.at(high, uuid)}).to_json()
-            reader = self.spark.read.format("dcpkv").options(**self.source.options())
-            df = reader.options(vbuckets=str(vb), mode="changes", endingOffsets=ending).load()
-            name = vtable.write_rows(
-                self.table, vtable.stamp(self.transform(df), ord_, pos), f"r{ord_:08d}-{vb}"
-            )
-            if not vtable.rollback_rows(self.spark, self.table, name):
-                return high, name
-        raise RuntimeError(f"vbucket {vb}: the server kept rolling back during a resync")
+        ending = SparkOffsets({vb: VbPosition.at(h, u) for vb, (u, h) in ends.items()}).to_json()
+        vbs = ",".join(str(vb) for vb in sorted(ends))
+        reader = self.spark.read.format("dcpkv").options(**self.source.options())
+        df = reader.options(vbuckets=vbs, mode="changes", endingOffsets=ending).load()
+        rows = vtable.stamp(self.transform(df), ord_, places)
+        return vtable.write_rows(self.table, rows, f"r{ord_:08d}")
+
+    def _highs(self) -> dict[int, tuple[int, int]]:
+        """vbucket -> (uuid, high seqno) now, on the job's kept connection."""
+        from dcpkv.client.sync import SyncConsumer
+
+        return self._link.ask(SyncConsumer.vbucket_seqnos)
+
+    def _lag(self, applied: dict[int, tuple[int, int]]) -> int | None:
+        try:
+            return lag_from(self._highs(), applied)
+        except (OSError, RuntimeError, ValueError):
+            return None
 
     def _report(
         self, batch_id: int, rows: int, rollbacks: int, started: float, manifest: Manifest,
@@ -356,7 +428,7 @@ class TableJob:
             rows=rows,
             rollbacks=rollbacks,
             seconds=time.monotonic() - started,
-            lag=lag_of(self.source, manifest.applied_seqnos()),
+            lag=self._lag(manifest.applied_seqnos()),
             lag_s=None if oldest_cas is None else max(0.0, finished - oldest_cas / 1e9),
         )
         vtable.append_metrics(self.table, asdict(stats))

@@ -61,7 +61,7 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -256,11 +256,19 @@ def current_versions(live: Any, columns: list[str]) -> Any:
 # -- writing a batch -----------------------------------------------------------------------------
 
 
-def stamp(df: Any, ord_: int, pos: int | None = None) -> Any:
-    """Add ``ord`` and ``pos``: stream order inside the batch, or one fixed ``pos``."""
+def stamp(df: Any, ord_: int, pos: int | Mapping[int, int] | None = None) -> Any:
+    """Add ``ord`` and ``pos``: stream order inside the batch, one fixed ``pos``, or a fixed
+    ``pos`` per vbucket (a resync of several vbuckets, each at its own rollback's place)."""
     from pyspark.sql import functions as F
 
-    p = F.monotonically_increasing_id() if pos is None else F.lit(pos).cast("long")
+    if pos is None:
+        p = F.monotonically_increasing_id()
+    elif isinstance(pos, Mapping):
+        # one flat map lookup, not a CASE per vbucket (see _floor_column)
+        pairs = [F.lit(x) for vb, at in sorted(pos.items()) for x in (vb, at)]
+        p = F.try_element_at(F.create_map(*pairs), F.col("vbucket")).cast("long")
+    else:
+        p = F.lit(pos).cast("long")
     return df.withColumn("ord", F.lit(ord_).cast("long")).withColumn("pos", p)
 
 
@@ -356,6 +364,25 @@ def rollback_rows(spark: Any, table: Path, name: str) -> list[RollbackRow]:
         .collect()
     )
     return sorted((RollbackRow(r.vbucket, int(r.seqno), r.pos) for r in rows), key=lambda r: r.pos)
+
+
+def written_rollbacks(spark: Any, table: Path, name: str) -> list[RollbackRow]:
+    """:func:`rollback_rows`, without a Spark job when the footers show none (the usual case)."""
+    quick = footer_summary(table / name)
+    return quick.rollbacks if quick is not None else rollback_rows(spark, table, name)
+
+
+def without_vbuckets(spark: Any, table: Path, name: str, vbuckets: set[int]) -> str | None:
+    """``name``, or (when some of its vbuckets must go) a new directory with the rows of the
+    other vbuckets only, ``name`` deleted; None when nothing is left."""
+    from pyspark.sql import functions as F
+
+    if not vbuckets:
+        return name
+    rows = spark.read.parquet(str(table / name)).filter(~F.col("vbucket").isin(*sorted(vbuckets)))
+    kept = None if rows.isEmpty() else write_rows(table, rows, Path(name).name.split("-")[0])
+    _delete(table, [name])
+    return kept
 
 
 # -- compaction ----------------------------------------------------------------------------------
