@@ -18,7 +18,8 @@ machine cannot reach). A batch is applied by :class:`TableJob`:
    to ``<checkpoint>/offsets/<batch id>`` before running the batch): exactly once, since a
    re-run of a batch whose id the manifest already holds does nothing.
 
-Every ``compact_every`` batches the table is compacted. Retention rule: the floor of a vbucket
+Every ``compact_every`` batches at the earliest the table is compacted, once it has grown
+enough since the last compaction (``vtable.compaction_due``). Retention rule: the floor of a vbucket
 becomes the highest consistent point the stream has (its applied seqno and the offset's earlier
 batch ends) that is at or below the server's *persisted* seqno for that branch (ObserveSeqno).
 A node rolls back only to its last persisted snapshot (a branch starts at or above what was on
@@ -311,6 +312,9 @@ class TableJob:
     checkpoint: Path
     compact_every: int | None = 10
     on_batch: Callable[[BatchStats], None] | None = None
+    # Runs after each commit with the batch id (and for a batch committed before a restart):
+    # a view that follows this table applies the batch in the same Spark batch (demo.py).
+    after_commit: Callable[[int], None] | None = None
     _busy: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stopping: bool = field(default=False, init=False)
     _link: DriverLink = field(init=False, repr=False)
@@ -337,6 +341,7 @@ class TableJob:
     def _apply(self, df: Any, batch_id: int) -> None:
         manifest = vtable.load_manifest(self.table)
         if batch_id <= manifest.batch_id:
+            self._after_commit(batch_id)  # its follower may not have applied it yet
             return  # committed before a restart: Spark re-runs the last batch, we do not
         started = time.monotonic()
         ord_ = manifest.ord + 1
@@ -350,8 +355,10 @@ class TableJob:
         manifest.ord = ord_
         manifest.batch_id = batch_id
         manifest.applied.update(applied_offset(self.checkpoint, batch_id) or {})
+        vtable.note_rows(manifest, summary.rows)
         vtable.commit_manifest(self.table, manifest)
-        if self.compact_every and ord_ - manifest.compacted_ord >= self.compact_every:
+        self._after_commit(batch_id)
+        if vtable.compaction_due(manifest, self.compact_every):
             compact_table(self.spark, self.table, self.schema, self.source)
         changes = summary.rows - len(rollbacks)
         self._report(batch_id, changes, len(rollbacks), started, manifest, summary.oldest_cas)
@@ -404,6 +411,10 @@ class TableJob:
         df = reader.options(vbuckets=vbs, mode="changes", endingOffsets=ending).load()
         rows = vtable.stamp(self.transform(df), ord_, places)
         return vtable.write_rows(self.table, rows, f"r{ord_:08d}")
+
+    def _after_commit(self, batch_id: int) -> None:
+        if self.after_commit is not None:
+            self.after_commit(batch_id)
 
     def _highs(self) -> dict[int, tuple[int, int]]:
         """vbucket -> (uuid, high seqno) now, on the job's kept connection."""
@@ -513,11 +524,13 @@ def start_mirror(
     trigger_seconds: float = 1.0,
     on_batch: Callable[[BatchStats], None] | None = None,
     compact_every: int | None = 10,
+    after_commit: Callable[[int], None] | None = None,
 ) -> Any:
     """Start mirroring ``source`` into the table ``to``; returns the StreamingQuery.
 
     ``checkpoint`` defaults to ``to/_checkpoint``; ``available_now`` stops once caught up
-    with the high seqnos of the start (``query.awaitTermination()``).
+    with the high seqnos of the start (``query.awaitTermination()``); ``after_commit`` runs
+    after each batch's commit (a view following the mirror in the same query).
     """
     to = Path(to)
     job = TableJob(
@@ -529,6 +542,7 @@ def start_mirror(
         checkpoint=Path(checkpoint) if checkpoint else to / "_checkpoint",
         compact_every=compact_every,
         on_batch=on_batch,
+        after_commit=after_commit,
     )
     return start_stream(
         spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
@@ -548,6 +562,15 @@ def read_mirror(spark: Any, path: Path, manifest: Manifest | None = None) -> Any
     return current.filter(F.col("op") == "mutation").select(
         "key", "value", "flags", "expiry", "vbucket", "seqno", "cas"
     )
+
+
+def mirror_doc_count(path: Path) -> int:
+    """How many documents the mirror holds as of its last committed batch: what
+    ``read_mirror(...).count()`` says, read with pyarrow on the driver (no Spark job)."""
+    import pyarrow.compute as pc
+
+    current = vtable.current_arrow(Path(path), vtable.load_manifest(Path(path)))
+    return 0 if current is None else int(pc.sum(pc.equal(current["op"], "mutation")).as_py() or 0)
 
 
 def mirror_manifest(path: Path) -> Manifest:

@@ -253,6 +253,57 @@ def current_versions(live: Any, columns: list[str]) -> Any:
     return latest.select("key", "r.*")
 
 
+def current_arrow(table: Path, manifest: Manifest, columns: Iterable[str] = ()) -> Any:
+    """:func:`current_versions` of :func:`live_changes` with pyarrow on the driver, no Spark
+    job (a live demo's reader asks every few seconds, and a Spark job would compete with the
+    batches for the cores): a pyarrow Table of each key's current version (``op``, ``key``,
+    ``vbucket``, ``seqno``, ``ord``, ``pos`` and ``columns``), deletions included (as ``op``).
+    Dead rows are found with :func:`is_dead`, only for the vbuckets that have entries."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    place = ["op", "vbucket", "key", "seqno", "ord", "pos"]
+    wanted = place + [c for c in columns if c not in place]
+    parts = [
+        pq.read_table(path, columns=wanted)
+        for name in manifest.files
+        for path in sorted((table / name).rglob("*.parquet"))
+    ]
+    if not parts:
+        return None
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    rows = rows.filter(pc.not_equal(rows["op"], "rollback"))
+    if manifest.entries:
+        rows = rows.filter(pa.array(_live_mask(rows, scopes(manifest.entries))))
+    rows = rows.sort_by([(c, "ascending") for c in ("key", "seqno", "ord", "pos")])
+    n = rows.num_rows
+    if n == 0:
+        return rows
+    keys = rows["key"].combine_chunks()
+    # the last row of each run of equal keys: the highest (seqno, ord, pos)
+    last = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
+    return rows.filter(pa.concat_arrays([last, pa.array([True])]))
+
+
+def _live_mask(rows: Any, reach: list[Scope]) -> list[bool]:
+    by_vb: dict[int, list[Scope]] = {}
+    for s in reach:
+        by_vb.setdefault(s.entry.vbucket, []).append(s)
+    cols = [rows[c].to_pylist() for c in ("vbucket", "seqno", "ord", "pos")]
+    return [
+        not is_dead(vb, seqno, o, p, by_vb[vb]) if vb in by_vb else True
+        for vb, seqno, o, p in zip(*cols, strict=True)
+    ]
+
+
+def parquet_rows(directory: Path) -> int:
+    """Rows of a written directory, from the Parquet footers."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in directory.rglob("*.parquet"))
+
+
 # -- writing a batch -----------------------------------------------------------------------------
 
 
@@ -265,8 +316,9 @@ def stamp(df: Any, ord_: int, pos: int | Mapping[int, int] | None = None) -> Any
         p = F.monotonically_increasing_id()
     elif isinstance(pos, Mapping):
         # one flat map lookup, not a CASE per vbucket (see _floor_column)
-        pairs = [F.lit(x) for vb, at in sorted(pos.items()) for x in (vb, at)]
-        p = F.try_element_at(F.create_map(*pairs), F.col("vbucket")).cast("long")
+        # pos values of a task beyond the first exceed an int: every value a long
+        pairs = [c for vb, at in sorted(pos.items()) for c in (F.lit(vb), F.lit(at).cast("long"))]
+        p = F.try_element_at(F.create_map(*pairs), F.col("vbucket"))
     else:
         p = F.lit(pos).cast("long")
     return df.withColumn("ord", F.lit(ord_).cast("long")).withColumn("pos", p)
@@ -275,6 +327,19 @@ def stamp(df: Any, ord_: int, pos: int | Mapping[int, int] | None = None) -> Any
 def write_rows(table: Path, df: Any, tag: str) -> str:
     name = new_data_dir(table, tag)
     df.write.mode("errorifexists").parquet(str(table / name))
+    return name
+
+
+def write_arrow(table: Path, rows: Any, tag: str) -> str:
+    """:func:`write_rows` of a pyarrow Table, from the driver (one file and Spark's
+    ``_SUCCESS`` marker, so the directory reads like one Spark wrote)."""
+    import pyarrow.parquet as pq
+
+    name = new_data_dir(table, tag)
+    directory = table / name
+    directory.mkdir(parents=True)
+    pq.write_table(rows, directory / "part-00000.parquet")
+    (directory / "_SUCCESS").touch()
     return name
 
 
@@ -387,6 +452,31 @@ def without_vbuckets(spark: Any, table: Path, name: str, vbuckets: set[int]) -> 
 
 # -- compaction ----------------------------------------------------------------------------------
 
+COMPACT_GROWTH = 2  # due once the rows since the last compaction reach 1/2 of what it kept
+COMPACT_LATEST = 10  # ... or, whatever the rows, after this many times ``every`` batches
+
+
+def note_rows(manifest: Manifest, rows: int) -> None:
+    """Count a batch's rows towards the next compaction (:func:`compaction_due`)."""
+    manifest.extra["rows_since"] = int(manifest.extra.get("rows_since", 0)) + rows
+
+
+def compaction_due(manifest: Manifest, every: int | None) -> bool:
+    """Every ``every`` batches at the earliest, and then only once the rows written since the
+    last compaction reach 1/:data:`COMPACT_GROWTH` of the rows it kept: a compaction rewrites
+    the whole table, so a live stream of small batches would otherwise spend most of its time
+    rewriting (seconds per batch's worth of changes); the cost now follows the growth. At the
+    latest after :data:`COMPACT_LATEST` times ``every`` batches, which bounds the directories
+    a reader opens."""
+    if not every:
+        return False
+    batches = manifest.ord - manifest.compacted_ord
+    if batches < every:
+        return False
+    grown = int(manifest.extra.get("rows_since", 0))
+    kept = int(manifest.extra.get("compacted_rows", 0))
+    return grown * COMPACT_GROWTH >= kept or batches >= COMPACT_LATEST * every
+
 
 def compact(
     spark: Any,
@@ -429,6 +519,8 @@ def compact(
     manifest.files = [name]
     manifest.floors = floors
     manifest.extra["dropped_through"] = manifest.compacted_ord
+    manifest.extra["compacted_rows"] = parquet_rows(table / name)
+    manifest.extra["rows_since"] = 0
     manifest.compacted_ord = manifest.ord
     _delete_orphans(table, manifest)
     commit_manifest(table, manifest)
