@@ -13,7 +13,10 @@ machine cannot reach). A batch is applied by :class:`TableJob`:
    the vbucket's retention floor is exact (the history above the floor is all there). One below
    the floor *resyncs* the vbucket: a batch read ``mode=changes`` from 0 up to the vbucket's
    high seqno H now, stored at the rollback's position, and a ``skip`` entry that hides the
-   stream's own changes up to H (they are in the resync already);
+   stream's own changes up to H (they are in the resync already). All the vbuckets a batch
+   resyncs are read in ONE Spark read (a vbucket list and an end offset for each, every
+   vbucket's rows stamped with its own rollback's position): after a failover a batch can
+   resync hundreds, and a read, a write and a check per vbucket took minutes;
 3. the manifest is committed with the batch id and the applied source offset (Spark wrote it
    to ``<checkpoint>/offsets/<batch id>`` before running the batch): exactly once, since a
    re-run of a batch whose id the manifest already holds does nothing.
