@@ -23,8 +23,9 @@ whose branch moved is always part of the batch, even with nothing to read: its r
 news for downstream.
 
 Partitions. The vbuckets to read are spread over ``numPartitions`` tasks (by default one per
-:data:`CHANGES_PER_TASK` changes, 1 to 16, two from :data:`TWO_TASKS_FROM`), longest first onto the least loaded task (by
-seqno distance): one vbucket is always read by one task, in order.
+:data:`CHANGES_PER_TASK` changes, 1 to 16, two from :data:`TWO_TASKS_FROM`), longest first
+onto the least loaded task (by seqno distance): one vbucket is always read by one task, in
+order.
 On a cluster (:func:`spread_by_node`) a node's vbuckets are read together: the tasks are
 shared out over the nodes in proportion to what each has to send, and a task reads from one
 node only (one DCP connection, to the node holding its vbuckets active when planned; the
