@@ -81,8 +81,38 @@ def test_kill9_rollback_restart_compaction_and_resync(
     work.run(50, prefix="d")
     truth = work.truth()
     run_once(spark, srv.port, path, compact_every=None)
-    assert any(e.seqno == -1 for e in mirror_manifest(path).entries), "a resync was needed"
+    assert_one_read_for_several_resyncs(mirror_manifest(path))
     assert mirror_docs(spark, path) == truth
+
+
+def assert_one_read_for_several_resyncs(manifest: Any) -> None:
+    """The last batch resynced several vbuckets with one read (one ``r`` directory); each
+    resync is a reset and a skip at its own rollback row's place."""
+    resets = [e for e in manifest.entries if e.kind == "rollback" and e.seqno == -1]
+    assert len({e.vbucket for e in resets}) > 1, "several vbuckets needed a resync"
+    ords = {e.ord for e in resets}
+    reads = [f for f in manifest.files if f.startswith("data/r")]
+    assert len(reads) == len(ords) == 1
+    for reset in resets:
+        skips = [e for e in manifest.entries if e.kind == "skip" and e.vbucket == reset.vbucket]
+        assert [(s.ord, s.pos) for s in skips] == [(reset.ord, reset.pos)]
+        assert manifest.floors[reset.vbucket] == skips[0].seqno
+
+
+def test_without_vbuckets_keeps_the_other_vbuckets_rows(spark: Any, tmp_path: Path) -> None:
+    """A resync read in which some vbuckets rolled back keeps only the others' rows."""
+    from dcpkv.pipelines import vtable
+
+    rows = spark.createDataFrame([(vb, f"k{vb}-{i}") for vb in (1, 2, 3) for i in range(5)],
+                                 "vbucket int, key string")  # fmt: skip
+    name = vtable.write_rows(tmp_path, rows, "r00000001")
+    kept = vtable.without_vbuckets(spark, tmp_path, name, {2})
+    assert kept is not None and kept != name and not (tmp_path / name).exists()
+    left = spark.read.parquet(str(tmp_path / kept)).collect()
+    assert sorted(r.vbucket for r in left) == [1] * 5 + [3] * 5
+    assert vtable.without_vbuckets(spark, tmp_path, kept, set()) == kept
+    assert vtable.without_vbuckets(spark, tmp_path, kept, {1, 3}) is None
+    assert not (tmp_path / kept).exists()
 
 
 def test_readers_see_whole_batches_only(spark: Any, server: Any, tmp_path: Path) -> None:

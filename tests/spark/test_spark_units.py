@@ -119,11 +119,22 @@ def test_spread_puts_every_vbucket_in_one_task() -> None:
 
 @pytest.mark.parametrize(
     ("distances", "tasks"),
-    [([10] * 1024, 1), ([49_999, 1], 1), ([50_000, 1], 2), ([30_000] * 10, 6), ([10**6] * 64, 16)],
+    [
+        ([5] * 1024, 1),
+        ([10] * 1024, 2),
+        ([9_999], 1),
+        ([5_000, 5_000], 2),
+        ([49_999, 1], 2),
+        ([50_000, 1], 2),
+        ([50_000, 50_000, 1], 3),
+        ([30_000] * 10, 6),
+        ([10**6] * 64, 16),
+    ],
 )
 def test_default_tasks_follow_the_batch_size(distances: list[int], tasks: int) -> None:
-    """Without numPartitions: a task per 50k changes, 1 to 16 (a small live batch over 1024
-    vbuckets is one task, not sixteen connections and logins)."""
+    """Without numPartitions: a task per 50k changes, 1 to 16, two from 10k changes (a small
+    live batch over 1024 vbuckets is one task, not sixteen connections and logins; a first
+    batch of 30k changes uses both cores of a small machine)."""
     start = SparkOffsets({vb: VbPosition.at(0, 0) for vb in range(len(distances))})
     end = SparkOffsets({vb: VbPosition.at(d, A) for vb, d in enumerate(distances)})
     assert len(spread(targets(start, end), None)) == tasks

@@ -13,7 +13,7 @@ from kvclient import KVClient
 from sparkhelp import server_docs, vb
 
 from dcpkv.core.status import Status
-from dcpkv.pipelines import example_views
+from dcpkv.pipelines import example_views, vtable
 from dcpkv.pipelines.mirror import SourceSettings, start_mirror
 from dcpkv.pipelines.sample_data import changes, documents
 from dcpkv.pipelines.views import create_view, query_view, start_view, stats
@@ -119,3 +119,35 @@ def test_stale_false_waits_for_the_changes_before_the_query(
             assert approx(got) == approx(shop.revenue(True))
     finally:
         query.stop()
+
+
+def test_a_view_applied_inside_the_mirrors_batches(spark: Any, server: Any, tmp_path: Path) -> None:
+    """The demo's shape: one query, the view following each mirror batch right after its
+    commit; a view fed by the server before is rebuilt from the mirror. The view equals the
+    map of the server's documents, and the driver-side document count equals the mirror's."""
+    from dcpkv.pipelines.mirror import mirror_doc_count, read_mirror
+    from dcpkv.pipelines.views.definition import view_schema
+    from dcpkv.pipelines.views.job import view_follower
+
+    shop = Shop(server.port)
+    shop.load(200)
+    views, mirror = tmp_path / "views", tmp_path / "mirror"
+    create_view(views, "revenue", MAP, "sum")
+    src = SourceSettings.at(port=server.port)
+    run_once(start_view(spark, views, "revenue", src, available_now=True))  # the old way
+    for _round in range(2):
+        shop.update(120)  # updates and deletes
+        follower = view_follower(spark, views, "revenue", mirror)
+        run_once(start_mirror(spark, src, mirror, available_now=True, after_commit=follower.follow))
+        assert approx(query_view(None, views, "revenue", group=True)) == approx(shop.revenue(True))
+        files = vtable.load_manifest(views / "revenue").files
+        assert files and all(f.startswith("data/m") for f in files)  # the server's rows went
+    manifest = vtable.load_manifest(views / "revenue")  # written by pyarrow, read by Spark:
+    vtable.compact(spark, views / "revenue", manifest, view_schema(), {})
+    assert vtable.load_manifest(views / "revenue").files[0].startswith("data/c")
+    assert approx(query_view(None, views, "revenue", group=True)) == approx(shop.revenue(True))
+    assert (
+        mirror_doc_count(mirror)
+        == read_mirror(spark, mirror).count()
+        == len(server_docs(server.port, shop.keys))
+    )

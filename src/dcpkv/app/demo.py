@@ -14,14 +14,17 @@ order however the job ends:
    cluster's connection string and follows the map.
 2. **Sample.** :func:`~dcpkv.pipelines.loader.load_sample` with a progress bar, unless the
    bucket's marker says the sample is already there (a re-run resumes, it does not reload).
-3. **Pipelines.** A SparkSession (local, or ``--master``), then two streaming queries: the
-   mirror (``<data>/pipelines/mirror``) and the ``revenue_by_country`` view of
-   :mod:`~dcpkv.pipelines.example_views` (``<data>/pipelines/views``); a light
+3. **Pipelines.** A SparkSession (local, or ``--master``), then one streaming query: the
+   mirror (``<data>/pipelines/mirror``), whose every batch also brings the
+   ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
+   (``<data>/pipelines/views``) up to date from the rows it just committed (the view follows
+   the mirror: one stream from the server and one batch's fixed cost, not two); a light
    :class:`~dcpkv.pipelines.loader.ChangeGenerator` keeps writing changes so data flows.
-   Both queries keep their checkpoints under the data dir, so a re-run continues them.
-4. **Live.** The main thread redraws one progress line from the queries' ``on_batch``
-   callbacks (batches, rows/s, lag) and from a sampler thread that asks Spark, every few
-   seconds, how many documents the mirror holds and how many groups the view has.
+   The query keeps its checkpoint under the data dir, so a re-run continues it.
+4. **Live.** The main thread redraws one progress line from the ``on_batch`` callbacks
+   (batches, rows/s, lag) and from a sampler thread that reads, every few seconds and with
+   pyarrow (no Spark job beside the batches'), how many documents the mirror holds and how
+   many groups the view has.
    With ``--chaos`` (a cluster only) :class:`~dcpkv.app.chaos.Chaos` kills a random node
    every so often, waits for the auto-failover, restarts the node and takes it back with
    delta recovery; the live line counts the failovers.
@@ -503,18 +506,19 @@ class _Pipelines:
         return pipelines
 
     def run(self, available_now: bool) -> list[Any]:
+        """One query: the mirror, and the view applying each mirror batch right after its
+        commit (one stream from the server, one set of Spark jobs per batch, not two)."""
         from dcpkv.pipelines.mirror import start_mirror
-        from dcpkv.pipelines.views import start_view
+        from dcpkv.pipelines.views.job import view_follower
 
+        view = view_follower(
+            self.spark, self.paths.views, VIEW_NAME, self.paths.mirror, self.view.on_batch
+        )
         return [
             start_mirror(
                 self.spark, self.source, self.paths.mirror,
                 checkpoint=self.paths.checkpoints / "mirror", available_now=available_now,
-                on_batch=self.mirror.on_batch,
-            ),
-            start_view(
-                self.spark, self.paths.views, VIEW_NAME, self.source,
-                available_now=available_now, on_batch=self.view.on_batch,
+                on_batch=self.mirror.on_batch, after_commit=view.follow,
             ),
         ]  # fmt: skip
 
@@ -534,12 +538,12 @@ class _Pipelines:
         self.sampled.docs, self.sampled.groups = self.sample_once()
 
     def sample_once(self) -> tuple[int | None, int | None]:
-        from dcpkv.pipelines.mirror import read_mirror
+        from dcpkv.pipelines.mirror import mirror_doc_count
         from dcpkv.pipelines.views import query_view
 
         docs = groups = None
         with contextlib.suppress(Exception):  # nothing written yet
-            docs = read_mirror(self.spark, self.paths.mirror).count()
+            docs = mirror_doc_count(self.paths.mirror)  # pyarrow: no job beside the batches
         with contextlib.suppress(Exception):  # no batch yet
             groups = len(query_view(None, self.paths.views, VIEW_NAME, group=True))
         return docs, groups

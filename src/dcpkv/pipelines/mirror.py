@@ -13,12 +13,16 @@ machine cannot reach). A batch is applied by :class:`TableJob`:
    the vbucket's retention floor is exact (the history above the floor is all there). One below
    the floor *resyncs* the vbucket: a batch read ``mode=changes`` from 0 up to the vbucket's
    high seqno H now, stored at the rollback's position, and a ``skip`` entry that hides the
-   stream's own changes up to H (they are in the resync already);
+   stream's own changes up to H (they are in the resync already). All the vbuckets a batch
+   resyncs are read in ONE Spark read (a vbucket list and an end offset for each, every
+   vbucket's rows stamped with its own rollback's position): after a failover a batch can
+   resync hundreds, and a read, a write and a check per vbucket took minutes;
 3. the manifest is committed with the batch id and the applied source offset (Spark wrote it
    to ``<checkpoint>/offsets/<batch id>`` before running the batch): exactly once, since a
    re-run of a batch whose id the manifest already holds does nothing.
 
-Every ``compact_every`` batches the table is compacted. Retention rule: the floor of a vbucket
+Every ``compact_every`` batches at the earliest the table is compacted, once it has grown
+enough since the last compaction (``vtable.compaction_due``). Retention rule: the floor of a vbucket
 becomes the highest consistent point the stream has (its applied seqno and the offset's earlier
 batch ends) that is at or below the server's *persisted* seqno for that branch (ObserveSeqno).
 A node rolls back only to its last persisted snapshot (a branch starts at or above what was on
@@ -45,7 +49,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,7 @@ from dcpkv.core.durability import MutationToken, Observation
 from dcpkv.core.tls import TlsOptions
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.vtable import Entry, Manifest
+from dcpkv.spark.link import DriverLink
 
 RESYNC_ATTEMPTS = 3
 STOP_WAIT_S = 300.0  # how long a stop waits for the batch in flight before interrupting it
@@ -216,12 +221,45 @@ def safe_seqno(found: list[Observation]) -> int | None:
     return safe
 
 
-def lag_of(source: SourceSettings, applied: dict[int, tuple[int, int]]) -> int | None:
-    try:
-        highs = server_seqnos(source)
-    except (OSError, RuntimeError, ValueError):
-        return None
-    return sum(max(0, highs[vb][1] - applied.get(vb, (0, 0))[1]) for vb in highs if vb in applied)
+def lag_from(highs: dict[int, tuple[int, int]], applied: dict[int, tuple[int, int]]) -> int:
+    """Changes not yet applied: the sum over applied vbuckets of high seqno minus applied."""
+    return sum(max(0, highs[vb][1] - applied[vb][1]) for vb in highs if vb in applied)
+
+
+def resync_rows(
+    rollbacks: Sequence[vtable.RollbackRow], floors: Mapping[int, int]
+) -> list[vtable.RollbackRow]:
+    """The rollback rows of a batch (stream order) that resync their vbucket: one below its
+    vbucket's floor (the history it needs is gone), and every later one of a vbucket already
+    resynced in the batch (the batch reads each such vbucket once, as it is now, so a later
+    rollback of it is a resync too: always exact, and its H is the same read's)."""
+    out: list[vtable.RollbackRow] = []
+    resynced: set[int] = set()
+    for rb in rollbacks:
+        if rb.vbucket in resynced or rb.seqno < floors.get(rb.vbucket, 0):
+            resynced.add(rb.vbucket)
+            out.append(rb)
+    return out
+
+
+def rollback_entries(
+    rollbacks: Sequence[vtable.RollbackRow],
+    resyncs: Sequence[vtable.RollbackRow],
+    highs: Mapping[int, int],
+    ord_: int,
+) -> list[Entry]:
+    """A batch's manifest entries, in stream order: a rollback row becomes a rollback entry at
+    its place; one of ``resyncs`` a reset (rollback to -1) and a skip to its vbucket's resync
+    seqno ``highs[vb]``, both at its own place (``vtable``'s docstring)."""
+    resync = set(resyncs)
+    out: list[Entry] = []
+    for rb in rollbacks:
+        if rb in resync:
+            out.append(Entry("rollback", rb.vbucket, -1, ord_, rb.pos))
+            out.append(Entry("skip", rb.vbucket, highs[rb.vbucket], ord_, rb.pos))
+        else:
+            out.append(Entry("rollback", rb.vbucket, rb.seqno, ord_, rb.pos))
+    return out
 
 
 def caught_up(applied: dict[int, tuple[int, int]], highs: dict[int, tuple[int, int]]) -> bool:
@@ -324,8 +362,15 @@ class TableJob:
     checkpoint: Path
     compact_every: int | None = 10
     on_batch: Callable[[BatchStats], None] | None = None
+    # Runs after each commit with the batch id (and for a batch committed before a restart):
+    # a view that follows this table applies the batch in the same Spark batch (demo.py).
+    after_commit: Callable[[int], None] | None = None
     _busy: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stopping: bool = field(default=False, init=False)
+    _link: DriverLink = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._link = DriverLink(self.source)  # lag and resync questions, one connection
 
     def __call__(self, df: Any, batch_id: int) -> None:
         with self._busy:
@@ -339,12 +384,14 @@ class TableJob:
         done = self._busy.acquire(timeout=timeout)
         self._stopping = True
         if done:
+            self._link.close()
             self._busy.release()
         return done
 
     def _apply(self, df: Any, batch_id: int) -> None:
         manifest = vtable.load_manifest(self.table)
         if batch_id <= manifest.batch_id:
+            self._after_commit(batch_id)  # its follower may not have applied it yet
             return  # committed before a restart: Spark re-runs the last batch, we do not
         started = time.monotonic()
         ord_ = manifest.ord + 1
@@ -353,44 +400,83 @@ class TableJob:
         summary = vtable.batch_summary(self.spark, self.table, name)  # one job, not two
         rollbacks = summary.rollbacks
         manifest.files.append(name)
-        for rb in rollbacks:
-            self._roll_back(manifest, ord_, rb)
+        if rollbacks:
+            self._roll_back(manifest, ord_, rollbacks)
         manifest.ord = ord_
         manifest.batch_id = batch_id
         manifest.applied.update(applied_offset(self.checkpoint, batch_id) or {})
+        vtable.note_rows(manifest, summary.rows)
         vtable.commit_manifest(self.table, manifest)
-        if self.compact_every and ord_ - manifest.compacted_ord >= self.compact_every:
+        self._after_commit(batch_id)
+        if vtable.compaction_due(manifest, self.compact_every):
             compact_table(self.spark, self.table, self.schema, self.source)
         changes = summary.rows - len(rollbacks)
         self._report(batch_id, changes, len(rollbacks), started, manifest, summary.oldest_cas)
 
-    def _roll_back(self, manifest: Manifest, ord_: int, rb: vtable.RollbackRow) -> None:
-        if rb.seqno >= manifest.floors.get(rb.vbucket, 0):
-            manifest.entries.append(Entry("rollback", rb.vbucket, rb.seqno, ord_, rb.pos))
-            return
-        high, name = self._resync(rb.vbucket, ord_, rb.pos)
-        manifest.entries.append(Entry("rollback", rb.vbucket, -1, ord_, rb.pos))
-        manifest.entries.append(Entry("skip", rb.vbucket, high, ord_, rb.pos))
-        manifest.files.append(name)
-        manifest.floors[rb.vbucket] = high
+    def _roll_back(
+        self, manifest: Manifest, ord_: int, rollbacks: list[vtable.RollbackRow]
+    ) -> None:
+        resyncs = resync_rows(rollbacks, manifest.floors)
+        # The last resync row of a vbucket is where its read goes (dict: the last one wins).
+        places = {rb.vbucket: rb.pos for rb in resyncs}
+        highs, names = self._resync(places, ord_) if places else ({}, [])
+        manifest.entries.extend(rollback_entries(rollbacks, resyncs, highs, ord_))
+        manifest.files.extend(names)
+        manifest.floors.update(highs)
 
-    def _resync(self, vb: int, ord_: int, pos: int) -> tuple[int, str]:
-        """Read vbucket ``vb`` from 0 to its high seqno now; its rows share the rollback's
-        position, so earlier entries leave them alone and the skip entry hides what the
-        stream sends again up to that seqno."""
+    def _resync(self, places: dict[int, int], ord_: int) -> tuple[dict[int, int], list[str]]:
+        """Read the vbuckets of ``places`` from 0 to their high seqnos now, in ONE Spark read;
+        each vbucket's rows take its rollback's position (``places[vb]``), so earlier entries
+        leave them alone and its skip entry hides what the stream sends again up to that seqno.
+        A vbucket that rolled back during the read (a rollback row among its rows) is dropped
+        from the written rows and read again. Returns vbucket -> the seqno read to, and the
+        directories written."""
+        pending, highs, names = dict(places), {}, []
+        for _attempt in range(RESYNC_ATTEMPTS):
+            seqnos = self._highs()
+            lost = sorted(set(pending) - set(seqnos))
+            if lost:
+                raise RuntimeError(f"vbucket {lost[0]}: no high seqno to resync it to")
+            now = {vb: seqnos[vb] for vb in pending}
+            name = self._read_changes(now, pending, ord_)
+            again = {rb.vbucket for rb in vtable.written_rollbacks(self.spark, self.table, name)}
+            kept = vtable.without_vbuckets(self.spark, self.table, name, again)
+            names.extend([kept] if kept else [])
+            highs.update({vb: now[vb][1] for vb in pending if vb not in again})
+            pending = {vb: p for vb, p in pending.items() if vb in again}
+            if not pending:
+                return highs, names
+        raise RuntimeError(f"vbucket {min(pending)}: the server kept rolling back during a resync")
+
+    def _read_changes(
+        self, ends: dict[int, tuple[int, int]], places: dict[int, int], ord_: int
+    ) -> str:
+        """Write the changes of ``ends``' vbuckets from 0 to (uuid, seqno), stamped (ord_,
+        ``places[vb]``); the directory's name."""
         from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 
-        for _attempt in range(RESYNC_ATTEMPTS):
-            uuid, high = server_seqnos(self.source)[vb]
-            ending = SparkOffsets({vb: VbPosition.at(high, uuid)}).to_json()
-            reader = self.spark.read.format("dcpkv").options(**self.source.options())
-            df = reader.options(vbuckets=str(vb), mode="changes", endingOffsets=ending).load()
-            name = vtable.write_rows(
-                self.table, vtable.stamp(self.transform(df), ord_, pos), f"r{ord_:08d}-{vb}"
-            )
-            if not vtable.rollback_rows(self.spark, self.table, name):
-                return high, name
-        raise RuntimeError(f"vbucket {vb}: the server kept rolling back during a resync")
+        ending = SparkOffsets({vb: VbPosition.at(h, u) for vb, (u, h) in ends.items()}).to_json()
+        vbs = ",".join(str(vb) for vb in sorted(ends))
+        reader = self.spark.read.format("dcpkv").options(**self.source.options())
+        df = reader.options(vbuckets=vbs, mode="changes", endingOffsets=ending).load()
+        rows = vtable.stamp(self.transform(df), ord_, places)
+        return vtable.write_rows(self.table, rows, f"r{ord_:08d}")
+
+    def _after_commit(self, batch_id: int) -> None:
+        if self.after_commit is not None:
+            self.after_commit(batch_id)
+
+    def _highs(self) -> dict[int, tuple[int, int]]:
+        """vbucket -> (uuid, high seqno) now, on the job's kept connection."""
+        from dcpkv.client.sync import SyncConsumer
+
+        return self._link.ask(SyncConsumer.vbucket_seqnos)
+
+    def _lag(self, applied: dict[int, tuple[int, int]]) -> int | None:
+        try:
+            return lag_from(self._highs(), applied)
+        except (OSError, RuntimeError, ValueError):
+            return None
 
     def _report(
         self, batch_id: int, rows: int, rollbacks: int, started: float, manifest: Manifest,
@@ -403,7 +489,7 @@ class TableJob:
             rows=rows,
             rollbacks=rollbacks,
             seconds=time.monotonic() - started,
-            lag=lag_of(self.source, manifest.applied_seqnos()),
+            lag=self._lag(manifest.applied_seqnos()),
             lag_s=None if oldest_cas is None else max(0.0, finished - oldest_cas / 1e9),
         )
         vtable.append_metrics(self.table, asdict(stats))
@@ -488,11 +574,13 @@ def start_mirror(
     trigger_seconds: float = 1.0,
     on_batch: Callable[[BatchStats], None] | None = None,
     compact_every: int | None = 10,
+    after_commit: Callable[[int], None] | None = None,
 ) -> Any:
     """Start mirroring ``source`` into the table ``to``; returns the StreamingQuery.
 
     ``checkpoint`` defaults to ``to/_checkpoint``; ``available_now`` stops once caught up
-    with the high seqnos of the start (``query.awaitTermination()``).
+    with the high seqnos of the start (``query.awaitTermination()``); ``after_commit`` runs
+    after each batch's commit (a view following the mirror in the same query).
     """
     to = Path(to)
     job = TableJob(
@@ -504,6 +592,7 @@ def start_mirror(
         checkpoint=Path(checkpoint) if checkpoint else to / "_checkpoint",
         compact_every=compact_every,
         on_batch=on_batch,
+        after_commit=after_commit,
     )
     return start_stream(
         spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
@@ -523,6 +612,15 @@ def read_mirror(spark: Any, path: Path, manifest: Manifest | None = None) -> Any
     return current.filter(F.col("op") == "mutation").select(
         "key", "value", "flags", "expiry", "vbucket", "seqno", "cas"
     )
+
+
+def mirror_doc_count(path: Path) -> int:
+    """How many documents the mirror holds as of its last committed batch: what
+    ``read_mirror(...).count()`` says, read with pyarrow on the driver (no Spark job)."""
+    import pyarrow.compute as pc
+
+    current = vtable.current_arrow(Path(path), vtable.load_manifest(Path(path)))
+    return 0 if current is None else int(pc.sum(pc.equal(current["op"], "mutation")).as_py() or 0)
 
 
 def mirror_manifest(path: Path) -> Manifest:

@@ -61,7 +61,7 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -253,20 +253,93 @@ def current_versions(live: Any, columns: list[str]) -> Any:
     return latest.select("key", "r.*")
 
 
+def current_arrow(table: Path, manifest: Manifest, columns: Iterable[str] = ()) -> Any:
+    """:func:`current_versions` of :func:`live_changes` with pyarrow on the driver, no Spark
+    job (a live demo's reader asks every few seconds, and a Spark job would compete with the
+    batches for the cores): a pyarrow Table of each key's current version (``op``, ``key``,
+    ``vbucket``, ``seqno``, ``ord``, ``pos`` and ``columns``), deletions included (as ``op``).
+    Dead rows are found with :func:`is_dead`, only for the vbuckets that have entries."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    place = ["op", "vbucket", "key", "seqno", "ord", "pos"]
+    wanted = place + [c for c in columns if c not in place]
+    parts = [
+        pq.read_table(path, columns=wanted)
+        for name in manifest.files
+        for path in sorted((table / name).rglob("*.parquet"))
+    ]
+    if not parts:
+        return None
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    rows = rows.filter(pc.not_equal(rows["op"], "rollback"))
+    if manifest.entries:
+        rows = rows.filter(pa.array(_live_mask(rows, scopes(manifest.entries))))
+    rows = rows.sort_by([(c, "ascending") for c in ("key", "seqno", "ord", "pos")])
+    n = rows.num_rows
+    if n == 0:
+        return rows
+    keys = rows["key"].combine_chunks()
+    # the last row of each run of equal keys: the highest (seqno, ord, pos)
+    last = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
+    return rows.filter(pa.concat_arrays([last, pa.array([True])]))
+
+
+def _live_mask(rows: Any, reach: list[Scope]) -> list[bool]:
+    by_vb: dict[int, list[Scope]] = {}
+    for s in reach:
+        by_vb.setdefault(s.entry.vbucket, []).append(s)
+    cols = [rows[c].to_pylist() for c in ("vbucket", "seqno", "ord", "pos")]
+    return [
+        not is_dead(vb, seqno, o, p, by_vb[vb]) if vb in by_vb else True
+        for vb, seqno, o, p in zip(*cols, strict=True)
+    ]
+
+
+def parquet_rows(directory: Path) -> int:
+    """Rows of a written directory, from the Parquet footers."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in directory.rglob("*.parquet"))
+
+
 # -- writing a batch -----------------------------------------------------------------------------
 
 
-def stamp(df: Any, ord_: int, pos: int | None = None) -> Any:
-    """Add ``ord`` and ``pos``: stream order inside the batch, or one fixed ``pos``."""
+def stamp(df: Any, ord_: int, pos: int | Mapping[int, int] | None = None) -> Any:
+    """Add ``ord`` and ``pos``: stream order inside the batch, one fixed ``pos``, or a fixed
+    ``pos`` per vbucket (a resync of several vbuckets, each at its own rollback's place)."""
     from pyspark.sql import functions as F
 
-    p = F.monotonically_increasing_id() if pos is None else F.lit(pos).cast("long")
+    if pos is None:
+        p = F.monotonically_increasing_id()
+    elif isinstance(pos, Mapping):
+        # one flat map lookup, not a CASE per vbucket (see _floor_column)
+        # pos values of a task beyond the first exceed an int: every value a long
+        pairs = [c for vb, at in sorted(pos.items()) for c in (F.lit(vb), F.lit(at).cast("long"))]
+        p = F.try_element_at(F.create_map(*pairs), F.col("vbucket"))
+    else:
+        p = F.lit(pos).cast("long")
     return df.withColumn("ord", F.lit(ord_).cast("long")).withColumn("pos", p)
 
 
 def write_rows(table: Path, df: Any, tag: str) -> str:
     name = new_data_dir(table, tag)
     df.write.mode("errorifexists").parquet(str(table / name))
+    return name
+
+
+def write_arrow(table: Path, rows: Any, tag: str) -> str:
+    """:func:`write_rows` of a pyarrow Table, from the driver (one file and Spark's
+    ``_SUCCESS`` marker, so the directory reads like one Spark wrote)."""
+    import pyarrow.parquet as pq
+
+    name = new_data_dir(table, tag)
+    directory = table / name
+    directory.mkdir(parents=True)
+    pq.write_table(rows, directory / "part-00000.parquet")
+    (directory / "_SUCCESS").touch()
     return name
 
 
@@ -358,7 +431,51 @@ def rollback_rows(spark: Any, table: Path, name: str) -> list[RollbackRow]:
     return sorted((RollbackRow(r.vbucket, int(r.seqno), r.pos) for r in rows), key=lambda r: r.pos)
 
 
+def written_rollbacks(spark: Any, table: Path, name: str) -> list[RollbackRow]:
+    """:func:`rollback_rows`, without a Spark job when the footers show none (the usual case)."""
+    quick = footer_summary(table / name)
+    return quick.rollbacks if quick is not None else rollback_rows(spark, table, name)
+
+
+def without_vbuckets(spark: Any, table: Path, name: str, vbuckets: set[int]) -> str | None:
+    """``name``, or (when some of its vbuckets must go) a new directory with the rows of the
+    other vbuckets only, ``name`` deleted; None when nothing is left."""
+    from pyspark.sql import functions as F
+
+    if not vbuckets:
+        return name
+    rows = spark.read.parquet(str(table / name)).filter(~F.col("vbucket").isin(*sorted(vbuckets)))
+    kept = None if rows.isEmpty() else write_rows(table, rows, Path(name).name.split("-")[0])
+    _delete(table, [name])
+    return kept
+
+
 # -- compaction ----------------------------------------------------------------------------------
+
+COMPACT_GROWTH = 2  # due once the rows since the last compaction reach 1/2 of what it kept
+COMPACT_LATEST = 10  # ... or, whatever the rows, after this many times ``every`` batches
+
+
+def note_rows(manifest: Manifest, rows: int) -> None:
+    """Count a batch's rows towards the next compaction (:func:`compaction_due`)."""
+    manifest.extra["rows_since"] = int(manifest.extra.get("rows_since", 0)) + rows
+
+
+def compaction_due(manifest: Manifest, every: int | None) -> bool:
+    """Every ``every`` batches at the earliest, and then only once the rows written since the
+    last compaction reach 1/:data:`COMPACT_GROWTH` of the rows it kept: a compaction rewrites
+    the whole table, so a live stream of small batches would otherwise spend most of its time
+    rewriting (seconds per batch's worth of changes); the cost now follows the growth. At the
+    latest after :data:`COMPACT_LATEST` times ``every`` batches, which bounds the directories
+    a reader opens."""
+    if not every:
+        return False
+    batches = manifest.ord - manifest.compacted_ord
+    if batches < every:
+        return False
+    grown = int(manifest.extra.get("rows_since", 0))
+    kept = int(manifest.extra.get("compacted_rows", 0))
+    return grown * COMPACT_GROWTH >= kept or batches >= COMPACT_LATEST * every
 
 
 def compact(
@@ -402,6 +519,8 @@ def compact(
     manifest.files = [name]
     manifest.floors = floors
     manifest.extra["dropped_through"] = manifest.compacted_ord
+    manifest.extra["compacted_rows"] = parquet_rows(table / name)
+    manifest.extra["rows_since"] = 0
     manifest.compacted_ord = manifest.ord
     _delete_orphans(table, manifest)
     commit_manifest(table, manifest)

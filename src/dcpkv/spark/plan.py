@@ -23,8 +23,9 @@ whose branch moved is always part of the batch, even with nothing to read: its r
 news for downstream.
 
 Partitions. The vbuckets to read are spread over ``numPartitions`` tasks (by default one per
-:data:`CHANGES_PER_TASK` changes, 1 to 16), longest first onto the least loaded task (by
-seqno distance): one vbucket is always read by one task, in order.
+:data:`CHANGES_PER_TASK` changes, 1 to 16, two from :data:`TWO_TASKS_FROM`), longest first
+onto the least loaded task (by seqno distance): one vbucket is always read by one task, in
+order.
 On a cluster (:func:`spread_by_node`) a node's vbuckets are read together: the tasks are
 shared out over the nodes in proportion to what each has to send, and a task reads from one
 node only (one DCP connection, to the node holding its vbuckets active when planned; the
@@ -46,12 +47,17 @@ DEFAULT_MAX_PARTITIONS = 16
 # vbucket) is repaid only by that much work. A live batch of a few thousand changes over
 # 1024 vbuckets is then one task, not sixteen, and the first batch of a large bucket is many.
 CHANGES_PER_TASK = 50_000
+# ... but a batch of this many changes gets two tasks at least: a first batch (a sample load
+# of 30k documents) was one task on one core while the other idled, and the task's fixed cost
+# is small next to 10k changes. (Live batches, smaller, stay one task.)
+TWO_TASKS_FROM = 10_000
 
 
 def default_tasks(work: Sequence[VbTarget]) -> int:
     """How many tasks a batch gets when the user did not say (``numPartitions``)."""
     total = sum(t.distance for t in work)
-    return max(1, min(DEFAULT_MAX_PARTITIONS, -(-total // CHANGES_PER_TASK)))
+    least = 2 if total >= TWO_TASKS_FROM else 1
+    return max(least, min(DEFAULT_MAX_PARTITIONS, -(-total // CHANGES_PER_TASK)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,9 @@ skipped, anything else upserts ``key``/``value``/``flags``/``expiry``.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -56,12 +55,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from dcpkv.client.connection import ClientError
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.spark.link import DriverLink
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
 from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread_by_node, targets
 from dcpkv.spark.read import document_rows, stream_events
@@ -121,43 +120,6 @@ def _partitions(
     else:
         node_of = active_nodes(opts)
     return [DcpkvPartition(task) for task in spread_by_node(work, opts.num_partitions, node_of)]
-
-
-T = TypeVar("T")
-_LINK_ERRORS = (ClientError, ConnectionError, OSError, TimeoutError)
-
-
-class DriverLink:
-    """The stream reader's connection for its planning questions (seqnos, failover logs, the
-    map), kept across batches: a new :class:`SyncConsumer` per question cost a thread, a
-    connection and an authentication each, two or three per batch. A question that fails on
-    the kept connection (the server restarted, a node left) is asked once more on a new one.
-    Pickled without its connection (the reader goes to the tasks); :meth:`close` on stop."""
-
-    def __init__(self, opts: SourceOptions) -> None:
-        self.opts = opts
-        self._consumer: SyncConsumer | None = None
-
-    def ask(self, question: Callable[[SyncConsumer], T]) -> T:
-        try:
-            return question(self._open())
-        except _LINK_ERRORS:
-            self.close()
-            return question(self._open())
-
-    def _open(self) -> SyncConsumer:
-        if self._consumer is None:
-            self._consumer = SyncConsumer(self.opts.client_config())
-        return self._consumer
-
-    def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            with contextlib.suppress(Exception):  # a broken connection: nothing to flush
-                consumer.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"opts": self.opts, "_consumer": None}
 
 
 # -- the data source -------------------------------------------------------------------------

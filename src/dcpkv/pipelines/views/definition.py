@@ -120,6 +120,35 @@ def view_schema() -> Any:
     )
 
 
+def emission_table(spec: str, rows: Any) -> Any:
+    """:func:`view_rows` (positions kept) of a pyarrow Table of mirror rows, on the driver: the
+    same columns and values, for a small batch where a Spark job would cost far more than
+    the map itself."""
+    import pyarrow as pa
+
+    emits = [
+        emissions(spec, k, v, op)
+        for k, v, op in zip(
+            rows["key"].to_pylist(), rows["value"].to_pylist(), rows["op"].to_pylist(),
+            strict=True,
+        )
+    ]  # fmt: skip
+    emit = pa.struct([("key", pa.string()), ("value", pa.string())])
+    as_dicts = [None if e is None else [{"key": k, "value": v} for k, v in e] for e in emits]
+    return pa.table(
+        {
+            "op": rows["op"],
+            "vbucket": rows["vbucket"],
+            "key": rows["key"],
+            "seqno": rows["seqno"],
+            "vb_uuid": rows["vb_uuid"],
+            "emits": pa.array(as_dicts, type=pa.list_(emit)),
+            "ord": rows["ord"],
+            "pos": rows["pos"],
+        }
+    )
+
+
 def view_rows(spec: str, keep_position: bool = False) -> Callable[[Any], Any]:
     """Source (or mirror) rows -> stored emission rows."""
     from pyspark.sql import functions as F

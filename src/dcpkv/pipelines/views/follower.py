@@ -19,7 +19,9 @@ from dcpkv.pipelines.mirror import (
     BatchStats,
     mirror_schema,
 )
-from dcpkv.pipelines.views.definition import view_rows, view_schema
+from dcpkv.pipelines.views.definition import emission_table, view_rows, view_schema
+
+DRIVER_MAP_ROWS = 200_000  # more new rows than this: the map runs in Spark tasks
 
 
 class MirrorTicks(DataSource):
@@ -82,14 +84,22 @@ class MirrorFollower:
         return writer.start()
 
     def __call__(self, _df: Any, batch_id: int) -> None:
+        self.follow(batch_id)
+
+    def follow(self, batch_id: int) -> None:
+        """Apply what the mirror committed since the last call (``batch_id``: the caller's
+        batch, the tick stream's or the mirror's own when it runs inside the mirror's batch)."""
         view = vtable.load_manifest(self.table)
-        if batch_id <= view.batch_id:
+        # Fed by the server until now (rows and batch ids of its own): rebuild from the mirror.
+        elsewhere = "mirror_ord" not in view.extra and view.batch_id >= 0
+        if batch_id <= view.batch_id and not elsewhere:
             return
         started = time.monotonic()
         mirror = vtable.load_manifest(self.mirror)
         done = int(view.extra.get("mirror_ord", 0))
-        if done < int(mirror.extra.get("dropped_through", 0)):
-            view.retired.extend(view.files)  # too far behind: rebuild from the mirror
+        # Too far behind: the mirror compacted away deletions the view has not seen.
+        if elsewhere or done < int(mirror.extra.get("dropped_through", 0)):
+            view.retired.extend(view.files)
             view.files, view.entries, done = [], [], 0
         rows = 0
         if mirror.files and mirror.ord > done:
@@ -101,22 +111,37 @@ class MirrorFollower:
         view.extra["mirror_ord"] = mirror.ord
         view.ord = max(view.ord, mirror.ord)
         view.batch_id = batch_id
+        vtable.note_rows(view, rows)
         vtable.commit_manifest(self.table, view)
-        if view.ord - view.compacted_ord >= self.compact_every:
+        if vtable.compaction_due(view, self.compact_every):
             vtable.compact(self.spark, self.table, view, view_schema(), {})
         self._report(batch_id, rows, len(new_entries), started, view)
 
     def _copy_rows(self, view: vtable.Manifest, mirror: vtable.Manifest, done: int) -> int:
+        """The mirror's rows of ords (done, M] through the map into a new directory of the
+        view: on the driver with pyarrow up to :data:`DRIVER_MAP_ROWS` rows (a live batch:
+        a Spark job's fixed cost is seconds, the map milliseconds), else in a Spark job."""
+        import pyarrow.dataset as ds
+
+        paths = [str(p) for f in mirror.files for p in sorted((self.mirror / f).rglob("*.parquet"))]
+        if not paths:
+            return 0  # only empty batches so far
+        tag = f"m{mirror.ord:08d}"
+        new_rows = (ds.field("ord") > done) & (ds.field("ord") <= mirror.ord)
+        dataset = ds.dataset(paths, format="parquet")
+        if dataset.count_rows(filter=new_rows) <= DRIVER_MAP_ROWS:
+            cols = ["op", "vbucket", "key", "value", "seqno", "vb_uuid", "ord", "pos"]
+            table = dataset.to_table(columns=cols, filter=new_rows)
+            name = vtable.write_arrow(self.table, emission_table(self.map_spec, table), tag)
+            view.files.append(name)
+            return table.num_rows
         from pyspark.sql import functions as F
 
-        paths = [str(self.mirror / f) for f in mirror.files]
         source = self.spark.read.schema(mirror_schema()).parquet(*paths)
         new = source.filter((F.col("ord") > done) & (F.col("ord") <= mirror.ord))
-        name = vtable.write_rows(
-            self.table, view_rows(self.map_spec, True)(new), f"m{mirror.ord:08d}"
-        )
+        name = vtable.write_rows(self.table, view_rows(self.map_spec, True)(new), tag)
         view.files.append(name)
-        return self.spark.read.parquet(str(self.table / name)).count()
+        return vtable.parquet_rows(self.table / name)
 
     def _report(
         self, batch_id: int, rows: int, rollbacks: int, started: float, view: vtable.Manifest

@@ -38,26 +38,40 @@ def start_view(
     compact_every: int | None = 10,
 ) -> Any:
     """Keep view ``name`` up to date from the server or from a mirror; a StreamingQuery."""
+    if not isinstance(source, SourceSettings):
+        follower = view_follower(spark, views_dir, name, Path(source), on_batch)
+        return follower.start(available_now=available_now, trigger_seconds=trigger_seconds)
     definition = view_definition(views_dir, name)
     table = Path(views_dir) / name
-    if isinstance(source, SourceSettings):
-        definition["source"] = {"server": source.to_json_obj()}
-    else:
-        definition["source"] = {"mirror": str(Path(source).resolve())}
+    definition["source"] = {"server": source.to_json_obj()}
     save_definition(views_dir, name, definition)
-    if isinstance(source, SourceSettings):
-        job = TableJob(
-            spark=spark,
-            table=table,
-            schema=view_schema(),
-            transform=view_rows(definition["map"]),
-            source=source,
-            checkpoint=table / "_checkpoint",
-            compact_every=compact_every,
-            on_batch=on_batch,
-        )
-        return start_stream(
-            spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
-        )
-    follower = MirrorFollower(spark, table, Path(source), definition["map"], on_batch)
-    return follower.start(available_now=available_now, trigger_seconds=trigger_seconds)
+    job = TableJob(
+        spark=spark,
+        table=table,
+        schema=view_schema(),
+        transform=view_rows(definition["map"]),
+        source=source,
+        checkpoint=table / "_checkpoint",
+        compact_every=compact_every,
+        on_batch=on_batch,
+    )
+    return start_stream(
+        spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
+    )
+
+
+def view_follower(
+    spark: Any,
+    views_dir: Path,
+    name: str,
+    mirror: Path,
+    on_batch: Callable[[BatchStats], None] | None = None,
+) -> MirrorFollower:
+    """View ``name`` fed by ``mirror``'s batches (its definition records the mirror): start
+    its own tick stream (:meth:`MirrorFollower.start`), or pass :meth:`MirrorFollower.follow`
+    as the mirror's ``after_commit`` so both run in one query, one batch."""
+    definition = view_definition(views_dir, name)
+    definition["source"] = {"mirror": str(Path(mirror).resolve())}
+    save_definition(views_dir, name, definition)
+    table = Path(views_dir) / name
+    return MirrorFollower(spark, table, Path(mirror), definition["map"], on_batch)

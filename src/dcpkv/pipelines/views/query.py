@@ -83,28 +83,16 @@ def wait_caught_up(table: Path, source: SourceSettings, timeout: float) -> None:
 
 def current_emissions(table: Path) -> list[tuple[str, str, str]]:
     """(document key, emit key JSON, emit value JSON) of every current document version."""
-    import pyarrow.parquet as pq
+    import pyarrow.compute as pc
 
-    manifest = vtable.load_manifest(table)
-    latest: dict[bytes, tuple[tuple[int, int, int], str, list[Any]]] = {}
-    cols = ["op", "vbucket", "key", "seqno", "emits", "ord", "pos"]
-    reach = vtable.scopes(manifest.entries)
-    for name in manifest.files:
-        for path in sorted((table / name).rglob("*.parquet")):
-            for row in pq.read_table(path, columns=cols).to_pylist():
-                if row["op"] == "rollback" or vtable.is_dead(
-                    row["vbucket"], row["seqno"], row["ord"], row["pos"], reach
-                ):
-                    continue
-                order = (row["seqno"], row["ord"], row["pos"])
-                have = latest.get(row["key"])
-                if have is None or have[0] < order:
-                    latest[row["key"]] = (order, row["op"], row["emits"] or [])
+    current = vtable.current_arrow(table, vtable.load_manifest(table), ["emits"])
+    if current is None:
+        return []
+    docs = current.filter(pc.equal(current["op"], "mutation"))
     out: list[tuple[str, str, str]] = []
-    for doc_key, (_order, op, emits) in latest.items():
-        if op == "mutation":
-            doc = doc_key.decode("utf-8", "replace")
-            out.extend((doc, e["key"], e["value"]) for e in emits)
+    for doc_key, emits in zip(docs["key"].to_pylist(), docs["emits"].to_pylist(), strict=True):
+        doc = doc_key.decode("utf-8", "replace")
+        out.extend((doc, e["key"], e["value"]) for e in emits or ())
     return out
 
 
