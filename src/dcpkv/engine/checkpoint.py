@@ -196,29 +196,39 @@ class CheckpointManager:
         with self._lock:
             if item.by_seqno <= self.high_seqno:
                 raise ValueError(f"seqno {item.by_seqno} is not above {self.high_seqno}")
-            ckpt = self._checkpoints[-1]  # the open one (the property costs a call per write)
-            items, key, seqno = ckpt.items, item.key, item.by_seqno
-            if len(items) >= self.max_items:
-                ckpt = self._close_open()
-                items = ckpt.items
-            if key in ckpt.key_index:  # (the hot path of a write: few calls, plain ints)
-                self._dedup(ckpt, key)
-            ckpt.key_index[key] = len(items)
-            items.append(item)
-            ckpt.seqnos.append(seqno)
-            size = item.size()
-            ckpt.memory += size
-            self.memory_used += size
-            if seqno > ckpt.snap_end:
-                ckpt.snap_end = seqno
-            self.high_seqno = seqno
+            self.queue_next(item)
 
-    def _dedup(self, ckpt: Checkpoint, key: bytes) -> None:
-        old = ckpt.key_index.get(key)
-        if old is None or (stale := ckpt.items[old]) is None:
+    def queue_next(self, item: Item) -> None:
+        """:meth:`queue` for a caller that holds the lock and gave the item a seqno above the
+        high seqno (a front-end write: high seqno + 1), so nothing needs checking. The hot
+        path of every write: few calls, plain ints."""
+        ckpt = self._checkpoints[-1]  # the open one (the property costs a call per write)
+        items, key, seqno = ckpt.items, item.key, item.by_seqno
+        if len(items) >= self.max_items:
+            ckpt = self._close_open()
+            items = ckpt.items
+        key_index = ckpt.key_index
+        if key in key_index:
+            self._dedup(ckpt, key_index[key])
+        key_index[key] = len(items)
+        items.append(item)
+        ckpt.seqnos.append(seqno)
+        size = item.size()
+        ckpt.memory += size
+        self.memory_used += size
+        if seqno > ckpt.snap_end:
+            ckpt.snap_end = seqno
+        self.high_seqno = seqno
+
+    def _dedup(self, ckpt: Checkpoint, old: int) -> None:
+        """Empty the slot ``old`` of the open checkpoint (a key's older version), unless a
+        cursor has read past it: that cursor must also see the newer version, so both stay."""
+        stale = ckpt.items[old]
+        if stale is None:
             return
-        if any(c.checkpoint is ckpt and c.pos > old for c in self._cursors.values()):
-            return  # somebody read the old version already: it must also see the new one
+        for cursor in self._cursors.values():  # (a loop, not any(): no generator per write)
+            if cursor.checkpoint is ckpt and cursor.pos > old:
+                return
         size = stale.size()
         ckpt.items[old] = None
         ckpt.memory -= size

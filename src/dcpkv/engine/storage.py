@@ -276,15 +276,22 @@ def _placeholders(n: int, *literals: str) -> str:
     return "(" + ", ".join(["?"] * n + list(literals)) + ")"
 
 
-# Copy the version each new row replaces (if any) into history, tagged with its replacer.
-_HISTORY_COPY = _MultiRow(
-    "WITH n(vb, key, replaced_by) AS (VALUES {rows}) INSERT INTO history"
-    f" SELECT d.vb, {', '.join('d.' + c.strip() for c in _DOC_COLUMNS.split(','))},"
-    " n.replaced_by FROM n JOIN documents d ON d.vb = n.vb AND d.key = n.key",
-    _placeholders(3),
-)
+# A flush writes each document with an upsert, whose UPDATE of an existing row (rather than
+# REPLACE's delete and insert) leaves the (vb, key) index alone. When history is kept, a
+# trigger on that UPDATE copies the version it replaces into history, tagged with its
+# replacer: no second statement joins the new rows with the old ones, and the flusher binds
+# each row once. The trigger is TEMP (this connection only, never in the file) and fires on
+# UPDATE alone, which only this upsert does to ``documents`` (a rollback's restore REPLACEs
+# and DELETEs, which fire no UPDATE trigger).
 _DOCS_UPSERT = _MultiRow(
-    f"INSERT OR REPLACE INTO documents (vb, {_DOC_COLUMNS}) VALUES {{rows}}", _placeholders(11)
+    f"INSERT INTO documents (vb, {_DOC_COLUMNS}) VALUES {{rows}} ON CONFLICT (vb, key) DO UPDATE"
+    " SET " + ", ".join(f"{c} = excluded.{c}" for c in _DOC_COLUMNS.split(", ")[1:]),
+    _placeholders(11),
+)
+_KEEP_HISTORY = (
+    "CREATE TEMP TRIGGER IF NOT EXISTS keep_history BEFORE UPDATE ON main.documents BEGIN"
+    f" INSERT INTO history (vb, {_DOC_COLUMNS}, replaced_by) VALUES (OLD.vb,"
+    f" {', '.join('OLD.' + c for c in _DOC_COLUMNS.split(', '))}, NEW.by_seqno); END"
 )
 _VBSTATE_UPSERT = _MultiRow(  # history_start is 0 for a new row; storage owns it after that
     "INSERT INTO vbstate (vb, state, failover, high_seqno, snap_start, snap_end, purge_seqno,"
@@ -355,6 +362,8 @@ class Storage:
         self._read_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(create=True)
+        if history_window > 0:
+            self._db.execute(_KEEP_HISTORY)
         self._reader = self._open(create=False)
         self._trimmed_at: dict[int, int] = {}  # vb -> high seqno of its last history trim
 
@@ -488,24 +497,20 @@ class Storage:
         (:func:`_chunked`) make it a few dozen handoffs.
         """
         docs: list[tuple[object, ...]] = []
-        replaced: list[tuple[int, bytes, int]] = []  # (vb, key, seqno of the new version)
         states: list[tuple[object, ...]] = []
         points: list[tuple[int, int]] = []
         trims: list[tuple[int, int]] = []
         history = self.history_window > 0
         for vb, items, vbstate in batches:  # (per dirty vbucket: kept to few calls)
-            latest = {item.key: item for item in items}.values()
-            docs += [_row(vb, i) for i in latest]
+            # One row per key (its latest version): history copies each replaced row once.
+            docs += [_row(vb, i) for i in {item.key: item for item in items}.values()]
             states.append(_vbstate_row(vb, vbstate))
             if history:
-                replaced += [(vb, i.key, i.by_seqno) for i in latest]
                 points.append((vb, vbstate.high_seqno))
                 if self._trim_due(vb, vbstate.high_seqno):
                     trims.append((vb, vbstate.high_seqno))
         with self._transaction() as db:
-            # Old versions first: the copy reads the rows the new ones replace.
-            _chunked(db, _HISTORY_COPY, replaced)
-            _chunked(db, _DOCS_UPSERT, docs)
+            _chunked(db, _DOCS_UPSERT, docs)  # (and the history, by the trigger)
             _chunked(db, _VBSTATE_UPSERT, states)
             _chunked(db, _FLUSH_POINTS_INSERT, points)
             self._trim_history(db, trims)
