@@ -160,6 +160,10 @@ class VBucket:
         self._ht: dict[bytes, Item] = {}
         self._ht_memory = 0
         self._max_deleted_rev = 0
+        # Whether some item in the table may carry an expiry: set by every store of one,
+        # cleared by a pager walk that finds none (most buckets never use expiry, and the walk
+        # visits every item while holding the GIL).
+        self._may_expire = False
         self._state_dirty = True
         self._unacked: FlushBatch | None = None
         # How many times this vbucket's history was rolled back (reset): a DCP stream opened
@@ -429,10 +433,13 @@ class VBucket:
     def expiry_pager(self) -> int:
         """Queue an expiration for every expired item; returns how many."""
         with self.lock:
-            if self.state != VBucketState.ACTIVE:
+            if self.state != VBucketState.ACTIVE or not self._may_expire:
                 return 0
             now = int(self.clock.time())
-            expired = [i for i in self._ht.values() if i.is_expired(now)]
+            # Attribute tests, not an is_expired() call per item: the walk visits them all.
+            expiring = [i for i in self._ht.values() if i.expiry and not i.deleted]
+            self._may_expire = bool(expiring)
+            expired = [i for i in expiring if i.expiry <= now]
             for item in expired:
                 self._tombstone(item, expired=True)
             return len(expired)
@@ -714,6 +721,8 @@ class VBucket:
             self._ht_memory -= current.size()
         self._ht[key] = item
         self._ht_memory += ITEM_OVERHEAD + len(key) + len(value)
+        if expiry:
+            self._may_expire = True
         checkpoints.queue_next(item)
         if self.on_queued is not None:
             self.on_queued(self.id)
@@ -768,6 +777,8 @@ class VBucket:
             self._ht_memory -= old.size()
         self._ht[key] = item
         self._ht_memory += item.size()
+        if item.expiry:
+            self._may_expire = True
 
     def _remove(self, key: bytes) -> None:
         old = self._ht.pop(key, None)
