@@ -196,12 +196,12 @@ class CheckpointManager:
         with self._lock:
             if item.by_seqno <= self.high_seqno:
                 raise ValueError(f"seqno {item.by_seqno} is not above {self.high_seqno}")
-            self.queue_next(item)
+            self.queue_next(item, item.size())
 
-    def queue_next(self, item: Item) -> None:
-        """:meth:`queue` for a caller that holds the lock and gave the item a seqno above the
-        high seqno (a front-end write: high seqno + 1), so nothing needs checking. The hot
-        path of every write: few calls, plain ints."""
+    def queue_next(self, item: Item, size: int) -> None:
+        """:meth:`queue` for a caller that holds the lock, gave the item a seqno above the
+        high seqno (a front-end write: high seqno + 1) and knows its ``size()``, so nothing
+        needs checking or computing. The hot path of every write: few calls, plain ints."""
         ckpt = self._checkpoints[-1]  # the open one (the property costs a call per write)
         items, key, seqno = ckpt.items, item.key, item.by_seqno
         if len(items) >= self.max_items:
@@ -213,7 +213,6 @@ class CheckpointManager:
         key_index[key] = len(items)
         items.append(item)
         ckpt.seqnos.append(seqno)
-        size = item.size()
         ckpt.memory += size
         self.memory_used += size
         if seqno > ckpt.snap_end:

@@ -720,10 +720,11 @@ class VBucket:
         if current is not None:
             self._ht_memory -= current.size()
         self._ht[key] = item
-        self._ht_memory += ITEM_OVERHEAD + len(key) + len(value)
+        size = ITEM_OVERHEAD + len(key) + len(value)  # item.size(), without the call
+        self._ht_memory += size
         if expiry:
             self._may_expire = True
-        checkpoints.queue_next(item)
+        checkpoints.queue_next(item, size)
         if self.on_queued is not None:
             self.on_queued(self.id)
         return item

@@ -54,6 +54,10 @@ _WRITE = frozenset({Privilege.WRITE})
 _GET_HIT = struct.Struct(">BBHBBHIIQI")  # header + flags
 _MUTATED = struct.Struct(">BBHBBHIIQQQ")  # header + vbucket uuid, seqno (MutationSeqno)
 _FLAGS_EXPIRY = struct.Struct(">II")
+# A Set's answer: the 12 constant bytes of its header (magic, opcode, no key, no extras, no
+# datatype, Success, no body), then opaque and CAS: two values packed rather than nine.
+_SET_OK = struct.Struct(">12sIQ")
+_SET_OK_HEAD = HEADER.pack(int(Magic.ClientResponse), int(Opcode.Set), 0, 0, 0, 0, 0, 0, 0)[:12]
 _BODY_LEN = struct.Struct(">I")
 _REQUEST = int(Magic.ClientRequest)
 _RESPONSE = int(Magic.ClientResponse)
@@ -136,7 +140,7 @@ class _Chunk:
             self.append(_MUTATED.pack(_RESPONSE, _SET, 0, 16, 0, 0, 16, opaque, item.cas,
                                       vbucket.uuid, item.by_seqno))  # fmt: skip
         else:
-            self.append(HEADER.pack(_RESPONSE, _SET, 0, 0, 0, 0, 0, opaque, item.cas))
+            self.append(_SET_OK.pack(_SET_OK_HEAD, opaque, item.cas))
         return True
 
 
