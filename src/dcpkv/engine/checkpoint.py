@@ -208,8 +208,9 @@ class CheckpointManager:
             ckpt = self._close_open()
             items = ckpt.items
         key_index = ckpt.key_index
-        if key in key_index:
-            self._dedup(ckpt, key_index[key])
+        older = key_index.get(key)
+        if older is not None:
+            self._dedup(ckpt, older)
         key_index[key] = len(items)
         items.append(item)
         ckpt.seqnos.append(seqno)
@@ -222,12 +223,12 @@ class CheckpointManager:
     def _dedup(self, ckpt: Checkpoint, old: int) -> None:
         """Empty the slot ``old`` of the open checkpoint (a key's older version), unless a
         cursor has read past it: that cursor must also see the newer version, so both stay."""
+        for cursor in self._cursors.values():  # (a loop, not any(): no generator per write)
+            if cursor.checkpoint is ckpt and cursor.pos > old:
+                return  # (tested first: the cursors are few and hot, the old item is not)
         stale = ckpt.items[old]
         if stale is None:
             return
-        for cursor in self._cursors.values():  # (a loop, not any(): no generator per write)
-            if cursor.checkpoint is ckpt and cursor.pos > old:
-                return
         size = stale.size()
         ckpt.items[old] = None
         ckpt.memory -= size

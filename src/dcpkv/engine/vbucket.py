@@ -717,11 +717,13 @@ class VBucket:
             key, value, flags, expiry, self.hlc.next_cas(), rev, checkpoints.high_seqno + 1,
             datatype,
         )  # fmt: skip
-        if current is not None:
-            self._ht_memory -= current.size()
         self._ht[key] = item
         size = ITEM_OVERHEAD + len(key) + len(value)  # item.size(), without the call
-        self._ht_memory += size
+        if current is None:
+            self._ht_memory += size
+        else:  # minus current.size(), whose key is ``key``: only the values differ
+            old_value = current.value
+            self._ht_memory += len(value) - (0 if old_value is None else len(old_value))
         if expiry:
             self._may_expire = True
         checkpoints.queue_next(item, size)
