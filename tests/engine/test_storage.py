@@ -64,6 +64,10 @@ def test_rollback_within_window_restores_old_versions(storage: Storage) -> None:
     assert _docs(storage) == {
         b"a": (3, b"2", False), b"b": (2, b"1", False), b"c": (4, b"1", False),
     }  # fmt: skip
+    # The restore wrote the old versions back without the history trigger firing (it fires
+    # on a flush's upsert only): the history holds just what was replaced at or below 4.
+    history = storage._db.execute("SELECT key, by_seqno, replaced_by FROM history").fetchall()
+    assert history == [(b"a", 1, 3)]
     state = storage.vbucket_state(0)
     assert state is not None and (state.high_seqno, state.snap_start, state.snap_end) == (4, 4, 4)
     # the branch 7 began at 5, above the rollback point: forgotten
