@@ -29,11 +29,11 @@ flush costs O(dirty vbuckets), not O(vbuckets). The flush removes the ids it tak
 taking their batches, so a write that lands meanwhile either is taken now or notes its
 vbucket again for the next flush: none waits longer than one flush interval. Only once the
 transaction is committed does it advance the persisted seqnos and drop persisted tombstones
-from the hash tables. If the write fails (a full disk, an I/O
-error), the batches are kept and written again by the next flush, and until one succeeds the
-bucket refuses front-end writes with TempFail (``disk_error`` says why): it never acknowledges
-more than it may be unable to persist, and nothing it acknowledged is reported persisted
-before it is. Reads go on. (Replica writes are still taken, into memory: the active decides.)
+from the hash tables. If the write fails (a full disk, an I/O error), the batches are kept
+and written again by the next flush, and until one succeeds the bucket refuses front-end
+writes with TempFail (``disk_error`` says why): it never acknowledges more than it may be
+unable to persist, and nothing it acknowledged is reported persisted before it is. Reads go
+on. (Replica writes are still taken, into memory: the active decides.)
 
 Memory: a write is admitted while the bucket's memory use is under its quota. Over it, the
 bucket first drops DCP cursors that pin old checkpoints (their streams fall back to a backfill),
@@ -257,7 +257,7 @@ class Bucket:
         )
         vbucket.on_queued = self._queued
         vbucket.on_dirty = self._flush_queue.add  # (the set is never replaced)
-        self._flush_queue.add(vb)  # a new vbucket's state is not on disk yet
+        self._flush_queue.add(vb)  # a new VBucket starts with its state to write
         return vbucket
 
     # -- warm-up and shutdown ------------------------------------------------------------------
