@@ -102,6 +102,9 @@ class Checkpoint:
     seqnos: list[int] = field(default_factory=list)
     key_index: dict[bytes, int] = field(default_factory=dict)
     memory: int = 0
+    # The highest slot holding an older version kept because a cursor had read past it
+    # (-1: none): a read starting beyond it meets every key once, and needs no dedup.
+    last_kept: int = -1
 
     def __len__(self) -> int:
         return len(self.items)
@@ -225,7 +228,10 @@ class CheckpointManager:
         cursor has read past it: that cursor must also see the newer version, so both stay."""
         for cursor in self._cursors.values():  # (a loop, not any(): no generator per write)
             if cursor.checkpoint is ckpt and cursor.pos > old:
-                return  # (tested first: the cursors are few and hot, the old item is not)
+                # (tested first: the cursors are few and hot, the old item is not)
+                if old > ckpt.last_kept:
+                    ckpt.last_kept = old
+                return
         stale = ckpt.items[old]
         if stale is None:
             return
@@ -397,8 +403,10 @@ class CheckpointManager:
             return _snapshot(cursor, items, at_start, ckpt_snap_start, (last_start, end, high))
 
     def _read_open(self, cursor: Cursor) -> Snapshot | None:
-        """:meth:`read` of a cursor in the open checkpoint (a live reader's every read): one
-        slice, nothing to cross or free, and no dedup of a single new item."""
+        """:meth:`read` of a cursor in the open checkpoint (a live reader's every read and the
+        flusher's): one slice, nothing to cross or free, and no dedup when the slots read hold
+        each key once (a single new item; or a read from beyond ``last_kept``, since the
+        queue empties every other older slot): the same items, without a dict per read."""
         ckpt, pos = cursor.checkpoint, cursor.pos
         slots = ckpt.items
         if pos >= len(slots):
@@ -406,6 +414,8 @@ class CheckpointManager:
         cursor.pos = len(slots)
         if cursor.pos == pos + 1:
             items = [] if (one := slots[pos]) is None else [one]
+        elif pos > ckpt.last_kept:
+            items = [item for item in slots[pos:] if item is not None]
         else:
             collected: dict[bytes, Item] = {}
             _collect(collected, slots[pos:])
