@@ -7,12 +7,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.item import Item, KeyNotFound, NotMyVbucket, TempFail
 
 from .conftest import BucketFactory
@@ -291,3 +293,60 @@ def test_divergence_names_what_a_rollback_undoes(open_bucket: BucketFactory) -> 
     assert bucket.divergence(0, 7) == []  # nothing above the high seqno
     assert bucket.rollback(0, 3) == 3  # the rollback lands where divergence said
     assert vb.peek(b"a").value == b"a1"  # type: ignore[union-attr]
+
+
+def _write_to(bucket: Bucket, vbs: list[int]) -> None:
+    for vb in vbs:
+        bucket.get_vbucket(vb).set(b"key-%d" % vb, b"v")
+
+
+def _promote(bucket: Bucket, vbs: list[int]) -> None:
+    for vb in vbs:
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+
+
+def _adopt_log(bucket: Bucket, vbs: list[int]) -> None:
+    for vb in vbs:
+        bucket.get_vbucket(vb).adopt_failover_log([FailoverEntry(1000 + vb, 0)])
+
+
+# (what happens between two flushes, to which vbuckets, the vbuckets the next flush visits)
+FLUSH_QUEUE_CASES = [
+    ("nothing", None, [], []),
+    ("writes to three vbuckets", _write_to, [3, 17, 39], [3, 17, 39]),
+    ("two writes to one vbucket", _write_to, [5, 5], [5]),
+    ("a replica promoted (a state to write, no item)", _promote, [40], [40]),
+    ("a replica adopts its producer's log", _adopt_log, [41, 42], [41, 42]),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "vbs", "visited"),
+    [case[1:] for case in FLUSH_QUEUE_CASES],
+    ids=[case[0] for case in FLUSH_QUEUE_CASES],
+)
+def test_a_flush_visits_only_the_vbuckets_with_changes(
+    open_bucket: BucketFactory,
+    change: Callable[[Bucket, list[int]], None] | None,
+    vbs: list[int],
+    visited: list[int],
+) -> None:
+    """Counted, not timed: the flusher's work follows what changed, not the vbucket count
+    (64 here; the replicas are 40..63), and what it visits it persists."""
+    bucket = open_bucket(num_vbuckets=64)
+    for vb in range(64):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE if vb < 40 else VBucketState.REPLICA)
+    bucket.flush_once()
+    assert bucket.flush_once() == 0
+    before = bucket.flush_visits
+    if change is not None:
+        change(bucket, vbs)
+    bucket.flush_once()
+    assert bucket.flush_visits - before == len(visited)
+    for vb in visited:
+        vbucket, state = bucket.get_vbucket(vb), bucket.storage.vbucket_state(vb)
+        assert state is not None
+        assert (state.state, state.high_seqno) == (vbucket.state.label, vbucket.high_seqno)
+        assert FailoverTable.from_json(state.failover_json, 0) == vbucket.failover
+    after = bucket.flush_visits
+    assert bucket.flush_once() == 0 and bucket.flush_visits == after  # nothing left to visit

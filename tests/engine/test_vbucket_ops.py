@@ -10,6 +10,7 @@ from dcpkv.engine.item import (
     DeltaBadval,
     Einval,
     EngineError,
+    Item,
     KeyExists,
     KeyNotFound,
     NotMyVbucket,
@@ -214,3 +215,40 @@ def test_size_limits(vbucket: VBucket) -> None:
     vbucket.set(b"k", b"x" * 10)
     with pytest.raises(TooBig):
         vbucket.append(b"k", b"y")
+
+
+def _stored_with_expiry(vb: VBucket, how: str, expiry: int) -> None:
+    if how == "set":
+        vb.set(b"k", b"v", expiry=expiry)
+    elif how == "set_plain":
+        assert vb.set_plain(b"k", b"v", 0, expiry, 0) is not None
+    elif how == "add":
+        vb.add(b"k", b"v", expiry=expiry)
+    elif how == "touch":
+        vb.set(b"k", b"v")
+        vb.touch(b"k", expiry)
+    elif how == "incr":
+        vb.incr(b"k", 1, expiry=expiry)
+    elif how == "load":
+        vb.load([Item(b"k", b"v", expiry=expiry, cas=1, by_seqno=0)])
+    elif how == "replica, then promoted":
+        vb.set_state(VBucketState.REPLICA)
+        vb.replica_snapshot_marker(vb.high_seqno + 1, vb.high_seqno + 1)
+        vb.set_with_meta(Item(b"k", b"v", expiry=expiry, cas=1, by_seqno=vb.high_seqno + 1))
+        vb.set_state(VBucketState.ACTIVE)
+
+
+@pytest.mark.parametrize(
+    "how", ["set", "set_plain", "add", "touch", "incr", "load", "replica, then promoted"]
+)
+def test_the_pager_finds_an_expiry_however_it_was_stored(
+    vbucket: VBucket, clock: ManualClock, how: str
+) -> None:
+    """The pager skips a vbucket whose walk found no expiry, until an item with one is
+    stored: every way of storing one must say so."""
+    vbucket.set(b"other", b"v")
+    assert vbucket.expiry_pager() == 0  # a walk that finds no expiry: later walks are skipped
+    _stored_with_expiry(vbucket, how, int(clock.now) + 5)
+    clock.advance(6)
+    assert vbucket.expiry_pager() == 1
+    assert vbucket.peek(b"k").deleted  # type: ignore[union-attr]

@@ -75,7 +75,7 @@ class FailoverTable:
         self._capacity = capacity
         self._entries: list[FailoverEntry] = list(entries)[:capacity]
         self._rng = rng or random.SystemRandom()
-        self._json: tuple[tuple[FailoverEntry, ...], str] | None = None
+        self._json: str | None = None  # to_json's text, until the entries change
 
     # -- construction -------------------------------------------------------------------
 
@@ -209,6 +209,7 @@ class FailoverTable:
         entry = FailoverEntry(uuid, seqno)
         self._entries.insert(0, entry)
         del self._entries[self._capacity :]
+        self._json = None
         return entry
 
     def prune(self, rollback_seqno: int) -> None:
@@ -218,10 +219,12 @@ class FailoverTable:
         table, and so asks with uuid 0 next time.
         """
         self._entries = [e for e in self._entries if e.seqno <= rollback_seqno]
+        self._json = None
 
     def replace(self, other: FailoverTable | Sequence[FailoverEntry]) -> None:
         """Adopt the producer's table (a consumer does so on every OK and rollback)."""
         self._entries = list(other)[: max(self._capacity, len(other))]
+        self._json = None
 
     # -- serialising --------------------------------------------------------------------
 
@@ -230,11 +233,11 @@ class FailoverTable:
 
     def to_json(self) -> str:
         # The flusher writes every dirty vbucket's table on every flush, and it rarely
-        # changes: remember the last text with the entries it was made from.
-        entries = tuple(self._entries)
-        if self._json is None or self._json[0] != entries:
-            self._json = (entries, json.dumps(self.to_json_obj(), separators=(",", ":")))
-        return self._json[1]
+        # changes: the text is kept until a change (every method that changes the entries
+        # drops it), so a flush pays an attribute read per vbucket, not a comparison.
+        if self._json is None:
+            self._json = json.dumps(self.to_json_obj(), separators=(",", ":"))
+        return self._json
 
     def to_wire(self) -> bytes:
         return encode_wire(self._entries)

@@ -102,6 +102,9 @@ class Checkpoint:
     seqnos: list[int] = field(default_factory=list)
     key_index: dict[bytes, int] = field(default_factory=dict)
     memory: int = 0
+    # The highest slot holding an older version kept because a cursor had read past it
+    # (-1: none): a read starting beyond it meets every key once, and needs no dedup.
+    last_kept: int = -1
 
     def __len__(self) -> int:
         return len(self.items)
@@ -196,29 +199,42 @@ class CheckpointManager:
         with self._lock:
             if item.by_seqno <= self.high_seqno:
                 raise ValueError(f"seqno {item.by_seqno} is not above {self.high_seqno}")
-            ckpt = self._checkpoints[-1]  # the open one (the property costs a call per write)
-            items, key, seqno = ckpt.items, item.key, item.by_seqno
-            if len(items) >= self.max_items:
-                ckpt = self._close_open()
-                items = ckpt.items
-            if key in ckpt.key_index:  # (the hot path of a write: few calls, plain ints)
-                self._dedup(ckpt, key)
-            ckpt.key_index[key] = len(items)
-            items.append(item)
-            ckpt.seqnos.append(seqno)
-            size = item.size()
-            ckpt.memory += size
-            self.memory_used += size
-            if seqno > ckpt.snap_end:
-                ckpt.snap_end = seqno
-            self.high_seqno = seqno
+            self.queue_next(item, item.size())
 
-    def _dedup(self, ckpt: Checkpoint, key: bytes) -> None:
-        old = ckpt.key_index.get(key)
-        if old is None or (stale := ckpt.items[old]) is None:
+    def queue_next(self, item: Item, size: int) -> None:
+        """:meth:`queue` for a caller that holds the lock, gave the item a seqno above the
+        high seqno (a front-end write: high seqno + 1) and knows its ``size()``, so nothing
+        needs checking or computing. The hot path of every write: few calls, plain ints."""
+        ckpt = self._checkpoints[-1]  # the open one (the property costs a call per write)
+        items, key, seqno = ckpt.items, item.key, item.by_seqno
+        if len(items) >= self.max_items:
+            ckpt = self._close_open()
+            items = ckpt.items
+        key_index = ckpt.key_index
+        older = key_index.get(key)
+        if older is not None:
+            self._dedup(ckpt, older)
+        key_index[key] = len(items)
+        items.append(item)
+        ckpt.seqnos.append(seqno)
+        ckpt.memory += size
+        self.memory_used += size
+        if seqno > ckpt.snap_end:
+            ckpt.snap_end = seqno
+        self.high_seqno = seqno
+
+    def _dedup(self, ckpt: Checkpoint, old: int) -> None:
+        """Empty the slot ``old`` of the open checkpoint (a key's older version), unless a
+        cursor has read past it: that cursor must also see the newer version, so both stay."""
+        for cursor in self._cursors.values():  # (a loop, not any(): no generator per write)
+            if cursor.checkpoint is ckpt and cursor.pos > old:
+                # (tested first: the cursors are few and hot, the old item is not)
+                if old > ckpt.last_kept:
+                    ckpt.last_kept = old
+                return
+        stale = ckpt.items[old]
+        if stale is None:
             return
-        if any(c.checkpoint is ckpt and c.pos > old for c in self._cursors.values()):
-            return  # somebody read the old version already: it must also see the new one
         size = stale.size()
         ckpt.items[old] = None
         ckpt.memory -= size
@@ -387,8 +403,10 @@ class CheckpointManager:
             return _snapshot(cursor, items, at_start, ckpt_snap_start, (last_start, end, high))
 
     def _read_open(self, cursor: Cursor) -> Snapshot | None:
-        """:meth:`read` of a cursor in the open checkpoint (a live reader's every read): one
-        slice, nothing to cross or free, and no dedup of a single new item."""
+        """:meth:`read` of a cursor in the open checkpoint (a live reader's every read and the
+        flusher's): one slice, nothing to cross or free, and no dedup when the slots read hold
+        each key once (a single new item; or a read from beyond ``last_kept``, since the
+        queue empties every other older slot): the same items, without a dict per read."""
         ckpt, pos = cursor.checkpoint, cursor.pos
         slots = ckpt.items
         if pos >= len(slots):
@@ -396,6 +414,8 @@ class CheckpointManager:
         cursor.pos = len(slots)
         if cursor.pos == pos + 1:
             items = [] if (one := slots[pos]) is None else [one]
+        elif pos > ckpt.last_kept:
+            items = [item for item in slots[pos:] if item is not None]
         else:
             collected: dict[bytes, Item] = {}
             _collect(collected, slots[pos:])

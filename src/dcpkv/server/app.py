@@ -45,7 +45,9 @@ it back from a loop that may be busy for seconds on end, so a flush is a few mul
 statements (``Storage.persist``) and the switch interval is 1 ms (``SWITCH_INTERVAL_S``);
 ``stat`` reports ``ep_persistence_lag_ms``, how long the oldest unpersisted write has waited.
 The flusher persists every ``flush_interval_s``; the expiry pager walks the hash tables every
-``expiry_pager_interval_s``.
+``expiry_pager_interval_s``. The cyclic garbage collector is kept off the items (after
+warm-up and every second, what survived is frozen: :mod:`dcpkv.server.gc_policy`); its full
+scans of every item held the GIL for hundreds of milliseconds at a time.
 
 Limits (one client must not hurt the others): before a connection logs in, a frame may carry
 at most ``PREAUTH_MAX_VALUE`` bytes of value, refused from its header (E2big, then closed) so
@@ -96,6 +98,7 @@ from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
 from dcpkv.server.fast_path import serve_chunk
+from dcpkv.server.gc_policy import FREEZE_EVERY_S, CollectorPolicy
 from dcpkv.server.replication import Credentials, Replicator
 from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
@@ -363,6 +366,7 @@ class DataServer:
         self._dirty: set[str] = set()  # buckets with new items since the last push
         self._push_scheduled = False
         self._locks: list[BucketLock] = []
+        self.collector = CollectorPolicy()
 
     # -- start -------------------------------------------------------------------------------
 
@@ -397,6 +401,7 @@ class DataServer:
         loop = asyncio.get_running_loop()
         tls = self._tls_context()  # before anything else: a bad certificate fails at once
         await loop.run_in_executor(self.executor, self.open_buckets)
+        self.collector.settle()  # the items warm-up loaded are never scanned again
         self._loop, self._loop_thread = loop, threading.get_ident()
         for name, bucket in self.state.buckets.items():
             bucket.seqno_listeners.append(partial(self._on_queued, name))
@@ -424,6 +429,7 @@ class DataServer:
             asyncio.create_task(self._compactor()),
             asyncio.create_task(self._pump_ticker()),
             asyncio.create_task(self._liveness_ticker()),
+            asyncio.create_task(self._collector()),
         ]
         log.info("dcpkv listening on %s:%d", self.config.host, port)
         if port_file is not None:
@@ -542,6 +548,17 @@ class DataServer:
                 failing = False
             if self.state.persistence_waiters:
                 answer_waiters(self.state.persistence_waiters)
+
+    async def _collector(self) -> None:
+        """The garbage collector's policy (:mod:`dcpkv.server.gc_policy`), on the loop."""
+        policy = self.collector
+        while True:
+            await asyncio.sleep(FREEZE_EVERY_S)
+            full = policy.full_collections
+            policy.tick()
+            if policy.full_collections != full:
+                log.info("full garbage collection: %.3f s, %d unreachable objects in all",
+                         policy.last_full_pause_s, policy.freed_by_full)  # fmt: skip
 
     async def _expiry_pager(self) -> None:
         while True:

@@ -46,11 +46,18 @@ from dcpkv.server.kv_handlers import refusal
 
 # The general path for some bytes: parser + dispatcher; False once the connection closes.
 General = Callable[[bytes, list[bytes]], bool]
+# A request header as HEADER unpacks it: magic, opcode, key length, extras length, datatype,
+# vbucket, body length, opaque, CAS (one tuple, made anyway, handed on whole).
+Header = tuple[int, int, int, int, int, int, int, int, int]
 _READ = frozenset({Privilege.READ})
 _WRITE = frozenset({Privilege.WRITE})
 _GET_HIT = struct.Struct(">BBHBBHIIQI")  # header + flags
 _MUTATED = struct.Struct(">BBHBBHIIQQQ")  # header + vbucket uuid, seqno (MutationSeqno)
 _FLAGS_EXPIRY = struct.Struct(">II")
+# A Set's answer: the 12 constant bytes of its header (magic, opcode, no key, no extras, no
+# datatype, Success, no body), then opaque and CAS: two values packed rather than nine.
+_SET_OK = struct.Struct(">12sIQ")
+_SET_OK_HEAD = HEADER.pack(int(Magic.ClientResponse), int(Opcode.Set), 0, 0, 0, 0, 0, 0, 0)[:12]
 _BODY_LEN = struct.Struct(">I")
 _REQUEST = int(Magic.ClientRequest)
 _RESPONSE = int(Magic.ClientResponse)
@@ -87,11 +94,10 @@ class _Chunk:
         self.mask = conn.datatype_mask
         self.seqnos = HelloFeature.MutationSeqno in conn.features
 
-    def get(
-        self, vbucket: VBucket, data: bytes, k: int, keylen: int, extlen: int, datatype: int,
-        body: int, opaque: int, cas: int, opcode: int,
-    ) -> bool:  # fmt: skip
-        """Answer a plain Get or GetQ (True), or decline it (False, nothing done)."""
+    def get(self, vbucket: VBucket, data: bytes, k: int, header: Header) -> bool:
+        """Answer a plain Get or GetQ (True), or decline it (False, nothing done); its key
+        starts at ``k`` in ``data``."""
+        _, opcode, keylen, extlen, _, _, body, opaque, _ = header
         if extlen or body != keylen or not self.may_read:
             return False
         try:
@@ -111,11 +117,10 @@ class _Chunk:
         self.append(value)
         return True
 
-    def set(
-        self, vbucket: VBucket, data: bytes, k: int, keylen: int, extlen: int, datatype: int,
-        body: int, opaque: int, cas: int, opcode: int,
-    ) -> bool:  # fmt: skip
-        """Answer a plain Set or SetQ (True), or decline it (False, nothing done)."""
+    def set(self, vbucket: VBucket, data: bytes, k: int, header: Header) -> bool:
+        """Answer a plain Set or SetQ (True), or decline it (False, nothing done); its key
+        starts at ``k`` in ``data``."""
+        _, opcode, keylen, extlen, datatype, _, body, opaque, cas = header
         value_end = k - extlen + body  # k is where the key starts, after the extras
         if (extlen != _SET_EXTRAS or cas or datatype & _NOT_JSON or not self.may_write
                 or not 0 <= value_end - k - keylen <= self.max_value):  # fmt: skip
@@ -135,7 +140,7 @@ class _Chunk:
             self.append(_MUTATED.pack(_RESPONSE, _SET, 0, 16, 0, 0, 16, opaque, item.cas,
                                       vbucket.uuid, item.by_seqno))  # fmt: skip
         else:
-            self.append(HEADER.pack(_RESPONSE, _SET, 0, 0, 0, 0, 0, opaque, item.cas))
+            self.append(_SET_OK.pack(_SET_OK_HEAD, opaque, item.cas))
         return True
 
 
@@ -151,7 +156,8 @@ def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_v
     vbuckets = conn.bucket.vbuckets
     unpack, end, serves = HEADER.unpack_from, len(data), _SERVE.get
     while end - pos >= _HEADER_LEN:
-        magic, opcode, keylen, extlen, datatype, vb, body, opaque, cas = unpack(data, pos)
+        header = unpack(data, pos)
+        magic, opcode, keylen, extlen, _, vb, body, _, _ = header
         size = _HEADER_LEN + body
         serve = serves(opcode)
         if serve is None or magic != _REQUEST or size > end - pos or not 0 < keylen <= MAX_KEY_LEN:
@@ -159,8 +165,7 @@ def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_v
         vbucket = vbuckets.get(vb)
         if vbucket is None:
             break
-        k = pos + _HEADER_LEN + extlen
-        if not serve(chunk, vbucket, data, k, keylen, extlen, datatype, body, opaque, cas, opcode):
+        if not serve(chunk, vbucket, data, pos + _HEADER_LEN + extlen, header):
             break
         pos += size
     return pos
