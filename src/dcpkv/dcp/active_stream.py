@@ -22,13 +22,19 @@ Start
     later backfills, the cursor's rule otherwise.
 
 Output and memory
-    ``pending`` holds ``(bytes, seqno, covers)`` entries: the encoded message, the item's seqno
-    (0 for a marker, a StreamEnd, a state message) and the seqno up to which the consumer is
-    consistent once it is sent. It is refilled only when empty, with at most :data:`BATCH_ITEMS`
-    items from the backfill's buffer or one memory snapshot (a soft limit: the checkpoint
-    manager never splits a checkpoint, so a snapshot is bounded by the bucket's
-    ``checkpoint_max_items``). What the consumer has not read stays on disk (the backfill's
-    buffer is bounded per producer) or in the checkpoints, which may drop the cursor.
+    ``pending`` holds ``(bytes, seqno, covers, items)`` entries: the encoded message, the item's
+    seqno (0 for a marker, a StreamEnd, a state message), the seqno up to which the consumer is
+    consistent once it is sent, and how many items it carries (0 or 1). An entry may also be a
+    *run*: the messages of several consecutive items joined into one bytes object (``seqno``
+    the last one's), so the event loop forwards a backfill batch or a memory snapshot with
+    per-run work instead of per-item work; the producer splits a run at message boundaries
+    where flow control, its byte budget or a barrier needs a finer cut. Streams with a stream
+    id get no runs (each of their messages is tagged on its way out). It is refilled only when
+    empty, with at most :data:`BATCH_ITEMS` items from the backfill's buffer or one memory
+    snapshot (a soft limit: the checkpoint manager never splits a checkpoint, so a snapshot is
+    bounded by the bucket's ``checkpoint_max_items``). What the consumer has not read stays on
+    disk (the backfill's buffer is bounded per producer) or in the checkpoints, which may drop
+    the cursor.
 
 Encoding
     Items become wire bytes without a message object: a backfill's rows are packed straight
@@ -57,7 +63,7 @@ from collections import deque
 from typing import Protocol
 
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.backfill import BackfillManager, Batch, DiskBackfill
+from dcpkv.dcp.backfill import BackfillManager, Batch, DiskBackfill, Run
 from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
 from dcpkv.dcp.values import ValueShape
 from dcpkv.engine import document
@@ -77,7 +83,8 @@ _DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
 _MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
 _XATTR, _SHAPED = document.XATTR, document.SHAPED
 
-Pending = tuple[bytes, int, int]  # (message, item seqno or 0, consistent-at seqno)
+# (message or run, last item seqno or 0, consistent-at seqno, items in it)
+Pending = tuple[bytes, int, int, int]
 
 
 def stream_key(vbucket: int, sid: int) -> int:
@@ -196,7 +203,7 @@ class ActiveStream:
         self._close_backfill()
         if send:
             data = dcp.StreamEnd(opaque=stream.opaque, vbucket=stream.vbucket, reason=reason)
-            self.pending.append((data.encode(), 0, 0))
+            self.pending.append((data.encode(), 0, 0, 0))
             self.owner.wake(self.key)
 
     def vbucket_state_changed(self) -> None:
@@ -288,9 +295,8 @@ class ActiveStream:
             self._backfill_opened(bf)
         taken = bf.take(BATCH_ITEMS)
         if taken is not None:
-            messages, seqnos = taken
-            self.pending.extend(zip(messages, seqnos, seqnos, strict=True))
-            self.queued_seqno = seqnos[-1]
+            self.pending.extend((data, seqno, seqno, n) for data, seqno, n in taken)
+            self.queued_seqno = taken[-1][1]
         if not bf.finished:
             # More to come: in the buffer, or being read (its landing notifies us).
             self.backfill_remaining = max(0, bf.end - self.queued_seqno)
@@ -339,7 +345,7 @@ class ActiveStream:
         msg = dcp.SetVbucketState(
             opaque=stream.opaque, vbucket=stream.vbucket, state=self.takeover_state
         )
-        self.pending.append((msg.encode(), 0, 0))
+        self.pending.append((msg.encode(), 0, 0, 0))
         stream.handle(StreamEvent.STATE_SENT)
 
     def _queue_snapshot(self, snap: Snapshot) -> None:
@@ -352,11 +358,12 @@ class ActiveStream:
         flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
         start = self.stream.marker_start(snap.start)
         self._marker(start, min(snap.end, end), flags, None)
-        encode, append = self.encode_item, self.pending.append
-        for item in items:
-            seqno = item.by_seqno
-            append((encode(item), seqno, seqno))
-        self.queued_seqno = items[-1].by_seqno
+        encode, last = self.encode_item, items[-1].by_seqno
+        if self.sid or len(items) == 1:
+            self.pending.extend((encode(i), i.by_seqno, i.by_seqno, 1) for i in items)
+        else:  # one run: the loop forwards the snapshot's items as one bytes object
+            self.pending.append((b"".join(map(encode, items)), last, last, len(items)))
+        self.queued_seqno = last
         if snap.end >= end:
             self._advance(end)
 
@@ -365,8 +372,8 @@ class ActiveStream:
         self.queued_seqno = max(self.queued_seqno, seqno)
         pending = self.pending
         if pending:
-            data, item_seqno, _ = pending[-1]
-            pending[-1] = (data, item_seqno, self.queued_seqno)
+            data, item_seqno, _, items = pending[-1]
+            pending[-1] = (data, item_seqno, self.queued_seqno, items)
         else:
             self.emitted_seqno = max(self.emitted_seqno, self.queued_seqno)
 
@@ -406,7 +413,7 @@ class ActiveStream:
                     purge = vb.purge_seqno if vb is not None else 0
                 data = dcp.SnapshotMarkerV2_2(**common, purge_seqno=purge).encode()
         stream.note_snapshot(start, end)
-        self.pending.append((data, 0, 0))
+        self.pending.append((data, 0, 0, 0))
 
     # -- encoding -----------------------------------------------------------------------------
 
@@ -461,15 +468,27 @@ class ActiveStream:
 
 
 def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
-    """Stored rows to DCP messages of ``stream``: a mutation is one fused pack of header and
-    extras from the row's fields (the stored CAS is signed: same bytes); tombstones take the
-    typed path. Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
+    """Stored rows to runs of DCP messages of ``stream`` (:data:`BATCH_ITEMS` items a run, one
+    item a run for a stream with an id): a mutation is one fused pack of header and extras from
+    the row's fields (the stored CAS is signed: same bytes); tombstones take the typed path.
+    Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
+    per_run = 1 if stream.sid else BATCH_ITEMS
+    runs: list[Run] = []
+    for i in range(0, len(rows), per_run):
+        part = rows[i : i + per_run]
+        runs.append((b"".join(_row_messages(stream, part)), part[-1][1], len(part)))
+    return Batch(runs, sum(len(r[0]) for r in runs))
+
+
+def _row_messages(stream: ActiveStream, rows: list[Row]) -> list[bytes]:
+    """The messages of ``rows``, in order: header and extras packed, key and value as stored
+    (the caller joins them)."""
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
     no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
     shape = stream.owner.shape
     reshape, plain, no_value_xattrs = shape.mutation, shape.plain, shape.xattrs and no_value
     messages: list[bytes] = []
-    append, pack = messages.append, _PACK_S64
+    append, extend, pack = messages.append, messages.extend, _PACK_S64
     for row in rows:
         key, seqno, cas, rev, iflags, expiry, datatype, deleted, _, value = row
         if deleted:
@@ -486,7 +505,5 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
             _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
             opaque, cas, seqno, rev, iflags, expiry, 0, 0, 0,
         )  # fmt: skip
-        append(head + key + value)
-    seqnos = [row[1] for row in rows]
-    nbytes = sum(map(len, messages))
-    return Batch(messages, seqnos, nbytes)
+        extend((head, key, value))
+    return messages
