@@ -182,6 +182,14 @@ def test_a_stream_closed_mid_read_lets_go_of_its_snapshot(
 # -- the fused encoding of stored rows ---------------------------------------------------------
 
 
+def stream_row(row: tuple) -> tuple:
+    """The StreamRow SQLite reads for a Row (storage's _STREAM_COLUMNS, in Python)."""
+    key, seqno, cas, rev, flags, expiry, datatype, deleted, delete_time, value = row
+    flags_expiry = flags << 32 | expiry
+    flags_expiry -= 1 << 64 if flags_expiry >= 1 << 63 else 0
+    return (key, seqno, cas, rev, flags_expiry, datatype | deleted << 8 | delete_time << 10, value)
+
+
 @pytest.mark.parametrize(
     "flags", [OpenFlag.Producer, OpenFlag.Producer | OpenFlag.NoValue,
               OpenFlag.Producer | OpenFlag.NoValueWithUnderlyingDatatype,
@@ -207,7 +215,7 @@ def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool
         (b"gone", 3, 99, 2, 0, 0, 0, DELETED, 1_700_000_000, b""),
         (b"old", 4, 100, 3, 0, 0, 0, EXPIRED, 1_700_000_001, b""),
     ]
-    batch = encode_rows(active, rows)  # type: ignore[arg-type]
+    batch = encode_rows(active, [stream_row(r) for r in rows])  # type: ignore[arg-type]
     no_value = flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype)
     keep_datatype = flags & OpenFlag.NoValueWithUnderlyingDatatype
     head = {"opaque": 0xDEADBEEF, "vbucket": 1023}
@@ -234,7 +242,7 @@ def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool
     assert batch.nbytes == sum(map(len, expected))
     # a stream with an id gets a run per item (each message is tagged on its way out)
     sid_stream = ActiveStream(owner, stream, was_active=True, takeover=False, sid=5)  # type: ignore[arg-type]
-    assert encode_rows(sid_stream, rows).runs == [  # type: ignore[arg-type]
+    assert encode_rows(sid_stream, [stream_row(r) for r in rows]).runs == [  # type: ignore[arg-type]
         (m, seqno, 1) for m, seqno in zip(expected, [1, 2, 3, 4], strict=True)
     ]
 
@@ -244,7 +252,7 @@ def test_runs_hold_batch_items_each() -> None:
                             shape=ValueShape())  # fmt: skip
     stream = Stream(vbucket=0, opaque=1, flags=0, start=0, end=U64_MAX, vb_uuid=1)
     active = ActiveStream(owner, stream, was_active=True, takeover=False)  # type: ignore[arg-type]
-    rows = [(b"k%d" % i, i, 1, 1, 0, 0, 0, 0, 0, b"v") for i in range(1, 2 * BATCH_ITEMS + 6)]
+    rows = [(b"k%d" % i, i, 1, 1, 0, 0, b"v") for i in range(1, 2 * BATCH_ITEMS + 6)]
     runs = encode_rows(active, rows).runs  # type: ignore[arg-type]
     assert [(seqno, n) for _, seqno, n in runs] == [
         (BATCH_ITEMS, BATCH_ITEMS),

@@ -59,6 +59,7 @@ Rollback
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import Protocol
 
@@ -70,12 +71,15 @@ from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
 from dcpkv.engine.item import Item
-from dcpkv.engine.storage import Row, item_from_row
+from dcpkv.engine.storage import StreamRow, item_from_row, row_of_stream_row
 from dcpkv.protocol import dcp
 from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason
+from dcpkv.protocol.frame import HEADER
 
 BATCH_ITEMS = 64  # items a stream queues at a time, from its backfill or from memory
-_PACK_S64 = dcp.MUTATION_HEAD_S64.pack
+# A mutation's header and extras packed from a StreamRow: the CAS (SQLite's signed form) and
+# flags << 32 | expiry as signed 64-bit fields give the very bytes of their unsigned fields.
+_PACK_S64 = struct.Struct(HEADER.format[:-1] + "qQQqIHB").pack
 _EXTRAS_LEN = dcp.MUTATION_EXTRAS_LEN
 _MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
 # Plain ints: Flag arithmetic costs microseconds per snapshot.
@@ -267,7 +271,7 @@ class ActiveStream:
         key = self.key
         self.backfill = DiskBackfill(
             self.owner.backfills,
-            lambda: storage.open_backfill(vbid, start, end),
+            lambda: storage.open_stream_backfill(vbid, start, end),
             self._encode_rows,
             lambda: self.owner.notify(key),
         )
@@ -462,12 +466,12 @@ class ActiveStream:
             rev_seqno=item.rev_seqno, key=item.key, value=value, datatype=datatype,
         ).encode()  # fmt: skip
 
-    def _encode_rows(self, rows: list[Row]) -> Batch:
+    def _encode_rows(self, rows: list[StreamRow]) -> Batch:
         """A backfill batch: rows straight to wire bytes (in the backfill's worker thread)."""
         return encode_rows(self, rows)
 
 
-def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
+def encode_rows(stream: ActiveStream, rows: list[StreamRow]) -> Batch:
     """Stored rows to runs of DCP messages of ``stream`` (:data:`BATCH_ITEMS` items a run, one
     item a run for a stream with an id): a mutation is one fused pack of header and extras from
     the row's fields (the stored CAS is signed: same bytes); tombstones take the typed path.
@@ -480,7 +484,7 @@ def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
     return Batch(runs, sum(len(r[0]) for r in runs))
 
 
-def _row_messages(stream: ActiveStream, rows: list[Row]) -> list[bytes]:
+def _row_messages(stream: ActiveStream, rows: list[StreamRow]) -> list[bytes]:
     """The messages of ``rows``, in order: header and extras packed, key and value as stored
     (the caller joins them)."""
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
@@ -490,9 +494,9 @@ def _row_messages(stream: ActiveStream, rows: list[Row]) -> list[bytes]:
     messages: list[bytes] = []
     append, extend, pack = messages.append, messages.extend, _PACK_S64
     for row in rows:
-        key, seqno, cas, rev, iflags, expiry, datatype, deleted, _, value = row
-        if deleted:
-            append(stream._encode_tombstone(item_from_row(row)))
+        key, seqno, cas, rev, flags_expiry, datatype, value = row
+        if datatype > 0xFF:  # deleted (StreamRow: datatype | deleted << 8 | ...)
+            append(stream._encode_tombstone(item_from_row(row_of_stream_row(row))))
             continue
         if no_value and not (no_value_xattrs and datatype & _XATTR):
             value = b""
@@ -503,7 +507,7 @@ def _row_messages(stream: ActiveStream, rows: list[Row]) -> list[bytes]:
         klen = len(key)
         head = pack(
             _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
-            opaque, cas, seqno, rev, iflags, expiry, 0, 0, 0,
+            opaque, cas, seqno, rev, flags_expiry, 0, 0, 0,
         )  # fmt: skip
         extend((head, key, value))
     return messages

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from dcpkv.engine.storage import BackfillScan, Row
+from dcpkv.engine.storage import BackfillScan, StreamRow
 
 BATCH_ROWS = 2048  # rows a read takes from disk at once
 # Reads of one producer in flight at once: its streams take turns on the worker, and what is
@@ -73,7 +73,7 @@ class Batch:
     pos: int = 0
 
 
-Encoder = Callable[[list[Row]], Batch]
+Encoder = Callable[[list[StreamRow]], Batch]
 
 
 class BackfillRunner(Protocol):
@@ -189,7 +189,7 @@ class DiskBackfill:
     def __init__(
         self,
         manager: BackfillManager,
-        open_scan: Callable[[], BackfillScan],
+        open_scan: Callable[[], BackfillScan[StreamRow]],
         encode: Encoder,
         notify: Callable[[], None],
     ) -> None:
@@ -197,7 +197,7 @@ class DiskBackfill:
         self._open_scan = open_scan
         self._encode = encode
         self._notify = notify
-        self._scan: BackfillScan | None = None
+        self._scan: BackfillScan[StreamRow] | None = None
         self._batches: deque[Batch] = deque()
         self._lock = threading.Lock()
         self._reading = False
