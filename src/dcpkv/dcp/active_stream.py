@@ -80,6 +80,7 @@ BATCH_ITEMS = 64  # items a stream queues at a time, from its backfill or from m
 # A mutation's header and extras packed from a StreamRow: the CAS (SQLite's signed form) and
 # flags << 32 | expiry as signed 64-bit fields give the very bytes of their unsigned fields.
 _PACK_S64 = struct.Struct(HEADER.format[:-1] + "qQQqIHB").pack
+_PACK_ITEM = struct.Struct(HEADER.format + "QQIIIHB").pack  # the same from an Item's fields
 _EXTRAS_LEN = dcp.MUTATION_EXTRAS_LEN
 _MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
 # Plain ints: Flag arithmetic costs microseconds per snapshot.
@@ -366,7 +367,7 @@ class ActiveStream:
         if self.sid or len(items) == 1:
             self.pending.extend((encode(i), i.by_seqno, i.by_seqno, 1) for i in items)
         else:  # one run: the loop forwards the snapshot's items as one bytes object
-            self.pending.append((b"".join(map(encode, items)), last, last, len(items)))
+            self.pending.append((b"".join(self._item_parts(items)), last, last, len(items)))
         self.queued_seqno = last
         if snap.end >= end:
             self._advance(end)
@@ -444,6 +445,29 @@ class ActiveStream:
             stream.opaque, stream.vbucket, item.cas, item.by_seqno, item.rev_seqno, item.flags,
             item.expiry, datatype, item.key, value,
         )  # fmt: skip
+
+    def _item_parts(self, items: list[Item]) -> list[bytes]:
+        """The messages of ``items`` as parts to join: a plain resident mutation as its packed
+        header, key and value (no per-item call or concatenation), anything else through
+        :meth:`encode_item`."""
+        stream, owner = self.stream, self.owner
+        opaque, vbid = stream.opaque, stream.vbucket
+        simple = owner.shape.plain and not owner.no_value
+        parts: list[bytes] = []
+        append, extend, pack, encode = parts.append, parts.extend, _PACK_ITEM, self.encode_item
+        for item in items:
+            value, datatype = item.value, item.datatype
+            if not simple or item.deleted or value is None or datatype & _SHAPED:
+                append(encode(item))
+                continue
+            key = item.key
+            klen = len(key)
+            head = pack(
+                _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
+                opaque, item.cas, item.by_seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0,
+            )  # fmt: skip
+            extend((head, key, value))
+        return parts
 
     def _encode_tombstone(self, item: Item) -> bytes:
         s = self.stream
