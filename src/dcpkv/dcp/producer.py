@@ -28,12 +28,12 @@ Output and memory
     into one bytes object, see :mod:`dcpkv.dcp.active_stream`) or finding the stream idle. A
     live snapshot is typically a marker and one item, so one turn sends it and lets the stream
     leave the ready queue, where one message per round took three rounds (and a checkpoint
-    read that found nothing). It goes on while the byte budget
-    of the call and the flow-control window allow: with ``connection_buffer_size`` N, a
-    message is sent only while fewer than N bytes are unacknowledged (so one message may
-    overflow N); every message but Noop counts, header included; BufferAck releases. A run
-    that may not go out whole under these rules is cut at the message where they stop
-    (:func:`_split_run`), so runs change the number of writes, never what is sent when.
+    read that found nothing). It goes on while the byte budget of the call and the
+    flow-control window allow: with ``connection_buffer_size`` N, a message is sent only while
+    fewer than N bytes are unacknowledged (so one message may overflow N); every message but
+    Noop counts, header included; BufferAck releases. A run that may not go out whole under
+    these rules is cut at the message where they stop (:func:`_split_run`), so runs change
+    the number of writes, never what is sent when.
 
 Ready queue
     A write must not cost O(open streams): a replica or a Spark query streams all 1024
@@ -489,8 +489,8 @@ class DcpProducer:
         self._echo_barriers(out)
         ready, streams, in_ready = self._ready, self._streams, self._in_ready
         budget, polls, limit = max_bytes, 0, self.buffer_size or 1 << 63
-        # The loop runs once per message (or run) sent: the counters it bumps are locals, written
-        # back before anything else reads them (barrier echoes count bytes too).
+        # The loop runs once per message (or run) sent: the counters it bumps are locals,
+        # written back before anything else reads them (barrier echoes count bytes too).
         unacked, sent, items = self.unacked_bytes, 0, 0
         append, popleft = out.append, ready.popleft
         turn = 0  # messages the stream at the head of ``ready`` sent in this turn
