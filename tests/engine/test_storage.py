@@ -51,6 +51,8 @@ def test_values_and_meta_round_trip(storage: Storage) -> None:
                 by_seqno=1, datatype=1)  # fmt: skip
     storage.persist_snapshot(0, [item], _state(1))
     assert storage.get(0, b"k") == item
+    assert list(storage.load_items(0)) == [item]  # warm-up's read
+    assert [i.value for i in storage.load_items(0, values=False)] == [None]
     assert storage.vbucket_state(0) == VBState("replica", FAILOVER, 1, 1, 1, 0, 0, 0)
 
 
