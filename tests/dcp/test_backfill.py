@@ -14,7 +14,7 @@ import pytest
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp import backfill
-from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream, encode_rows
+from dcpkv.dcp.active_stream import BATCH_ITEMS, RUN_BYTES, ActiveStream, encode_rows
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.dcp.stream import Stream
 from dcpkv.dcp.values import ValueShape
@@ -261,6 +261,13 @@ def test_runs_hold_batch_items_each() -> None:
     ]
     frames = list(FrameParser().feed(b"".join(r[0] for r in runs)))
     assert [int.from_bytes(f.extras[:8], "big") for f in frames] == [r[1] for r in rows]
+    # large values: a run closes once it reaches RUN_BYTES
+    big = [(b"k%d" % i, i, 1, 1, 0, 0, b"x" * (RUN_BYTES // 2 + 1)) for i in range(1, 6)]
+    assert [(seqno, n) for _, seqno, n in encode_rows(active, big).runs] == [  # type: ignore[arg-type]
+        (2, 2),
+        (4, 2),
+        (5, 1),
+    ]
 
 
 def test_a_stream_closed_mid_backfill_ends_and_frees_its_buffer(

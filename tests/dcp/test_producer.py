@@ -14,6 +14,7 @@ import pytest
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.dcp.active_stream import RUN_BYTES
 from dcpkv.dcp.producer import BATCH_ITEMS, DcpProducer, ProducerError
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, Snapshot
@@ -795,7 +796,9 @@ def test_a_snapshot_run_holds_each_items_own_bytes(
         Item(b"packed", snappy.deflate(b"x" * 64), cas=9, rev_seqno=1, by_seqno=4,
              datatype=snappy.SNAPPY),
     ]  # fmt: skip
-    run = b"".join(active._item_parts(items))
+    parts, stop = active._item_run(items, 0)
+    run = b"".join(parts)
+    assert stop == len(items)
     assert run == b"".join(map(active.encode_item, items))
     if flags == OpenFlag.Producer:
         first = dcp.Mutation(
@@ -804,3 +807,19 @@ def test_a_snapshot_run_holds_each_items_own_bytes(
         )  # fmt: skip
         assert run.startswith(first.encode())
     assert [m.by_seqno for m in decode_all([run])] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+
+
+def test_memory_runs_close_at_run_bytes(bucket: Bucket, clock: ManualClock) -> None:
+    """Large values make short runs (cutting one copies little), each run its items' bytes."""
+    p, c = producer(bucket, clock), Consumer()
+    request(p, vb=0)
+    p.next_messages()  # the stream is in memory, caught up
+    vb = bucket.get_vbucket(0)
+    for i in range(5):
+        vb.set(b"big%d" % i, b"%d" % i * (RUN_BYTES // 2 + 1))
+    active = p._streams[0]
+    active.take()  # refills: the marker, then the runs
+    runs = [entry for entry in active.pending if entry[3]]
+    assert [n for *_, n in runs] == [2, 2, 1] and [r[1] for r in runs] == [2, 4, 5]
+    c.drain(p)
+    assert c.docs[0] == live(vb)

@@ -77,6 +77,10 @@ from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason
 from dcpkv.protocol.frame import HEADER
 
 BATCH_ITEMS = 64  # items a stream queues at a time, from its backfill or from memory
+# A run holds at most BATCH_ITEMS items and closes once it reaches RUN_BYTES: large values
+# make short runs, so cutting one (flow control, the pump's budget) copies little.
+RUN_BYTES = 64 * 1024
+_HEADER_LEN = 24
 # A mutation's header and extras packed from a StreamRow: the CAS (SQLite's signed form) and
 # flags << 32 | expiry as signed 64-bit fields give the very bytes of their unsigned fields.
 _PACK_S64 = struct.Struct(HEADER.format[:-1] + "qQQqIHB").pack
@@ -366,8 +370,13 @@ class ActiveStream:
         encode, last = self.encode_item, items[-1].by_seqno
         if self.sid or len(items) == 1:
             self.pending.extend((encode(i), i.by_seqno, i.by_seqno, 1) for i in items)
-        else:  # one run: the loop forwards the snapshot's items as one bytes object
-            self.pending.append((b"".join(self._item_parts(items)), last, last, len(items)))
+        else:  # runs: the loop forwards the snapshot's items a run at a time
+            start = 0
+            while start < len(items):
+                parts, stop = self._item_run(items, start)
+                seqno = items[stop - 1].by_seqno
+                self.pending.append((b"".join(parts), seqno, seqno, stop - start))
+                start = stop
         self.queued_seqno = last
         if snap.end >= end:
             self._advance(end)
@@ -446,28 +455,35 @@ class ActiveStream:
             item.expiry, datatype, item.key, value,
         )  # fmt: skip
 
-    def _item_parts(self, items: list[Item]) -> list[bytes]:
-        """The messages of ``items`` as parts to join: a plain resident mutation as its packed
-        header, key and value (no per-item call or concatenation), anything else through
-        :meth:`encode_item`."""
+    def _item_run(self, items: list[Item], start: int) -> tuple[list[bytes], int]:
+        """The messages of the run of ``items`` from ``start`` as parts to join, and where the
+        run stops (:data:`BATCH_ITEMS` items or :data:`RUN_BYTES`): a plain resident mutation
+        as its packed header, key and value (no per-item call or concatenation), anything else
+        through :meth:`encode_item`."""
         stream, owner = self.stream, self.owner
         opaque, vbid = stream.opaque, stream.vbucket
         simple = owner.shape.plain and not owner.no_value
         parts: list[bytes] = []
         append, extend, pack, encode = parts.append, parts.extend, _PACK_ITEM, self.encode_item
-        for item in items:
+        stop, size = min(len(items), start + BATCH_ITEMS), 0
+        for i in range(start, stop):
+            item = items[i]
             value, datatype = item.value, item.datatype
             if not simple or item.deleted or value is None or datatype & _SHAPED:
-                append(encode(item))
-                continue
-            key = item.key
-            klen = len(key)
-            head = pack(
-                _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
-                opaque, item.cas, item.by_seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0,
-            )  # fmt: skip
-            extend((head, key, value))
-        return parts
+                append(data := encode(item))
+                size += len(data)
+            else:
+                key = item.key
+                klen, body = len(key), _EXTRAS_LEN + len(key) + len(value)
+                head = pack(
+                    _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, body, opaque, item.cas,
+                    item.by_seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0,
+                )  # fmt: skip
+                extend((head, key, value))
+                size += _HEADER_LEN + body
+            if size >= RUN_BYTES:
+                return parts, i + 1
+        return parts, stop
 
     def _encode_tombstone(self, item: Item) -> bytes:
         s = self.stream
@@ -502,36 +518,47 @@ def encode_rows(stream: ActiveStream, rows: list[StreamRow]) -> Batch:
     Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
     per_run = 1 if stream.sid else BATCH_ITEMS
     runs: list[Run] = []
-    for i in range(0, len(rows), per_run):
-        part = rows[i : i + per_run]
-        runs.append((b"".join(_row_messages(stream, part)), part[-1][1], len(part)))
+    start = 0
+    while start < len(rows):
+        parts, stop = _row_run(stream, rows, start, min(len(rows), start + per_run))
+        runs.append((b"".join(parts), rows[stop - 1][1], stop - start))
+        start = stop
     return Batch(runs, sum(len(r[0]) for r in runs))
 
 
-def _row_messages(stream: ActiveStream, rows: list[StreamRow]) -> list[bytes]:
-    """The messages of ``rows``, in order: header and extras packed, key and value as stored
-    (the caller joins them)."""
+def _row_run(
+    stream: ActiveStream, rows: list[StreamRow], start: int, stop: int
+) -> tuple[list[bytes], int]:
+    """The messages of ``rows[start:stop]`` as parts to join (header and extras packed, key
+    and value as stored), cut short once they reach :data:`RUN_BYTES`; where the run stops."""
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
     no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
     shape = stream.owner.shape
     reshape, plain, no_value_xattrs = shape.mutation, shape.plain, shape.xattrs and no_value
     messages: list[bytes] = []
-    append, extend, pack = messages.append, messages.extend, _PACK_S64
-    for row in rows:
+    append, extend, pack, size = messages.append, messages.extend, _PACK_S64, 0
+    for i in range(start, stop):
+        row = rows[i]
         key, seqno, cas, rev, flags_expiry, datatype, value = row
         if datatype > 0xFF:  # deleted (StreamRow: datatype | deleted << 8 | ...)
-            append(stream._encode_tombstone(item_from_row(row_of_stream_row(row))))
-            continue
-        if no_value and not (no_value_xattrs and datatype & _XATTR):
-            value = b""
-            if not keep_datatype:
-                datatype = 0
-        elif datatype & _SHAPED or not plain:
-            value, datatype = reshape(value, datatype)
-        klen = len(key)
-        head = pack(
-            _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
-            opaque, cas, seqno, rev, flags_expiry, 0, 0, 0,
-        )  # fmt: skip
-        extend((head, key, value))
-    return messages
+            append(data := stream._encode_tombstone(item_from_row(row_of_stream_row(row))))
+            size += len(data)
+        else:
+            if no_value and not (no_value_xattrs and datatype & _XATTR):
+                value = b""
+                if not keep_datatype:
+                    datatype = 0
+            elif datatype & _SHAPED or not plain:
+                value, datatype = reshape(value, datatype)
+            # (the same pack as ActiveStream._item_run's, from a row's fields: a helper would
+            # cost a call per item on the hottest loop of a backfill)
+            klen, body = len(key), _EXTRAS_LEN + len(key) + len(value)
+            head = pack(
+                _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, body,
+                opaque, cas, seqno, rev, flags_expiry, 0, 0, 0,
+            )  # fmt: skip
+            extend((head, key, value))
+            size += _HEADER_LEN + body
+        if size >= RUN_BYTES:
+            return messages, i + 1
+    return messages, stop
