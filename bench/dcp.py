@@ -6,7 +6,9 @@ Theory of operation
    engine* (``Bucket.set`` + ``flush_once``) into a fresh data dir, then the bucket is shut
    down cleanly. That is much faster than a million pipelined Sets through the server, and
    gives exactly the on-disk state the server would have.
-2. A real ``dcpkv server`` subprocess starts on that data dir (warm-up time is printed too).
+2. A real ``dcpkv server`` subprocess starts on that data dir. The size of the data files and
+   the warm-up time (from the server's start until it listens: the interpreter's start plus
+   the bucket's warm-up, which reads every document into memory) are figures too.
 3. Backfill: one connection (socket + FrameParser, nothing else: counting frames is all a
    consumer must do) opens a producer and requests every vbucket from 0 to its high seqno;
    timed from the first request to the last StreamEnd.
@@ -119,17 +121,23 @@ def loaded_server(count: int, vbuckets: int, label: str, width: int = 28) -> Ite
 @contextmanager
 def loaded_server_proc(
     count: int, vbuckets: int, label: str, width: int = 28,
-    value: Values | None = None,
+    value: Values | None = None, figures: dict[str, float] | None = None,
 ) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:  # fmt: skip
-    """:func:`loaded_server`, yielding the server process too."""
+    """:func:`loaded_server`, yielding the server process too; ``figures`` (if given) gets the
+    load and warm-up times and the size on disk (module docstring, steps 1-2)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"dcpkv-bench-{label}-"))
     proc = None
     try:
         data = tmp / "data"
         took = load(data, count, vbuckets, value)
         print(f"  {'load through the engine':<{width}} {took:7.2f} s")
+        disk = sum(f.stat().st_size for f in data.iterdir())
+        print(f"  {'on disk':<{width}} {disk / 1e6:7.1f} MB  {disk / count:5.0f} bytes/item")
         proc, port, warm = start_server(data, vbuckets)
         print(f"  {'server start (warm-up)':<{width}} {warm:7.2f} s")
+        if figures is not None:
+            figures |= {"load_s": took, "disk_mb": disk / 1e6, "disk_bytes_per_item": disk / count,
+                        "warmup_s": warm}  # fmt: skip
         yield port, proc
     finally:
         if proc is not None:
@@ -295,7 +303,7 @@ def main(
 ) -> None:
     figures: dict[str, float] = {}
     print(f"DCP bench: {count:,} items of {len(VALUE)} bytes, {vbuckets} vbuckets")
-    with loaded_server_proc(count, vbuckets, "dcp") as (port, proc):
+    with loaded_server_proc(count, vbuckets, "dcp", figures=figures) as (port, proc):
         highs = high_seqnos(port)
         consumer = Consumer(port)
         start, cpu = time.perf_counter(), cpu_seconds(proc.pid)

@@ -14,7 +14,7 @@ import pytest
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp import backfill
-from dcpkv.dcp.active_stream import ActiveStream, encode_rows
+from dcpkv.dcp.active_stream import BATCH_ITEMS, RUN_BYTES, ActiveStream, encode_rows
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.dcp.stream import Stream
 from dcpkv.dcp.values import ValueShape
@@ -182,6 +182,14 @@ def test_a_stream_closed_mid_read_lets_go_of_its_snapshot(
 # -- the fused encoding of stored rows ---------------------------------------------------------
 
 
+def stream_row(row: tuple) -> tuple:
+    """The StreamRow SQLite reads for a Row (storage's _STREAM_COLUMNS, in Python)."""
+    key, seqno, cas, rev, flags, expiry, datatype, deleted, delete_time, value = row
+    flags_expiry = flags << 32 | expiry
+    flags_expiry -= 1 << 64 if flags_expiry >= 1 << 63 else 0
+    return (key, seqno, cas, rev, flags_expiry, datatype | deleted << 8 | delete_time << 10, value)
+
+
 @pytest.mark.parametrize(
     "flags", [OpenFlag.Producer, OpenFlag.Producer | OpenFlag.NoValue,
               OpenFlag.Producer | OpenFlag.NoValueWithUnderlyingDatatype,
@@ -207,7 +215,7 @@ def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool
         (b"gone", 3, 99, 2, 0, 0, 0, DELETED, 1_700_000_000, b""),
         (b"old", 4, 100, 3, 0, 0, 0, EXPIRED, 1_700_000_001, b""),
     ]
-    batch = encode_rows(active, rows)  # type: ignore[arg-type]
+    batch = encode_rows(active, [stream_row(r) for r in rows])  # type: ignore[arg-type]
     no_value = flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype)
     keep_datatype = flags & OpenFlag.NoValueWithUnderlyingDatatype
     head = {"opaque": 0xDEADBEEF, "vbucket": 1023}
@@ -229,8 +237,37 @@ def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool
                                        delete_time=1_700_000_001).encode())  # fmt: skip
     else:
         expected.append(dcp.Deletion(**head, cas=100, by_seqno=4, rev_seqno=3, key=b"old").encode())
-    assert batch.messages == expected
-    assert batch.seqnos == [1, 2, 3, 4] and batch.nbytes == sum(map(len, expected))
+    # one run: the four messages joined, the last seqno, the item count
+    assert batch.runs == [(b"".join(expected), 4, 4)]
+    assert batch.nbytes == sum(map(len, expected))
+    # a stream with an id gets a run per item (each message is tagged on its way out)
+    sid_stream = ActiveStream(owner, stream, was_active=True, takeover=False, sid=5)  # type: ignore[arg-type]
+    assert encode_rows(sid_stream, [stream_row(r) for r in rows]).runs == [  # type: ignore[arg-type]
+        (m, seqno, 1) for m, seqno in zip(expected, [1, 2, 3, 4], strict=True)
+    ]
+
+
+def test_runs_hold_batch_items_each() -> None:
+    owner = SimpleNamespace(name=NAME, no_value=False, keep_datatype=False,
+                            shape=ValueShape())  # fmt: skip
+    stream = Stream(vbucket=0, opaque=1, flags=0, start=0, end=U64_MAX, vb_uuid=1)
+    active = ActiveStream(owner, stream, was_active=True, takeover=False)  # type: ignore[arg-type]
+    rows = [(b"k%d" % i, i, 1, 1, 0, 0, b"v") for i in range(1, 2 * BATCH_ITEMS + 6)]
+    runs = encode_rows(active, rows).runs  # type: ignore[arg-type]
+    assert [(seqno, n) for _, seqno, n in runs] == [
+        (BATCH_ITEMS, BATCH_ITEMS),
+        (2 * BATCH_ITEMS, BATCH_ITEMS),
+        (2 * BATCH_ITEMS + 5, 5),
+    ]
+    frames = list(FrameParser().feed(b"".join(r[0] for r in runs)))
+    assert [int.from_bytes(f.extras[:8], "big") for f in frames] == [r[1] for r in rows]
+    # large values: a run closes once it reaches RUN_BYTES
+    big = [(b"k%d" % i, i, 1, 1, 0, 0, b"x" * (RUN_BYTES // 2 + 1)) for i in range(1, 6)]
+    assert [(seqno, n) for _, seqno, n in encode_rows(active, big).runs] == [  # type: ignore[arg-type]
+        (2, 2),
+        (4, 2),
+        (5, 1),
+    ]
 
 
 def test_a_stream_closed_mid_backfill_ends_and_frees_its_buffer(
@@ -255,3 +292,50 @@ def drain(p: DcpProducer) -> list[bytes]:
     while chunks := p.next_messages():
         out += chunks
     return out
+
+
+def message_sizes(data: bytes) -> list[int]:
+    """The size of each message in ``data`` (its header's body length, plus the header)."""
+    sizes, off = [], 0
+    while off < len(data):
+        sizes.append(24 + int.from_bytes(data[off + 8 : off + 12], "big"))
+        off += sizes[-1]
+    return sizes
+
+
+@pytest.mark.parametrize("window", [1, 300, 1000, 4000])
+def test_runs_go_out_message_by_message_under_flow_control(
+    bucket: Bucket, clock: ManualClock, window: int
+) -> None:
+    """A run is cut where flow control stops: every message of a round starts while fewer
+    than ``window`` bytes are unacknowledged, and the streams send what they send without it."""
+    reference = drain_inline(bucket, clock)
+    p = DcpProducer(bucket, NAME, OpenFlag.Producer, clock=clock)
+    p.control("connection_buffer_size", str(window))
+    request_all(p, bucket)
+    out, rounds = b"", 0
+    while True:
+        data = b"".join(p.next_messages())
+        if not data:
+            if p.unacked_bytes == 0:
+                break
+            p.buffer_ack(p.unacked_bytes)  # the consumer read the round: the window reopens
+            rounds += 1
+            continue
+        assert sum(message_sizes(data)[:-1]) < window  # only the last may overflow it
+        out += data
+    assert rounds > len(reference) // max(window, 200) // 2
+    assert per_vbucket(out) == per_vbucket(reference)
+
+
+@pytest.mark.parametrize("budget", [1, 150, 700])
+def test_runs_are_cut_to_the_byte_budget(bucket: Bucket, clock: ManualClock, budget: int) -> None:
+    reference = drain_inline(bucket, clock)
+    p = DcpProducer(bucket, NAME, OpenFlag.Producer, clock=clock)
+    request_all(p, bucket)
+    out = b""
+    while data := b"".join(p.next_messages(budget)):
+        assert sum(message_sizes(data)[:-1]) < budget
+        out += data
+    assert per_vbucket(out) == per_vbucket(reference)
+    assert p.items_sent == 8 * 40

@@ -14,13 +14,14 @@ import pytest
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.dcp.active_stream import RUN_BYTES
 from dcpkv.dcp.producer import BATCH_ITEMS, DcpProducer, ProducerError
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, Snapshot
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.item import Item
 from dcpkv.engine.vbucket import VBucket
-from dcpkv.protocol import dcp
+from dcpkv.protocol import dcp, snappy
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import (
     Opcode,
@@ -775,3 +776,50 @@ def test_liveness_due_is_the_next_moment_that_matters(bucket: Bucket, clock: Man
     assert p.is_dead(clock.time())
     p.noop_response()
     assert p.liveness_due() == sent + 2 and not p.is_dead(clock.time())
+
+
+@pytest.mark.parametrize("flags", [OpenFlag.Producer, OpenFlag.Producer | OpenFlag.NoValue,
+                                   OpenFlag.Producer | OpenFlag.IncludeDeleteTimes])  # fmt: skip
+def test_a_snapshot_run_holds_each_items_own_bytes(
+    bucket: Bucket, clock: ManualClock, flags: int
+) -> None:
+    """A memory snapshot's run packs plain items itself: the very bytes of encoding each item
+    (and of the typed Mutation), other items (tombstones, Snappy values) as they encode."""
+    p = producer(bucket, clock, flags)
+    request(p, vb=0, opaque=0xBEEF)
+    active = p._streams[0]
+    items = [
+        Item(b"plain", b"v" * 100, flags=0xFFFFFFFF, expiry=0xFFFFFFFF, cas=(1 << 64) - 1,
+             rev_seqno=3, by_seqno=1),
+        Item(b"json", b'{"a":1}', cas=7, rev_seqno=1, by_seqno=2, datatype=1),
+        Item(b"gone", b"", cas=8, rev_seqno=2, by_seqno=3, deleted=True, delete_time=5),
+        Item(b"packed", snappy.deflate(b"x" * 64), cas=9, rev_seqno=1, by_seqno=4,
+             datatype=snappy.SNAPPY),
+    ]  # fmt: skip
+    parts, stop = active._item_run(items, 0)
+    run = b"".join(parts)
+    assert stop == len(items)
+    assert run == b"".join(map(active.encode_item, items))
+    if flags == OpenFlag.Producer:
+        first = dcp.Mutation(
+            opaque=0xBEEF, vbucket=0, key=b"plain", value=b"v" * 100, flags=0xFFFFFFFF,
+            expiration=0xFFFFFFFF, cas=(1 << 64) - 1, rev_seqno=3, by_seqno=1,
+        )  # fmt: skip
+        assert run.startswith(first.encode())
+    assert [m.by_seqno for m in decode_all([run])] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+
+
+def test_memory_runs_close_at_run_bytes(bucket: Bucket, clock: ManualClock) -> None:
+    """Large values make short runs (cutting one copies little), each run its items' bytes."""
+    p, c = producer(bucket, clock), Consumer()
+    request(p, vb=0)
+    p.next_messages()  # the stream is in memory, caught up
+    vb = bucket.get_vbucket(0)
+    for i in range(5):
+        vb.set(b"big%d" % i, b"%d" % i * (RUN_BYTES // 2 + 1))
+    active = p._streams[0]
+    active.take()  # refills: the marker, then the runs
+    runs = [entry for entry in active.pending if entry[3]]
+    assert [n for *_, n in runs] == [2, 2, 1] and [r[1] for r in runs] == [2, 4, 5]
+    c.drain(p)
+    assert c.docs[0] == live(vb)

@@ -350,3 +350,31 @@ def test_a_flush_visits_only_the_vbuckets_with_changes(
         assert FailoverTable.from_json(state.failover_json, 0) == vbucket.failover
     after = bucket.flush_visits
     assert bucket.flush_once() == 0 and bucket.flush_visits == after  # nothing left to visit
+
+
+def test_warmup_past_the_value_fraction_loads_keys_and_metadata_only(
+    open_bucket: BucketFactory,
+) -> None:
+    """Once warm-up has loaded values up to its fraction of the quota, the other vbuckets
+    come back without them (not resident): their metadata exact, their values read from disk."""
+    bucket = open_bucket(memory_quota=1 << 30)
+    written: dict[bytes, Item] = {}
+    for vbid in range(4):
+        vb = bucket.set_vbucket_state(vbid, VBucketState.ACTIVE)
+        for i in range(20):
+            written[b"%d-%d" % (vbid, i)] = vb.set(
+                b"%d-%d" % (vbid, i), b"x" * 2000, flags=0xFFFFFFFF, expiry=0, datatype=0
+            )
+    written[b"0-0"] = bucket.get_vbucket(0).set(b"0-0", b"big", cas=written[b"0-0"].cas)
+    bucket.shutdown()
+    again = open_bucket(memory_quota=60_000)  # values of about one vbucket fit in 80 %
+    items = {i.key: i for vbid in range(4) for i in again.get_vbucket(vbid).items()}
+    assert sorted(items) == sorted(written)
+    assert {k: (i.by_seqno, i.cas, i.flags, i.rev_seqno) for k, i in items.items()} == {
+        k: (i.by_seqno, i.cas, i.flags, i.rev_seqno) for k, i in written.items()
+    }
+    ejected = [k for k, i in items.items() if i.value is None]
+    assert ejected and len(ejected) < len(items)
+    for key in ejected:
+        vbid = int(key.split(b"-")[0])
+        assert again.get_vbucket(vbid).get(key).value == written[key].value

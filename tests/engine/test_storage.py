@@ -10,7 +10,7 @@ import pytest
 
 from dcpkv.core.failover_table import FailoverTable
 from dcpkv.engine.item import Item
-from dcpkv.engine.storage import CorruptDatabaseError, Storage, VBState
+from dcpkv.engine.storage import CorruptDatabaseError, Storage, VBState, row_of_stream_row
 
 FAILOVER = '[{"id":7,"seq":5},{"id":3,"seq":0}]'
 
@@ -53,7 +53,33 @@ def test_values_and_meta_round_trip(storage: Storage) -> None:
                 by_seqno=1, datatype=1)  # fmt: skip
     storage.persist_snapshot(0, [item], _state(1))
     assert storage.get(0, b"k") == item
+    assert list(storage.load_items(0)) == [item]  # warm-up's read
+    assert [i.value for i in storage.load_items(0, values=False)] == [None]
     assert storage.vbucket_state(0) == VBState("replica", FAILOVER, 1, 1, 1, 0, 0, 0)
+
+
+U32 = 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("flags", [0, 1, 0x7FFFFFFF, 0x80000000, U32])
+@pytest.mark.parametrize("expiry", [0, 0x80000000, U32])
+def test_stream_rows_hold_what_rows_hold(storage: Storage, flags: int, expiry: int) -> None:
+    """A DCP backfill's packed rows (flags with expiry, datatype with the tombstone's fields,
+    packed by SQLite) unpack to the very rows a plain backfill reads, at every edge of the
+    unsigned 32-bit fields and of the signed 64-bit CAS."""
+    items = [
+        Item(b"live", b"v", flags=flags, expiry=expiry, cas=(1 << 64) - 1, rev_seqno=U32 + 1,
+             by_seqno=1, datatype=0xFF),
+        Item(b"gone", b"", flags=flags, expiry=expiry, cas=1 << 63, rev_seqno=2, by_seqno=2,
+             datatype=4, deleted=True, delete_time=U32),
+        Item(b"old", b"", cas=(1 << 63) - 1, by_seqno=3, deleted=True, delete_time=expiry,
+             expired=True),
+    ]  # fmt: skip
+    storage.persist_snapshot(0, items, _state(3))
+    plain, packed = storage.open_backfill(0, 0), storage.open_stream_backfill(0, 0)
+    rows = plain.read(10)
+    assert [row_of_stream_row(r) for r in packed.read(10)] == rows and len(rows) == 3
+    assert packed.exhausted and plain.exhausted  # read to the end: closed
 
 
 def test_rollback_within_window_restores_old_versions(storage: Storage) -> None:

@@ -22,13 +22,19 @@ Start
     later backfills, the cursor's rule otherwise.
 
 Output and memory
-    ``pending`` holds ``(bytes, seqno, covers)`` entries: the encoded message, the item's seqno
-    (0 for a marker, a StreamEnd, a state message) and the seqno up to which the consumer is
-    consistent once it is sent. It is refilled only when empty, with at most :data:`BATCH_ITEMS`
-    items from the backfill's buffer or one memory snapshot (a soft limit: the checkpoint
-    manager never splits a checkpoint, so a snapshot is bounded by the bucket's
-    ``checkpoint_max_items``). What the consumer has not read stays on disk (the backfill's
-    buffer is bounded per producer) or in the checkpoints, which may drop the cursor.
+    ``pending`` holds ``(bytes, seqno, covers, items)`` entries: the encoded message, the item's
+    seqno (0 for a marker, a StreamEnd, a state message), the seqno up to which the consumer is
+    consistent once it is sent, and how many items it carries (0 or 1). An entry may also be a
+    *run*: the messages of several consecutive items joined into one bytes object (``seqno``
+    the last one's), so the event loop forwards a backfill batch or a memory snapshot with
+    per-run work instead of per-item work; the producer splits a run at message boundaries
+    where flow control, its byte budget or a barrier needs a finer cut. Streams with a stream
+    id get no runs (each of their messages is tagged on its way out). It is refilled only when
+    empty, with at most :data:`BATCH_ITEMS` items from the backfill's buffer or one memory
+    snapshot (a soft limit: the checkpoint manager never splits a checkpoint, so a snapshot is
+    bounded by the bucket's ``checkpoint_max_items``). What the consumer has not read stays on
+    disk (the backfill's buffer is bounded per producer) or in the checkpoints, which may drop
+    the cursor.
 
 Encoding
     Items become wire bytes without a message object: a backfill's rows are packed straight
@@ -53,23 +59,32 @@ Rollback
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import Protocol
 
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.backfill import BackfillManager, Batch, DiskBackfill
+from dcpkv.dcp.backfill import BackfillManager, Batch, DiskBackfill, Run
 from dcpkv.dcp.stream import Stream, StreamEvent, StreamState
 from dcpkv.dcp.values import ValueShape
 from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
 from dcpkv.engine.item import Item
-from dcpkv.engine.storage import Row, item_from_row
+from dcpkv.engine.storage import StreamRow, item_from_row, row_of_stream_row
 from dcpkv.protocol import dcp
 from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason
+from dcpkv.protocol.frame import HEADER
 
 BATCH_ITEMS = 64  # items a stream queues at a time, from its backfill or from memory
-_PACK_S64 = dcp.MUTATION_HEAD_S64.pack
+# A run holds at most BATCH_ITEMS items and closes once it reaches RUN_BYTES: large values
+# make short runs, so cutting one (flow control, the pump's budget) copies little.
+RUN_BYTES = 64 * 1024
+_HEADER_LEN = 24
+# A mutation's header and extras packed from a StreamRow: the CAS (SQLite's signed form) and
+# flags << 32 | expiry as signed 64-bit fields give the very bytes of their unsigned fields.
+_PACK_S64 = struct.Struct(HEADER.format[:-1] + "qQQqIHB").pack
+_PACK_ITEM = struct.Struct(HEADER.format + "QQIIIHB").pack  # the same from an Item's fields
 _EXTRAS_LEN = dcp.MUTATION_EXTRAS_LEN
 _MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
 # Plain ints: Flag arithmetic costs microseconds per snapshot.
@@ -77,7 +92,8 @@ _DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
 _MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
 _XATTR, _SHAPED = document.XATTR, document.SHAPED
 
-Pending = tuple[bytes, int, int]  # (message, item seqno or 0, consistent-at seqno)
+# (message or run, last item seqno or 0, consistent-at seqno, items in it)
+Pending = tuple[bytes, int, int, int]
 
 
 def stream_key(vbucket: int, sid: int) -> int:
@@ -196,7 +212,7 @@ class ActiveStream:
         self._close_backfill()
         if send:
             data = dcp.StreamEnd(opaque=stream.opaque, vbucket=stream.vbucket, reason=reason)
-            self.pending.append((data.encode(), 0, 0))
+            self.pending.append((data.encode(), 0, 0, 0))
             self.owner.wake(self.key)
 
     def vbucket_state_changed(self) -> None:
@@ -260,7 +276,7 @@ class ActiveStream:
         key = self.key
         self.backfill = DiskBackfill(
             self.owner.backfills,
-            lambda: storage.open_backfill(vbid, start, end),
+            lambda: storage.open_stream_backfill(vbid, start, end),
             self._encode_rows,
             lambda: self.owner.notify(key),
         )
@@ -288,9 +304,8 @@ class ActiveStream:
             self._backfill_opened(bf)
         taken = bf.take(BATCH_ITEMS)
         if taken is not None:
-            messages, seqnos = taken
-            self.pending.extend(zip(messages, seqnos, seqnos, strict=True))
-            self.queued_seqno = seqnos[-1]
+            self.pending.extend((data, seqno, seqno, n) for data, seqno, n in taken)
+            self.queued_seqno = taken[-1][1]
         if not bf.finished:
             # More to come: in the buffer, or being read (its landing notifies us).
             self.backfill_remaining = max(0, bf.end - self.queued_seqno)
@@ -339,7 +354,7 @@ class ActiveStream:
         msg = dcp.SetVbucketState(
             opaque=stream.opaque, vbucket=stream.vbucket, state=self.takeover_state
         )
-        self.pending.append((msg.encode(), 0, 0))
+        self.pending.append((msg.encode(), 0, 0, 0))
         stream.handle(StreamEvent.STATE_SENT)
 
     def _queue_snapshot(self, snap: Snapshot) -> None:
@@ -352,11 +367,17 @@ class ActiveStream:
         flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
         start = self.stream.marker_start(snap.start)
         self._marker(start, min(snap.end, end), flags, None)
-        encode, append = self.encode_item, self.pending.append
-        for item in items:
-            seqno = item.by_seqno
-            append((encode(item), seqno, seqno))
-        self.queued_seqno = items[-1].by_seqno
+        encode, last = self.encode_item, items[-1].by_seqno
+        if self.sid or len(items) == 1:
+            self.pending.extend((encode(i), i.by_seqno, i.by_seqno, 1) for i in items)
+        else:  # runs: the loop forwards the snapshot's items a run at a time
+            start = 0
+            while start < len(items):
+                parts, stop = self._item_run(items, start)
+                seqno = items[stop - 1].by_seqno
+                self.pending.append((b"".join(parts), seqno, seqno, stop - start))
+                start = stop
+        self.queued_seqno = last
         if snap.end >= end:
             self._advance(end)
 
@@ -365,8 +386,8 @@ class ActiveStream:
         self.queued_seqno = max(self.queued_seqno, seqno)
         pending = self.pending
         if pending:
-            data, item_seqno, _ = pending[-1]
-            pending[-1] = (data, item_seqno, self.queued_seqno)
+            data, item_seqno, _, items = pending[-1]
+            pending[-1] = (data, item_seqno, self.queued_seqno, items)
         else:
             self.emitted_seqno = max(self.emitted_seqno, self.queued_seqno)
 
@@ -406,7 +427,7 @@ class ActiveStream:
                     purge = vb.purge_seqno if vb is not None else 0
                 data = dcp.SnapshotMarkerV2_2(**common, purge_seqno=purge).encode()
         stream.note_snapshot(start, end)
-        self.pending.append((data, 0, 0))
+        self.pending.append((data, 0, 0, 0))
 
     # -- encoding -----------------------------------------------------------------------------
 
@@ -434,6 +455,36 @@ class ActiveStream:
             item.expiry, datatype, item.key, value,
         )  # fmt: skip
 
+    def _item_run(self, items: list[Item], start: int) -> tuple[list[bytes], int]:
+        """The messages of the run of ``items`` from ``start`` as parts to join, and where the
+        run stops (:data:`BATCH_ITEMS` items or :data:`RUN_BYTES`): a plain resident mutation
+        as its packed header, key and value (no per-item call or concatenation), anything else
+        through :meth:`encode_item`."""
+        stream, owner = self.stream, self.owner
+        opaque, vbid = stream.opaque, stream.vbucket
+        simple = owner.shape.plain and not owner.no_value
+        parts: list[bytes] = []
+        append, extend, pack, encode = parts.append, parts.extend, _PACK_ITEM, self.encode_item
+        stop, size = min(len(items), start + BATCH_ITEMS), 0
+        for i in range(start, stop):
+            item = items[i]
+            value, datatype = item.value, item.datatype
+            if not simple or item.deleted or value is None or datatype & _SHAPED:
+                append(data := encode(item))
+                size += len(data)
+            else:
+                key = item.key
+                klen, body = len(key), _EXTRAS_LEN + len(key) + len(value)
+                head = pack(
+                    _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, body, opaque, item.cas,
+                    item.by_seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0,
+                )  # fmt: skip
+                extend((head, key, value))
+                size += _HEADER_LEN + body
+            if size >= RUN_BYTES:
+                return parts, i + 1
+        return parts, stop
+
     def _encode_tombstone(self, item: Item) -> bytes:
         s = self.stream
         value, datatype = b"", 0
@@ -455,38 +506,59 @@ class ActiveStream:
             rev_seqno=item.rev_seqno, key=item.key, value=value, datatype=datatype,
         ).encode()  # fmt: skip
 
-    def _encode_rows(self, rows: list[Row]) -> Batch:
+    def _encode_rows(self, rows: list[StreamRow]) -> Batch:
         """A backfill batch: rows straight to wire bytes (in the backfill's worker thread)."""
         return encode_rows(self, rows)
 
 
-def encode_rows(stream: ActiveStream, rows: list[Row]) -> Batch:
-    """Stored rows to DCP messages of ``stream``: a mutation is one fused pack of header and
-    extras from the row's fields (the stored CAS is signed: same bytes); tombstones take the
-    typed path. Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
+def encode_rows(stream: ActiveStream, rows: list[StreamRow]) -> Batch:
+    """Stored rows to runs of DCP messages of ``stream`` (:data:`BATCH_ITEMS` items a run, one
+    item a run for a stream with an id): a mutation is one fused pack of header and extras from
+    the row's fields (the stored CAS is signed: same bytes); tombstones take the typed path.
+    Same bytes as :meth:`ActiveStream.encode_item` of the row's item."""
+    per_run = 1 if stream.sid else BATCH_ITEMS
+    runs: list[Run] = []
+    start = 0
+    while start < len(rows):
+        parts, stop = _row_run(stream, rows, start, min(len(rows), start + per_run))
+        runs.append((b"".join(parts), rows[stop - 1][1], stop - start))
+        start = stop
+    return Batch(runs, sum(len(r[0]) for r in runs))
+
+
+def _row_run(
+    stream: ActiveStream, rows: list[StreamRow], start: int, stop: int
+) -> tuple[list[bytes], int]:
+    """The messages of ``rows[start:stop]`` as parts to join (header and extras packed, key
+    and value as stored), cut short once they reach :data:`RUN_BYTES`; where the run stops."""
     opaque, vbid = stream.stream.opaque, stream.stream.vbucket
     no_value, keep_datatype = stream.owner.no_value, stream.owner.keep_datatype
     shape = stream.owner.shape
     reshape, plain, no_value_xattrs = shape.mutation, shape.plain, shape.xattrs and no_value
     messages: list[bytes] = []
-    append, pack = messages.append, _PACK_S64
-    for row in rows:
-        key, seqno, cas, rev, iflags, expiry, datatype, deleted, _, value = row
-        if deleted:
-            append(stream._encode_tombstone(item_from_row(row)))
-            continue
-        if no_value and not (no_value_xattrs and datatype & _XATTR):
-            value = b""
-            if not keep_datatype:
-                datatype = 0
-        elif datatype & _SHAPED or not plain:
-            value, datatype = reshape(value, datatype)
-        klen = len(key)
-        head = pack(
-            _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, _EXTRAS_LEN + klen + len(value),
-            opaque, cas, seqno, rev, iflags, expiry, 0, 0, 0,
-        )  # fmt: skip
-        append(head + key + value)
-    seqnos = [row[1] for row in rows]
-    nbytes = sum(map(len, messages))
-    return Batch(messages, seqnos, nbytes)
+    append, extend, pack, size = messages.append, messages.extend, _PACK_S64, 0
+    for i in range(start, stop):
+        row = rows[i]
+        key, seqno, cas, rev, flags_expiry, datatype, value = row
+        if datatype > 0xFF:  # deleted (StreamRow: datatype | deleted << 8 | ...)
+            append(data := stream._encode_tombstone(item_from_row(row_of_stream_row(row))))
+            size += len(data)
+        else:
+            if no_value and not (no_value_xattrs and datatype & _XATTR):
+                value = b""
+                if not keep_datatype:
+                    datatype = 0
+            elif datatype & _SHAPED or not plain:
+                value, datatype = reshape(value, datatype)
+            # (the same pack as ActiveStream._item_run's, from a row's fields: a helper would
+            # cost a call per item on the hottest loop of a backfill)
+            klen, body = len(key), _EXTRAS_LEN + len(key) + len(value)
+            head = pack(
+                _MAGIC, _OPCODE, klen, _EXTRAS_LEN, datatype, vbid, body,
+                opaque, cas, seqno, rev, flags_expiry, 0, 0, 0,
+            )  # fmt: skip
+            extend((head, key, value))
+            size += _HEADER_LEN + body
+        if size >= RUN_BYTES:
+            return messages, i + 1
+    return messages, stop

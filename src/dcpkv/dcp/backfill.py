@@ -10,8 +10,9 @@ every other connection for as long.
 
 :class:`DiskBackfill` (one per backfill of a stream) is read in *batches* of
 :data:`BATCH_ROWS` rows by a :class:`BackfillRunner`. Each batch is encoded by a function the
-stream gives (the rows become DCP messages in the worker, so the loop only forwards bytes) and
-lands in the backfill's buffer; the stream takes messages out of it a few at a time. When a
+stream gives (the rows become DCP messages in the worker, joined into runs of consecutive items,
+so the loop only forwards bytes) and lands in the backfill's buffer; the stream takes a run of
+about :data:`~dcpkv.dcp.active_stream.BATCH_ITEMS` items out of it at a time. When a
 batch lands from another thread, the backfill calls the stream's ``notify`` (the producer's
 thread-safe notification), which is how a stream idle for want of data comes back to the
 ready queue.
@@ -46,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from dcpkv.engine.storage import BackfillScan, Row
+from dcpkv.engine.storage import BackfillScan, StreamRow
 
 BATCH_ROWS = 2048  # rows a read takes from disk at once
 # Reads of one producer in flight at once: its streams take turns on the worker, and what is
@@ -57,17 +58,22 @@ DEFAULT_BUFFER_BYTES = 8 << 20  # per producer, across its streams' backfills
 log = logging.getLogger("dcpkv.dcp.backfill")
 
 
+Run = tuple[bytes, int, int]  # (the joined messages of items, the last one's seqno, how many)
+
+
 @dataclass(slots=True)
 class Batch:
-    """Encoded messages of a batch of rows, their seqnos, and how many were taken already."""
+    """A batch of rows encoded as *runs*: each run is the wire bytes of consecutive item
+    messages joined into one bytes object (so the event loop forwards a run with per-run, not
+    per-item, work), with the seqno of its last item and its item count; ``pos`` counts the
+    runs taken already."""
 
-    messages: list[bytes]
-    seqnos: list[int]
+    runs: list[Run]
     nbytes: int
     pos: int = 0
 
 
-Encoder = Callable[[list[Row]], Batch]
+Encoder = Callable[[list[StreamRow]], Batch]
 
 
 class BackfillRunner(Protocol):
@@ -183,7 +189,7 @@ class DiskBackfill:
     def __init__(
         self,
         manager: BackfillManager,
-        open_scan: Callable[[], BackfillScan],
+        open_scan: Callable[[], BackfillScan[StreamRow]],
         encode: Encoder,
         notify: Callable[[], None],
     ) -> None:
@@ -191,7 +197,7 @@ class DiskBackfill:
         self._open_scan = open_scan
         self._encode = encode
         self._notify = notify
-        self._scan: BackfillScan | None = None
+        self._scan: BackfillScan[StreamRow] | None = None
         self._batches: deque[Batch] = deque()
         self._lock = threading.Lock()
         self._reading = False
@@ -228,24 +234,28 @@ class DiskBackfill:
         self._manager.runner.submit(self._read)
         return True
 
-    def take(self, n: int) -> tuple[list[bytes], list[int]] | None:
-        """Up to ``n`` messages and their seqnos; None while nothing is buffered."""
+    def take(self, n: int) -> list[Run] | None:
+        """Runs of about ``n`` items (at least one run, of the batch at the head); None while
+        nothing is buffered."""
         self.request()
         with self._lock:
             if not self._batches:
                 self._raise_error()  # an inline read that failed just now
                 return None
             batch = self._batches[0]
-            start, stop = batch.pos, batch.pos + n
-            messages, seqnos = batch.messages[start:stop], batch.seqnos[start:stop]
+            runs, stop, items = batch.runs, batch.pos, 0
+            while stop < len(runs) and items < n:
+                items += runs[stop][2]
+                stop += 1
+            taken = runs[batch.pos : stop]
             batch.pos = stop
-            done = stop >= len(batch.messages)
+            done = stop >= len(runs)
             if done:
                 self._batches.popleft()
         if done:
             self._manager._released(batch.nbytes)
             self.request()
-        return messages, seqnos
+        return taken
 
     def _read(self) -> None:
         # Runs on the runner: the only place that touches the scan while _reading is set.
@@ -263,7 +273,7 @@ class DiskBackfill:
         with self._lock:
             self._reading = False
             closed = self._closed
-            landed = batch is not None and bool(batch.messages) and not closed
+            landed = batch is not None and bool(batch.runs) and not closed
             if landed:
                 assert batch is not None
                 self._batches.append(batch)

@@ -24,12 +24,16 @@ Output and memory
 
     ``next_messages`` gives each ready stream a short turn per round (round-robin, as
     kv_engine's producer does): up to :data:`TURN_MESSAGES` visits, each sending one message
-    or finding the stream idle. A live snapshot is typically a marker and one item, so one
-    turn sends it and lets the stream leave the ready queue, where one message per round took
-    three rounds (and a checkpoint read that found nothing). It goes on while the byte budget
-    of the call and the flow-control window allow: with ``connection_buffer_size`` N, a
-    message is sent only while fewer than N bytes are unacknowledged (so one message may
-    overflow N); every message but Noop counts, header included; BufferAck releases.
+    (or one run of items: a backfill batch's or a memory snapshot's consecutive items joined
+    into one bytes object, see :mod:`dcpkv.dcp.active_stream`) or finding the stream idle. A
+    live snapshot is typically a marker and one item, so one turn sends it and lets the stream
+    leave the ready queue, where one message per round took three rounds (and a checkpoint
+    read that found nothing). It goes on while the byte budget of the call and the
+    flow-control window allow: with ``connection_buffer_size`` N, a message is sent only while
+    fewer than N bytes are unacknowledged (so one message may overflow N); every message but
+    Noop counts, header included; BufferAck releases. A run that may not go out whole under
+    these rules is cut at the message where they stop (:func:`_split_run`), so runs change
+    the number of writes, never what is sent when.
 
 Ready queue
     A write must not cost O(open streams): a replica or a Spark query streams all 1024
@@ -80,6 +84,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,7 +93,7 @@ from typing import Any
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream, stream_key
+from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream, Pending, stream_key
 from dcpkv.dcp.backfill import BackfillManager, BackfillRunner
 from dcpkv.dcp.stream import Stream, StreamState
 from dcpkv.dcp.stream_request import (
@@ -120,6 +125,9 @@ _BOOLS = {"true": True, "false": False}
 _PRIORITIES = frozenset({"low", "medium", "high"})
 _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
 TURN_MESSAGES = 3  # per turn: a live snapshot (marker, item) and the look that finds it idle
+_HEADER_LEN = 24
+_BODY_LEN = struct.Struct(">I").unpack_from
+_SEQNO = struct.Struct(">Q").unpack_from
 
 
 class ProducerError(DcpkvError):
@@ -481,8 +489,8 @@ class DcpProducer:
         self._echo_barriers(out)
         ready, streams, in_ready = self._ready, self._streams, self._in_ready
         budget, polls, limit = max_bytes, 0, self.buffer_size or 1 << 63
-        # The loop runs once per message sent: the counters it bumps are locals, written
-        # back before anything else reads them (barrier echoes count bytes too).
+        # The loop runs once per message (or run) sent: the counters it bumps are locals,
+        # written back before anything else reads them (barrier echoes count bytes too).
         unacked, sent, items = self.unacked_bytes, 0, 0
         append, popleft = out.append, ready.popleft
         turn = 0  # messages the stream at the head of ``ready`` sent in this turn
@@ -496,19 +504,26 @@ class DcpProducer:
             pending = entry.pending
             msg = pending.popleft() if pending else entry.take()
             if msg is not None:
-                data, seqno, covers = msg
-                if entry.sid:  # every message of a stream with an id carries it
-                    data = tag_stream_id(data, entry.sid)
-                append(data)
+                data, seqno, covers, count = msg
                 size = len(data)
+                if count > 1 and (size >= budget or unacked + size >= limit or self._barriers):
+                    # a run that may not go out whole: the part of it that may
+                    data, seqno, covers, count = _split_run(
+                        msg, pending, budget, limit - unacked, bool(self._barriers)
+                    )
+                    size = len(data)
+                elif entry.sid:  # every message of a stream with an id carries it
+                    data = tag_stream_id(data, entry.sid)
+                    size = len(data)
+                append(data)
                 budget -= size
                 unacked += size
                 sent += size
                 stream = entry.stream
-                if seqno:  # an item: Stream.note_item, inlined
+                if count:  # items: Stream.note_item, inlined
                     stream.last_sent_seqno = seqno
-                    stream.items_sent += 1
-                    items += 1
+                    stream.items_sent += count
+                    items += count
                 stream.bytes_sent += size
                 if covers > entry.emitted_seqno:
                     entry.emitted_seqno = covers
@@ -627,7 +642,7 @@ class DcpProducer:
                 "bytes_sent": s.bytes_sent,
                 "snapshots_sent": s.snapshots_sent,
                 "backfill_remaining": out.backfill_remaining,
-                "ready_queue_items": len(out.pending),
+                "ready_queue_items": sum(max(q[3], 1) for q in out.pending),
                 "ready_queue_bytes": sum(len(q[0]) for q in out.pending),
             }
             where = f"{s.vbucket}:sid{out.sid}" if out.sid else str(s.vbucket)
@@ -657,6 +672,25 @@ _CONTROLS = {
     "enable_stream_id": DcpProducer._set_stream_ids,
     "max_marker_version": DcpProducer._set_marker_version,
 }
+
+
+def _split_run(run: Pending, pending: deque[Pending], budget: int, room: int, one: bool) -> Pending:
+    """The head of a run that may go out now, the rest put back first in ``pending``: messages
+    are taken while ``budget`` bytes remain and the flow-control window has ``room`` before each
+    (as one message at a time would go), at least one, only one when ``one`` (a barrier waits:
+    its echo must follow the exact message that reaches its target). Runs carry no stream id,
+    so every message is a plain header (body length at 8, an item's seqno at 24)."""
+    data, _, covers, count = run
+    off = taken = 0
+    while taken < count and (taken == 0 or (off < budget and off < room and not one)):
+        last = off
+        off += _HEADER_LEN + _BODY_LEN(data, off + 8)[0]
+        taken += 1
+    seqno = _SEQNO(data, last + _HEADER_LEN)[0]
+    if taken < count:
+        pending.appendleft((data[off:], run[1], covers, count - taken))
+        covers = seqno
+    return data[:off], seqno, covers, taken
 
 
 def _parse_bool(value: str, key: str) -> bool:

@@ -70,6 +70,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverTable, FailoverTableError, entries_from_json_obj
@@ -120,6 +121,8 @@ sqlite3.register_adapter(bytes, bytes)
 
 _DOC_COLUMNS = "key, by_seqno, cas, rev_seqno, flags, expiry, datatype, deleted, delete_time, value"
 _DELETED, _EXPIRED = 1, 2  # the `deleted` column: 0 live, 1 deleted, 2 deleted by expiry
+_LIVE_COLUMNS = "key, by_seqno, cas, rev_seqno, flags, expiry, datatype, value"
+_TWO_64 = 1 << 64
 
 
 class StorageError(DcpkvError):
@@ -185,9 +188,29 @@ class CompactResult:
 # (two's complement of the u64), ``deleted`` is 0, DELETED or EXPIRED.
 Row = tuple[bytes, int, int, int, int, int, int, int, int, bytes]
 DELETED, EXPIRED = _DELETED, _EXPIRED
+# The same row as a DCP stream reads it (:meth:`Storage.open_stream_backfill`): seven columns
+# for ten, because every column is one Python object built per row, and building them is most
+# of a backfill's read. (key, by_seqno, cas, rev_seqno, flags << 32 | expiry, datatype |
+# deleted << 8 | delete_time << 10, value): the fourth is signed 64-bit, big-endian the very
+# eight bytes of flags and expiry on the wire; the fifth is the datatype alone for a live row.
+StreamRow = tuple[bytes, int, int, int, int, int, bytes]
+_STREAM_COLUMNS = (
+    "key, by_seqno, cas, rev_seqno, (flags << 32) | expiry,"
+    " datatype | (deleted << 8) | (delete_time << 10), value"
+)
+_U32 = 0xFFFFFFFF
+R = TypeVar("R", Row, StreamRow)
 
 
-class BackfillScan:
+def row_of_stream_row(row: StreamRow) -> Row:
+    """The :data:`Row` a :data:`StreamRow` was read from."""
+    key, seqno, cas, rev, flags_expiry, packed, value = row
+    flags, expiry = (flags_expiry >> 32) & _U32, flags_expiry & _U32
+    return (key, seqno, cas, rev, flags, expiry, packed & 0xFF, (packed >> 8) & 3, packed >> 10,
+            value)  # fmt: skip
+
+
+class BackfillScan(Generic[R]):
     """An open disk snapshot of one vbucket: ``start`` (exclusive) .. ``end``, latest version
     per key, read in seqno order by :meth:`read` inside one read transaction.
 
@@ -197,17 +220,19 @@ class BackfillScan:
 
     __slots__ = ("_conn", "_cursor", "end", "exhausted", "purge_seqno", "start")
 
-    def __init__(self, conn: sqlite3.Connection, vb: int, start: int, end: int, purge: int) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, columns: str, vb: int, start: int, end: int, purge: int
+    ) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
         self._conn: sqlite3.Connection | None = conn
         self._cursor = conn.execute(
-            f"SELECT {_DOC_COLUMNS} FROM documents WHERE vb = ? AND by_seqno > ?"
+            f"SELECT {columns} FROM documents WHERE vb = ? AND by_seqno > ?"
             " AND by_seqno <= ? ORDER BY by_seqno",
             (vb, start, end),
         )
         self.exhausted = False
 
-    def read(self, n: int) -> list[Row]:
+    def read(self, n: int) -> list[R]:
         """Up to ``n`` more rows; fewer means the snapshot is read to its end (and closed)."""
         if self._conn is None:
             return []
@@ -487,17 +512,18 @@ class Storage:
         return _item(row) if row else None
 
     def load_items(self, vb: int, *, values: bool = True) -> Iterator[Item]:
-        """Every live (not deleted) document of a vbucket, for warm-up."""
-        cols = _DOC_COLUMNS if values else _DOC_COLUMNS.replace("value", "x''")
+        """Every live (not deleted) document of a vbucket, for warm-up (``values`` False: not
+        resident, ``value`` None)."""
+        # Only what a live row has (a column is a Python object per row: warm-up's main cost),
+        # and the Item built at once, positionally.
+        cols = _LIVE_COLUMNS if values else _LIVE_COLUMNS.replace("value", "NULL")
         with self._write_lock:
             rows = self._db.execute(
                 f"SELECT {cols} FROM documents WHERE vb = ? AND deleted = 0", (vb,)
             ).fetchall()
-        for row in rows:
-            item = _item(row)
-            if not values:
-                item.value = None
-            yield item
+        for key, seqno, cas, rev, flags, expiry, datatype, value in rows:
+            yield Item(key, value, flags, expiry, cas if cas >= 0 else cas + _TWO_64, rev, seqno,
+                       datatype)  # fmt: skip
 
     def persist_snapshot(self, vb: int, items: Iterable[Item], vbstate: VBState) -> None:
         """Write one snapshot and the vbucket's state in one transaction."""
@@ -565,9 +591,20 @@ class Storage:
 
     def open_backfill(
         self, vb: int, start_exclusive: int, end_inclusive: int | None = None
-    ) -> BackfillScan:
+    ) -> BackfillScan[Row]:
         """Open a disk snapshot (its own connection, one read transaction) for raw rows;
         ``end`` defaults to the persisted high seqno, and is capped by it."""
+        return self._open_scan(_DOC_COLUMNS, vb, start_exclusive, end_inclusive)
+
+    def open_stream_backfill(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> BackfillScan[StreamRow]:
+        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill)."""
+        return self._open_scan(_STREAM_COLUMNS, vb, start_exclusive, end_inclusive)
+
+    def _open_scan(
+        self, columns: str, vb: int, start_exclusive: int, end_inclusive: int | None
+    ) -> BackfillScan[Any]:
         conn = self._open(create=False)
         try:
             conn.execute("BEGIN")
@@ -576,7 +613,7 @@ class Storage:
             ).fetchone()
             high, purge = row if row else (0, 0)
             end = high if end_inclusive is None else min(end_inclusive, high)
-            return BackfillScan(conn, vb, start_exclusive, end, purge)
+            return BackfillScan(conn, columns, vb, start_exclusive, end, purge)
         except BaseException:
             conn.close()
             raise
@@ -716,7 +753,7 @@ class Storage:
             return CompactResult(count, purge)
 
 
-def _items(scan: BackfillScan) -> Iterator[Item]:
+def _items(scan: BackfillScan[Row]) -> Iterator[Item]:
     try:
         while rows := scan.read(512):
             for row in rows:
