@@ -120,6 +120,10 @@ ROWS: list[Row] = [
     Row("codec parse+decode, msgs/s", ("codec", "parse_decode_msgs_per_s"),
         at_least(1_000_000, ">= 1M"),
         [("pure-Python floor, full decode", ("peer:python-floor", "dcp_mutation.decode_full"))]),
+    # the path DCP mutations take in the client (protocol/fast_dcp.py), beside the generic one
+    Row("  fused DCP mutation path, msgs/s", ("codec", "parse_decode_fused_msgs_per_s"),
+        at_least(1_000_000, ">= 1M"),
+        [("pure-Python floor, full decode", ("peer:python-floor", "dcp_mutation.decode_full"))]),
     Row("Set rate, 1024 streams / none", ("fanout", "streamed_over_alone"),
         at_least(0.8, ">= 0.8x")),
     Row("acked->persisted p50, streamed, s", ("fanout", "persist_p50_s_streamed"),
