@@ -85,6 +85,7 @@ from dcpkv.engine.storage import (
     Storage,
     VBState,
     item_from_row,
+    storage_cache_bytes,
 )
 from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket
 
@@ -148,8 +149,9 @@ class Bucket:
         self.max_item_size = max_item_size
         self.vbuckets: dict[int, VBucket] = {}
         self.storage = Storage(
-            self.path / f"{name}.sqlite3", history_window=history_window, synchronous=synchronous
-        )
+            self.path / f"{name}.sqlite3", history_window=history_window, synchronous=synchronous,
+            cache_bytes=storage_cache_bytes(memory_quota),
+        )  # fmt: skip
         self._io_lock = threading.RLock()
         self._writes = 0
         self._memory_estimate = 0

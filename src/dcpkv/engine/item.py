@@ -55,6 +55,14 @@ class Item:
         """Bytes this item is charged for in the memory accounting."""
         return ITEM_OVERHEAD + len(self.key) + (len(self.value) if self.value is not None else 0)
 
+    def with_value(self, value: bytes | None) -> Item:
+        """This version with another value (None: ejected), built positionally: a memory
+        reclaim ejects many values at once, and ``dataclasses.replace`` costs ~5x more."""
+        return Item(
+            self.key, value, self.flags, self.expiry, self.cas, self.rev_seqno, self.by_seqno,
+            self.datatype, self.deleted, self.delete_time, self.expired,
+        )  # fmt: skip
+
     def is_expired(self, now: int) -> bool:
         return not self.deleted and self.expiry != 0 and self.expiry <= now
 

@@ -36,6 +36,12 @@ a checkpoint writing all those pages a second time; with 64 MiB, a page rewritte
 flushes reaches the database once (measured: flush CPU -7 to -10 %, its commit -40 %). The
 cost is disk, not memory: the WAL file grows to that size (and is read through on recovery).
 
+Cache. The flusher's connection keeps 1/16 of the bucket's memory quota of pages (between
+SQLite's default 2 MB and 16 MiB: :func:`storage_cache_bytes`): a flush upserts keys all over
+the ``documents`` tree, and with 16 MiB instead of 2 MB a flush of 200,000 new keys costs 15 %
+less CPU (updates 5-10 %), fewer pages read back from the OS. It is bounded by the quota so a
+small bucket stays small (the quota's RSS margin, README).
+
 Rollback. Before a flush overwrites a key it copies the old row to ``history`` with the new
 row's seqno as ``replaced_by``. Rolling back to seqno R picks the newest flush point C <= R;
 every key changed after C gets back the version whose replacement came first after C (or is
@@ -263,6 +269,11 @@ class Backfill:
     items: Iterator[Item]
 
 
+def storage_cache_bytes(memory_quota: int) -> int:
+    """The flusher's page cache for a bucket of ``memory_quota`` bytes (module docstring)."""
+    return max(MIN_CACHE_BYTES, min(MAX_CACHE_BYTES, memory_quota // 16))
+
+
 def _s64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
@@ -364,6 +375,9 @@ _TRIM_POINTS = _MultiRow(
     _placeholders(1),
 )
 WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB of 4 KiB pages (module docstring, Durability)
+# The flusher's page cache (module docstring, Cache): SQLite's default, up to 16 MiB.
+MIN_CACHE_BYTES = 2_048_000
+MAX_CACHE_BYTES = 16 << 20
 _MAX_ROWS = 2048  # rows per statement: 2048 x 11 parameters stays below SQLite's 32766
 
 
@@ -393,6 +407,7 @@ class Storage:
         *,
         history_window: int = DEFAULT_HISTORY_WINDOW,
         synchronous: str = "FULL",
+        cache_bytes: int = MIN_CACHE_BYTES,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
             raise ValueError(f"synchronous must be FULL, NORMAL or EXTRA, not {synchronous}")
@@ -403,6 +418,8 @@ class Storage:
         self._read_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = self._open(create=True)
+        # Negative: a size in KiB rather than in pages.
+        self._db.execute(f"PRAGMA cache_size=-{max(1, cache_bytes // 1024)}")
         if history_window > 0:
             self._db.execute(_KEEP_HISTORY)
         self._reader = self._open(create=False)

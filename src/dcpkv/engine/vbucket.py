@@ -353,7 +353,7 @@ class VBucket:
         if current.value is None:
             if stored is None or stored.by_seqno != current.by_seqno:
                 raise TempFail("value not resident, retry")
-            return dataclasses.replace(current, value=stored.value)
+            return current.with_value(stored.value)
         return current
 
     def append(self, key: bytes, value: bytes, *, cas: int = 0) -> Item:
@@ -586,7 +586,7 @@ class VBucket:
                 if item.deleted or item.value is None or item.by_seqno > self.persisted_seqno:
                     continue
                 freed += len(item.value)
-                self._replace_in_table(key, dataclasses.replace(item, value=None))
+                self._replace_in_table(key, item.with_value(None))
         return freed
 
     # -- loading (warm-up, rollback) -------------------------------------------------------
@@ -693,7 +693,7 @@ class VBucket:
                 and current.value is None
                 and current.by_seqno == seqno == stored.by_seqno
             ):
-                self._replace_in_table(key, dataclasses.replace(current, value=stored.value))
+                self._replace_in_table(key, current.with_value(stored.value))
 
     def _next_rev(self, key: bytes) -> int:
         previous = self._ht.get(key)
