@@ -18,11 +18,14 @@ the same keys; each connection count has its own keys, so no Set overwrites an e
 phase's. Against dcpkv each request carries the key's vbucket (as a smart client would)
 and each connection logs in with SASL PLAIN first; memcached ignores the vbucket field. Any
 answer that is not Success is counted and shown, so a fast wrong answer is not mistaken for a
-fast right one. Each phase also shows the server process's CPU time per operation (user +
-system, all threads, from /proc): on a machine shared with other work the wall-clock rate
-swings from run to run, the CPU cost much less. ``--json PATH`` writes the rates
-(``set_ops_per_s_1conn``, memcached's as ``memcached_set_ops_per_s_1conn``, ...) and CPU
-costs (``set_server_cpu_us_per_op_1conn``, ...) for ``make bench``'s summary.
+fast right one. A Set phase against dcpkv also shows when its last write was on disk (polling
+the server's ``ep_total_persisted`` after the last answer; ``set_persisted_ops_per_s_*``): the
+rate counts acknowledgements, which come from memory, so this says whether the flusher kept
+up or the phase only filled the write queue. Each phase also shows the server process's CPU
+time per operation (user + system, all threads, from /proc): on a machine shared with other
+work the wall-clock rate swings from run to run, the CPU cost much less. ``--json PATH``
+writes the rates (``set_ops_per_s_1conn``, memcached's as ``memcached_set_ops_per_s_1conn``,
+...) and CPU costs (``set_server_cpu_us_per_op_1conn``, ...) for ``make bench``'s summary.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from _server import cpu_seconds
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Magic, Opcode
-from dcpkv.protocol.frame import encode_frame
+from dcpkv.protocol.frame import FrameParser, encode_frame
 
 VALUE = b"v" * 100
 VBUCKETS = 1024
@@ -78,6 +81,7 @@ class Result:
     seconds: float
     errors: int
     cpu_seconds: float  # the server's, user + system, all threads
+    persisted_seconds: float | None = None  # start -> every write of the phase on disk
 
     @property
     def cpu_us_per_op(self) -> float:
@@ -202,14 +206,39 @@ async def phase(
         for n in range(conns)
     ]
     clients = [await Conn.open(target) for _ in range(conns)]
+    durable = opcode == Opcode.Set and target.login  # dcpkv persists; memcached does not
     try:
+        persisted_before = await items_persisted(clients[0]) if durable else 0
         cpu, start = cpu_seconds(target.pid), time.perf_counter()
         await asyncio.gather(*(c.run(w) for c, w in zip(clients, work, strict=True)))
         seconds, cpu = time.perf_counter() - start, cpu_seconds(target.pid) - cpu
+        persisted = None
+        if durable:
+            while await items_persisted(clients[0]) < persisted_before + per * conns:
+                await asyncio.sleep(0.005)
+            persisted = time.perf_counter() - start
     finally:
         for c in clients:
             await c.close()
-    return Result(per * conns, seconds, sum(c.errors for c in clients), cpu)
+    return Result(per * conns, seconds, sum(c.errors for c in clients), cpu, persisted)
+
+
+async def items_persisted(conn: Conn) -> int:
+    """The server's ``ep_total_persisted`` (items written to disk so far), read with a Stat
+    request on ``conn`` (outside the timed requests' answers: the full codec parses it)."""
+    conn.writer.write(encode_frame(Magic.ClientRequest, Opcode.Stat))
+    parser, found = FrameParser(), None
+    while True:
+        data = await conn.reader.read(1 << 16)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        for frame in parser.feed(data):
+            if not frame.key:  # the empty stat ends the answer
+                if found is None:
+                    raise RuntimeError("the server's stats have no ep_total_persisted")
+                return found
+            if frame.key == b"ep_total_persisted":
+                found = int(frame.value)
 
 
 # -- servers -------------------------------------------------------------------------------------
@@ -300,10 +329,16 @@ def measure(
             figures[f"{prefix}{opcode.name.lower()}_server_cpu_us_per_op_{conns}conn"] = (
                 result.cpu_us_per_op
             )
+            persisted = "-"
+            if result.persisted_seconds is not None:
+                figures[f"{prefix}set_persisted_ops_per_s_{conns}conn"] = (
+                    result.ops / result.persisted_seconds
+                )
+                persisted = f"{result.persisted_seconds:.2f}"
             rows.append([
                 target.name, opcode.name, str(conns), f"{result.ops:,}",
-                f"{result.rate:,.0f}", f"{result.seconds:.2f}", f"{result.cpu_us_per_op:.2f}",
-                str(result.errors),
+                f"{result.rate:,.0f}", f"{result.seconds:.2f}", persisted,
+                f"{result.cpu_us_per_op:.2f}", str(result.errors),
             ])  # fmt: skip
     return rows
 
@@ -328,8 +363,8 @@ def main(
             rows += measure(target, ops, batch, conn_counts, figures)
     table = Table(title=f"Pipelined KV throughput ({batch} requests per write, {len(VALUE)}-byte "
                   "values, one asyncio client process)")  # fmt: skip
-    for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "server CPU us/op",
-                "errors"):  # fmt: skip
+    for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "all persisted at s",
+                "server CPU us/op", "errors"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("server", "op") else "right")
     for row in rows:
         table.add_row(*row)
