@@ -198,3 +198,17 @@ def test_a_flush_is_a_few_statements_whatever_the_vbucket_count(tmp_path: Path) 
     # the replaced versions are history: rolling back to the first flush brings them back
     assert storage.rollback(1023, 3) == 3
     assert {i.value for i in storage.scan_by_seqno(1023, 0)} == {b"v0"}
+
+
+def test_a_flush_of_one_vbucket_twice_keeps_the_newest_version(storage: Storage) -> None:
+    # persist sorts its rows by (vb, key) before the upserts: two snapshots of one vbucket in one
+    # flush must still leave each key at its newest version, whatever the order of the keys.
+    def item(key: bytes, seqno: int) -> Item:
+        return Item(key, b"v%d" % seqno, by_seqno=seqno, cas=seqno, rev_seqno=seqno)
+
+    storage.persist([
+        (0, [item(b"z", 1), item(b"a", 2)], _state(2)),
+        (0, [item(b"a", 3), item(b"z", 4)], _state(4)),
+    ])  # fmt: skip
+    assert _docs(storage) == {b"a": (3, b"v3", False), b"z": (4, b"v4", False)}
+    assert storage.vbucket_state(0) is not None and storage.vbucket_state(0).high_seqno == 4
