@@ -46,7 +46,7 @@ statements (``Storage.persist``) and the switch interval is 1 ms (``SWITCH_INTER
 ``stat`` reports ``ep_persistence_lag_ms``, how long the oldest unpersisted write has waited.
 The flusher persists every ``flush_interval_s``; the expiry pager walks the hash tables every
 ``expiry_pager_interval_s``. The cyclic garbage collector is kept off the items (after
-warm-up and every second, what survived is frozen: :mod:`dcpkv.server.gc_policy`); its full
+warm-up and every 0.1 s, what survived is frozen: :mod:`dcpkv.server.gc_policy`); its full
 scans of every item held the GIL for hundreds of milliseconds at a time.
 
 Limits (one client must not hurt the others): before a connection logs in, a frame may carry

@@ -31,6 +31,15 @@ every ``full_every_s``          unfreeze, one full collection, freeze: cyclic ga
                                 growth)
 =============================== ================================================================
 
+Why every 0.1 s. A freeze moves objects out of the collector's reach but does not reset its
+count of objects promoted to the oldest generation since the last full pass, so after the
+first one an oldest-generation pass comes every tenth middle-generation pass and scans what
+has reached that generation since the last freeze. At 1 s that was up to a second of writes:
+measured on a 200k-Set run, 13 such passes of up to 104 ms of CPU each, the event loop
+stalled behind each (the live tail's p99). At 0.1 s the same run made none: what survives
+the young collections is frozen before ten middle-generation passes have gone by. A freeze
+is O(1) (two list splices), so the shorter period costs nothing measurable.
+
 Frozen objects are still freed by reference counting the moment they are no longer used; only
 cyclic garbage waits for the next full pass. A plain object, no I/O: the server's shell calls
 :meth:`tick` from a timer; the clock is injectable for tests.
@@ -42,7 +51,7 @@ import gc
 import time
 from collections.abc import Callable
 
-FREEZE_EVERY_S = 1.0
+FREEZE_EVERY_S = 0.1
 FULL_EVERY_S = 3600.0
 
 
