@@ -45,9 +45,10 @@ import pyarrow as pa
 
 from dcpkv.client import events
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.seqno import SEQNO_MAX
 
 BATCH_ROWS = 8192
-S64_MAX = (1 << 63) - 1
+
 SEQNO_COLUMNS = ("rev_seqno", "seqno", "snap_start", "snap_end")
 BIT_PATTERN_COLUMNS = ("cas", "vb_uuid")
 
@@ -134,7 +135,7 @@ def seqnos(values: Sequence[int | None], vbuckets: Sequence[int], name: str) -> 
         return pa.array(values, type=pa.int64())
     except OverflowError:
         vb, value = next(
-            (vb, v) for vb, v in zip(vbuckets, values, strict=True) if v and v > S64_MAX
+            (vb, v) for vb, v in zip(vbuckets, values, strict=True) if v and v > SEQNO_MAX
         )
         raise RowRangeError(
             f"vbucket {vb}: {name} {value} is beyond 2^63-1: the source's seqno columns are "
