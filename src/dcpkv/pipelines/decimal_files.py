@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from dcpkv.core.seqno import SEQNO_MAX
 from dcpkv.spark.rows import BIT_PATTERN_COLUMNS, SEQNO_COLUMNS
 
 OLD_TYPE = pa.decimal128(20, 0)
@@ -117,6 +118,6 @@ def _read_group(spark: Any, group: list[Path], schema: Any, old: tuple[str, ...]
 def _cast_sql(name: str) -> str:
     """The SQL that turns an old decimal column into today's BIGINT (named as before)."""
     if name in BIT_PATTERN_COLUMNS:
-        wrapped = f"IF(`{name}` > {(1 << 63) - 1}, `{name}` - {_TWO_64}, `{name}`)"
+        wrapped = f"IF(`{name}` > {SEQNO_MAX}, `{name}` - {_TWO_64}, `{name}`)"
         return f"CAST({wrapped} AS BIGINT) AS `{name}`"
     return f"CAST(`{name}` AS BIGINT) AS `{name}`"

@@ -48,7 +48,6 @@ from dcpkv.core.errors import DcpkvError
 from dcpkv.core.seqno import SEQNO_MAX
 
 BATCH_ROWS = 8192
-
 SEQNO_COLUMNS = ("rev_seqno", "seqno", "snap_start", "snap_end")
 BIT_PATTERN_COLUMNS = ("cas", "vb_uuid")
 
