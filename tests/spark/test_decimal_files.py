@@ -129,3 +129,13 @@ def test_an_old_backup_restores(
     target.start()
     restore(spark, root, ConnectionSettings.at(port=target.port))
     assert server_docs(target.port, work.keys) == truth
+
+
+def test_the_summary_job_leaves_negative_cas_out_of_the_oldest(spark: Any, tmp_path: Path) -> None:
+    """A batch with a rollback row is summarised by a Spark job; a CAS from 2**63 up (negative
+    as BIGINT) is no clock time, so the oldest change is the smallest non-negative CAS."""
+    rows = [_row(b"a", 5, 2**64 - 3, 1, 0), _row(b"b", 6, 70, 1, 1), _row(b"c", 7, 80, 1, 2)]
+    rows.append(dict(_row(b"", 4, 0, 1, 3), op="rollback", key=None, cas=None))
+    name = _mirror_dir(tmp_path, "data/b1", rows, old=False)
+    summary = vtable.batch_summary(spark, tmp_path, name)
+    assert summary.oldest_cas == 70 and [r.seqno for r in summary.rollbacks] == [4]

@@ -371,8 +371,9 @@ def batch_summary(spark: Any, table: Path, name: str) -> BatchSummary:
 
 def footer_summary(directory: Path) -> BatchSummary | None:
     """The summary from the Parquet footers alone (row counts, and the min/max statistics of
-    ``op`` and ``cas``), or None when they cannot tell: a row group without statistics, or
-    one whose largest ``op`` is ``rollback`` or above (rollback rows must be read)."""
+    ``op`` and ``cas``), or None when they cannot tell: a row group without statistics, one
+    whose largest ``op`` is ``rollback`` or above (rollback rows must be read), or one with
+    a negative ``cas`` (a u64 from 2**63 up, no clock time: the job leaves those out)."""
     import pyarrow.parquet as pq
 
     rows, oldest, has_cas = 0, None, True
