@@ -217,6 +217,31 @@ def test_size_limits(vbucket: VBucket) -> None:
         vbucket.append(b"k", b"y")
 
 
+def test_no_seqno_beyond_2_63_minus_1(vbucket: VBucket) -> None:
+    """Seqnos and rev seqnos stay signed 64-bit (as in kv_engine; the Spark source's columns
+    are BIGINT): a replica refuses a larger one, and the front end never issues one."""
+    top = 2**63 - 1
+    vbucket.set_state(VBucketState.REPLICA)
+    with pytest.raises(Einval, match=f"vbucket 0: seqno {2**63} is beyond 2\\^63-1"):
+        vbucket.replica_snapshot_marker(1, 2**63)
+    vbucket.replica_snapshot_marker(1, top)
+    with pytest.raises(Einval, match=f"seqno {2**64 - 1} is beyond"):
+        vbucket.set_with_meta(Item(b"k", b"v", cas=1, by_seqno=2**64 - 1))
+    with pytest.raises(Einval, match=f"rev seqno {2**63} is beyond"):
+        vbucket.set_with_meta(Item(b"k", b"v", cas=1, rev_seqno=2**63, by_seqno=5))
+    vbucket.set_with_meta(Item(b"k", b"v", cas=1, rev_seqno=top, by_seqno=top - 1))
+    vbucket.set_state(VBucketState.ACTIVE)
+    vbucket.set(b"other", b"v")  # seqno 2**63-1: the last one
+    for write in (
+        lambda: vbucket.set(b"more", b"v"),
+        lambda: vbucket.delete(b"other"),
+        lambda: vbucket.incr(b"n", 1, initial=0),
+    ):
+        with pytest.raises(Einval, match=f"seqno {2**63} is beyond"):
+            write()
+    assert vbucket.high_seqno == top and vbucket.get(b"other").value == b"v"
+
+
 def _stored_with_expiry(vb: VBucket, how: str, expiry: int) -> None:
     if how == "set":
         vb.set(b"k", b"v", expiry=expiry)

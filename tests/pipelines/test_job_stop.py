@@ -89,3 +89,20 @@ def test_footer_summary_reads_counts_and_the_oldest_cas_without_spark(tmp_path: 
     # no rows at all (an empty batch): nothing to read, no CAS
     empty = footer_summary(tmp_path / "c")
     assert empty is not None and (empty.rows, empty.oldest_cas) == (0, None)
+
+
+def test_footer_summary_of_bigint_cas_leaves_the_negative_ones_to_the_job(tmp_path: Path) -> None:
+    """A BIGINT cas holds the u64's bits: a negative one (from 2**63 up) is no clock time, so
+    the footer's minimum cannot give the oldest change; the Spark job leaves those out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dcpkv.pipelines.vtable import footer_summary
+
+    for name, cas in (("a", [9, 7, None]), ("b", [9, -1, 7])):
+        (tmp_path / name).mkdir()
+        table = pa.table({"op": ["mutation"] * 3, "cas": pa.array(cas, pa.int64())})
+        pq.write_table(table, tmp_path / name / "part-0.parquet")
+    summary = footer_summary(tmp_path / "a")
+    assert summary is not None and (summary.rows, summary.oldest_cas) == (3, 7)
+    assert footer_summary(tmp_path / "b") is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -17,7 +16,14 @@ from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.spark.options import OptionError, parse_options, parse_vbuckets
 from dcpkv.spark.plan import plan_end, split_budget, spread, spread_by_node, targets
-from dcpkv.spark.rows import ARROW_SCHEMA, event_batches, event_row, rollback_row, to_batch
+from dcpkv.spark.rows import (
+    ARROW_SCHEMA,
+    RowRangeError,
+    event_batches,
+    event_row,
+    rollback_row,
+    to_batch,
+)
 from dcpkv.spark.source import SinkError, row_op
 from dcpkv.spark.sparkoffsets import SparkOffsetError, SparkOffsets, VbPosition
 
@@ -175,11 +181,43 @@ def test_options() -> None:
             parse_options(bad)
 
 
-def test_rows_hold_u64_exactly() -> None:
-    batch = to_batch([rollback_row(3, U64_MAX)])
+S64_MAX = 2**63 - 1
+
+
+def _signed(value: int) -> int:
+    """A u64 as its 64 bits read as a signed number (the BIGINT of cas and vb_uuid)."""
+    return value - 2**64 if value > S64_MAX else value
+
+
+def test_seqnos_are_bigint_and_one_beyond_is_a_clear_error() -> None:
+    batch = to_batch([rollback_row(3, S64_MAX)])
     assert batch.schema == ARROW_SCHEMA
-    assert batch.column("seqno")[0].as_py() == U64_MAX
+    assert batch.column("seqno")[0].as_py() == S64_MAX
     assert batch.column("key")[0].as_py() is None
+    with pytest.raises(RowRangeError, match=f"vbucket 5: seqno {2**63} is beyond 2\\^63-1"):
+        to_batch([rollback_row(3, 7), rollback_row(5, 2**63)])
+    from dcpkv.client import events
+
+    o = VbucketOffset(1, 9, 9, U64_MAX)
+    mutation = events.Mutation(6, b"k", b"v", 9, 1, 0, 0, 1, 0, o)
+    with pytest.raises(RowRangeError, match=f"vbucket 6: snap_end {U64_MAX} "):
+        list(event_batches(iter([mutation]), True))
+
+
+def test_cas_and_vb_uuid_keep_the_u64_bits() -> None:
+    """cas and vb_uuid are the u64's bits: from 2**63 up negative, and back exactly."""
+    from dcpkv.client import events
+
+    cases = [0, 1, S64_MAX, 2**63, U64_MAX]
+    evs = [
+        events.Mutation(0, b"k%d" % i, b"", i + 1, 1, 0, 0, c, 0, VbucketOffset(c, i + 1, 0, 9))
+        for i, c in enumerate(cases)
+    ]
+    (batch,) = event_batches(iter(evs), True)
+    for name in ("cas", "vb_uuid"):
+        got = batch.column(name).to_pylist()
+        assert got == [_signed(c) for c in cases]
+        assert [g % 2**64 for g in got] == cases
 
 
 def _events(kinds: str) -> list[Any]:
@@ -219,7 +257,7 @@ def test_batches_from_events_hold_what_row_tuples_held(kinds: str, values: bool)
         assert pa.Table.from_batches(got).equals(pa.Table.from_batches([to_batch(rows)]))
         table = pa.Table.from_batches(got).to_pylist()
         assert [tuple(r.values()) for r in table] == [
-            tuple(Decimal(v) if i in (7, 8, 9, 10, 11, 12) and v is not None else v
+            tuple(_signed(v) if i in (7, 10) and v is not None else v
                   for i, v in enumerate(r)) for r in rows
         ]  # fmt: skip
 

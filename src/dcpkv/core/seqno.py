@@ -6,6 +6,12 @@ Every change to a vbucket gets the next seqno; every history branch is named by 
 uuid. Both are unsigned 64-bit on the wire, in storage and in offsets, so one range check
 serves them all. The aliases say which number a signature means; they are plain ``int`` at
 run time (no wrapping on the hot path).
+
+A seqno (and a rev seqno) goes no higher than :data:`SEQNO_MAX`, 2**63-1, although the wire
+carries 64 bits: kv_engine keeps them in int64, our storage in SQLite's signed INTEGER, and the
+Spark source in BIGINT columns. The front end issues one per write, so it never gets there on
+its own; a vbucket refuses a write that would pass it, and a replica refuses a replicated
+seqno, rev seqno or snapshot end beyond it (a foreign producer's), with a message that says so.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 U64_MAX = (1 << 64) - 1
+SEQNO_MAX = (1 << 63) - 1
 
 Seqno: TypeAlias = int
 VbUuid: TypeAlias = int

@@ -14,7 +14,9 @@ A vbucket owns the in-memory state of one partition:
 
 A replica's mutations arrive with their seqno, CAS and rev seqno already set by the active
 vbucket (:meth:`VBucket.set_with_meta`, :meth:`VBucket.delete_with_meta`) inside snapshot
-markers (:meth:`VBucket.replica_snapshot_marker`); they are stored as they are.
+markers (:meth:`VBucket.replica_snapshot_marker`); they are stored as they are, up to
+``SEQNO_MAX`` (``core/seqno.py``): a seqno, rev seqno or snapshot end beyond it is refused
+(Einval), and so is a front-end write that would get one.
 
 ========== ================= ============================ =====================================
 state      front-end ops     replica ops (with_meta)      on becoming active
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
+from dcpkv.core.seqno import SEQNO_MAX
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine import document
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager
@@ -326,12 +329,15 @@ class VBucket:
             self._require_active()
             current = self._current_for_edit(key, stored)
             cas, seqno = self.hlc.next_cas(), self.checkpoints.high_seqno + 1
+            rev = self._next_rev(key)
+            if seqno > SEQNO_MAX or rev > SEQNO_MAX:
+                raise self._beyond_seqno_max(seqno, rev)
             out = change(current, cas, seqno)
             self._check_write(key, out.value)
             deleted = out.deleted
             item = Item(
                 key, out.value, out.flags, 0 if deleted else self._expiry(expiry), cas,
-                self._next_rev(key), seqno, out.datatype, deleted,
+                rev, seqno, out.datatype, deleted,
                 int(self.clock.time()) if deleted else 0,
             )  # fmt: skip
             self._store(item)
@@ -451,6 +457,8 @@ class VBucket:
             self._require_replica_path()
             if not start <= end or end < self.high_seqno:
                 raise Einval(f"bad snapshot marker {start}..{end} at high seqno {self.high_seqno}")
+            if end > SEQNO_MAX:
+                raise self._beyond_seqno_max(end, 0)
             self.checkpoints.snapshot_marker(start, end)
             self.replica_snapshot = (start, end)
 
@@ -479,6 +487,8 @@ class VBucket:
             self._require_replica_path()
             if item.by_seqno <= self.high_seqno:
                 raise Einval(f"seqno {item.by_seqno} is not above {self.high_seqno}")
+            if item.by_seqno > SEQNO_MAX or item.rev_seqno > SEQNO_MAX:
+                raise self._beyond_seqno_max(item.by_seqno, item.rev_seqno)
             self._check_size(item.key, item.value or b"")
             self._store(item)
             self.hlc.observe(item.cas)
@@ -626,6 +636,14 @@ class VBucket:
         if self.state != VBucketState.ACTIVE:
             raise NotMyVbucket(f"vbucket {self.id} is {self.state}")
 
+    def _beyond_seqno_max(self, seqno: int, rev: int) -> Einval:
+        """The refusal of a seqno or rev seqno beyond SEQNO_MAX (``core/seqno.py``)."""
+        what, value = ("seqno", seqno) if seqno > SEQNO_MAX else ("rev seqno", rev)
+        return Einval(
+            f"vbucket {self.id}: {what} {value} is beyond 2^63-1, the largest a vbucket keeps "
+            "(seqnos are signed 64-bit here, as in kv_engine)"
+        )
+
     def _require_replica_path(self) -> None:
         if self.state not in _REPLICA_PATH:
             raise NotMyVbucket(f"vbucket {self.id} is {self.state}, not replica/pending")
@@ -711,11 +729,13 @@ class VBucket:
         The hot path of a Set (about a dozen bytecodes per step counts here)."""
         checkpoints = self.checkpoints
         rev = (current.rev_seqno if current is not None else self._max_deleted_rev) + 1
+        seqno = checkpoints.high_seqno + 1
+        if seqno > SEQNO_MAX or rev > SEQNO_MAX:
+            raise self._beyond_seqno_max(seqno, rev)
         # Positional: keyword parsing costs ~0.3 us here. Order: key, value, flags, expiry,
         # cas, rev_seqno, by_seqno, datatype.
         item = Item(
-            key, value, flags, expiry, self.hlc.next_cas(), rev, checkpoints.high_seqno + 1,
-            datatype,
+            key, value, flags, expiry, self.hlc.next_cas(), rev, seqno, datatype
         )  # fmt: skip
         self._ht[key] = item
         size = ITEM_OVERHEAD + len(key) + len(value)  # item.size(), without the call
@@ -745,6 +765,8 @@ class VBucket:
 
     def _tombstone(self, current: Item, *, expired: bool) -> Item:
         now = int(self.clock.time())
+        if self.high_seqno + 1 > SEQNO_MAX or current.rev_seqno + 1 > SEQNO_MAX:
+            raise self._beyond_seqno_max(self.high_seqno + 1, current.rev_seqno + 1)
         # A deletion keeps the system xattrs (an ejected value's are lost: expiry only).
         value, datatype = (
             document.for_tombstone(current.value, current.datatype)

@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.pipelines import decimal_files
 from dcpkv.pipelines.backup_layout import (
     DATA,
     FORMAT,
@@ -62,10 +62,9 @@ from dcpkv.pipelines.backup_layout import (
     verify,
 )
 from dcpkv.spark.plan import plan_end
-from dcpkv.spark.rows import SCHEMA_DDL
+from dcpkv.spark.rows import COLUMNS, spark_fields
 from dcpkv.spark.sparkoffsets import SparkOffsetError, SparkOffsets
 
-ROW_DDL = SCHEMA_DDL + ", pos BIGINT"
 BACKUP_PHASES = ("plan", "read changes into Parquet", "summarise", "checksum and commit")
 RESTORE_PHASES = ("verify", "replay runs and load the bucket")
 CHANGE_OPS = ("mutation", "deletion", "expiration")
@@ -318,11 +317,21 @@ def restore(
     return RestoreResult(len(runs), counts.get("mutation", 0), deletions, rollbacks)
 
 
+def row_schema() -> Any:
+    """A run's rows: the source's, and ``pos``."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    return StructType([*spark_fields(*COLUMNS), StructField("pos", LongType())])
+
+
 def _all_rows(spark: Any, runs: list[Run]) -> Any:
+    """Every run's rows, tagged with its number; a run written with the old DECIMAL(20,0)
+    columns is read as today's BIGINT ones (``decimal_files``)."""
     from pyspark.sql import functions as F
 
+    schema = row_schema()
     frames = [
-        spark.read.schema(ROW_DDL).parquet(str(run.data)).withColumn("run", F.lit(run.number))
+        decimal_files.read(spark, [run.data], schema).withColumn("run", F.lit(run.number))
         for run in runs
     ]
     out = frames[0]
@@ -336,8 +345,8 @@ def _cut(spark: Any, rows: Any, cuts: Mapping[int, tuple[int, int]]) -> Any:
     from pyspark.sql import functions as F
 
     table = spark.createDataFrame(
-        [(vb, run, Decimal(seqno)) for vb, (run, seqno) in sorted(cuts.items())],
-        "vbucket INT, cut_run INT, cut_seqno DECIMAL(20,0)",
+        [(vb, run, seqno) for vb, (run, seqno) in sorted(cuts.items())],
+        "vbucket INT, cut_run INT, cut_seqno BIGINT",
     )
     joined = rows.join(F.broadcast(table), "vbucket", "left")
     uncut = F.col("cut_run").isNull()

@@ -61,6 +61,7 @@ from dcpkv.core.tls import TlsOptions
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.vtable import Entry, Manifest
 from dcpkv.spark.link import DriverLink
+from dcpkv.spark.rows import spark_fields
 
 RESYNC_ATTEMPTS = 3
 STOP_WAIT_S = 300.0  # how long a stop waits for the batch in flight before interrupting it
@@ -291,52 +292,22 @@ def floors_from(manifest: Manifest, persisted: dict[int, int]) -> dict[int, int]
 # -- the table ----------------------------------------------------------------------------------
 
 
-def mirror_schema() -> Any:
-    from pyspark.sql.types import (
-        BinaryType,
-        DecimalType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-    )
+MIRROR_COLUMNS = ("op", "vbucket", "key", "value", "datatype", "flags", "expiry", "cas", "seqno",
+                  "vb_uuid")  # fmt: skip
 
-    u64 = DecimalType(20, 0)
-    return StructType(
-        [
-            StructField("op", StringType()),
-            StructField("vbucket", IntegerType()),
-            StructField("key", BinaryType()),
-            StructField("value", BinaryType()),
-            StructField("datatype", IntegerType()),
-            StructField("flags", LongType()),
-            StructField("expiry", LongType()),
-            StructField("cas", u64),
-            StructField("seqno", LongType()),
-            StructField("vb_uuid", u64),
-            StructField("ord", LongType()),
-            StructField("pos", LongType()),
-        ]
-    )
+
+def mirror_schema() -> Any:
+    """The stored change rows: the source's :data:`MIRROR_COLUMNS` as they are, and the
+    stream position ``ord``, ``pos``."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    position = [StructField("ord", LongType()), StructField("pos", LongType())]
+    return StructType(spark_fields(*MIRROR_COLUMNS) + position)
 
 
 def mirror_rows(df: Any) -> Any:
     """Source rows -> stored change rows (``ord``/``pos`` are stamped later)."""
-    from pyspark.sql import functions as F
-
-    return df.select(
-        "op",
-        "vbucket",
-        "key",
-        "value",
-        "datatype",
-        "flags",
-        "expiry",
-        "cas",
-        F.col("seqno").cast("long").alias("seqno"),
-        "vb_uuid",
-    )
+    return df.select(*MIRROR_COLUMNS)
 
 
 def applied_offset(checkpoint: Path, batch_id: int) -> dict[int, dict[str, Any]] | None:

@@ -63,11 +63,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from dcpkv.core.files import atomic_write
+from dcpkv.pipelines import decimal_files
 
 MANIFEST = "_manifest.json"
 METRICS = "_metrics.jsonl"
@@ -201,15 +201,15 @@ def live_changes(spark: Any, table: Path, manifest: Manifest, schema: Any) -> An
 
     if not manifest.files:
         return spark.createDataFrame([], schema)
-    paths = [str(table / f) for f in manifest.files]
-    rows = spark.read.schema(schema).parquet(*paths).filter(F.col("op") != "rollback")
+    directories = [table / f for f in manifest.files]
+    rows = decimal_files.read(spark, directories, schema).filter(F.col("op") != "rollback")
     if not manifest.entries:
         return rows
     return _drop_dead(spark, rows, manifest.entries)
 
 
 _ENTRY_SCHEMA = (
-    "e_kind string, e_vbucket int, e_seqno decimal(20,0), e_ord long, e_pos long, "
+    "e_kind string, e_vbucket int, e_seqno long, e_ord long, e_pos long, "
     "e_end_ord long, e_end_pos long"
 )
 
@@ -225,7 +225,7 @@ def _drop_dead(spark: Any, rows: Any, entries: Iterable[Entry]) -> Any:
 
     table = spark.createDataFrame(
         [
-            (s.entry.kind, s.entry.vbucket, Decimal(s.entry.seqno), s.entry.ord, s.entry.pos,
+            (s.entry.kind, s.entry.vbucket, s.entry.seqno, s.entry.ord, s.entry.pos,
              s.end_ord, s.end_pos)
             for s in scopes(entries)
         ],
@@ -266,7 +266,7 @@ def current_arrow(table: Path, manifest: Manifest, columns: Iterable[str] = ()) 
     place = ["op", "vbucket", "key", "seqno", "ord", "pos"]
     wanted = place + [c for c in columns if c not in place]
     parts = [
-        pq.read_table(path, columns=wanted)
+        decimal_files.as_bigint(pq.read_table(path, columns=wanted))
         for name in manifest.files
         for path in sorted((table / name).rglob("*.parquet"))
     ]
@@ -371,8 +371,9 @@ def batch_summary(spark: Any, table: Path, name: str) -> BatchSummary:
 
 def footer_summary(directory: Path) -> BatchSummary | None:
     """The summary from the Parquet footers alone (row counts, and the min/max statistics of
-    ``op`` and ``cas``), or None when they cannot tell: a row group without statistics, or
-    one whose largest ``op`` is ``rollback`` or above (rollback rows must be read)."""
+    ``op`` and ``cas``), or None when they cannot tell: a row group without statistics, one
+    whose largest ``op`` is ``rollback`` or above (rollback rows must be read), or one with
+    a negative ``cas`` (a u64 from 2**63 up, no clock time: the job leaves those out)."""
     import pyarrow.parquet as pq
 
     rows, oldest, has_cas = 0, None, True
@@ -392,6 +393,8 @@ def footer_summary(directory: Path) -> BatchSummary | None:
             if group.num_rows and (op is None or not op.has_min_max or op.max >= "rollback"):
                 return None
             cas = stats.get("cas")
+            if has_cas and cas is not None and cas.has_min_max and int(cas.min) < 0:
+                return None  # a CAS from 2**63 up (BIGINT bits): the job skips those
             if has_cas and cas is not None and cas.has_min_max:
                 oldest = int(cas.min) if oldest is None else min(oldest, int(cas.min))
             elif has_cas and group.num_rows and (cas is None or cas.null_count != group.num_rows):
@@ -409,7 +412,8 @@ def _summary_job(spark: Any, table: Path, name: str) -> BatchSummary:
         F.collect_list(F.when(is_rollback, F.struct("vbucket", "seqno", "pos"))).alias("rb"),
     ]
     if "cas" in df.columns:
-        aggs.append(F.min(F.when(~is_rollback, F.col("cas"))).alias("oldest"))
+        clock = ~is_rollback & (F.col("cas") >= 0)  # from 2**63 up (negative): no clock time
+        aggs.append(F.min(F.when(clock, F.col("cas"))).alias("oldest"))
     row = df.agg(*aggs).first()
     rollbacks = sorted(
         (RollbackRow(r.vbucket, int(r.seqno), r.pos) for r in row["rb"]), key=lambda r: r.pos
@@ -533,10 +537,10 @@ def _floor_column(floors: dict[int, int]) -> Any:
     from pyspark.sql import functions as F
 
     if not floors:
-        return F.lit(0).cast("decimal(20,0)")
-    pairs = [F.lit(x) for vb, f in sorted(floors.items()) for x in (vb, str(f))]
+        return F.lit(0).cast("long")
+    pairs = [c for vb, f in sorted(floors.items()) for c in (F.lit(vb), F.lit(f).cast("long"))]
     found = F.try_element_at(F.create_map(*pairs), F.col("vbucket"))
-    return F.coalesce(found, F.lit("0")).cast("decimal(20,0)")
+    return F.coalesce(found, F.lit(0).cast("long"))
 
 
 def _delete(table: Path, names: Iterable[str]) -> None:

@@ -39,6 +39,14 @@ task met a rollback anyway (H grew past E before the re-request): (U, E) is stil
 branch and is rolled back again. Rows above R are thus read twice, once per batch; a restart
 is rare enough that exactness is worth it.
 
+The cyclic garbage collector is paused while a task reads (:func:`collector_paused`). A
+batch's pending events are thousands of tracked objects that live until the batch is built,
+so CPython's young collections kept scanning them and every few batches a full collection
+walked the whole worker (pyspark, pyarrow, our modules): about 1 us of a task's 3.5 us of
+CPU per row. Streaming makes next to no cyclic garbage (a couple of dozen objects a task,
+all freed when the collector is back on at the task's end), and reference counting frees
+the events and batches as before, so the pause costs no memory.
+
 ``documents`` mode reads every vbucket from 0 to the planned seqno and folds the changes into
 the last version of every key, dropping deleted and expired ones. It keeps each vbucket's
 changes as a list in seqno order until the end, because a rollback mid-read (the server
@@ -48,14 +56,46 @@ only" map has already thrown away.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
 
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.spark.plan import VbTarget
-from dcpkv.spark.rows import Row, change_row
+from dcpkv.spark.rows import Row, batches, change_row, event_batches
 from dcpkv.spark.sparkoffsets import SparkOffsets
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic collection inside (module docstring); a pause already in force stays."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def change_batches(
+    config: ClientConfig, work: Sequence[VbTarget], values: bool
+) -> Iterator[pa.RecordBatch]:
+    """A task's rows in ``changes`` mode: every change and rollback of ``work``, as batches."""
+    with collector_paused():
+        yield from event_batches(stream_events(config, work), values)
+
+
+def document_batches(
+    config: ClientConfig, work: Sequence[VbTarget], values: bool
+) -> Iterator[pa.RecordBatch]:
+    """A task's rows in ``documents`` mode (:func:`document_rows`), as batches."""
+    with collector_paused():
+        yield from batches(document_rows(config, work, values))
 
 
 def stream_events(config: ClientConfig, work: Sequence[VbTarget]) -> Iterator[events.Event]:

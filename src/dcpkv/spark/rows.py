@@ -3,10 +3,25 @@
 Theory of operation
 -------------------
 One row per change (``mutation``, ``deletion``, ``expiration``) and one per ``rollback``.
-Every unsigned 64-bit number (``cas``, ``rev_seqno``, ``seqno``, ``vb_uuid``, ``snap_start``,
-``snap_end``) is ``DECIMAL(20,0)``: Spark has no unsigned long, a signed long would turn
-values from 2**63 up negative, and a string would sort wrongly. Decimal(20, 0) holds every
-u64 exactly and compares numerically. ``flags`` (u32) and ``expiry`` are ``LONG``.
+This module holds the schema, the one place the mirror, the views and the backup take their
+columns from (:func:`spark_fields`, :data:`SCHEMA_DDL`).
+
+The six 64-bit numbers are ``BIGINT`` (Spark ``LongType``, Arrow ``int64``), as in the
+official Couchbase Spark connector. They were ``DECIMAL(20,0)`` (exact for all of u64), but a
+decimal of precision above 18 is a ``BigDecimal`` object per value inside Spark: it made a
+query about twice as slow. Two kinds:
+
+* seqnos (``seqno``, ``rev_seqno``, ``snap_start``, ``snap_end``, :data:`SEQNO_COLUMNS`):
+  signed, their plain value. kv_engine keeps seqnos in int64 and so does our server (its
+  replica path refuses one beyond); a foreign server's seqno >= 2**63 stops the task with a
+  :class:`RowRangeError` naming the vbucket and the value, never a silent wrap.
+* identifiers and clocks (``cas``, ``vb_uuid``, :data:`BIT_PATTERN_COLUMNS`): the u64's 64
+  bits, two's complement, so values from 2**63 up read negative: lossless, and equality is
+  unchanged (a vb_uuid is an identifier; a CAS from the hybrid logical clock stays below 2**63
+  until the year 2262, one set through SetWithMeta can be any u64). The unsigned value in
+  Spark: ``pmod(cast(cas as decimal(20,0)), 18446744073709551616)``.
+
+``flags`` (u32) and ``expiry`` are ``BIGINT`` too.
 
 A rollback row carries ``vbucket`` and, in ``seqno``, the seqno downstream must roll back to:
 drop every change of that vbucket with a higher seqno received *before* the rollback row. The
@@ -15,29 +30,27 @@ changes of the new branch follow it. Every other field of a rollback row is null
 Rows are handed to Spark as Arrow record batches, built column by column straight from the
 events (:func:`event_batches`): a batch of mutations only (the usual case) makes each column
 with one comprehension over the events, no tuple per row; a batch with deletions or rollbacks
-goes through row tuples (:func:`to_batch`). The u64 columns are built as ``uint64`` and cast
-to decimal in Arrow (five times cheaper than Python ints to decimals). :data:`BATCH_ROWS`
-rows per batch: large enough that Arrow's and Spark's per-batch costs vanish, small enough
-that a task's memory stays a few MB.
+goes through row tuples (:func:`to_batch`). A bit-pattern column is built as ``uint64`` and
+viewed as ``int64`` (no copy); a seqno column is built as ``int64``, whose overflow error is
+turned into the clear one. :data:`BATCH_ROWS` rows per batch: large enough that Arrow's and
+Spark's per-batch costs vanish, small enough that a task's memory stays a few MB.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from dcpkv.client import events
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.seqno import SEQNO_MAX
 
 BATCH_ROWS = 8192
-U64 = pa.decimal128(20, 0)
+SEQNO_COLUMNS = ("rev_seqno", "seqno", "snap_start", "snap_end")
+BIT_PATTERN_COLUMNS = ("cas", "vb_uuid")
 
-SCHEMA_DDL = (
-    "op STRING, vbucket INT, key BINARY, value BINARY, datatype INT, flags BIGINT, "
-    "expiry BIGINT, cas DECIMAL(20,0), rev_seqno DECIMAL(20,0), seqno DECIMAL(20,0), "
-    "vb_uuid DECIMAL(20,0), snap_start DECIMAL(20,0), snap_end DECIMAL(20,0)"
-)
 ARROW_SCHEMA = pa.schema(
     [
         ("op", pa.string()),
@@ -47,15 +60,32 @@ ARROW_SCHEMA = pa.schema(
         ("datatype", pa.int32()),
         ("flags", pa.int64()),
         ("expiry", pa.int64()),
-        ("cas", U64),
-        ("rev_seqno", U64),
-        ("seqno", U64),
-        ("vb_uuid", U64),
-        ("snap_start", U64),
-        ("snap_end", U64),
+        ("cas", pa.int64()),
+        ("rev_seqno", pa.int64()),
+        ("seqno", pa.int64()),
+        ("vb_uuid", pa.int64()),
+        ("snap_start", pa.int64()),
+        ("snap_end", pa.int64()),
     ]
 )
 COLUMNS = tuple(ARROW_SCHEMA.names)
+_DDL_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT", pa.binary(): "BINARY"}
+SCHEMA_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in ARROW_SCHEMA)
+
+
+class RowRangeError(DcpkvError, ValueError):
+    """A seqno the BIGINT columns cannot hold (>= 2**63), from a server that sent one."""
+
+
+def spark_fields(*names: str) -> list[Any]:
+    """The Spark ``StructField`` of each named column (the mirror and the views store some
+    of the source's columns as they are)."""
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField
+
+    spark_types = {pa.string(): StringType, pa.int32(): IntegerType, pa.int64(): LongType,
+                   pa.binary(): BinaryType}  # fmt: skip
+    return [StructField(n, spark_types[ARROW_SCHEMA.field(n).type]()) for n in names]
+
 
 Row = tuple[Any, ...]
 _OPS = {events.Mutation: "mutation", events.Deletion: "deletion", events.Expiration: "expiration"}
@@ -92,20 +122,41 @@ def event_row(event: events.Event, values: bool) -> Row | None:
     return None
 
 
-def _u64(values: list[Any]) -> pa.Array:
-    return pa.array(values, type=pa.uint64()).cast(U64)
+def bits(values: Sequence[int | None]) -> pa.Array:
+    """A u64 column as BIGINT: the same 64 bits, values from 2**63 up negative."""
+    return pa.array(values, type=pa.uint64()).view(pa.int64())
+
+
+def seqnos(values: Sequence[int | None], vbuckets: Sequence[int], name: str) -> pa.Array:
+    """A seqno column as BIGINT; a value beyond it is a :class:`RowRangeError` naming the
+    first such value and its vbucket (``vbuckets``: the rows' vbuckets)."""
+    try:
+        return pa.array(values, type=pa.int64())
+    except OverflowError:
+        vb, value = next(
+            (vb, v) for vb, v in zip(vbuckets, values, strict=True) if v and v > SEQNO_MAX
+        )
+        raise RowRangeError(
+            f"vbucket {vb}: {name} {value} is beyond 2^63-1: the source's seqno columns are "
+            "BIGINT (kv_engine keeps seqnos in int64 too), and this server sent a larger one"
+        ) from None
 
 
 _TYPES = [f.type for f in ARROW_SCHEMA]
-_U64_COLUMNS = frozenset(i for i, t in enumerate(_TYPES) if t == U64)
+_SEQNO_AT = frozenset(COLUMNS.index(n) for n in SEQNO_COLUMNS)
+_BITS_AT = frozenset(COLUMNS.index(n) for n in BIT_PATTERN_COLUMNS)
+_VBUCKET_AT = COLUMNS.index("vbucket")
 
 
 def to_batch(rows: list[Row]) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True))
+    vbuckets = columns[_VBUCKET_AT]
     arrays = [
-        _u64(list(col)) if i in _U64_COLUMNS else pa.array(col, type=_TYPES[i])
+        seqnos(col, vbuckets, COLUMNS[i]) if i in _SEQNO_AT
+        else bits(col) if i in _BITS_AT
+        else pa.array(col, type=_TYPES[i])
         for i, col in enumerate(columns)
-    ]
+    ]  # fmt: skip
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
@@ -113,6 +164,7 @@ def mutations_batch(evs: list[events.Mutation], values: bool) -> pa.RecordBatch:
     """The batch of ``evs``, all :class:`~dcpkv.client.events.Mutation`: a column each."""
     n = len(evs)
     offsets = [e.offset for e in evs]
+    vbuckets = [e.vbucket for e in evs]
     if values:
         value = pa.array([e.value for e in evs], type=pa.binary())
         datatype = pa.array([e.datatype for e in evs], type=pa.int32())
@@ -120,18 +172,18 @@ def mutations_batch(evs: list[events.Mutation], values: bool) -> pa.RecordBatch:
         value, datatype = pa.nulls(n, pa.binary()), pa.nulls(n, pa.int32())
     arrays = [
         pa.array(["mutation"] * n, type=pa.string()),
-        pa.array([e.vbucket for e in evs], type=pa.int32()),
+        pa.array(vbuckets, type=pa.int32()),
         pa.array([e.key for e in evs], type=pa.binary()),
         value,
         datatype,
         pa.array([e.flags for e in evs], type=pa.int64()),
         pa.array([e.expiration for e in evs], type=pa.int64()),
-        _u64([e.cas for e in evs]),
-        _u64([e.rev_seqno for e in evs]),
-        _u64([e.seqno for e in evs]),
-        _u64([o.vb_uuid for o in offsets]),
-        _u64([o.snap_start for o in offsets]),
-        _u64([o.snap_end for o in offsets]),
+        bits([e.cas for e in evs]),
+        seqnos([e.rev_seqno for e in evs], vbuckets, "rev_seqno"),
+        seqnos([e.seqno for e in evs], vbuckets, "seqno"),
+        bits([o.vb_uuid for o in offsets]),
+        seqnos([o.snap_start for o in offsets], vbuckets, "snap_start"),
+        seqnos([o.snap_end for o in offsets], vbuckets, "snap_end"),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 

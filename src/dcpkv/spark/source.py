@@ -63,8 +63,8 @@ from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.spark.link import DriverLink
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
 from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread_by_node, targets
-from dcpkv.spark.read import document_rows, stream_events
-from dcpkv.spark.rows import SCHEMA_DDL, batches, event_batches
+from dcpkv.spark.read import change_batches, document_batches
+from dcpkv.spark.rows import SCHEMA_DDL
 from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 
 DELETE_OPS = frozenset({"deletion", "expiration", "delete"})
@@ -200,7 +200,7 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DcpkvPartition)
         config = self.opts.client_config()
-        return event_batches(stream_events(config, partition.work), self.opts.include_values)
+        return change_batches(config, partition.work, self.opts.include_values)
 
     def commit(self, end: dict[str, Any]) -> None:
         # Nothing to release: the server keeps no state for us between batches.
@@ -255,8 +255,8 @@ class DcpkvBatchReader(DataSourceReader):
         config = self.opts.client_config()
         values = self.opts.include_values
         if self.opts.mode == "documents":
-            return batches(document_rows(config, partition.work, values))
-        return event_batches(stream_events(config, partition.work), values)
+            return document_batches(config, partition.work, values)
+        return change_batches(config, partition.work, values)
 
 
 def _ending(

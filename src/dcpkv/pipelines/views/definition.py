@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.core.errors import DcpkvError
+from dcpkv.spark.rows import spark_fields
 
 VIEW_FILE = "view.json"
 BUILTIN_REDUCES = ("count", "sum", "stats")
@@ -93,31 +94,18 @@ def emissions(spec: str, key: bytes, value: bytes | None, op: str) -> list[tuple
         return []
 
 
+SOURCE_COLUMNS = ("op", "vbucket", "key", "seqno", "vb_uuid")  # kept from the source's rows
+
+
 def view_schema() -> Any:
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        DecimalType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-    )
+    """The stored emission rows: the source's :data:`SOURCE_COLUMNS` as they are, the map's
+    ``emits`` and the stream position ``ord``, ``pos``."""
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
     emit = StructType([StructField("key", StringType()), StructField("value", StringType())])
-    return StructType(
-        [
-            StructField("op", StringType()),
-            StructField("vbucket", IntegerType()),
-            StructField("key", BinaryType()),
-            StructField("seqno", LongType()),
-            StructField("vb_uuid", DecimalType(20, 0)),
-            StructField("emits", ArrayType(emit)),
-            StructField("ord", LongType()),
-            StructField("pos", LongType()),
-        ]
-    )
+    rest = [StructField("emits", ArrayType(emit))]
+    rest += [StructField("ord", LongType()), StructField("pos", LongType())]
+    return StructType(spark_fields(*SOURCE_COLUMNS) + rest)
 
 
 def emission_table(spec: str, rows: Any) -> Any:
@@ -157,14 +145,7 @@ def view_rows(spec: str, keep_position: bool = False) -> Callable[[Any], Any]:
     udf = F.udf(lambda k, v, op: emissions(spec, k, v, op), emits_type, useArrow=False)
 
     def transform(df: Any) -> Any:
-        cols = [
-            "op",
-            "vbucket",
-            "key",
-            F.col("seqno").cast("long").alias("seqno"),
-            "vb_uuid",
-            udf("key", "value", "op").alias("emits"),
-        ]
+        cols = [*SOURCE_COLUMNS, udf("key", "value", "op").alias("emits")]
         return df.select(*cols, *(["ord", "pos"] if keep_position else []))
 
     return transform

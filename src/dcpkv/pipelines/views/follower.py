@@ -14,7 +14,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from dcpkv.pipelines import vtable
+from dcpkv.pipelines import decimal_files, vtable
 from dcpkv.pipelines.mirror import (
     BatchStats,
     mirror_schema,
@@ -121,23 +121,26 @@ class MirrorFollower:
         """The mirror's rows of ords (done, M] through the map into a new directory of the
         view: on the driver with pyarrow up to :data:`DRIVER_MAP_ROWS` rows (a live batch:
         a Spark job's fixed cost is seconds, the map milliseconds), else in a Spark job."""
+        import pyarrow as pa
         import pyarrow.dataset as ds
 
-        paths = [str(p) for f in mirror.files for p in sorted((self.mirror / f).rglob("*.parquet"))]
-        if not paths:
+        directories = [self.mirror / f for f in mirror.files]
+        datasets = decimal_files.arrow_datasets(directories)  # one per schema (old ones too)
+        if not datasets:
             return 0  # only empty batches so far
         tag = f"m{mirror.ord:08d}"
         new_rows = (ds.field("ord") > done) & (ds.field("ord") <= mirror.ord)
-        dataset = ds.dataset(paths, format="parquet")
-        if dataset.count_rows(filter=new_rows) <= DRIVER_MAP_ROWS:
+        if sum(d.count_rows(filter=new_rows) for d in datasets) <= DRIVER_MAP_ROWS:
             cols = ["op", "vbucket", "key", "value", "seqno", "vb_uuid", "ord", "pos"]
-            table = dataset.to_table(columns=cols, filter=new_rows)
+            table = pa.concat_tables(
+                decimal_files.as_bigint(d.to_table(columns=cols, filter=new_rows)) for d in datasets
+            )
             name = vtable.write_arrow(self.table, emission_table(self.map_spec, table), tag)
             view.files.append(name)
             return table.num_rows
         from pyspark.sql import functions as F
 
-        source = self.spark.read.schema(mirror_schema()).parquet(*paths)
+        source = decimal_files.read(self.spark, directories, mirror_schema())
         new = source.filter((F.col("ord") > done) & (F.col("ord") <= mirror.ord))
         name = vtable.write_rows(self.table, view_rows(self.map_spec, True)(new), tag)
         view.files.append(name)
