@@ -46,6 +46,9 @@ def main(
     duration: float = typer.Option(60.0, "--duration", help="seconds of the live phase"),
     docs: int = typer.Option(30_000, "--docs", help="sample documents loaded first"),
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+    keep: Annotated[
+        Path | None, typer.Option("--keep", help="keep the data dir and demo.log here")
+    ] = None,
 ) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dcpkv-bench-demo-"))
     try:
@@ -67,6 +70,9 @@ def main(
             print(f"  {name:<28} {value:12,.2f}")
         write_json(json_out, "demo", figures, rate=rate, duration=duration, docs=docs)
     finally:
+        if keep is not None:
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.move(tmp, keep)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -512,13 +512,14 @@ class _Pipelines:
         from dcpkv.pipelines.views.job import view_follower
 
         view = view_follower(
-            self.spark, self.paths.views, VIEW_NAME, self.paths.mirror, self.view.on_batch
-        )
+            self.spark, self.paths.views, VIEW_NAME, self.paths.mirror, self.view.on_batch,
+            background=not available_now,
+        )  # fmt: skip
         return [
             start_mirror(
                 self.spark, self.source, self.paths.mirror,
                 checkpoint=self.paths.checkpoints / "mirror", available_now=available_now,
-                on_batch=self.mirror.on_batch, after_commit=view.follow,
+                on_batch=self.mirror.on_batch, after_commit=view.follow, on_stop=view.stop,
             ),
         ]  # fmt: skip
 

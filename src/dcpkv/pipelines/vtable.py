@@ -446,7 +446,7 @@ def without_vbuckets(spark: Any, table: Path, name: str, vbuckets: set[int]) -> 
         return name
     rows = spark.read.parquet(str(table / name)).filter(~F.col("vbucket").isin(*sorted(vbuckets)))
     kept = None if rows.isEmpty() else write_rows(table, rows, Path(name).name.split("-")[0])
-    _delete(table, [name])
+    delete_dirs(table, [name])
     return kept
 
 
@@ -478,6 +478,19 @@ def compaction_due(manifest: Manifest, every: int | None) -> bool:
     return grown * COMPACT_GROWTH >= kept or batches >= COMPACT_LATEST * every
 
 
+@dataclass(frozen=True)
+class Rewrite:
+    """A compaction's output, written but not yet in the manifest: the directory ``name``
+    holds what the retention rule keeps of the snapshot ``base`` (its files, entries and
+    ords up to ``base.ord``) under ``floors``; :func:`swap` merges it into the manifest of
+    the moment."""
+
+    name: str
+    base: Manifest
+    floors: dict[int, int]
+    rows: int
+
+
 def compact(
     spark: Any,
     table: Path,
@@ -487,17 +500,38 @@ def compact(
     *,
     files_hint: int = 4,
 ) -> Manifest:
-    """Rewrite the live rows the retention rule keeps into one directory; commit.
+    """Rewrite the live rows the retention rule keeps into one directory; commit. The table's
+    writer is idle (or this is its batch): :func:`rewrite` then :func:`swap` at once."""
+    done = rewrite(spark, table, manifest, schema, new_floors, files_hint=files_hint)
+    swapped = swap(table, done)
+    assert swapped is not None, "nothing was committed between the rewrite and its swap"
+    return swapped
+
+
+def rewrite(
+    spark: Any,
+    table: Path,
+    manifest: Manifest,
+    schema: Any,
+    new_floors: dict[int, int],
+    *,
+    files_hint: int = 4,
+    name: str | None = None,
+) -> Rewrite:
+    """Write what the retention rule keeps of ``manifest`` (a snapshot: it reads only the
+    immutable files the snapshot names) into a new directory (``name``, or a fresh one);
+    commit nothing, so batches may keep committing meanwhile.
 
     ``new_floors`` only raises floors (a floor never goes down: history below it is gone).
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    floors = dict(manifest.floors)
+    base = Manifest.from_json(manifest.to_json())  # a copy the caller cannot change under us
+    floors = dict(base.floors)
     for vb, f in new_floors.items():
         floors[vb] = max(floors.get(vb, 0), f)
-    live = live_changes(spark, table, manifest, schema)
+    live = live_changes(spark, table, base, schema)
     by_key = Window.partitionBy("key").orderBy("seqno", "ord", "pos")
     floor = _floor_column(floors)
     latest = F.col("_next").isNull()
@@ -507,24 +541,69 @@ def compact(
     droppable = (
         F.col("op").isin(*DELETED_OPS)
         & (F.col("seqno") <= floor)
-        & (F.col("ord") <= manifest.compacted_ord)
+        & (F.col("ord") <= base.compacted_ord)
     )
     kept = live.withColumn("_next", F.lead("seqno").over(by_key)).filter(
         (latest & ~droppable) | (~latest & (F.col("_next") > floor))
     )
     out = kept.drop("_next").coalesce(files_hint)
-    name = write_rows(table, out, f"c{manifest.ord:08d}")
-    _delete(table, manifest.retired)
-    manifest.retired = list(manifest.files)
-    manifest.files = [name]
-    manifest.floors = floors
-    manifest.extra["dropped_through"] = manifest.compacted_ord
-    manifest.extra["compacted_rows"] = parquet_rows(table / name)
-    manifest.extra["rows_since"] = 0
-    manifest.compacted_ord = manifest.ord
-    _delete_orphans(table, manifest)
-    commit_manifest(table, manifest)
-    return manifest
+    name = name or new_data_dir(table, f"c{base.ord:08d}")
+    out.write.mode("errorifexists").parquet(str(table / name))
+    return Rewrite(name, base, floors, parquet_rows(table / name))
+
+
+def stale_rewrite(current: Manifest, done: Rewrite) -> bool:
+    """Whether ``done`` cannot be swapped into ``current`` exactly: another compaction
+    replaced its snapshot's files, or a batch committed since the snapshot applied a rollback
+    as exact (it was at or above the floor *then*) below the floor the rewrite used, so the
+    versions it brings back may be among those the rewrite dropped. Rare (a floor is what
+    every copy persisted, and a rollback lands at or above it); the rewrite is then thrown
+    away and the next compaction starts from the table as it is."""
+    if not set(done.base.files) <= set(current.files):
+        return True
+    return any(
+        e.kind == "rollback"
+        and e.ord > done.base.ord
+        and 0 <= e.seqno < done.floors.get(e.vbucket, 0)
+        for e in current.entries
+    )
+
+
+def swap(table: Path, done: Rewrite) -> Manifest | None:
+    """Put a finished :func:`rewrite` into the table, at a batch boundary (the table's writer
+    idle): the manifest of the moment, with the snapshot's files replaced by the rewrite's
+    directory and everything committed since the snapshot kept as it is (later files,
+    entries, applied offsets). The entries all stay: the rewritten rows keep their (ord, pos),
+    so a rollback entry of a later batch still kills exactly the rows it should. A vbucket
+    resynced since the snapshot keeps its resync's floor (its reset entry kills every
+    rewritten row of it); every other floor becomes the rewrite's. None (and the rewrite's
+    directory deleted) when the rewrite is :func:`stale_rewrite`."""
+    current = load_manifest(table)
+    if stale_rewrite(current, done):
+        delete_dirs(table, [done.name])
+        return None
+    base = done.base
+    reset = {
+        e.vbucket
+        for e in current.entries
+        if e.ord > base.ord and e.kind == "rollback" and e.seqno < 0
+    }
+    for vb, f in done.floors.items():
+        if vb not in reset:
+            current.floors[vb] = max(current.floors.get(vb, 0), f)
+    old_retired = current.retired
+    current.retired = list(base.files)
+    current.files = [done.name] + [f for f in current.files if f not in set(base.files)]
+    current.extra["dropped_through"] = base.compacted_ord
+    current.extra["compacted_rows"] = done.rows
+    since = int(current.extra.get("rows_since", 0)) - int(base.extra.get("rows_since", 0))
+    current.extra["rows_since"] = max(0, since)
+    current.compacted_ord = base.ord
+    commit_manifest(table, current)
+    # Only now: a reader of the previous manifest still finds what it names.
+    delete_dirs(table, old_retired)
+    _delete_orphans(table, current)
+    return current
 
 
 def _floor_column(floors: dict[int, int]) -> Any:
@@ -539,7 +618,7 @@ def _floor_column(floors: dict[int, int]) -> Any:
     return F.coalesce(found, F.lit("0")).cast("decimal(20,0)")
 
 
-def _delete(table: Path, names: Iterable[str]) -> None:
+def delete_dirs(table: Path, names: Iterable[str]) -> None:
     for name in names:
         shutil.rmtree(table / name, ignore_errors=True)
 
