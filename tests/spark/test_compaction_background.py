@@ -163,6 +163,14 @@ class _Gate:
             overtaken = mirror_manifest(self.path).ord >= manifest.ord + self.batches
             time.sleep(0.05)
         self.overtaken.append(overtaken)
+        print(
+            "GATE",
+            manifest.ord,
+            overtaken,
+            self.release.is_set(),
+            mirror_manifest(self.path).ord,
+            time.monotonic() - deadline + 60,
+        )
         return self.floors(manifest)
 
 
@@ -201,7 +209,9 @@ def test_batches_commit_while_a_background_compaction_runs(
             time.sleep(0.3)
     finally:
         gate.release.set()  # a later compaction need not wait for batches that never come
+        failed = query.exception()
         stop_query(query)
+    assert failed is None, failed
     assert compactor.swaps >= 1 and compactor.dropped == 0
     assert gate.overtaken[0], "batches committed while the first compaction ran"
     manifest = mirror_manifest(path)

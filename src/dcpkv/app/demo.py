@@ -87,7 +87,7 @@ from dcpkv.pipelines.loader import (
     load_sample,
     loaded_sample,
 )
-from dcpkv.pipelines.mirror import SourceSettings
+from dcpkv.pipelines.mirror import SourceSettings, stop_warm_up, warm_up
 
 VIEW_NAME = "revenue_by_country"
 VIEW_MAP = "dcpkv.pipelines.example_views:revenue_by_country"
@@ -486,6 +486,7 @@ class _Pipelines:
         self.sampled = Sampled()
         self.queries: list[Any] = []
         self.sampler = _Sampler(self)
+        self.warm_up: threading.Thread | None = None
 
     @classmethod
     def start(
@@ -501,6 +502,7 @@ class _Pipelines:
         stopper.install()  # SparkContext replaced our SIGINT handler with its own
         pipelines = cls(spark, master, paths, source)
         stack.callback(pipelines.stop)
+        pipelines.warm_up = warm_up(spark, source, paths.pipelines / ".warm-up")
         pipelines.queries = pipelines.run(available_now=False)
         pipelines.sampler.start()
         return pipelines
@@ -527,6 +529,8 @@ class _Pipelines:
         from dcpkv.pipelines.mirror import stop_query
 
         self.sampler.stop()
+        if self.warm_up is not None:
+            stop_warm_up(self.spark, self.warm_up)
         for query in self.queries:
             with contextlib.suppress(Exception):  # an already failed or stopped query
                 stop_query(query)  # between batches: no Java trace, no half-written batch

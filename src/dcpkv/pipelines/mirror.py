@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -637,6 +638,43 @@ def start_mirror(
     return start_stream(
         spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
     )
+
+
+WARM_UP_JOBS = "dcpkv-warm-up"  # the warm-up's Spark job group
+
+
+def warm_up(spark: Any, source: SourceSettings, scratch: Path) -> threading.Thread:
+    """Start, in a thread, what a mirror batch does on two vbuckets: a ``dcpkv`` read in two
+    tasks, the stored columns and their stream position, a Parquet write (into ``scratch``,
+    deleted afterwards). Run while the query starts (seconds of driver-side work that leave
+    the cores idle), it pays the first Spark jobs' one-off costs there: the Python workers and
+    their imports, the JVM's class loading and JIT of the read and the Parquet writer, which
+    otherwise made the first batch (the sample load) several times slower than a warm one.
+    Failures are ignored (it is only a warm-up); :func:`stop_warm_up` cancels it."""
+    from pyspark import InheritableThread
+
+    def run() -> None:
+        context = spark.sparkContext
+        context.setJobGroup(WARM_UP_JOBS, "the mirror's warm-up", interruptOnCancel=True)
+        try:
+            with contextlib.suppress(Exception):  # nothing depends on it
+                reader = spark.read.format("dcpkv").options(**source.options())
+                df = reader.options(vbuckets="0-1", numPartitions="2", mode="changes").load()
+                vtable.stamp(mirror_rows(df), 0).write.parquet(str(scratch))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    thread = InheritableThread(target=run, name="dcpkv-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_warm_up(spark: Any, thread: threading.Thread) -> None:
+    """Cancel a running :func:`warm_up` and wait for its thread."""
+    if thread.is_alive():
+        with contextlib.suppress(Exception):  # Spark already stopped
+            spark.sparkContext.cancelJobGroup(WARM_UP_JOBS)
+        thread.join(60)
 
 
 def read_mirror(spark: Any, path: Path, manifest: Manifest | None = None) -> Any:
