@@ -99,6 +99,7 @@ SAMPLE_EVERY_S = 5.0
 SAMPLER_JOBS = "dcpkv-demo-sampler"  # the sampler's Spark job group
 RATE_WINDOW_S = 10.0
 CLUSTER_READY_S = 60.0  # the manager places the map and every node answers
+FIRST_BATCH_S = 300.0  # the longest the generator waits for the mirror's first batch
 
 
 @dataclass(frozen=True)
@@ -409,7 +410,7 @@ def _run(
     if sample is None or stopper.stopped:
         return 0
     pipelines = _Pipelines.start(settings, paths, SourceSettings(ep), stopper, console, stack)
-    if stopper.stopped:
+    if stopper.stopped or not _first_batch(pipelines, stopper, console):
         return 0
     generator = ChangeGenerator(
         ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time())
@@ -434,6 +435,30 @@ def _run(
     )
     console.print(("[green]" if check.ok else "[red]") + check.line())
     return 0 if check.ok else 1
+
+
+def _first_batch(pipelines: _Pipelines, stopper: Stopper, console: Console) -> bool:
+    """Wait for the mirror's first batch (the sample, or what a re-run finds new) before the
+    generator starts: the live phase, and its lag, begin once the mirror holds the bucket.
+    A re-run whose mirror already holds everything gets no batch: the wait ends when the
+    mirror is caught up with the node (asked every second), or after :data:`FIRST_BATCH_S`.
+    False when stopped first; a failed query is left to the live loop, which reports it."""
+    from dcpkv.pipelines.mirror import caught_up, mirror_manifest, server_seqnos
+
+    deadline = time.monotonic() + FIRST_BATCH_S
+    next_check = time.monotonic() + 1.0
+    with console.status("Mirroring the bucket (the first batch)..."):
+        while pipelines.mirror.batches == 0 and not stopper.event.wait(0.1):
+            now = time.monotonic()
+            if now >= deadline or not all(q.isActive for q in pipelines.queries):
+                return True
+            if now >= next_check:
+                next_check = now + 1.0
+                with contextlib.suppress(Exception):  # no manifest yet, a node not answering
+                    applied = mirror_manifest(pipelines.paths.mirror).applied_seqnos()
+                    if applied and caught_up(applied, server_seqnos(pipelines.source)):
+                        return True
+    return not stopper.stopped
 
 
 def _stop_chaos(chaos: Chaos, console: Console) -> None:
