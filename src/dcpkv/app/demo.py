@@ -14,12 +14,17 @@ order however the job ends:
    cluster's connection string and follows the map.
 2. **Sample.** :func:`~dcpkv.pipelines.loader.load_sample` with a progress bar, unless the
    bucket's marker says the sample is already there (a re-run resumes, it does not reload).
-3. **Pipelines.** A SparkSession (local, or ``--master``), then one streaming query: the
+   Meanwhile :class:`SparkStarter` starts the SparkSession (local, or ``--master``) and a
+   small warm-up job on the mirror's path (``mirror.warm_up``) in a thread: the JVM's start
+   and the first jobs' one-off costs overlap the load instead of following it.
+3. **Pipelines.** With that SparkSession, one streaming query: the
    mirror (``<data>/pipelines/mirror``), whose every batch also brings the
    ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
    (``<data>/pipelines/views``) up to date from the rows it just committed (the view follows
    the mirror: one stream from the server and one batch's fixed cost, not two); a light
-   :class:`~dcpkv.pipelines.loader.ChangeGenerator` keeps writing changes so data flows.
+   :class:`~dcpkv.pipelines.loader.ChangeGenerator` keeps writing changes so data flows,
+   from the moment the mirror's first batch (the bucket as loaded) is committed: the live
+   phase, whose lag the bench measures, starts with a mirror that holds the bucket.
    The query keeps its checkpoint under the data dir, so a re-run continues it.
 4. **Live.** The main thread redraws one progress line from the ``on_batch`` callbacks
    (batches, rows/s, lag) and from a sampler thread that reads, every few seconds and with
@@ -38,8 +43,8 @@ order however the job ends:
 Signals: the first SIGINT/SIGTERM only sets an event; every phase looks at it between
 steps (the load between chunks, the live loop every tick), so stopping is orderly. A second
 one raises ``KeyboardInterrupt`` to skip the catch-up; the ``ExitStack`` still stops Spark
-and the server. SparkContext installs its own SIGINT handler, so ours is installed again
-once the session exists. The server is in its own process group and never sees the
+and the server. SparkContext installs its own SIGINT handler when created from the main
+thread (here it is not, but ours is installed again once the session exists all the same). The server is in its own process group and never sees the
 terminal's Ctrl-C: it must outlive the queries that read from it.
 """
 
@@ -406,10 +411,15 @@ def _run(
 ) -> int:  # fmt: skip
     """Sample, pipelines, generator (and chaos), live line, catch-up, end check."""
     num_vbuckets = nodes.vbuckets(ep)
+    starter = SparkStarter(settings.master, SourceSettings(ep), paths.pipelines / ".warm-up")
+    starter.start()  # Spark starts and warms up while the sample loads
+    stack.callback(starter.close)
     sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
     if sample is None or stopper.stopped:
         return 0
-    pipelines = _Pipelines.start(settings, paths, SourceSettings(ep), stopper, console, stack)
+    pipelines = _Pipelines.start(
+        settings, paths, SourceSettings(ep), stopper, console, stack, starter
+    )
     if stopper.stopped or not _first_batch(pipelines, stopper, console):
         return 0
     generator = ChangeGenerator(
@@ -496,6 +506,50 @@ def _start_chaos(
     return chaos
 
 
+class SparkStarter(threading.Thread):
+    """Starts the SparkSession, then the mirror's warm-up job (``mirror.warm_up``), in a
+    thread of its own, beside the sample load: the JVM's start (seconds) and the first Spark
+    jobs' one-off costs are then paid while the user waits for the load anyway, not after it.
+    (SparkContext installs its SIGINT handler only from the main thread: ours stays.)"""
+
+    def __init__(self, master: str | None, source: SourceSettings, scratch: Path) -> None:
+        from dcpkv.pipelines.spark_session import DEFAULT_MASTER
+
+        super().__init__(name="dcpkv-demo-spark-start", daemon=True)
+        self.master = master or DEFAULT_MASTER
+        self.source = source
+        self.scratch = scratch
+        self._spark: Any = None
+        self._error: BaseException | None = None
+        self._warm_up: threading.Thread | None = None
+
+    def run(self) -> None:
+        from dcpkv.pipelines.spark_session import get_spark
+
+        try:
+            self._spark = get_spark("dcpkv-demo", self.master)
+            self._warm_up = warm_up(self._spark, self.source, self.scratch)
+        except BaseException as exc:  # raised by session(), in the main thread
+            self._error = exc
+
+    def session(self) -> Any:
+        """The SparkSession, once started (its start's error raised here)."""
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._spark
+
+    def close(self) -> None:
+        """Cancel the warm-up if it still runs, then stop Spark (the last of the job's Spark
+        steps: the ExitStack runs it after the pipelines' stop)."""
+        self.join()
+        if self._spark is None:
+            return
+        if self._warm_up is not None:
+            stop_warm_up(self._spark, self._warm_up)
+        self._spark.stop()
+
+
 class _Pipelines:
     """The mirror and the view: their Spark queries, stats and sampler."""
 
@@ -511,23 +565,17 @@ class _Pipelines:
         self.sampled = Sampled()
         self.queries: list[Any] = []
         self.sampler = _Sampler(self)
-        self.warm_up: threading.Thread | None = None
 
     @classmethod
     def start(
         cls, settings: DemoSettings, paths: DemoPaths, source: SourceSettings,
-        stopper: Stopper, console: Console, stack: contextlib.ExitStack,
+        stopper: Stopper, console: Console, stack: contextlib.ExitStack, starter: SparkStarter,
     ) -> _Pipelines:  # fmt: skip
-        from dcpkv.pipelines.spark_session import DEFAULT_MASTER, get_spark
-
-        master = settings.master or DEFAULT_MASTER
-        with console.status(f"Starting Spark ({master})..."):
-            spark = get_spark("dcpkv-demo", settings.master)
-        stack.callback(spark.stop)
-        stopper.install()  # SparkContext replaced our SIGINT handler with its own
-        pipelines = cls(spark, master, paths, source)
+        with console.status(f"Starting Spark ({starter.master})..."):
+            spark = starter.session()
+        stopper.install()  # in case SparkContext put its own SIGINT handler in place of ours
+        pipelines = cls(spark, starter.master, paths, source)
         stack.callback(pipelines.stop)
-        pipelines.warm_up = warm_up(spark, source, paths.pipelines / ".warm-up")
         pipelines.queries = pipelines.run(available_now=False)
         pipelines.sampler.start()
         return pipelines
@@ -554,8 +602,6 @@ class _Pipelines:
         from dcpkv.pipelines.mirror import stop_query
 
         self.sampler.stop()
-        if self.warm_up is not None:
-            stop_warm_up(self.spark, self.warm_up)
         for query in self.queries:
             with contextlib.suppress(Exception):  # an already failed or stopped query
                 stop_query(query)  # between batches: no Java trace, no half-written batch

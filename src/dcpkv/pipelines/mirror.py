@@ -22,7 +22,10 @@ machine cannot reach). A batch is applied by :class:`TableJob`:
    re-run of a batch whose id the manifest already holds does nothing.
 
 Every ``compact_every`` batches at the earliest the table is compacted, once it has grown
-enough since the last compaction (``vtable.compaction_due``). Retention rule: the floor of a vbucket
+enough since the last compaction (``vtable.compaction_due``): by a live query beside its
+batches (``compactor.py``: the rewrite of a snapshot in a thread, swapped in at a later batch
+boundary, so no batch waits for it), by an ``AvailableNow`` run inside its batch. Retention
+rule: the floor of a vbucket
 becomes the highest consistent point the stream has (its applied seqno and the offset's earlier
 batch ends) that is at or below the server's *persisted* seqno for that branch (ObserveSeqno).
 A node rolls back only to its last persisted snapshot (a branch starts at or above what was on
@@ -39,7 +42,14 @@ wherever it is: in the middle of a batch's Parquet write that is a page of Java
 query stops between batches: :meth:`TableJob.stop` waits for the batch in flight to commit
 and makes any later batch refuse to start (:class:`PipelineStopping`, before writing
 anything; Spark did not commit that batch, so a restarted query runs it again), and only
-then is the query stopped, with Spark's log silenced for the stop itself.
+then is the query stopped, with Spark's log silenced for the stop itself. The stop also
+finishes a background compaction (waited for and swapped in, or cancelled and deleted), so
+nothing half-written is left behind.
+
+First batch (:func:`warm_up`). A fresh SparkContext's first jobs pay one-off costs (Python
+workers and their imports, the JVM's class loading for the read and the Parquet writer):
+the sample load's batch took several times as long as a warm one. The demo starts a tiny job
+on the same path while the query starts up (driver-side seconds that leave the cores idle).
 """
 
 from __future__ import annotations

@@ -51,8 +51,26 @@ persisted seqno (see ``mirror.py``). A rollback to R < F finds history missing: 
 resyncs that vbucket instead (a ``rollback`` to -1, a fresh read of the vbucket up to its high
 seqno H with the same (ord, pos), and a ``skip`` to H), and F becomes H.
 
+A compaction is two steps (``compact`` runs both at once): :func:`rewrite` writes what the
+rule keeps of a manifest *snapshot* into a new directory, reading only the immutable files the
+snapshot names, and commits nothing, so batches may commit meanwhile (``compactor.py`` runs it
+in a thread); :func:`swap`, at a batch boundary, merges it into the manifest of that moment:
+the snapshot's files give way to the rewritten directory, everything committed since stays
+(files, entries, applied offsets). That is exact because the rewritten rows keep their (ord,
+pos): a later rollback entry kills in them exactly what it killed in the files they replace,
+and a later skip (after every rewritten row) none of them. Two cases need care. A later batch
+decided "exact rollback or resync" with the floors of *its* manifest, lower than the floors the
+rewrite used: a rollback it applied as exact below the rewrite's floor may need versions the
+rewrite dropped, so such a rewrite is thrown away (:func:`stale_rewrite`; rare: the floors are
+what every copy persisted, and rollbacks land at or above them). And a vbucket resynced since
+the snapshot keeps the resync's floor: its reset entry kills every rewritten row of it.
+
+Up to :data:`DRIVER_REWRITE_ROWS` stored rows the rewrite runs with pyarrow on the driver, a
+larger table in Spark; the two apply the same rule.
+
 Files replaced by a compaction are deleted at the next compaction, so a reader that read the
-previous manifest has a whole compaction interval to finish.
+previous manifest has a whole compaction interval to finish. A swap also deletes directories
+no manifest names (a batch or a rewrite that died before its commit or swap).
 """
 
 from __future__ import annotations
