@@ -44,8 +44,9 @@ Signals: the first SIGINT/SIGTERM only sets an event; every phase looks at it be
 steps (the load between chunks, the live loop every tick), so stopping is orderly. A second
 one raises ``KeyboardInterrupt`` to skip the catch-up; the ``ExitStack`` still stops Spark
 and the server. SparkContext installs its own SIGINT handler when created from the main
-thread (here it is not, but ours is installed again once the session exists all the same). The server is in its own process group and never sees the
-terminal's Ctrl-C: it must outlive the queries that read from it.
+thread (here it is not, but ours is installed again once the session exists all the same).
+The server is in its own process group and never sees the terminal's Ctrl-C: it must
+outlive the queries that read from it.
 """
 
 from __future__ import annotations
@@ -532,6 +533,11 @@ class SparkStarter(threading.Thread):
         except BaseException as exc:  # raised by session(), in the main thread
             self._error = exc
 
+    def wait_warm_up(self) -> None:
+        """Until the warm-up job has ended (the mirror's first batch calls this)."""
+        if self._warm_up is not None:
+            self._warm_up.join()
+
     def session(self) -> Any:
         """The SparkSession, once started (its start's error raised here)."""
         self.join()
@@ -576,11 +582,11 @@ class _Pipelines:
         stopper.install()  # in case SparkContext put its own SIGINT handler in place of ours
         pipelines = cls(spark, starter.master, paths, source)
         stack.callback(pipelines.stop)
-        pipelines.queries = pipelines.run(available_now=False)
+        pipelines.queries = pipelines.run(available_now=False, before_first=starter.wait_warm_up)
         pipelines.sampler.start()
         return pipelines
 
-    def run(self, available_now: bool) -> list[Any]:
+    def run(self, available_now: bool, before_first: Callable[[], None] | None = None) -> list[Any]:
         """One query: the mirror, and the view applying each mirror batch right after its
         commit (one stream from the server, one set of Spark jobs per batch, not two)."""
         from dcpkv.pipelines.mirror import start_mirror
@@ -595,6 +601,7 @@ class _Pipelines:
                 self.spark, self.source, self.paths.mirror,
                 checkpoint=self.paths.checkpoints / "mirror", available_now=available_now,
                 on_batch=self.mirror.on_batch, after_commit=view.follow, on_stop=view.stop,
+                before_first=before_first,
             ),
         ]  # fmt: skip
 
