@@ -10,12 +10,11 @@ a fresh data dir, then reads the mirror's ``_metrics.jsonl``:
   ``visible_s``, the time from Spark handing the batch to the mirror's ``foreachBatch`` to
   the commit that makes its rows visible (the read from the server, the Parquet write, the
   commit; not what runs after the commit, the view's batch). It leaves out the query's start
-  and the batch's planning before that. The demo runs a small warm-up job
-  (``mirror.warm_up``) *while the query starts*, so this batch does not pay the first Spark
-  jobs' one-off costs; ``first_visible_after_start_s`` is the whole wait the user sees, from
-  the command's start (node, sample load, Spark's start, the query's start, the batch) to
-  that commit, so a warm-up that only moved the cost elsewhere would show there;
-* every later batch's ``lag_s``: seconds from the write of the batch's oldest change (its CAS)
+  and the batch's planning before that; ``first_visible_after_start_s`` is the whole wait the
+  user sees, from the command's start (node, sample load, Spark's start, the query's start,
+  the batch) to that commit;
+* every later batch's ``lag_s`` (the demo's generator starts once the first batch is
+  committed): seconds from the write of the batch's oldest change (its CAS)
   to the batch's commit, i.e. the longest any change of the batch waited to be visible in the
   mirror. p50 and p99 over the live batches (the last, catch-up batch after the stop
   included): an upper bound on the per-change figure, since each change of a batch waited at

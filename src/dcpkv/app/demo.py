@@ -14,10 +14,7 @@ order however the job ends:
    cluster's connection string and follows the map.
 2. **Sample.** :func:`~dcpkv.pipelines.loader.load_sample` with a progress bar, unless the
    bucket's marker says the sample is already there (a re-run resumes, it does not reload).
-   Meanwhile :class:`SparkStarter` starts the SparkSession (local, or ``--master``) and a
-   small warm-up job on the mirror's path (``mirror.warm_up``) in a thread: the JVM's start
-   and the first jobs' one-off costs overlap the load instead of following it.
-3. **Pipelines.** With that SparkSession, one streaming query: the
+3. **Pipelines.** A SparkSession (local, or ``--master``), then one streaming query: the
    mirror (``<data>/pipelines/mirror``), whose every batch also brings the
    ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
    (``<data>/pipelines/views``) up to date from the rows it just committed (the view follows
@@ -43,10 +40,9 @@ order however the job ends:
 Signals: the first SIGINT/SIGTERM only sets an event; every phase looks at it between
 steps (the load between chunks, the live loop every tick), so stopping is orderly. A second
 one raises ``KeyboardInterrupt`` to skip the catch-up; the ``ExitStack`` still stops Spark
-and the server. SparkContext installs its own SIGINT handler when created from the main
-thread (here it is not, but ours is installed again once the session exists all the same).
-The server is in its own process group and never sees the terminal's Ctrl-C: it must
-outlive the queries that read from it.
+and the server. SparkContext installs its own SIGINT handler, so ours is installed again
+once the session exists. The server is in its own process group and never sees the
+terminal's Ctrl-C: it must outlive the queries that read from it.
 """
 
 from __future__ import annotations
@@ -93,7 +89,7 @@ from dcpkv.pipelines.loader import (
     load_sample,
     loaded_sample,
 )
-from dcpkv.pipelines.mirror import SourceSettings, stop_warm_up, warm_up
+from dcpkv.pipelines.mirror import SourceSettings
 
 VIEW_NAME = "revenue_by_country"
 VIEW_MAP = "dcpkv.pipelines.example_views:revenue_by_country"
@@ -412,15 +408,10 @@ def _run(
 ) -> int:  # fmt: skip
     """Sample, pipelines, generator (and chaos), live line, catch-up, end check."""
     num_vbuckets = nodes.vbuckets(ep)
-    starter = SparkStarter(settings.master, SourceSettings(ep), paths.pipelines / ".warm-up")
-    starter.start()  # Spark starts and warms up while the sample loads
-    stack.callback(starter.close)
     sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
     if sample is None or stopper.stopped:
         return 0
-    pipelines = _Pipelines.start(
-        settings, paths, SourceSettings(ep), stopper, console, stack, starter
-    )
+    pipelines = _Pipelines.start(settings, paths, SourceSettings(ep), stopper, console, stack)
     if stopper.stopped or not _first_batch(pipelines, stopper, console):
         return 0
     generator = ChangeGenerator(
@@ -507,55 +498,6 @@ def _start_chaos(
     return chaos
 
 
-class SparkStarter(threading.Thread):
-    """Starts the SparkSession, then the mirror's warm-up job (``mirror.warm_up``), in a
-    thread of its own, beside the sample load: the JVM's start (seconds) and the first Spark
-    jobs' one-off costs are then paid while the user waits for the load anyway, not after it.
-    (SparkContext installs its SIGINT handler only from the main thread: ours stays.)"""
-
-    def __init__(self, master: str | None, source: SourceSettings, scratch: Path) -> None:
-        from dcpkv.pipelines.spark_session import DEFAULT_MASTER
-
-        super().__init__(name="dcpkv-demo-spark-start", daemon=True)
-        self.master = master or DEFAULT_MASTER
-        self.source = source
-        self.scratch = scratch
-        self._spark: Any = None
-        self._error: BaseException | None = None
-        self._warm_up: threading.Thread | None = None
-
-    def run(self) -> None:
-        from dcpkv.pipelines.spark_session import get_spark
-
-        try:
-            self._spark = get_spark("dcpkv-demo", self.master)
-            self._warm_up = warm_up(self._spark, self.source, self.scratch)
-        except BaseException as exc:  # raised by session(), in the main thread
-            self._error = exc
-
-    def wait_warm_up(self) -> None:
-        """Until the warm-up job has ended (the mirror's first batch calls this)."""
-        if self._warm_up is not None:
-            self._warm_up.join()
-
-    def session(self) -> Any:
-        """The SparkSession, once started (its start's error raised here)."""
-        self.join()
-        if self._error is not None:
-            raise self._error
-        return self._spark
-
-    def close(self) -> None:
-        """Cancel the warm-up if it still runs, then stop Spark (the last of the job's Spark
-        steps: the ExitStack runs it after the pipelines' stop)."""
-        self.join()
-        if self._spark is None:
-            return
-        if self._warm_up is not None:
-            stop_warm_up(self._spark, self._warm_up)
-        self._spark.stop()
-
-
 class _Pipelines:
     """The mirror and the view: their Spark queries, stats and sampler."""
 
@@ -575,18 +517,22 @@ class _Pipelines:
     @classmethod
     def start(
         cls, settings: DemoSettings, paths: DemoPaths, source: SourceSettings,
-        stopper: Stopper, console: Console, stack: contextlib.ExitStack, starter: SparkStarter,
+        stopper: Stopper, console: Console, stack: contextlib.ExitStack,
     ) -> _Pipelines:  # fmt: skip
-        with console.status(f"Starting Spark ({starter.master})..."):
-            spark = starter.session()
-        stopper.install()  # in case SparkContext put its own SIGINT handler in place of ours
-        pipelines = cls(spark, starter.master, paths, source)
+        from dcpkv.pipelines.spark_session import DEFAULT_MASTER, get_spark
+
+        master = settings.master or DEFAULT_MASTER
+        with console.status(f"Starting Spark ({master})..."):
+            spark = get_spark("dcpkv-demo", settings.master)
+        stack.callback(spark.stop)
+        stopper.install()  # SparkContext replaced our SIGINT handler with its own
+        pipelines = cls(spark, master, paths, source)
         stack.callback(pipelines.stop)
-        pipelines.queries = pipelines.run(available_now=False, before_first=starter.wait_warm_up)
+        pipelines.queries = pipelines.run(available_now=False)
         pipelines.sampler.start()
         return pipelines
 
-    def run(self, available_now: bool, before_first: Callable[[], None] | None = None) -> list[Any]:
+    def run(self, available_now: bool) -> list[Any]:
         """One query: the mirror, and the view applying each mirror batch right after its
         commit (one stream from the server, one set of Spark jobs per batch, not two)."""
         from dcpkv.pipelines.mirror import start_mirror
@@ -601,7 +547,6 @@ class _Pipelines:
                 self.spark, self.source, self.paths.mirror,
                 checkpoint=self.paths.checkpoints / "mirror", available_now=available_now,
                 on_batch=self.mirror.on_batch, after_commit=view.follow, on_stop=view.stop,
-                before_first=before_first,
             ),
         ]  # fmt: skip
 

@@ -22,10 +22,7 @@ machine cannot reach). A batch is applied by :class:`TableJob`:
    re-run of a batch whose id the manifest already holds does nothing.
 
 Every ``compact_every`` batches at the earliest the table is compacted, once it has grown
-enough since the last compaction (``vtable.compaction_due``): by a live query beside its
-batches (``compactor.py``: the rewrite of a snapshot in a thread, swapped in at a later batch
-boundary, so no batch waits for it), by an ``AvailableNow`` run inside its batch. Retention
-rule: the floor of a vbucket
+enough since the last compaction (``vtable.compaction_due``). Retention rule: the floor of a vbucket
 becomes the highest consistent point the stream has (its applied seqno and the offset's earlier
 batch ends) that is at or below the server's *persisted* seqno for that branch (ObserveSeqno).
 A node rolls back only to its last persisted snapshot (a branch starts at or above what was on
@@ -45,13 +42,6 @@ anything; Spark did not commit that batch, so a restarted query runs it again), 
 then is the query stopped, with Spark's log silenced for the stop itself. The stop also
 finishes a background compaction (waited for and swapped in, or cancelled and deleted), so
 nothing half-written is left behind.
-
-First batch (:func:`warm_up`). A fresh SparkContext's first jobs pay one-off costs (Python
-workers and their imports, the JVM's class loading for the read and the Parquet writer):
-the sample load's batch took several times as long as a warm one. The demo starts a tiny job
-on the same path while the sample loads and the query starts up, and the first batch waits
-for it to end (``before_first``: the two would otherwise share the two cores, and the wait is
-counted in that batch's time).
 """
 
 from __future__ import annotations
@@ -59,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -385,9 +374,6 @@ class TableJob:
     after_commit: Callable[[int], None] | None = None
     # Runs when the job stops, between batches (a follower's own compaction to finish).
     on_stop: Callable[[], None] | None = None
-    # Runs at the start of the job's first batch (the demo waits for its warm-up there, so
-    # the two do not share the cores; the wait counts in the batch's time).
-    before_first: Callable[[], None] | None = None
     _busy: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stopping: bool = field(default=False, init=False)
     _link: DriverLink = field(init=False, repr=False)
@@ -425,9 +411,6 @@ class TableJob:
             self._after_commit(batch_id)  # its follower may not have applied it yet
             return  # committed before a restart: Spark re-runs the last batch, we do not
         started = time.monotonic()
-        if self.before_first is not None:
-            self.before_first()
-            self.before_first = None
         ord_ = manifest.ord + 1
         rows = vtable.stamp(self.transform(df), ord_)
         name = vtable.write_rows(self.table, rows, f"b{ord_:08d}")
@@ -631,15 +614,13 @@ def start_mirror(
     compact_every: int | None = 10,
     after_commit: Callable[[int], None] | None = None,
     on_stop: Callable[[], None] | None = None,
-    before_first: Callable[[], None] | None = None,
 ) -> Any:
     """Start mirroring ``source`` into the table ``to``; returns the StreamingQuery.
 
     ``checkpoint`` defaults to ``to/_checkpoint``; ``available_now`` stops once caught up
     with the high seqnos of the start (``query.awaitTermination()``); ``after_commit`` runs
     after each batch's commit (a view following the mirror in the same query), ``on_stop``
-    when :func:`stop_query` stops it, between batches, ``before_first`` at the start of the
-    first batch it applies (inside the batch's time). A live query (not ``available_now``)
+    when :func:`stop_query` stops it, between batches. A live query (not ``available_now``)
     must be stopped with :func:`stop_query`: that finishes its background compaction.
     """
     to = Path(to)
@@ -654,48 +635,10 @@ def start_mirror(
         on_batch=on_batch,
         after_commit=after_commit,
         on_stop=on_stop,
-        before_first=before_first,
     )
     return start_stream(
         spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
     )
-
-
-WARM_UP_JOBS = "dcpkv-warm-up"  # the warm-up's Spark job group
-
-
-def warm_up(spark: Any, source: SourceSettings, scratch: Path) -> threading.Thread:
-    """Start, in a thread, what a mirror batch does on two vbuckets: a ``dcpkv`` read in two
-    tasks, the stored columns and their stream position, a Parquet write (into ``scratch``,
-    deleted afterwards). Run while the query starts (seconds of driver-side work that leave
-    the cores idle), it pays the first Spark jobs' one-off costs there: the Python workers and
-    their imports, the JVM's class loading and JIT of the read and the Parquet writer, which
-    otherwise made the first batch (the sample load) several times slower than a warm one.
-    Failures are ignored (it is only a warm-up); :func:`stop_warm_up` cancels it."""
-    from pyspark import InheritableThread
-
-    def run() -> None:
-        context = spark.sparkContext
-        context.setJobGroup(WARM_UP_JOBS, "the mirror's warm-up", interruptOnCancel=True)
-        try:
-            with contextlib.suppress(Exception):  # nothing depends on it
-                reader = spark.read.format("dcpkv").options(**source.options())
-                df = reader.options(vbuckets="0-1", numPartitions="2", mode="changes").load()
-                vtable.stamp(mirror_rows(df), 0).write.parquet(str(scratch))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    thread = InheritableThread(target=run, name="dcpkv-warm-up", daemon=True)
-    thread.start()
-    return thread
-
-
-def stop_warm_up(spark: Any, thread: threading.Thread) -> None:
-    """Cancel a running :func:`warm_up` and wait for its thread."""
-    if thread.is_alive():
-        with contextlib.suppress(Exception):  # Spark already stopped
-            spark.sparkContext.cancelJobGroup(WARM_UP_JOBS)
-        thread.join(60)
 
 
 def read_mirror(spark: Any, path: Path, manifest: Manifest | None = None) -> Any:

@@ -526,7 +526,7 @@ def compact(
     return swapped
 
 
-DRIVER_REWRITE_ROWS = 500_000  # up to this many stored rows a rewrite runs on the driver
+DRIVER_REWRITE_ROWS = 250_000  # up to this many stored rows a rewrite runs on the driver
 
 
 def rewrite(
@@ -560,12 +560,13 @@ def rewrite(
     if on_driver is None:
         on_driver = sum(parquet_rows(table / f) for f in base.files) <= DRIVER_REWRITE_ROWS
     if on_driver:
+        import pyarrow.parquet as pq
+
         kept = _kept_arrow(table, base, floors)
         directory = table / name
         directory.mkdir(parents=True)
-        import pyarrow.parquet as pq
-
-        pq.write_table(kept, directory / "part-00000.parquet")
+        if kept is not None:  # None: no file at all, like an empty batch's directory
+            pq.write_table(kept, directory / "part-00000.parquet")
         (directory / "_SUCCESS").touch()
     else:
         out = _kept_spark(spark, table, base, schema, floors).coalesce(files_hint)
@@ -612,7 +613,7 @@ def _kept_arrow(table: Path, base: Manifest, floors: dict[int, int]) -> Any:
         for path in sorted((table / name).rglob("*.parquet"))
     ]
     if not parts:
-        return pa.table({})
+        return None
     rows = pa.concat_tables(parts, promote_options="permissive")
     rows = rows.filter(pc.not_equal(rows["op"], "rollback"))
     if base.entries:
