@@ -105,12 +105,12 @@ class Compactor:
             thread.join()
             self._error = None
             self._done = None
-            vtable.delete_dirs(self.table, [self._name or ""])
+            self._discard()
         try:
             self._collect()
         except Exception:  # stopping: a failed rewrite only costs its directory
             log.exception("the compaction of %s failed", self.table)
-            vtable.delete_dirs(self.table, [self._name or ""])
+            self._discard()
 
     def _start(self, manifest: Manifest) -> None:
         from pyspark import InheritableThread
@@ -140,10 +140,17 @@ class Compactor:
         done, error = self._done, self._error
         self._thread, self._done, self._error = None, None, None
         if error is not None:
-            vtable.delete_dirs(self.table, [self._name or ""])
+            self._discard()
             raise error
+        self._name = None  # the swap owns the directory now (or deletes it, when stale)
         if done is not None:
             self._swap(done)
+
+    def _discard(self) -> None:
+        """Delete what the background rewrite wrote (it will not be swapped in)."""
+        if self._name is not None:
+            vtable.delete_dirs(self.table, [self._name])
+            self._name = None
 
     def _swap(self, done: Rewrite) -> None:
         if vtable.swap(self.table, done) is None:
