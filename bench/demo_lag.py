@@ -17,8 +17,8 @@ a fresh data dir, then reads the mirror's ``_metrics.jsonl``:
   committed): seconds from the write of the batch's oldest change (its CAS)
   to the batch's commit, i.e. the longest any change of the batch waited to be visible in the
   mirror. p50 and p99 over the live batches (the last, catch-up batch after the stop
-  included): an upper bound on the per-change figure, since each change of a batch waited at
-  most that long.
+  included: the live query applies it before it is stopped): an upper bound on the
+  per-change figure, since each change of a batch waited at most that long.
 
 ``--keep DIR`` keeps the data dir (metrics, logs) and ``demo.log`` there.
 
