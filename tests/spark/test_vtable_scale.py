@@ -81,3 +81,40 @@ def test_the_spark_kill_rule_is_the_row_rule(spark: Any, tmp_path: Path) -> None
     )
     assert got == expected
     assert sum(expected.values()) < len(rows)  # the entries killed something
+
+
+def test_the_driver_rewrite_keeps_what_the_spark_rewrite_keeps(spark: Any, tmp_path: Path) -> None:
+    """``vtable.rewrite`` on the driver (pyarrow) and in Spark keep the same rows: random
+    histories of a few keys per vbucket (deletions, expirations among them), rollback and
+    resync entries, floors, and a previous compaction's ord for the old-deletion rule."""
+    rng = random.Random(16)
+    schema = mirror_schema()
+    extra = [f.name for f in schema.fields][12:]
+    rows = []
+    for vb in range(4):
+        seqnos = rng.sample(range(1, 400), 120)
+        for seqno in seqnos:
+            op = rng.choice(["mutation"] * 6 + ["deletion", "expiration"])
+            key = f"k{vb}-{rng.randrange(9)}".encode()
+            ord_ = 1 + seqno // 60  # ords ascend with seqnos, as in a stream
+            rows.append((op, vb, key, b"v", 0, 0, 0, None, seqno, None, ord_, seqno))
+    entries = [
+        vtable.Entry("rollback", 1, 150, 4, 500),
+        vtable.Entry("rollback", 2, -1, 5, 10),
+        vtable.Entry("skip", 2, 260, 5, 10),
+    ]
+    df = spark.createDataFrame([r + (None,) * len(extra) for r in rows], schema)
+    table = tmp_path / "t"
+    table.mkdir()
+    manifest = vtable.Manifest(ord=7, compacted_ord=3, entries=entries)
+    manifest.files = [vtable.write_rows(table, df, "b1")]
+    floors = {0: 200, 1: 120, 2: 300}  # vbucket 3: no floor
+    kept = {}
+    for on_driver in (True, False):
+        done = vtable.rewrite(spark, table, manifest, schema, floors, on_driver=on_driver)
+        out = spark.read.schema(schema).parquet(str(table / done.name)).collect()
+        kept[on_driver] = sorted(
+            (r.vbucket, bytes(r.key), r.seqno, r.ord, r.pos, r.op) for r in out
+        )
+    assert kept[True] == kept[False]
+    assert 0 < len(kept[True]) < len(rows) - 100  # the rule dropped plenty, kept some

@@ -19,7 +19,9 @@ order however the job ends:
    ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
    (``<data>/pipelines/views``) up to date from the rows it just committed (the view follows
    the mirror: one stream from the server and one batch's fixed cost, not two); a light
-   :class:`~dcpkv.pipelines.loader.ChangeGenerator` keeps writing changes so data flows.
+   :class:`~dcpkv.pipelines.loader.ChangeGenerator` keeps writing changes so data flows,
+   from the moment the mirror's first batch (the bucket as loaded) is committed: the live
+   phase, whose lag the bench measures, starts with a mirror that holds the bucket.
    The query keeps its checkpoint under the data dir, so a re-run continues it.
 4. **Live.** The main thread redraws one progress line from the ``on_batch`` callbacks
    (batches, rows/s, lag) and from a sampler thread that reads, every few seconds and with
@@ -29,8 +31,9 @@ order however the job ends:
    every so often, waits for the auto-failover, restarts the node and takes it back with
    delta recovery; the live line counts the failovers.
 5. **Stop** (Ctrl-C, SIGTERM or ``--duration``): chaos first (its running round ends, every
-   node back), then the generator, then the live queries, then one ``AvailableNow`` run of
-   each pipeline, which catches up with everything the server holds at that moment, then the
+   node back), then the generator, then the live queries once they have caught up with what
+   the server holds at that moment (up to :data:`DRAIN_S`), then one ``AvailableNow`` run of
+   each pipeline for anything still missing, then the
    end check (:mod:`~dcpkv.app.endcheck`: the mirror and the view against the bucket; a
    difference is exit status 1), then Spark, then the nodes (SIGTERM and their clean
    shutdown), and finally the metrics report PNG, a dashed line at each failover.
@@ -99,6 +102,8 @@ SAMPLE_EVERY_S = 5.0
 SAMPLER_JOBS = "dcpkv-demo-sampler"  # the sampler's Spark job group
 RATE_WINDOW_S = 10.0
 CLUSTER_READY_S = 60.0  # the manager places the map and every node answers
+FIRST_BATCH_S = 300.0  # the longest the generator waits for the mirror's first batch
+DRAIN_S = 30.0  # the longest a stop waits for the live query to catch up with the node
 
 
 @dataclass(frozen=True)
@@ -409,7 +414,7 @@ def _run(
     if sample is None or stopper.stopped:
         return 0
     pipelines = _Pipelines.start(settings, paths, SourceSettings(ep), stopper, console, stack)
-    if stopper.stopped:
+    if stopper.stopped or not _first_batch(pipelines, stopper, console):
         return 0
     generator = ChangeGenerator(
         ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time())
@@ -434,6 +439,26 @@ def _run(
     )
     console.print(("[green]" if check.ok else "[red]") + check.line())
     return 0 if check.ok else 1
+
+
+def _first_batch(pipelines: _Pipelines, stopper: Stopper, console: Console) -> bool:
+    """Wait for the mirror's first batch (the sample, or what a re-run finds new) before the
+    generator starts: the live phase, and its lag, begin once the mirror holds the bucket.
+    A re-run whose mirror already holds everything gets no batch: the wait ends when the
+    mirror is caught up with the node (asked every second), or after :data:`FIRST_BATCH_S`.
+    False when stopped first; a failed query is left to the live loop, which reports it."""
+    deadline = time.monotonic() + FIRST_BATCH_S
+    next_check = time.monotonic() + 1.0
+    with console.status("Mirroring the bucket (the first batch)..."):
+        while pipelines.mirror.batches == 0 and not stopper.event.wait(0.1):
+            now = time.monotonic()
+            if now >= deadline or not all(q.isActive for q in pipelines.queries):
+                return True
+            if now >= next_check:
+                next_check = now + 1.0
+                if pipelines.caught_up():
+                    return True
+    return not stopper.stopped
 
 
 def _stop_chaos(chaos: Chaos, console: Console) -> None:
@@ -512,13 +537,14 @@ class _Pipelines:
         from dcpkv.pipelines.views.job import view_follower
 
         view = view_follower(
-            self.spark, self.paths.views, VIEW_NAME, self.paths.mirror, self.view.on_batch
-        )
+            self.spark, self.paths.views, VIEW_NAME, self.paths.mirror, self.view.on_batch,
+            background=not available_now,
+        )  # fmt: skip
         return [
             start_mirror(
                 self.spark, self.source, self.paths.mirror,
                 checkpoint=self.paths.checkpoints / "mirror", available_now=available_now,
-                on_batch=self.mirror.on_batch, after_commit=view.follow,
+                on_batch=self.mirror.on_batch, after_commit=view.follow, on_stop=view.stop,
             ),
         ]  # fmt: skip
 
@@ -531,11 +557,30 @@ class _Pipelines:
                 stop_query(query)  # between batches: no Java trace, no half-written batch
 
     def finish(self) -> None:
-        """Stop the live queries, then catch up once with everything the node holds now."""
+        """Catch up with everything the node holds now, then stop. The live query does it
+        (up to :data:`DRAIN_S`): its next batch is at most a trigger away, where a new
+        query's start took seconds, which were the lag of the changes written just before the
+        stop. Then the live queries stop, and one ``AvailableNow`` run applies whatever is
+        still missing (usually nothing: it then runs no batch)."""
+        deadline = time.monotonic() + DRAIN_S
+        while time.monotonic() < deadline and all(q.isActive for q in self.queries):
+            if self.caught_up():
+                break
+            time.sleep(0.25)
         self.stop()
         for query in self.run(available_now=True):
             query.awaitTermination()
         self.sampled.docs, self.sampled.groups = self.sample_once()
+
+    def caught_up(self) -> bool:
+        """Whether the mirror has applied the node's high seqnos of now (False: not yet, or
+        it cannot tell)."""
+        from dcpkv.pipelines.mirror import caught_up, mirror_manifest, server_seqnos
+
+        with contextlib.suppress(Exception):  # no manifest yet, a node not answering
+            applied = mirror_manifest(self.paths.mirror).applied_seqnos()
+            return bool(applied) and caught_up(applied, server_seqnos(self.source))
+        return False
 
     def sample_once(self) -> tuple[int | None, int | None]:
         from dcpkv.pipelines.mirror import mirror_doc_count

@@ -39,7 +39,9 @@ wherever it is: in the middle of a batch's Parquet write that is a page of Java
 query stops between batches: :meth:`TableJob.stop` waits for the batch in flight to commit
 and makes any later batch refuse to start (:class:`PipelineStopping`, before writing
 anything; Spark did not commit that batch, so a restarted query runs it again), and only
-then is the query stopped, with Spark's log silenced for the stop itself.
+then is the query stopped, with Spark's log silenced for the stop itself. The stop also
+finishes a background compaction (waited for and swapped in, or cancelled and deleted), so
+nothing half-written is left behind.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.durability import MutationToken, Observation
 from dcpkv.core.tls import TlsOptions
 from dcpkv.pipelines import vtable
+from dcpkv.pipelines.compactor import Compactor
 from dcpkv.pipelines.vtable import Entry, Manifest
 from dcpkv.spark.link import DriverLink
 from dcpkv.spark.rows import spark_fields
@@ -119,11 +122,14 @@ class SourceSettings:
 
 @dataclass(frozen=True)
 class BatchStats:
-    """One applied batch. ``lag``: changes not yet applied (sum over vbuckets of high seqno
-    minus applied seqno) right after the commit, None when the server could not be asked.
-    ``lag_s``: seconds from the write of the batch's oldest change (its CAS, a hybrid logical
-    clock) to the batch's commit, i.e. the longest a change of it waited to be visible; None
-    for a batch without changes or rows without a CAS (a view)."""
+    """One applied batch. ``seconds``: the whole batch (its write, commit, and what runs after
+    the commit: a following view, a compaction's swap). ``lag``: changes not yet applied (sum
+    over vbuckets of high seqno minus applied seqno) right after the commit, None when the
+    server could not be asked. ``lag_s``: seconds from the write of the batch's oldest change
+    (its CAS, a hybrid logical clock) to the batch's commit, i.e. the longest a change of it
+    waited to be visible; None for a batch without changes or rows without a CAS (a view).
+    ``visible_s``: seconds from the batch's start (Spark handing it to ``foreachBatch``) to its
+    commit, when its rows became visible to readers (None: a view's)."""
 
     batch_id: int
     finished_at: float
@@ -132,6 +138,7 @@ class BatchStats:
     seconds: float
     lag: int | None
     lag_s: float | None = None
+    visible_s: float | None = None
 
 
 # -- the server's seqnos ----------------------------------------------------------------------
@@ -336,12 +343,17 @@ class TableJob:
     # Runs after each commit with the batch id (and for a batch committed before a restart):
     # a view that follows this table applies the batch in the same Spark batch (demo.py).
     after_commit: Callable[[int], None] | None = None
+    # Runs when the job stops, between batches (a follower's own compaction to finish).
+    on_stop: Callable[[], None] | None = None
     _busy: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stopping: bool = field(default=False, init=False)
     _link: DriverLink = field(init=False, repr=False)
+    compactor: Compactor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._link = DriverLink(self.source)  # lag and resync questions, one connection
+        floors = server_floors(self.source)
+        self.compactor = Compactor(self.spark, self.table, self.schema, self.compact_every, floors)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         with self._busy:
@@ -355,8 +367,13 @@ class TableJob:
         done = self._busy.acquire(timeout=timeout)
         self._stopping = True
         if done:
-            self._link.close()
-            self._busy.release()
+            try:
+                self.compactor.finish()  # swapped in, or cancelled and deleted
+                if self.on_stop is not None:
+                    self.on_stop()
+            finally:
+                self._link.close()
+                self._busy.release()
         return done
 
     def _apply(self, df: Any, batch_id: int) -> None:
@@ -378,11 +395,13 @@ class TableJob:
         manifest.applied.update(applied_offset(self.checkpoint, batch_id) or {})
         vtable.note_rows(manifest, summary.rows)
         vtable.commit_manifest(self.table, manifest)
+        committed = time.time()  # the batch's rows are visible from here
         self._after_commit(batch_id)
-        if vtable.compaction_due(manifest, self.compact_every):
-            compact_table(self.spark, self.table, self.schema, self.source)
+        self.compactor.step(manifest)  # off the batch path (compactor.py)
         changes = summary.rows - len(rollbacks)
-        self._report(batch_id, changes, len(rollbacks), started, manifest, summary.oldest_cas)
+        self._report(
+            batch_id, changes, len(rollbacks), started, manifest, summary.oldest_cas, committed
+        )
 
     def _roll_back(
         self, manifest: Manifest, ord_: int, rollbacks: list[vtable.RollbackRow]
@@ -451,21 +470,39 @@ class TableJob:
 
     def _report(
         self, batch_id: int, rows: int, rollbacks: int, started: float, manifest: Manifest,
-        oldest_cas: int | None = None,
+        oldest_cas: int | None, committed: float,
     ) -> None:  # fmt: skip
+        seconds = time.monotonic() - started
         finished = time.time()
         stats = BatchStats(
             batch_id=batch_id,
             finished_at=finished,
             rows=rows,
             rollbacks=rollbacks,
-            seconds=time.monotonic() - started,
+            seconds=seconds,
             lag=self._lag(manifest.applied_seqnos()),
-            lag_s=None if oldest_cas is None else max(0.0, finished - oldest_cas / 1e9),
+            lag_s=None if oldest_cas is None else max(0.0, committed - oldest_cas / 1e9),
+            visible_s=max(0.0, seconds - (finished - committed)),
         )
         vtable.append_metrics(self.table, asdict(stats))
         if self.on_batch is not None:
             self.on_batch(stats)
+
+
+def server_floors(source: SourceSettings) -> Callable[[Manifest], dict[int, int]]:
+    """The floors a compaction of a snapshot may raise the table's to: :func:`floors_from`
+    the server's persisted seqnos for the snapshot's branches (none when it cannot be asked:
+    the floors then stay put)."""
+
+    def floors(manifest: Manifest) -> dict[int, int]:
+        uuids = {vb: u for vb, (u, _s) in manifest.applied_seqnos().items()}
+        try:
+            persisted = persisted_seqnos(source, uuids)
+        except (OSError, RuntimeError, ValueError):
+            persisted = {}
+        return floors_from(manifest, persisted)
+
+    return floors
 
 
 def compact_table(
@@ -476,16 +513,14 @@ def compact_table(
     *,
     persisted: dict[int, int] | None = None,
 ) -> Manifest:
-    """Compact a table now (the job does it every ``compact_every`` batches). The floors come
-    from ``persisted`` if given, else from the server's persisted seqnos, else stay put."""
+    """Compact a table now, its job not running (a running job compacts on its own, in the
+    background). The floors come from ``persisted`` if given, else from the server's persisted
+    seqnos, else stay put."""
     manifest = vtable.load_manifest(table)
-    if persisted is None and source is not None:
-        uuids = {vb: u for vb, (u, _s) in manifest.applied_seqnos().items()}
-        try:
-            persisted = persisted_seqnos(source, uuids)
-        except (OSError, RuntimeError, ValueError):
-            persisted = {}
-    floors = floors_from(manifest, persisted or {})
+    if persisted is not None or source is None:
+        floors = floors_from(manifest, persisted or {})
+    else:
+        floors = server_floors(source)(manifest)
     return vtable.compact(spark, table, manifest, schema, floors)
 
 
@@ -504,6 +539,9 @@ def start_stream(
 
     dcpkv.spark.register(spark)
     job.table.mkdir(parents=True, exist_ok=True)
+    # A live query compacts beside its batches and finishes the compaction when stopped
+    # (stop_query); an AvailableNow run ends without a stop, so it compacts inside its batch.
+    job.compactor.background = not available_now
     stream = spark.readStream.format("dcpkv").options(**source.options()).load()
     writer = stream.writeStream.foreachBatch(job).option("checkpointLocation", str(job.checkpoint))
     if available_now:
@@ -546,12 +584,15 @@ def start_mirror(
     on_batch: Callable[[BatchStats], None] | None = None,
     compact_every: int | None = 10,
     after_commit: Callable[[int], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> Any:
     """Start mirroring ``source`` into the table ``to``; returns the StreamingQuery.
 
     ``checkpoint`` defaults to ``to/_checkpoint``; ``available_now`` stops once caught up
     with the high seqnos of the start (``query.awaitTermination()``); ``after_commit`` runs
-    after each batch's commit (a view following the mirror in the same query).
+    after each batch's commit (a view following the mirror in the same query), ``on_stop``
+    when :func:`stop_query` stops it, between batches. A live query (not ``available_now``)
+    must be stopped with :func:`stop_query`: that finishes its background compaction.
     """
     to = Path(to)
     job = TableJob(
@@ -564,6 +605,7 @@ def start_mirror(
         compact_every=compact_every,
         on_batch=on_batch,
         after_commit=after_commit,
+        on_stop=on_stop,
     )
     return start_stream(
         spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds

@@ -40,6 +40,10 @@ def get_spark(app_name: str, master: str | None = None) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
         .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
+        # A pipeline's compaction runs beside its batches in a pool of its own (compactor.py):
+        # fair scheduling hands a batch's tasks the next free core instead of queueing them
+        # behind every task of the compaction's job.
+        .config("spark.scheduler.mode", "FAIR")
         # Stopping a streaming query mid-batch makes Spark match the interruption's message,
         # which embeds the offset JSON (1024 vbuckets of it), against a recursive regular
         # expression: the default 1 MiB thread stack overflows. A bigger default stack for

@@ -51,8 +51,26 @@ persisted seqno (see ``mirror.py``). A rollback to R < F finds history missing: 
 resyncs that vbucket instead (a ``rollback`` to -1, a fresh read of the vbucket up to its high
 seqno H with the same (ord, pos), and a ``skip`` to H), and F becomes H.
 
+A compaction is two steps (``compact`` runs both at once): :func:`rewrite` writes what the
+rule keeps of a manifest *snapshot* into a new directory, reading only the immutable files the
+snapshot names, and commits nothing, so batches may commit meanwhile (``compactor.py`` runs it
+in a thread); :func:`swap`, at a batch boundary, merges it into the manifest of that moment:
+the snapshot's files give way to the rewritten directory, everything committed since stays
+(files, entries, applied offsets). That is exact because the rewritten rows keep their (ord,
+pos): a later rollback entry kills in them exactly what it killed in the files they replace,
+and a later skip (after every rewritten row) none of them. Two cases need care. A later batch
+decided "exact rollback or resync" with the floors of *its* manifest, lower than the floors the
+rewrite used: a rollback it applied as exact below the rewrite's floor may need versions the
+rewrite dropped, so such a rewrite is thrown away (:func:`stale_rewrite`; rare: the floors are
+what every copy persisted, and rollbacks land at or above them). And a vbucket resynced since
+the snapshot keeps the resync's floor: its reset entry kills every rewritten row of it.
+
+Up to :data:`DRIVER_REWRITE_ROWS` stored rows the rewrite runs with pyarrow on the driver, a
+larger table in Spark; the two apply the same rule.
+
 Files replaced by a compaction are deleted at the next compaction, so a reader that read the
-previous manifest has a whole compaction interval to finish.
+previous manifest has a whole compaction interval to finish. A swap also deletes directories
+no manifest names (a batch or a rewrite that died before its commit or swap).
 """
 
 from __future__ import annotations
@@ -450,7 +468,7 @@ def without_vbuckets(spark: Any, table: Path, name: str, vbuckets: set[int]) -> 
         return name
     rows = spark.read.parquet(str(table / name)).filter(~F.col("vbucket").isin(*sorted(vbuckets)))
     kept = None if rows.isEmpty() else write_rows(table, rows, Path(name).name.split("-")[0])
-    _delete(table, [name])
+    delete_dirs(table, [name])
     return kept
 
 
@@ -482,6 +500,19 @@ def compaction_due(manifest: Manifest, every: int | None) -> bool:
     return grown * COMPACT_GROWTH >= kept or batches >= COMPACT_LATEST * every
 
 
+@dataclass(frozen=True)
+class Rewrite:
+    """A compaction's output, written but not yet in the manifest: the directory ``name``
+    holds what the retention rule keeps of the snapshot ``base`` (its files, entries and
+    ords up to ``base.ord``) under ``floors``; :func:`swap` merges it into the manifest of
+    the moment."""
+
+    name: str
+    base: Manifest
+    floors: dict[int, int]
+    rows: int
+
+
 def compact(
     spark: Any,
     table: Path,
@@ -491,17 +522,70 @@ def compact(
     *,
     files_hint: int = 4,
 ) -> Manifest:
-    """Rewrite the live rows the retention rule keeps into one directory; commit.
+    """Rewrite the live rows the retention rule keeps into one directory; commit. The table's
+    writer is idle (or this is its batch): :func:`rewrite` then :func:`swap` at once."""
+    done = rewrite(spark, table, manifest, schema, new_floors, files_hint=files_hint)
+    swapped = swap(table, done, manifest)
+    assert swapped is not None, "nothing was committed between the rewrite and its swap"
+    return swapped
+
+
+DRIVER_REWRITE_ROWS = 250_000  # up to this many stored rows a rewrite runs on the driver
+
+
+def rewrite(
+    spark: Any,
+    table: Path,
+    manifest: Manifest,
+    schema: Any,
+    new_floors: dict[int, int],
+    *,
+    files_hint: int = 4,
+    name: str | None = None,
+    on_driver: bool | None = None,
+) -> Rewrite:
+    """Write what the retention rule keeps of ``manifest`` (a snapshot: it reads only the
+    immutable files the snapshot names) into a new directory (``name``, or a fresh one);
+    commit nothing, so batches may keep committing meanwhile.
+
+    Up to :data:`DRIVER_REWRITE_ROWS` stored rows (``on_driver`` None) the rule runs with
+    pyarrow on the driver (:func:`_kept_arrow`): a live mirror of a few hundred thousand rows
+    is a sort and a few vector comparisons, a tenth of a second, where the Spark job's shuffle
+    and window took seconds of both cores from the batches running beside it. Larger tables
+    go to Spark (:func:`_kept_spark`); both apply the same rule (a test holds them equal).
 
     ``new_floors`` only raises floors (a floor never goes down: history below it is gone).
     """
+    base = Manifest.from_json(manifest.to_json())  # a copy the caller cannot change under us
+    floors = dict(base.floors)
+    for vb, f in new_floors.items():
+        floors[vb] = max(floors.get(vb, 0), f)
+    name = name or new_data_dir(table, f"c{base.ord:08d}")
+    if on_driver is None:
+        on_driver = sum(parquet_rows(table / f) for f in base.files) <= DRIVER_REWRITE_ROWS
+    if on_driver:
+        import pyarrow.parquet as pq
+
+        kept = _kept_arrow(table, base, floors)
+        directory = table / name
+        directory.mkdir(parents=True)
+        if kept is not None:  # None: no file at all, like an empty batch's directory
+            pq.write_table(kept, directory / "part-00000.parquet")
+        (directory / "_SUCCESS").touch()
+    else:
+        out = _kept_spark(spark, table, base, schema, floors).coalesce(files_hint)
+        out.write.mode("errorifexists").parquet(str(table / name))
+    return Rewrite(name, base, floors, parquet_rows(table / name))
+
+
+def _kept_spark(
+    spark: Any, table: Path, base: Manifest, schema: Any, floors: dict[int, int]
+) -> Any:
+    """The rows the retention rule keeps, as a Spark DataFrame (module docstring)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    floors = dict(manifest.floors)
-    for vb, f in new_floors.items():
-        floors[vb] = max(floors.get(vb, 0), f)
-    live = live_changes(spark, table, manifest, schema)
+    live = live_changes(spark, table, base, schema)
     by_key = Window.partitionBy("key").orderBy("seqno", "ord", "pos")
     floor = _floor_column(floors)
     latest = F.col("_next").isNull()
@@ -511,24 +595,106 @@ def compact(
     droppable = (
         F.col("op").isin(*DELETED_OPS)
         & (F.col("seqno") <= floor)
-        & (F.col("ord") <= manifest.compacted_ord)
+        & (F.col("ord") <= base.compacted_ord)
     )
     kept = live.withColumn("_next", F.lead("seqno").over(by_key)).filter(
         (latest & ~droppable) | (~latest & (F.col("_next") > floor))
     )
-    out = kept.drop("_next").coalesce(files_hint)
-    name = write_rows(table, out, f"c{manifest.ord:08d}")
-    _delete(table, manifest.retired)
-    manifest.retired = list(manifest.files)
-    manifest.files = [name]
-    manifest.floors = floors
-    manifest.extra["dropped_through"] = manifest.compacted_ord
-    manifest.extra["compacted_rows"] = parquet_rows(table / name)
-    manifest.extra["rows_since"] = 0
-    manifest.compacted_ord = manifest.ord
-    _delete_orphans(table, manifest)
-    commit_manifest(table, manifest)
-    return manifest
+    return kept.drop("_next")
+
+
+def _kept_arrow(table: Path, base: Manifest, floors: dict[int, int]) -> Any:
+    """:func:`_kept_spark` with pyarrow: the live rows sorted by (key, seqno, ord, pos), each
+    compared with the next row of the same key."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    parts = [  # (files of the old DECIMAL(20,0) schema read as today's BIGINT)
+        decimal_files.as_bigint(pq.read_table(path))
+        for name in base.files
+        for path in sorted((table / name).rglob("*.parquet"))
+    ]
+    if not parts:
+        return None
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    rows = rows.filter(pc.not_equal(rows["op"], "rollback"))
+    if base.entries:
+        rows = rows.filter(pa.array(_live_mask(rows, scopes(base.entries)), pa.bool_()))
+    rows = rows.sort_by([(c, "ascending") for c in ("key", "seqno", "ord", "pos")])
+    n = rows.num_rows
+    if n == 0:
+        return rows
+    keys = rows["key"].combine_chunks()
+    seqno = rows["seqno"].to_numpy().astype(np.int64)
+    same_next = np.append(pc.equal(keys.slice(0, n - 1), keys.slice(1)).to_numpy(False), False)
+    next_seqno = np.append(seqno[1:], 0)
+    by_vb = np.zeros(max([*floors, 0]) + 1, dtype=np.int64)
+    for vb, f in floors.items():
+        by_vb[vb] = f
+    vbuckets = rows["vbucket"].to_numpy()
+    floor = np.where(vbuckets < len(by_vb), by_vb[np.minimum(vbuckets, len(by_vb) - 1)], 0)
+    deleted = pc.is_in(rows["op"], pa.array(DELETED_OPS)).to_numpy(False)
+    old = rows["ord"].to_numpy() <= base.compacted_ord
+    droppable = deleted & (seqno <= floor) & old
+    keep = (~same_next & ~droppable) | (same_next & (next_seqno > floor))
+    return rows.filter(pa.array(keep))
+
+
+def stale_rewrite(current: Manifest, done: Rewrite) -> bool:
+    """Whether ``done`` cannot be swapped into ``current`` exactly: another compaction
+    replaced its snapshot's files, or a batch committed since the snapshot applied a rollback
+    as exact (it was at or above the floor *then*) below the floor the rewrite used, so the
+    versions it brings back may be among those the rewrite dropped. Rare (a floor is what
+    every copy persisted, and a rollback lands at or above it); the rewrite is then thrown
+    away and the next compaction starts from the table as it is."""
+    if not set(done.base.files) <= set(current.files):
+        return True
+    return any(
+        e.kind == "rollback"
+        and e.ord > done.base.ord
+        and 0 <= e.seqno < done.floors.get(e.vbucket, 0)
+        for e in current.entries
+    )
+
+
+def swap(table: Path, done: Rewrite, current: Manifest | None = None) -> Manifest | None:
+    """Put a finished :func:`rewrite` into the table, at a batch boundary (the table's writer
+    idle): the manifest of the moment, with the snapshot's files replaced by the rewrite's
+    directory and everything committed since the snapshot kept as it is (later files,
+    entries, applied offsets). The entries all stay: the rewritten rows keep their (ord, pos),
+    so a rollback entry of a later batch still kills exactly the rows it should. A vbucket
+    resynced since the snapshot keeps its resync's floor (its reset entry kills every
+    rewritten row of it); every other floor becomes the rewrite's. None (and the rewrite's
+    directory deleted) when the rewrite is :func:`stale_rewrite`. ``current``: the manifest
+    of the moment when the caller holds it (else it is read)."""
+    current = current if current is not None else load_manifest(table)
+    if stale_rewrite(current, done):
+        delete_dirs(table, [done.name])
+        return None
+    base = done.base
+    reset = {
+        e.vbucket
+        for e in current.entries
+        if e.ord > base.ord and e.kind == "rollback" and e.seqno < 0
+    }
+    for vb, f in done.floors.items():
+        if vb not in reset:
+            current.floors[vb] = max(current.floors.get(vb, 0), f)
+    old_retired = current.retired
+    current.retired = list(base.files)
+    current.files = [done.name] + [f for f in current.files if f not in set(base.files)]
+    current.extra["dropped_through"] = base.compacted_ord
+    current.extra["compacted_rows"] = done.rows
+    since = int(current.extra.get("rows_since", 0)) - int(base.extra.get("rows_since", 0))
+    current.extra["rows_since"] = max(0, since)
+    current.compacted_ord = base.ord
+    commit_manifest(table, current)
+    # Only now: a reader of the previous manifest still finds what it names.
+    delete_dirs(table, old_retired)
+    _delete_orphans(table, current)
+    return current
 
 
 def _floor_column(floors: dict[int, int]) -> Any:
@@ -543,7 +709,7 @@ def _floor_column(floors: dict[int, int]) -> Any:
     return F.coalesce(found, F.lit(0).cast("long"))
 
 
-def _delete(table: Path, names: Iterable[str]) -> None:
+def delete_dirs(table: Path, names: Iterable[str]) -> None:
     for name in names:
         shutil.rmtree(table / name, ignore_errors=True)
 

@@ -7,7 +7,7 @@ See the package docstring (:mod:`dcpkv.pipelines.views`) for how a view works as
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from dcpkv.pipelines import decimal_files, vtable
+from dcpkv.pipelines.compactor import Compactor
 from dcpkv.pipelines.mirror import (
     BatchStats,
     mirror_schema,
@@ -71,6 +72,18 @@ class MirrorFollower:
     map_spec: str
     on_batch: Callable[[BatchStats], None] | None = None
     compact_every: int = 10
+    # Compact beside the batches (compactor.py); then :meth:`stop` must run when they stop.
+    background: bool = False
+    compactor: Compactor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.compactor = Compactor(
+            self.spark, self.table, view_schema(), self.compact_every, background=self.background
+        )
+
+    def stop(self) -> None:
+        """No more batches: finish the background compaction (swapped in, or deleted)."""
+        self.compactor.finish()
 
     def start(self, *, available_now: bool, trigger_seconds: float) -> Any:
         self.spark.dataSource.register(MirrorTicks)
@@ -113,8 +126,7 @@ class MirrorFollower:
         view.batch_id = batch_id
         vtable.note_rows(view, rows)
         vtable.commit_manifest(self.table, view)
-        if vtable.compaction_due(view, self.compact_every):
-            vtable.compact(self.spark, self.table, view, view_schema(), {})
+        self.compactor.step(view)
         self._report(batch_id, rows, len(new_entries), started, view)
 
     def _copy_rows(self, view: vtable.Manifest, mirror: vtable.Manifest, done: int) -> int:

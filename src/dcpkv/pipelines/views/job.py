@@ -66,12 +66,17 @@ def view_follower(
     name: str,
     mirror: Path,
     on_batch: Callable[[BatchStats], None] | None = None,
+    *,
+    background: bool = False,
 ) -> MirrorFollower:
     """View ``name`` fed by ``mirror``'s batches (its definition records the mirror): start
     its own tick stream (:meth:`MirrorFollower.start`), or pass :meth:`MirrorFollower.follow`
-    as the mirror's ``after_commit`` so both run in one query, one batch."""
+    as the mirror's ``after_commit`` so both run in one query, one batch (and, with
+    ``background`` compaction, :meth:`MirrorFollower.stop` as its ``on_stop``)."""
     definition = view_definition(views_dir, name)
     definition["source"] = {"mirror": str(Path(mirror).resolve())}
     save_definition(views_dir, name, definition)
     table = Path(views_dir) / name
-    return MirrorFollower(spark, table, Path(mirror), definition["map"], on_batch)
+    return MirrorFollower(
+        spark, table, Path(mirror), definition["map"], on_batch, background=background
+    )
