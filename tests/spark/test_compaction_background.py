@@ -163,14 +163,6 @@ class _Gate:
             overtaken = mirror_manifest(self.path).ord >= manifest.ord + self.batches
             time.sleep(0.05)
         self.overtaken.append(overtaken)
-        print(
-            "GATE",
-            manifest.ord,
-            overtaken,
-            self.release.is_set(),
-            mirror_manifest(self.path).ord,
-            time.monotonic() - deadline + 60,
-        )
         return self.floors(manifest)
 
 
@@ -201,11 +193,15 @@ def test_batches_commit_while_a_background_compaction_runs(
     from dcpkv.pipelines.mirror import _JOBS
 
     compactor = _JOBS[str(query.id)].compactor
+    # Writes go on until the first rewrite is swapped in: batches keep coming (they are what
+    # the gate waits for) however slowly a loaded machine runs them; the deadline only stops
+    # a job that will never compact.
+    deadline = time.monotonic() + 300
     try:
-        for round_ in range(40):
+        round_ = 0
+        while compactor.swaps < 1 and time.monotonic() < deadline and query.exception() is None:
             work.run(120, prefix=f"r{round_ % 3}")
-            if compactor.swaps >= 1:
-                break
+            round_ += 1
             time.sleep(0.3)
     finally:
         gate.release.set()  # a later compaction need not wait for batches that never come
