@@ -134,6 +134,12 @@ ROWS: list[Row] = [
         at_most(0.5, "<= 0.5 s")),
     Row("acked->persisted max, streamed, s", ("fanout", "persist_max_s_streamed"),
         at_most(2.0, "<= 2 s")),
+    # The second defect is this phase: the 1024 streams AND a background writer that
+    # saturates the loop ("the flusher must get its share whatever the load").
+    Row("acked->persisted p50, streamed + saturating writer, s",
+        ("fanout", "persist_p50_s_loaded"), at_most(0.5, "<= 0.5 s")),
+    Row("acked->persisted max, streamed + saturating writer, s",
+        ("fanout", "persist_max_s_loaded"), at_most(2.0, "<= 2 s")),
     Row("RSS per item (16+100 B), bytes", ("memory", "rss_bytes_per_item")),
     Row("bucket mem_used / RSS growth", ("memory", "mem_used_over_rss_growth")),
     Row("peak RSS growth / allowed, 100 B values",
