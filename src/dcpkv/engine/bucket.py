@@ -337,6 +337,11 @@ class Bucket:
             if (vbucket := vbuckets.get(vb)) is not None and (batch := vbucket.take_flush_batch())
         ]
 
+    @property
+    def writes_admitted(self) -> int:
+        """Front-end writes admitted so far (a counter: the server compares two readings)."""
+        return self._writes
+
     def persistence_lag(self) -> float:
         """Seconds the oldest acknowledged, not yet persisted write has waited (0.0: none)."""
         oldest = _earliest(self._dirty_since, self._inflight_since)

@@ -68,6 +68,7 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "max_connections", conn.server.config.max_connections
     yield "rejected_conns", conn.server.rejected_conns
     yield "unauth_timeouts", conn.server.unauth_timeouts
+    yield "write_holds", conn.server.write_holds
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
     yield "ep_total_persisted", bucket.items_persisted
