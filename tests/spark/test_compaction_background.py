@@ -41,6 +41,16 @@ def _crashy_server(server_factory: Any, tmp_path: Path) -> Any:
     return srv
 
 
+def _restart(srv: Any, work: Workload, *, kill: bool = False) -> None:
+    """Stop the server (cleanly: what it holds is persisted; ``kill``: kill -9, what was only
+    in memory is lost and its vbuckets branch) and start it again; the workload follows."""
+    if kill:
+        srv.kill9()
+    else:
+        srv.terminate()
+    work.port = srv.start()
+
+
 def test_a_rewrite_swapped_in_after_rollbacks_and_new_batches_is_exact(
     spark: Any, server_factory: Any, tmp_path: Path
 ) -> None:
@@ -48,11 +58,9 @@ def test_a_rewrite_swapped_in_after_rollbacks_and_new_batches_is_exact(
     path = tmp_path / "m"
     work = Workload(srv.port)
     work.run(300, prefix="a")
-    srv.terminate()  # round a persisted
-    work.port = srv.start()
+    _restart(srv, work)  # round a persisted
     work.run(200, prefix="a")  # a second version of many keys, persisted too
-    srv.terminate()
-    work.port = srv.start()
+    _restart(srv, work)
     run_once(spark, srv.port, path, compact_every=None)
     snapshot = mirror_manifest(path)
     floors = server_floors(SourceSettings.at(port=srv.port))(snapshot)
@@ -62,8 +70,7 @@ def test_a_rewrite_swapped_in_after_rollbacks_and_new_batches_is_exact(
     # exact (at the persisted point, i.e. at the floors the rewrite used), then more writes.
     work.run(250, prefix="a")
     run_once(spark, srv.port, path, compact_every=None)
-    srv.kill9()
-    work.port = srv.start()
+    _restart(srv, work, kill=True)
     work.run(60, prefix="b")
     truth = work.truth()
     run_once(spark, srv.port, path, compact_every=None)
@@ -93,16 +100,15 @@ def test_a_rewrite_is_dropped_when_a_later_rollback_fell_below_its_floors(
     path = tmp_path / "m"
     work = Workload(srv.port)
     work.run(300, prefix="a")
-    srv.terminate()
-    work.port = srv.start()
+    _restart(srv, work)
     work.run(250, prefix="a")  # in memory only
     run_once(spark, srv.port, path, compact_every=None)
     snapshot = mirror_manifest(path)
     # Floors as if everything applied were persisted: above the coming rollback points.
     applied = {vb: s for vb, (_u, s) in snapshot.applied_seqnos().items()}
     done = vtable.rewrite(spark, path, snapshot, mirror_schema(), floors_from(snapshot, applied))
-    srv.kill9()  # the batches apply the rollbacks as exact: the manifest's floors are lower
-    work.port = srv.start()
+    # The batches apply the rollbacks as exact: the manifest's floors are lower.
+    _restart(srv, work, kill=True)
     truth = work.truth()
     run_once(spark, srv.port, path, compact_every=None)
     assert vtable.swap(path, done) is None  # it dropped versions those rollbacks need
@@ -118,8 +124,7 @@ def test_a_resync_during_a_rewrite_keeps_its_own_floor(
     path = tmp_path / "m"
     work = Workload(srv.port)
     work.run(300, prefix="a")
-    srv.terminate()
-    work.port = srv.start()
+    _restart(srv, work)
     work.run(200, prefix="c")  # never persisted
     run_once(spark, srv.port, path, compact_every=None)
     applied = {vb: s for vb, (_u, s) in mirror_manifest(path).applied_seqnos().items()}
@@ -128,8 +133,7 @@ def test_a_resync_during_a_rewrite_keeps_its_own_floor(
     run_once(spark, srv.port, path, compact_every=None)
     snapshot = mirror_manifest(path)
     done = vtable.rewrite(spark, path, snapshot, mirror_schema(), {})
-    srv.kill9()
-    work.port = srv.start()
+    _restart(srv, work, kill=True)
     work.run(40, prefix="e")
     truth = work.truth()
     run_once(spark, srv.port, path, compact_every=None)  # resyncs, after the snapshot

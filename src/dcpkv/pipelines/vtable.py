@@ -279,12 +279,28 @@ def current_arrow(table: Path, manifest: Manifest, columns: Iterable[str] = ()) 
     Dead rows are found with :func:`is_dead`, only for the vbuckets that have entries."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     place = ["op", "vbucket", "key", "seqno", "ord", "pos"]
-    wanted = place + [c for c in columns if c not in place]
+    rows = _live_sorted_arrow(table, manifest, place + [c for c in columns if c not in place])
+    if rows is None or rows.num_rows == 0:
+        return rows
+    n = rows.num_rows
+    keys = rows["key"].combine_chunks()
+    # the last row of each run of equal keys: the highest (seqno, ord, pos)
+    last = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
+    return rows.filter(pa.concat_arrays([last, pa.array([True])]))
+
+
+def _live_sorted_arrow(table: Path, manifest: Manifest, columns: list[str] | None) -> Any:
+    """The live change rows of ``manifest`` (``columns``, or all), rollback rows and dead rows
+    dropped, sorted by (key, seqno, ord, pos), as one pyarrow Table; None without any file.
+    Files of the old DECIMAL(20,0) schema are read as today's BIGINT."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     parts = [
-        decimal_files.as_bigint(pq.read_table(path, columns=wanted))
+        decimal_files.as_bigint(pq.read_table(path, columns=columns))
         for name in manifest.files
         for path in sorted((table / name).rglob("*.parquet"))
     ]
@@ -293,15 +309,8 @@ def current_arrow(table: Path, manifest: Manifest, columns: Iterable[str] = ()) 
     rows = pa.concat_tables(parts, promote_options="permissive")
     rows = rows.filter(pc.not_equal(rows["op"], "rollback"))
     if manifest.entries:
-        rows = rows.filter(pa.array(_live_mask(rows, scopes(manifest.entries))))
-    rows = rows.sort_by([(c, "ascending") for c in ("key", "seqno", "ord", "pos")])
-    n = rows.num_rows
-    if n == 0:
-        return rows
-    keys = rows["key"].combine_chunks()
-    # the last row of each run of equal keys: the highest (seqno, ord, pos)
-    last = pc.not_equal(keys.slice(0, n - 1), keys.slice(1))
-    return rows.filter(pa.concat_arrays([last, pa.array([True])]))
+        rows = rows.filter(pa.array(_live_mask(rows, scopes(manifest.entries)), pa.bool_()))
+    return rows.sort_by([(c, "ascending") for c in ("key", "seqno", "ord", "pos")])
 
 
 def _live_mask(rows: Any, reach: list[Scope]) -> list[bool]:
@@ -609,23 +618,11 @@ def _kept_arrow(table: Path, base: Manifest, floors: dict[int, int]) -> Any:
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    parts = [  # (files of the old DECIMAL(20,0) schema read as today's BIGINT)
-        decimal_files.as_bigint(pq.read_table(path))
-        for name in base.files
-        for path in sorted((table / name).rglob("*.parquet"))
-    ]
-    if not parts:
-        return None
-    rows = pa.concat_tables(parts, promote_options="permissive")
-    rows = rows.filter(pc.not_equal(rows["op"], "rollback"))
-    if base.entries:
-        rows = rows.filter(pa.array(_live_mask(rows, scopes(base.entries)), pa.bool_()))
-    rows = rows.sort_by([(c, "ascending") for c in ("key", "seqno", "ord", "pos")])
-    n = rows.num_rows
-    if n == 0:
+    rows = _live_sorted_arrow(table, base, None)
+    if rows is None or rows.num_rows == 0:
         return rows
+    n = rows.num_rows
     keys = rows["key"].combine_chunks()
     seqno = rows["seqno"].to_numpy().astype(np.int64)
     same_next = np.append(pc.equal(keys.slice(0, n - 1), keys.slice(1)).to_numpy(False), False)
@@ -684,7 +681,8 @@ def swap(table: Path, done: Rewrite, current: Manifest | None = None) -> Manifes
             current.floors[vb] = max(current.floors.get(vb, 0), f)
     old_retired = current.retired
     current.retired = list(base.files)
-    current.files = [done.name] + [f for f in current.files if f not in set(base.files)]
+    replaced = set(base.files)
+    current.files = [done.name] + [f for f in current.files if f not in replaced]
     current.extra["dropped_through"] = base.compacted_ord
     current.extra["compacted_rows"] = done.rows
     since = int(current.extra.get("rows_since", 0)) - int(base.extra.get("rows_since", 0))
