@@ -1,8 +1,10 @@
-"""The memory figures stay equal to what the tables hold, whatever the writes (hypothesis).
+"""The memory figures and the live-key count stay equal to what the tables hold, whatever
+the writes (hypothesis).
 
-The hot write path keeps the hash table's and the checkpoints' byte counts by arithmetic
-rather than by summing (:meth:`VBucket._put`, :meth:`CheckpointManager.queue_next`); after any
-mix of operations, flushes, ejections and expiries, the counts must equal the sums.
+The hot write path keeps the hash table's and the checkpoints' byte counts, and the number of
+live keys (``len(vbucket)``, the ``curr_items`` stat), by arithmetic rather than by summing
+(:meth:`VBucket._put`, :meth:`CheckpointManager.queue_next`); after any mix of operations,
+flushes, ejections and expiries, the counts must equal the sums.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ OPS += ["flush", "eject", "later", "pager"]
         max_size=40,
     )
 )
-def test_memory_counts_equal_what_the_tables_hold(ops: list[tuple[str, bytes, bytes]]) -> None:
+def test_counts_equal_what_the_tables_hold(ops: list[tuple[str, bytes, bytes]]) -> None:
     clock = ManualClock()
     with TemporaryDirectory() as tmp:
         bucket = Bucket(
@@ -69,6 +71,7 @@ def test_memory_counts_equal_what_the_tables_hold(ops: list[tuple[str, bytes, by
         for op, key, value in ops:
             apply(bucket, vb, clock, op, key, value)
             assert vb._ht_memory == sum(i.size() for i in vb._ht.values())
+            assert len(vb) == sum(1 for i in vb._ht.values() if not i.deleted)
             slots = [i for c in vb.checkpoints.checkpoints for i in c.items if i is not None]
             assert vb.checkpoints.memory_used == sum(i.size() for i in slots)
         bucket.shutdown()

@@ -162,6 +162,9 @@ class VBucket:
         self._admit = admit
         self._ht: dict[bytes, Item] = {}
         self._ht_memory = 0
+        # Live (not deleted) entries, kept as the table changes: ``curr_items`` is read by
+        # every general stat, and counting 1M entries took ~50 ms of the loop per stat call.
+        self._live_keys = 0
         self._max_deleted_rev = 0
         # Whether some item in the table may carry an expiry: set by every store of one,
         # cleared by a pager walk that finds none (most buckets never use expiry, and the walk
@@ -201,8 +204,8 @@ class VBucket:
         return len(self._ht)
 
     def __len__(self) -> int:
-        """Live (not deleted) keys in the hash table."""
-        return sum(1 for i in self._ht.values() if not i.deleted)
+        """Live (not deleted) keys in the hash table (O(1))."""
+        return self._live_keys
 
     def peek(self, key: bytes) -> Item | None:
         """The hash table's entry for a key, whatever the state, tombstones included."""
@@ -613,6 +616,7 @@ class VBucket:
         with self.lock:
             self._ht.clear()
             self._ht_memory = 0
+            self._live_keys = 0
             self._unacked = None
             self.checkpoints.reset(vbstate.high_seqno)
             self.persisted_seqno = vbstate.high_seqno
@@ -741,7 +745,10 @@ class VBucket:
         size = ITEM_OVERHEAD + len(key) + len(value)  # item.size(), without the call
         if current is None:
             self._ht_memory += size
+            self._live_keys += 1
         else:  # minus current.size(), whose key is ``key``: only the values differ
+            if current.deleted:
+                self._live_keys += 1
             old_value = current.value
             self._ht_memory += len(value) - (0 if old_value is None else len(old_value))
         if expiry:
@@ -800,8 +807,10 @@ class VBucket:
         old = self._ht.get(key)
         if old is not None:
             self._ht_memory -= old.size()
+            self._live_keys -= not old.deleted
         self._ht[key] = item
         self._ht_memory += item.size()
+        self._live_keys += not item.deleted
         if item.expiry:
             self._may_expire = True
 
@@ -809,6 +818,7 @@ class VBucket:
         old = self._ht.pop(key, None)
         if old is not None:
             self._ht_memory -= old.size()
+            self._live_keys -= not old.deleted
 
 
 def _check_cas(current: Item | None, cas: int) -> None:

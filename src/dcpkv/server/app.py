@@ -56,10 +56,11 @@ under half the limit are read again (all of them when flushes fail: writes then 
 TempFail, there is nothing to wait for). The chunk that tripped it is answered first; reading
 pauses, so the client's own socket buffers push back. A connection held for its output
 (``pause_writing``) and for the flusher resumes only when both let it.
-The flusher persists every ``flush_interval_s``; the expiry pager walks the hash tables every
-``expiry_pager_interval_s``. The cyclic garbage collector is kept off the items (after
-warm-up and every 0.1 s, what survived is frozen: :mod:`dcpkv.server.gc_policy`); its full
-scans of every item held the GIL for hundreds of milliseconds at a time.
+The flusher starts a flush every ``flush_interval_s``, or at once when the previous one took
+longer (a sustained load keeps it busy, not idle half the time); the expiry pager walks the
+hash tables every ``expiry_pager_interval_s``. The cyclic garbage collector is kept off the
+items (after warm-up and every 0.1 s, what survived is frozen: :mod:`dcpkv.server.gc_policy`);
+its full scans of every item held the GIL for hundreds of milliseconds at a time.
 
 Limits (one client must not hurt the others): before a connection logs in, a frame may carry
 at most ``PREAUTH_MAX_VALUE`` bytes of value, refused from its header (E2big, then closed) so
@@ -574,8 +575,15 @@ class DataServer:
     async def _flusher(self) -> None:
         loop = asyncio.get_running_loop()
         failing = False
+        started = loop.time()
         while True:
-            await asyncio.sleep(FLUSH_RETRY_S if failing else self.config.flush_interval_s)
+            # One interval after the previous flush STARTED, not after it ended: a flush that
+            # took longer than the interval is followed at once, so under a sustained write
+            # load the flusher runs back to back (each flush takes what queued during the
+            # last) instead of idling an interval between flushes.
+            pause = FLUSH_RETRY_S if failing else self.config.flush_interval_s
+            await asyncio.sleep(max(0.0, started + pause - loop.time()))
+            started = loop.time()
             try:
                 await loop.run_in_executor(self.executor, self._flush_all)
             except Exception as exc:
