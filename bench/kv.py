@@ -13,21 +13,23 @@ connection then reads until that batch's answers are in, and sends the next batc
 operations (200,000) are split evenly over the connections, which run concurrently on one
 event loop; a phase's rate is its operations over the wall time of the slowest connection.
 
-Phases, per connection count: Set of distinct keys (16-byte keys, 100-byte values), then Get of
-the same keys; each connection count has its own keys, so no Set overwrites an earlier
-phase's. Both servers get 512 MB, so neither evicts or ejects during the phases at the
-defaults. Against dcpkv each request carries the key's vbucket (as a smart client would)
-and each connection logs in with SASL PLAIN first; memcached ignores the vbucket field. Any
-answer that is not Success is counted and shown, so a fast wrong answer is not mistaken for a
-fast right one. A Set phase against dcpkv also shows when its last write was on disk (polling
-the server's ``ep_total_persisted`` after the last answer; ``set_persisted_ops_per_s_*``): the
-rate counts acknowledgements, which come from memory, so this says whether the flusher kept
-up or the phase only filled the write queue. Each phase also shows the server process's CPU
-time per operation (user + system, all threads, from /proc): on a machine shared with other
-work the wall-clock rate swings from run to run, the CPU cost much less. ``--json PATH``
-writes the rates (``set_ops_per_s_1conn``, memcached's as ``memcached_set_ops_per_s_1conn``,
-...) and CPU costs (``set_server_cpu_us_per_op_1conn``, ...) for ``make bench``'s summary.
-"""
+Phases, per connection count, each count against a fresh server (of each kind): Set of distinct
+keys (16-byte keys, 100-byte values) into the empty bucket, then Get of the same keys. So the
+counts compare like with like: a later count neither overwrites an earlier one's keys (a
+different workload: the old version is freed) nor writes into a table the earlier one filled (a
+flush's cost grows with the table: its writes land on more pages). Both servers get 512 MB, so
+neither evicts nor ejects during a phase. Against dcpkv each request carries the key's vbucket
+(as a smart client would) and each connection logs in with SASL PLAIN first; memcached ignores
+the vbucket field. Any answer that is not Success is counted and shown, so a fast wrong answer
+is not mistaken for a fast right one. A Set phase against dcpkv also shows when its last write
+was on disk (polling the server's ``ep_total_persisted`` after the last answer;
+``set_persisted_ops_per_s_*``): the rate counts acknowledgements, which come from memory, so
+this says whether the flusher kept up or the phase only filled the write queue. Each phase also
+shows the server process's CPU time per operation (user + system, all threads, from /proc): on a
+machine shared with other work the wall-clock rate swings from run to run, the CPU cost much
+less. ``--json PATH`` writes the rates (``set_ops_per_s_1conn``, memcached's as
+``memcached_set_ops_per_s_1conn``, ...) and CPU costs (``set_server_cpu_us_per_op_1conn``, ...)
+for ``make bench``'s summary."""
 
 from __future__ import annotations
 
@@ -60,9 +62,9 @@ from dcpkv.protocol.frame import FrameParser, encode_frame
 
 VALUE = b"v" * 100
 VBUCKETS = 1024
-# The dcpkv bucket's quota, as memcached's ``-m 512``: both Set phases' keys (400,000 at the
-# defaults, ~630 accounted bytes each) fit, so the phases measure Set and not the ejection of
-# values a full bucket does (``bench/memory.py`` measures the quota at work).
+# The dcpkv bucket's quota, as memcached's ``-m 512``: a Set phase's keys (~630 accounted bytes
+# each) fit up to --ops 800,000, so it measures Set and not the ejection of values a full bucket
+# does (``bench/memory.py`` measures the quota at work).
 QUOTA_MB = 512
 START_TIMEOUT_S = 30.0
 PERSIST_TIMEOUT_S = 120.0  # a Set phase's accepted writes must all be on disk by then
@@ -327,33 +329,30 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def measure(
-    target: Target, ops: int, batch: int, conn_counts: list[int], figures: dict[str, float]
+    target: Target, ops: int, batch: int, conns: int, figures: dict[str, float]
 ) -> list[list[str]]:
-    """The table rows of every phase; the rates also go into ``figures``."""
+    """The table rows of one connection count's phases against a fresh server; the rates
+    also go into ``figures``."""
     rows = []
     prefix = "" if target.name == "dcpkv" else f"{target.name}_"
-    for i, conns in enumerate(conn_counts):
-        for opcode in (Opcode.Set, Opcode.Get):
-            # Each connection count its own keys: a Set phase never overwrites the keys of an
-            # earlier one (an overwrite is a different workload: the old version is freed, and
-            # the checkpoint may hold both until the flusher has passed).
-            result = asyncio.run(phase(target, opcode, ops, conns, batch, first=i * ops))
-            figures[f"{prefix}{opcode.name.lower()}_ops_per_s_{conns}conn"] = result.rate
-            figures[f"{prefix}{opcode.name.lower()}_errors_{conns}conn"] = result.errors
-            figures[f"{prefix}{opcode.name.lower()}_server_cpu_us_per_op_{conns}conn"] = (
-                result.cpu_us_per_op
+    for opcode in (Opcode.Set, Opcode.Get):
+        result = asyncio.run(phase(target, opcode, ops, conns, batch))
+        figures[f"{prefix}{opcode.name.lower()}_ops_per_s_{conns}conn"] = result.rate
+        figures[f"{prefix}{opcode.name.lower()}_errors_{conns}conn"] = result.errors
+        figures[f"{prefix}{opcode.name.lower()}_server_cpu_us_per_op_{conns}conn"] = (
+            result.cpu_us_per_op
+        )
+        persisted = "-"
+        if result.persisted_seconds is not None:
+            figures[f"{prefix}set_persisted_ops_per_s_{conns}conn"] = (
+                result.ops / result.persisted_seconds
             )
-            persisted = "-"
-            if result.persisted_seconds is not None:
-                figures[f"{prefix}set_persisted_ops_per_s_{conns}conn"] = (
-                    result.ops / result.persisted_seconds
-                )
-                persisted = f"{result.persisted_seconds:.2f}"
-            rows.append([
-                target.name, opcode.name, str(conns), f"{result.ops:,}",
-                f"{result.rate:,.0f}", f"{result.seconds:.2f}", persisted,
-                f"{result.cpu_us_per_op:.2f}", str(result.errors),
-            ])  # fmt: skip
+            persisted = f"{result.persisted_seconds:.2f}"
+        rows.append([
+            target.name, opcode.name, str(conns), f"{result.ops:,}",
+            f"{result.rate:,.0f}", f"{result.seconds:.2f}", persisted,
+            f"{result.cpu_us_per_op:.2f}", str(result.errors),
+        ])  # fmt: skip
     return rows
 
 
@@ -366,15 +365,17 @@ def main(
     conn_counts = [int(c) for c in connections.split(",")]
     rows: list[list[str]] = []
     figures: dict[str, float] = {}
-    with (
-        tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
-        dcpkv_server(Path(tmp)) as target,
-    ):
-        rows += measure(target, ops, batch, conn_counts, figures)
+    for conns in conn_counts:
+        with (
+            tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
+            dcpkv_server(Path(tmp)) as target,
+        ):
+            rows += measure(target, ops, batch, conns, figures)
     binary = shutil.which("memcached")
     if binary:
-        with memcached_server(binary) as target:
-            rows += measure(target, ops, batch, conn_counts, figures)
+        for conns in conn_counts:
+            with memcached_server(binary) as target:
+                rows += measure(target, ops, batch, conns, figures)
     table = Table(title=f"Pipelined KV throughput ({batch} requests per write, {len(VALUE)}-byte "
                   "values, one asyncio client process)")  # fmt: skip
     for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "all persisted at s",
