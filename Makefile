@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 ## lint: ruff, the layer contract (import-linter), mypy (see pyproject.toml for both)
 lint: $(STAMP)
