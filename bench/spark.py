@@ -47,6 +47,7 @@ from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
+from dcpkv.pipelines.class_archive import java_options
 from dcpkv.spark.plan import VbTarget
 from dcpkv.spark.read import stream_events
 from dcpkv.spark.sparkoffsets import VbPosition
@@ -89,6 +90,8 @@ def spark_session(cores: int) -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "2g")
+        # the driver JVM as the dcpkv commands start it: from the class-data archive
+        .config("spark.driver.extraJavaOptions", java_options())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
