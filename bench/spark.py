@@ -14,7 +14,10 @@ Theory of operation
    own start-up is not). The Parquet rows are counted afterwards to check the figure. The
    same query runs a second time into a new folder and checkpoint: the first run also pays
    the JVM's warm-up and the Python workers' start (seconds), the second shows the steady
-   rate.
+   rate. The session's driver JVM starts as the dcpkv commands start theirs, from the
+   class-data archive of ``dcpkv.pipelines.class_archive`` (the first run on a machine
+   writes it; ``DCPKV_SPARK_CDS=0`` measures without it): it loads Spark's classes faster,
+   while the JIT's warm-up and the Python workers' start stay in the first query's figure.
 
 Rates are rows/s. With N cores the query runs N tasks at once, each with its own consumer
 connection, so it can beat the single-consumer ceiling on a machine with spare cores.
