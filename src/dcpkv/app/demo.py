@@ -14,7 +14,11 @@ order however the job ends:
    cluster's connection string and follows the map.
 2. **Sample.** :func:`~dcpkv.pipelines.loader.load_sample` with a progress bar, unless the
    bucket's marker says the sample is already there (a re-run resumes, it does not reload).
-3. **Pipelines.** A SparkSession (local, or ``--master``), then one streaming query: the
+3. **Pipelines.** A SparkSession (local, or ``--master``), started in a thread
+   (:class:`SparkStart`) from the job's first moment, beside the node's start and the sample's
+   load, and warmed up there on the node (``pipelines/warmup.py``: one small batch through
+   the mirror's write path, so the Python workers and the JVM's first-job costs are paid
+   before the user waits on the first batch, not in it); then one streaming query: the
    mirror (``<data>/pipelines/mirror``), whose every batch also brings the
    ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
    (``<data>/pipelines/views``) up to date from the rows it just committed (the view follows
@@ -394,12 +398,15 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
     events: list[Event] = []
     with contextlib.ExitStack() as stack:
         stack.callback(nodes.stop, console)
+        spark_start = SparkStart(settings.master, paths.pipelines / ".warmup")
+        spark_start.start()  # beside the node's start and the sample's load
+        stack.callback(spark_start.close)  # before the node stops: the warm-up reads from it
         try:
             ep = nodes.start(console)
         except NodeError as exc:
             console.print(f"[red]dcpkv demo: cannot start the node: {exc}")
             return 1
-        code = _run(settings, paths, nodes, ep, stopper, console, stack, events)
+        code = _run(settings, paths, nodes, ep, stopper, console, stack, events, spark_start)
     _write_report(paths, console, events)
     return code
 
@@ -407,14 +414,18 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
 def _run(
     settings: DemoSettings, paths: DemoPaths, nodes: Nodes, ep: ConnectionSettings,
     stopper: Stopper, console: Console, stack: contextlib.ExitStack, events: list[Event],
+    spark_start: SparkStart,
 ) -> int:  # fmt: skip
     """Sample, pipelines, generator (and chaos), live line, catch-up, end check."""
     num_vbuckets = nodes.vbuckets(ep)
+    spark_start.node_ready(SourceSettings(ep), num_vbuckets)  # the warm-up may read from it
     sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
     if sample is None or stopper.stopped:
         return 0
-    pipelines = _Pipelines.start(settings, paths, SourceSettings(ep), stopper, console, stack)
-    if stopper.stopped or not _first_batch(pipelines, stopper, console):
+    pipelines = _Pipelines.start(
+        settings, paths, SourceSettings(ep), stopper, console, stack, spark_start
+    )
+    if pipelines is None or stopper.stopped or not _first_batch(pipelines, stopper, console):
         return 0
     generator = ChangeGenerator(
         ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time())
@@ -496,6 +507,59 @@ def _start_chaos(
     return chaos
 
 
+class SparkStart(threading.Thread):
+    """Starts the SparkSession, then warms it up on the node (``pipelines/warmup.py``), in a
+    thread of its own: the JVM's start and the first job's fixed costs run while the node
+    starts and the sample loads, not after. (SparkContext leaves the SIGINT handler alone
+    outside the main thread, so the job's :class:`Stopper` stays in charge.)"""
+
+    def __init__(self, master: str | None, scratch: Path) -> None:
+        super().__init__(name="dcpkv-demo-spark-start", daemon=True)
+        self.master = master
+        self.scratch = scratch
+        self.spark: Any = None
+        self.error: BaseException | None = None
+        self._node: tuple[SourceSettings, int] | None = None
+        self._node_known = threading.Event()
+
+    def node_ready(self, source: SourceSettings | None, num_vbuckets: int = 0) -> None:
+        """The node answers (None: there will be none, skip the warm-up)."""
+        self._node = None if source is None else (source, num_vbuckets)
+        self._node_known.set()
+
+    def run(self) -> None:
+        from dcpkv.pipelines.spark_session import get_spark
+        from dcpkv.pipelines.warmup import warm_up
+
+        try:
+            self.spark = get_spark("dcpkv-demo", self.master)
+        except Exception as exc:  # handed to the main thread by session()
+            self.error = exc
+            return
+        self._node_known.wait()
+        if self._node is not None:
+            # Best effort: a failed warm-up only leaves the costs to the first batch.
+            with contextlib.suppress(Exception):
+                warm_up(self.spark, self._node[0], self.scratch, self._node[1])
+
+    def session(self, stopper: Stopper) -> Any:
+        """The session once started and warmed up; None when stopped first."""
+        while self.is_alive():
+            if stopper.event.wait(0.1):
+                return None
+        if self.error is not None:
+            raise self.error
+        return self.spark
+
+    def close(self) -> None:
+        """Wait for the start (a JVM half started cannot be stopped) and stop the session."""
+        if not self._node_known.is_set():
+            self.node_ready(None)
+        self.join()
+        if self.spark is not None:
+            self.spark.stop()
+
+
 class _Pipelines:
     """The mirror and the view: their Spark queries, stats and sampler."""
 
@@ -515,15 +579,16 @@ class _Pipelines:
     @classmethod
     def start(
         cls, settings: DemoSettings, paths: DemoPaths, source: SourceSettings,
-        stopper: Stopper, console: Console, stack: contextlib.ExitStack,
-    ) -> _Pipelines:  # fmt: skip
-        from dcpkv.pipelines.spark_session import DEFAULT_MASTER, get_spark
+        stopper: Stopper, console: Console, stack: contextlib.ExitStack, spark_start: SparkStart,
+    ) -> _Pipelines | None:  # fmt: skip
+        """The queries on the session ``spark_start`` made; None when stopped first."""
+        from dcpkv.pipelines.spark_session import DEFAULT_MASTER
 
         master = settings.master or DEFAULT_MASTER
         with console.status(f"Starting Spark ({master})..."):
-            spark = get_spark("dcpkv-demo", settings.master)
-        stack.callback(spark.stop)
-        stopper.install()  # SparkContext replaced our SIGINT handler with its own
+            spark = spark_start.session(stopper)
+        if spark is None:
+            return None
         pipelines = cls(spark, master, paths, source)
         stack.callback(pipelines.stop)
         pipelines.queries = pipelines.run(available_now=False)
