@@ -203,16 +203,11 @@ class Conn:
             await self.writer.wait_closed()
 
 
-async def phase(
-    target: Target, opcode: Opcode, ops: int, conns: int, batch: int, first: int = 0
-) -> Result:
+async def phase(target: Target, opcode: Opcode, ops: int, conns: int, batch: int) -> Result:
     """``ops`` requests of one opcode over ``conns`` concurrent connections, on the keys
-    numbered ``first`` .. ``first + ops``."""
+    numbered 0 .. ``ops``."""
     per = ops // conns
-    work = [
-        batches(opcode, range(first + n * per, first + (n + 1) * per), batch, target)
-        for n in range(conns)
-    ]
+    work = [batches(opcode, range(n * per, (n + 1) * per), batch, target) for n in range(conns)]
     clients = [await Conn.open(target) for _ in range(conns)]
     durable = opcode == Opcode.Set and target.login  # dcpkv persists; memcached does not
     try:
