@@ -114,6 +114,52 @@ def test_rollback_past_window_empties_the_vbucket(storage: Storage) -> None:
     assert storage.vbucket_state(0).high_seqno == 0  # type: ignore[union-attr]
 
 
+def _flush_points(storage: Storage) -> list[int]:
+    return [p for (p,) in storage._db.execute("SELECT seqno FROM flush_points WHERE vb = 0")]
+
+
+# (history window, flushes at seqnos 1..n, one each) -> the flush points kept, where a
+# rollback to a seqno lands. Stride = window // 64; thinning runs every stride of seqnos
+# (first at seqno 1) and keeps, below high - stride, the newest point of each stride.
+THINNING = [
+    pytest.param(
+        640, 100,
+        [9, 19, 29, 39, 49, 59, 69, 79, 80, *range(81, 101)],
+        {100: 100, 85: 85, 80: 80, 79: 79, 78: 69, 15: 9, 9: 9, 8: 0},
+        id="stride 10: dense above 81 (cutoff of the run at 91), newest of each ten below",
+    ),
+    pytest.param(
+        640, 5, [1, 2, 3, 4, 5], {3: 3},
+        id="younger than a stride: every point kept",
+    ),
+    pytest.param(
+        63, 30, list(range(1, 31)), {25: 25},
+        id="window under 64: a stride of one seqno keeps every point",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("window", "flushes", "kept", "lands"), THINNING)
+def test_older_flush_points_are_thinned_to_one_per_stride(
+    tmp_path: Path, window: int, flushes: int, kept: list[int], lands: dict[int, int]
+) -> None:
+    """A flush point per vbucket per flush, kept for the whole history window, grew without
+    bound under a steady load (~100M rows after three hours at 10k writes/s); older ones are
+    thinned, and a rollback lands on the newest point kept at or below its target."""
+    for target, expected in lands.items():
+        storage = Storage(tmp_path / f"{target}.sqlite3", history_window=window)
+        for seqno in range(1, flushes + 1):
+            _put(storage, (seqno, b"k%d" % (seqno % 7), b"v%d" % seqno))
+        assert sorted(_flush_points(storage)) == kept
+        assert storage.rollback(0, target) == expected
+        if expected:  # exact: every key as it was at that flush
+            assert _docs(storage) == {
+                b"k%d" % (s % 7): (s, b"v%d" % s, False)
+                for s in range(max(1, expected - 6), expected + 1)
+            }  # fmt: skip
+        storage.close()
+
+
 def test_rollback_to_or_above_high_is_a_no_op(storage: Storage) -> None:
     _put(storage, (1, b"a", b"1"))
     assert storage.rollback(0, 9) == 1

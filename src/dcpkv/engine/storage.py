@@ -13,8 +13,10 @@ Tables
     ``history``    versions replaced by a flush, with the seqno that replaced them, kept for a
                    window of the last ``history_window`` seqnos per vbucket (trimmed every
                    quarter window, so up to 1.25 windows): what a replica needs to roll back.
-    ``flush_points`` the high seqno of each committed flush inside the window: the states the
-                   disk actually went through, hence the only exact rollback targets.
+    ``flush_points`` the high seqno of committed flushes inside the window: the states the
+                   disk actually went through, hence the only exact rollback targets. Every
+                   flush of the newest stride (``history_window // FLUSH_POINT_STRIDES``
+                   seqnos) is kept; below it, the newest of each stride (see Rollback).
     ``vbstate``    per vbucket: state, failover table (JSON), persisted high seqno, the
                    persisted snapshot range, purge seqno, max CAS, and ``history_start``
                    (rollback to any flush point at or above it is exact).
@@ -45,7 +47,14 @@ small bucket stays small (the quota's RSS margin, README).
 Rollback. Before a flush overwrites a key it copies the old row to ``history`` with the new
 row's seqno as ``replaced_by``. Rolling back to seqno R picks the newest flush point C <= R;
 every key changed after C gets back the version whose replacement came first after C (or is
-removed when it had none: it did not exist at C). When C is older than the retained window, the
+removed when it had none: it did not exist at C). A flush adds one point per vbucket it
+touches: at 10k writes/s over 1,024 vbuckets, 20 flushes a second, a window of 100k seqnos
+held ~100M points after three hours, each flush writing one more page per vbucket. So points
+older than the newest stride are thinned (every stride of seqnos, per vbucket) to the newest
+of each stride, plus ``history_start``'s: at most ~80 old points per vbucket. A rollback to a
+recent R still lands on the newest flush at or below it; an older R lands up to one stride
+lower (still exact: the history covers the window), which only means re-streaming those
+seqnos. When C is older than the retained window, the
 vbucket is emptied and the answer is 0.
 
 Compaction removes tombstones (by seqno or age) and raises the purge seqno: a DCP consumer
@@ -368,6 +377,16 @@ _TRIM_HISTORY = _MultiRow(
     " AND h.replaced_by <= s.history_start)",
     _placeholders(1),
 )
+# Thinning (module docstring, Rollback): of the points below (vb, cutoff), keep the newest of
+# each stride of seqnos (the third value) and history_start's; delete the others.
+_THIN_POINTS = _MultiRow(
+    "WITH c(vb, cutoff, stride) AS (VALUES {rows}), ranked AS (SELECT f.vb, f.seqno,"
+    " row_number() OVER (PARTITION BY f.vb, f.seqno / c.stride ORDER BY f.seqno DESC) AS n"
+    " FROM c JOIN vbstate s ON s.vb = c.vb JOIN flush_points f ON f.vb = c.vb"
+    " AND f.seqno < c.cutoff AND f.seqno <> s.history_start)"
+    " DELETE FROM flush_points WHERE (vb, seqno) IN (SELECT vb, seqno FROM ranked WHERE n > 1)",
+    _placeholders(3),
+)
 _TRIM_POINTS = _MultiRow(
     "WITH c(vb) AS (VALUES {rows}) DELETE FROM flush_points WHERE (vb, seqno) IN"
     " (SELECT f.vb, f.seqno FROM c JOIN vbstate s ON s.vb = c.vb JOIN flush_points f"
@@ -378,6 +397,7 @@ WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB of 4 KiB pages (module docstring, Dur
 # The flusher's page cache (module docstring, Cache): SQLite's default, up to 16 MiB.
 MIN_CACHE_BYTES = 2_048_000
 MAX_CACHE_BYTES = 16 << 20
+FLUSH_POINT_STRIDES = 64  # strides per history window (module docstring, Rollback)
 _MAX_ROWS = 2048  # rows per statement: 2048 x 11 parameters stays below SQLite's 32766
 
 
@@ -424,6 +444,7 @@ class Storage:
             self._db.execute(_KEEP_HISTORY)
         self._reader = self._open(create=False)
         self._trimmed_at: dict[int, int] = {}  # vb -> high seqno of its last history trim
+        self._thinned_at: dict[int, int] = {}  # vb -> high seqno of its last point thinning
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -560,6 +581,7 @@ class Storage:
         states: list[tuple[object, ...]] = []
         points: list[tuple[int, int]] = []
         trims: list[tuple[int, int]] = []
+        thins: list[tuple[int, int]] = []
         history = self.history_window > 0
         for vb, items, vbstate in batches:  # (per dirty vbucket: kept to few calls)
             # One row per key (its latest version): history copies each replaced row once.
@@ -569,6 +591,8 @@ class Storage:
                 points.append((vb, vbstate.high_seqno))
                 if self._trim_due(vb, vbstate.high_seqno):
                     trims.append((vb, vbstate.high_seqno))
+                if self._thin_due(vb, vbstate.high_seqno):
+                    thins.append((vb, vbstate.high_seqno))
         # In (vb, key) order, so consecutive upserts walk the same pages of the (vb, key) tree
         # (5-12 % less SQLite CPU for scattered keys). A vbucket listed twice keeps its rows in
         # seqno order (the tuples' third field): the newest is upserted last and wins.
@@ -578,8 +602,26 @@ class Storage:
             _chunked(db, _VBSTATE_UPSERT, states)
             _chunked(db, _FLUSH_POINTS_INSERT, points)
             self._trim_history(db, trims)
+            self._thin_points(db, thins)
         for vb, high_seqno in trims:
             self._trimmed_at[vb] = high_seqno
+        for vb, high_seqno in thins:
+            self._thinned_at[vb] = high_seqno
+
+    @property
+    def flush_point_stride(self) -> int:
+        """Seqnos per stride of thinned flush points (module docstring, Rollback)."""
+        return max(1, self.history_window // FLUSH_POINT_STRIDES)
+
+    def _thin_due(self, vb: int, high_seqno: int) -> bool:
+        # Once per stride of seqnos: each run reads the vbucket's points below the cutoff, at
+        # most ~80 kept ones plus the two strides that accumulated since the last run.
+        last = self._thinned_at.get(vb)
+        return last is None or high_seqno - last >= self.flush_point_stride
+
+    def _thin_points(self, db: sqlite3.Connection, thins: list[tuple[int, int]]) -> None:
+        stride = self.flush_point_stride
+        _chunked(db, _THIN_POINTS, [(vb, high - stride, stride) for vb, high in thins])
 
     def _trim_due(self, vb: int, high_seqno: int) -> bool:
         # History is trimmed every quarter window, not every flush: keeping up to 1.25x the
