@@ -160,6 +160,25 @@ def test_older_flush_points_are_thinned_to_one_per_stride(
         storage.close()
 
 
+def test_a_file_with_the_old_history_key_index_loses_it_and_still_rolls_back(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "b.sqlite3"
+    storage = Storage(path, history_window=10)
+    storage._db.execute("CREATE INDEX history_key ON history (vb, key, replaced_by)")
+    _put(storage, (1, b"a", b"1"))
+    _put(storage, (2, b"a", b"2"))
+    storage.close()
+    storage = Storage(path, history_window=10)
+    indexes = {
+        r[0] for r in storage._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+    }
+    assert "history_key" not in indexes and "history_replaced" in indexes
+    assert storage.rollback(0, 1) == 1
+    assert _docs(storage) == {b"a": (1, b"1", False)}
+    storage.close()
+
+
 def test_rollback_to_or_above_high_is_a_no_op(storage: Storage) -> None:
     _put(storage, (1, b"a", b"1"))
     assert storage.rollback(0, 9) == 1

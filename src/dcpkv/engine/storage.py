@@ -13,6 +13,10 @@ Tables
     ``history``    versions replaced by a flush, with the seqno that replaced them, kept for a
                    window of the last ``history_window`` seqnos per vbucket (trimmed every
                    quarter window, so up to 1.25 windows): what a replica needs to roll back.
+                   Indexed on (vb, replaced_by) only: a rollback reads the history above its
+                   point in one scan. A (vb, key) index cost every flush of updates a
+                   scattered page per key: 24.4 vs 16.2 us of flusher CPU and 16.3 vs 8.9 kB
+                   written per updated item (100k keys, 6,000-item flushes).
     ``flush_points`` the high seqno of committed flushes inside the window: the states the
                    disk actually went through, hence the only exact rollback targets. Every
                    flush of the newest stride (``history_window // FLUSH_POINT_STRIDES``
@@ -115,7 +119,6 @@ CREATE TABLE IF NOT EXISTS history (
     value BLOB NOT NULL, replaced_by INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS history_replaced ON history (vb, replaced_by);
-CREATE INDEX IF NOT EXISTS history_key ON history (vb, key, replaced_by);
 CREATE TABLE IF NOT EXISTS flush_points (
     vb INTEGER NOT NULL, seqno INTEGER NOT NULL, PRIMARY KEY (vb, seqno)
 ) WITHOUT ROWID;
@@ -458,6 +461,9 @@ class Storage:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
                 conn.executescript(_SCHEMA)
+                # Files written before it had a (vb, key, replaced_by) index on history; a
+                # rollback no longer reads it (``_versions_at``) and updates paid for it.
+                conn.execute("DROP INDEX IF EXISTS history_key")
                 conn.execute(
                     "INSERT OR IGNORE INTO meta (id, version, clean_shutdown) VALUES (1, ?, 1)",
                     (FORMAT_VERSION,),
@@ -762,16 +768,20 @@ class Storage:
                 (vb, point, vb, point),
             )
         ]
+        # The version live at the point: written at or before it, replaced after it, the first
+        # such replacement (a version written after the point and replaced later is not it:
+        # the key may not have existed at the point at all). One scan of the history above the
+        # point, in replacement order, rather than a lookup per key: no (vb, key) index on
+        # history, which cost every flush of updates a page write per key (module docstring).
+        at_point: dict[bytes, Row] = {}
+        for row in db.execute(
+            f"SELECT {_DOC_COLUMNS} FROM history WHERE vb = ? AND replaced_by > ?"
+            " AND by_seqno <= ? ORDER BY replaced_by",
+            (vb, point, point),
+        ):
+            at_point.setdefault(row[0], row)
         for key in keys:
-            # The version live at the point: written at or before it, replaced after it. (A
-            # version written after the point and replaced later is not it: the key may not
-            # have existed at the point at all.)
-            old = db.execute(
-                f"SELECT {_DOC_COLUMNS} FROM history WHERE vb = ? AND key = ? AND replaced_by > ?"
-                " AND by_seqno <= ? ORDER BY replaced_by LIMIT 1",
-                (vb, key, point, point),
-            ).fetchone()
-            yield key, old
+            yield key, at_point.get(key)
 
     def _restore(self, db: sqlite3.Connection, vb: int, point: int) -> None:
         for key, old in list(self._versions_at(db, vb, point)):
