@@ -9,6 +9,9 @@ picks the filesystem, default the temp dir, often tmpfs where fsync is free). Pr
 * ``flush 1024 vb x 2``: many small flushes as a server sees them at realistic write rates:
   2 items into each of 1,024 active vbuckets, then one ``Bucket.flush_once``, repeated until N
   items are flushed (the per-dirty-vbucket cost of the flusher dominates there);
+* ``flush updates``: a server's steady state, keys written again: 100k keys over 1,024
+  vbuckets loaded first, then N writes of random existing keys, flushed 6,000 at a time (as a
+  loaded server flushes), history kept (each replaced version is copied for rollback);
 * the storage layout choice: N items spread over 64 vbuckets, flushed as one transaction
   in one file (the design), one transaction per vbucket in one file, and one file per vbucket.
 """
@@ -79,6 +82,29 @@ def bench_small_flushes(n: int, vbs: int = 1024, per_vb: int = 2) -> float:
         return flushing
 
 
+def bench_update_flushes(n: int, keys: int = 100_000, per_flush: int = 6_000) -> float:
+    """Seconds spent in ``flush_once`` for N overwrites of existing keys (module docstring)."""
+    rng = random.Random(7)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        bucket = Bucket(
+            "bench", Path(tmp), num_vbuckets=1024, rng=random.Random(1), memory_quota=1 << 34,
+        )  # fmt: skip
+        vbuckets = [bucket.set_vbucket_state(vb, VBucketState.ACTIVE) for vb in range(1024)]
+        for i in range(keys):
+            vbuckets[i % 1024].set(b"key-%08d" % i, VALUE)
+        bucket.flush_once()
+        flushing, done = 0.0, 0
+        while done < n:
+            for _ in range(min(per_flush, n - done)):
+                i = rng.randrange(keys)
+                vbuckets[i % 1024].set(b"key-%08d" % i, VALUE)
+            start = time.perf_counter()
+            done += bucket.flush_once()
+            flushing += time.perf_counter() - start
+        bucket.shutdown()
+        return flushing
+
+
 def _items(n: int, vbs: int) -> dict[int, list[Item]]:
     per_vb: dict[int, list[Item]] = {vb: [] for vb in range(vbs)}
     for i in range(n):
@@ -129,6 +155,9 @@ def main(
     seconds = bench_small_flushes(n)
     print(f"  flush 1024 vb x 2 items     {_rate(n, seconds)}")
     figures["flush_1024vb_x2_items_per_s"] = n / seconds
+    seconds = bench_update_flushes(n)
+    print(f"  flush updates, 100k keys    {_rate(n, seconds)}")
+    figures["flush_updates_items_per_s"] = n / seconds
     for layout in ("one txn", "txn per vb", "file per vb"):
         seconds = bench_layout(n, 64, layout)
         print(f"  64 vbs, {layout:<12}        {_rate(n, seconds)}")
