@@ -14,18 +14,21 @@ order however the job ends:
    cluster's connection string and follows the map.
 2. **Sample.** :func:`~dcpkv.pipelines.loader.load_sample` with a progress bar, unless the
    bucket's marker says the sample is already there (a re-run resumes, it does not reload).
+   A new mirror's first batch (the sample) is written at once by the driver, without Spark
+   (``pipelines/first_batch.py``): the mirror holds the bucket a fraction of a second after
+   the load, while Spark is still starting.
 3. **Pipelines.** A SparkSession (local, or ``--master``), started in a thread
    (:class:`SparkStart`) from the job's first moment, beside the node's start and the sample's
    load, and warmed up there on the node (``pipelines/warmup.py``: one small batch through
    the mirror's write path, so the Python workers and the JVM's first-job costs are paid
-   before the user waits on the first batch, not in it); then one streaming query: the
-   mirror (``<data>/pipelines/mirror``), whose every batch also brings the
+   before the live batches, not in them); then one streaming query, from where the first
+   batch ended: the mirror (``<data>/pipelines/mirror``), whose every batch also brings the
    ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
    (``<data>/pipelines/views``) up to date from the rows it just committed (the view follows
    the mirror: one stream from the server and one batch's fixed cost, not two); a light
    :class:`~dcpkv.pipelines.loader.ChangeGenerator` keeps writing changes so data flows,
-   from the moment the mirror's first batch (the bucket as loaded) is committed: the live
-   phase, whose lag the bench measures, starts with a mirror that holds the bucket.
+   from the moment the mirror holds the bucket as loaded and its query has run its first
+   batch: the live phase, whose lag the bench measures, starts with a running query.
    The query keeps its checkpoint under the data dir, so a re-run continues it.
 4. **Live.** The main thread redraws one progress line from the ``on_batch`` callbacks
    (batches, rows/s, lag) and from a sampler thread that reads, every few seconds and with
@@ -194,6 +197,7 @@ class PipelineStats:
     listener thread, hence the lock)."""
 
     batches: int = 0
+    query_batches: int = 0  # batches of the Spark query (not a first batch the driver wrote)
     rows: int = 0
     lag: int | None = None
     lag_s: float | None = None  # the last batch's oldest change: write to commit (BatchStats)
@@ -204,6 +208,7 @@ class PipelineStats:
         now = time.monotonic()
         with self.lock:
             self.batches += 1
+            self.query_batches += stats.batch_id >= 0
             self.rows += stats.rows
             self.lag = stats.lag
             self.lag_s = stats.lag_s
@@ -422,10 +427,14 @@ def _run(
     sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
     if sample is None or stopper.stopped:
         return 0
+    mirror_stats = PipelineStats()
+    loaded = _load_first_batch(paths, SourceSettings(ep), mirror_stats, console)
     pipelines = _Pipelines.start(
-        settings, paths, SourceSettings(ep), stopper, console, stack, spark_start
+        settings, paths, SourceSettings(ep), stopper, console, stack, spark_start, mirror_stats
     )
-    if pipelines is None or stopper.stopped or not _first_batch(pipelines, stopper, console):
+    if pipelines is None or stopper.stopped:
+        return 0
+    if not _first_batch(pipelines, stopper, console, loaded):
         return 0
     generator = ChangeGenerator(
         ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time())
@@ -452,20 +461,43 @@ def _run(
     return 0 if check.ok else 1
 
 
-def _first_batch(pipelines: _Pipelines, stopper: Stopper, console: Console) -> bool:
-    """Wait for the mirror's first batch (the sample, or what a re-run finds new) before the
-    generator starts: the live phase, and its lag, begin once the mirror holds the bucket.
-    A re-run whose mirror already holds everything gets no batch: the wait ends when the
-    mirror is caught up with the node (asked every second), or after :data:`FIRST_BATCH_S`.
-    False when stopped first; a failed query is left to the live loop, which reports it."""
+def _load_first_batch(
+    paths: DemoPaths, source: SourceSettings, stats: PipelineStats, console: Console
+) -> bool:
+    """A new mirror's first batch (the sample), written by the driver the moment the sample
+    is in, while Spark still starts (``pipelines/first_batch.py``); False when the mirror is
+    not new (a re-run) or the batch is left to Spark."""
+    from dcpkv.pipelines.first_batch import load_first_batch
+
+    first = load_first_batch(
+        paths.mirror, source, paths.checkpoints / "mirror", on_batch=stats.on_batch
+    )
+    if first is not None:
+        console.print(
+            f"Mirrored the bucket: {first.rows:,} changes visible in {first.visible_s or 0:.2f} s "
+            "(the first batch, written without a Spark job)."
+        )
+    return first is not None
+
+
+def _first_batch(pipelines: _Pipelines, stopper: Stopper, console: Console, loaded: bool) -> bool:
+    """Wait for the mirror query's first batch (the sample, or what a re-run finds new)
+    before the generator starts: the live phase, and its lag, begin once the mirror holds
+    the bucket and its query runs. After a first batch the driver wrote (``loaded``) the
+    query's own first batch (Spark runs one when a query starts afresh, even an empty one)
+    says it runs. A re-run whose mirror already holds everything gets no batch: the wait ends
+    when the mirror is caught up with the node (asked every second), or after
+    :data:`FIRST_BATCH_S`. False when stopped first; a failed query is left to the live loop,
+    which reports it."""
     deadline = time.monotonic() + FIRST_BATCH_S
     next_check = time.monotonic() + 1.0
-    with console.status("Mirroring the bucket (the first batch)..."):
-        while pipelines.mirror.batches == 0 and not stopper.event.wait(0.1):
+    waiting = "Starting the mirror's query" if loaded else "Mirroring the bucket (the first batch)"
+    with console.status(f"{waiting}..."):
+        while pipelines.mirror.query_batches == 0 and not stopper.event.wait(0.1):
             now = time.monotonic()
             if now >= deadline or not all(q.isActive for q in pipelines.queries):
                 return True
-            if now >= next_check:
+            if not loaded and now >= next_check:
                 next_check = now + 1.0
                 if pipelines.caught_up():
                     return True
@@ -538,7 +570,7 @@ class SparkStart(threading.Thread):
             return
         self._node_known.wait()
         if self._node is not None:
-            # Best effort: a failed warm-up only leaves the costs to the first batch.
+            # Best effort: a failed warm-up only leaves the costs to the query's first batches.
             with contextlib.suppress(Exception):
                 warm_up(self.spark, self._node[0], self.scratch, self._node[1])
 
@@ -563,7 +595,10 @@ class SparkStart(threading.Thread):
 class _Pipelines:
     """The mirror and the view: their Spark queries, stats and sampler."""
 
-    def __init__(self, spark: Any, master: str, paths: DemoPaths, source: SourceSettings) -> None:
+    def __init__(
+        self, spark: Any, master: str, paths: DemoPaths, source: SourceSettings,
+        mirror: PipelineStats,
+    ) -> None:  # fmt: skip
         from dcpkv.pipelines.views import create_view
 
         self.spark = spark
@@ -571,7 +606,7 @@ class _Pipelines:
         self.paths = paths
         self.source = source
         create_view(paths.views, VIEW_NAME, VIEW_MAP, VIEW_REDUCE)
-        self.mirror, self.view = PipelineStats(), PipelineStats()
+        self.mirror, self.view = mirror, PipelineStats()
         self.sampled = Sampled()
         self.queries: list[Any] = []
         self.sampler = _Sampler(self)
@@ -580,8 +615,10 @@ class _Pipelines:
     def start(
         cls, settings: DemoSettings, paths: DemoPaths, source: SourceSettings,
         stopper: Stopper, console: Console, stack: contextlib.ExitStack, spark_start: SparkStart,
+        mirror: PipelineStats,
     ) -> _Pipelines | None:  # fmt: skip
-        """The queries on the session ``spark_start`` made; None when stopped first."""
+        """The queries on the session ``spark_start`` made (``mirror``: the mirror's stats,
+        which may hold a first batch already); None when stopped first."""
         from dcpkv.pipelines.spark_session import DEFAULT_MASTER
 
         master = settings.master or DEFAULT_MASTER
@@ -589,7 +626,7 @@ class _Pipelines:
             spark = spark_start.session(stopper)
         if spark is None:
             return None
-        pipelines = cls(spark, master, paths, source)
+        pipelines = cls(spark, master, paths, source, mirror)
         stack.callback(pipelines.stop)
         pipelines.queries = pipelines.run(available_now=False)
         pipelines.sampler.start()

@@ -358,16 +358,34 @@ def write_rows(table: Path, df: Any, tag: str) -> str:
 
 
 def write_arrow(table: Path, rows: Any, tag: str) -> str:
-    """:func:`write_rows` of a pyarrow Table, from the driver (one file and Spark's
-    ``_SUCCESS`` marker, so the directory reads like one Spark wrote)."""
+    """:func:`write_rows` of pyarrow data, from the driver (:func:`write_arrow_dir`)."""
+    name = new_data_dir(table, tag)
+    write_arrow_dir(table / name, rows)
+    return name
+
+
+def write_arrow_dir(directory: Path, rows: Any) -> None:
+    """Write ``rows`` into the new ``directory`` as one Parquet file and Spark's ``_SUCCESS``
+    marker, so it reads like a directory Spark wrote. ``rows``: a pyarrow Table, record
+    batches of one schema (written as they come, a row group each: the driver never holds
+    them all), or None (no file: like an empty batch's directory)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    name = new_data_dir(table, tag)
-    directory = table / name
     directory.mkdir(parents=True)
-    pq.write_table(rows, directory / "part-00000.parquet")
+    path = directory / "part-00000.parquet"
+    if isinstance(rows, pa.Table):
+        pq.write_table(rows, path)
+    elif rows is not None:
+        writer = None
+        try:
+            for batch in rows:
+                writer = writer or pq.ParquetWriter(path, batch.schema)
+                writer.write_batch(batch)
+        finally:
+            if writer is not None:
+                writer.close()
     (directory / "_SUCCESS").touch()
-    return name
 
 
 @dataclass(frozen=True)
@@ -573,14 +591,7 @@ def rewrite(
     if on_driver is None:
         on_driver = sum(parquet_rows(table / f) for f in base.files) <= DRIVER_REWRITE_ROWS
     if on_driver:
-        import pyarrow.parquet as pq
-
-        kept = _kept_arrow(table, base, floors)
-        directory = table / name
-        directory.mkdir(parents=True)
-        if kept is not None:  # None: no file at all, like an empty batch's directory
-            pq.write_table(kept, directory / "part-00000.parquet")
-        (directory / "_SUCCESS").touch()
+        write_arrow_dir(table / name, _kept_arrow(table, base, floors))
     else:
         out = _kept_spark(spark, table, base, schema, floors).coalesce(files_hint)
         out.write.mode("errorifexists").parquet(str(table / name))

@@ -33,7 +33,7 @@ skipped, anything else upserts ``key``/``value``/``flags``/``expiry``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,16 +176,9 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {vb: high for vb, (_uuid, high) in self._seqnos().items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        begin = SparkOffsets.from_dict(start)
-        seqnos = self._seqnos()
-        missing = sorted(set(begin) - set(seqnos))
-        if missing:
-            raise OptionError(f"the offset names vbucket {missing[0]}, which the bucket lacks")
-        current = {vb: self._capped(vb, *seqnos[vb]) for vb in begin}
-        moved = [vb for vb, pos in begin.items() if branch_moved(pos, current[vb][0])]
+        seqnos = {vb: self._capped(vb, uuid, high) for vb, (uuid, high) in self._seqnos().items()}
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        logs = self._link.ask(lambda c: c.failover_logs(moved)) if moved else {}
-        end = plan_end(begin, current, logs, budget)
+        end = batch_end(SparkOffsets.from_dict(start), seqnos, self._link.ask, budget)
         return end.to_dict()
 
     def _capped(self, vb: int, uuid: int, high: int) -> tuple[int, int]:
@@ -208,6 +201,24 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self._link.close()
+
+
+def batch_end(
+    begin: SparkOffsets,
+    seqnos: Mapping[int, tuple[int, int]],
+    ask: Callable[[Callable[[SyncConsumer], Any]], Any],
+    budget: int | None,
+) -> SparkOffsets:
+    """The end of the micro-batch from ``begin`` (``plan.plan_end``) with the server's
+    ``seqnos`` (vb -> (uuid, high)); ``ask`` puts a question to a consumer (a
+    :meth:`DriverLink.ask`), here the failover logs of the vbuckets whose branch moved."""
+    missing = sorted(set(begin) - set(seqnos))
+    if missing:
+        raise OptionError(f"the offset names vbucket {missing[0]}, which the bucket lacks")
+    current = {vb: seqnos[vb] for vb in begin}
+    moved = [vb for vb, pos in begin.items() if branch_moved(pos, current[vb][0])]
+    logs = ask(lambda c: c.failover_logs(moved)) if moved else {}
+    return plan_end(begin, current, logs, budget)
 
 
 def initial_offsets(
