@@ -19,11 +19,12 @@ order however the job ends:
    the load, while Spark is still starting.
 3. **Pipelines.** A SparkSession (local, or ``--master``), started in a thread
    (:class:`SparkStart`) from the job's first moment, beside the node's start and the sample's
-   load, and warmed up there on the node (``pipelines/warmup.py``: one small batch through
-   the mirror's write path, so the Python workers and the JVM's first-job costs are paid
-   before the live batches, not in them); then one streaming query, from where the first
-   batch ended: the mirror (``<data>/pipelines/mirror``), whose every batch also brings the
-   ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
+   load, and warmed up on the node once the first batch is written (``pipelines/warmup.py``:
+   one small batch through the mirror's write path, so the Python workers and the JVM's
+   first-job costs are paid before the live batches, not in them; not sooner, so that its
+   job does not take the cores from the first batch); then one streaming query, from where
+   the first batch ended: the mirror (``<data>/pipelines/mirror``), whose every batch also
+   brings the ``revenue_by_country`` view of :mod:`~dcpkv.pipelines.example_views`
    (``<data>/pipelines/views``) up to date from the rows it just committed (the view follows
    the mirror: one stream from the server and one batch's fixed cost, not two); a light
    :class:`~dcpkv.pipelines.loader.ChangeGenerator` keeps writing changes so data flows,
@@ -423,12 +424,14 @@ def _run(
 ) -> int:  # fmt: skip
     """Sample, pipelines, generator (and chaos), live line, catch-up, end check."""
     num_vbuckets = nodes.vbuckets(ep)
-    spark_start.node_ready(SourceSettings(ep), num_vbuckets)  # the warm-up may read from it
     sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
     if sample is None or stopper.stopped:
         return 0
     mirror_stats = PipelineStats()
     loaded = _load_first_batch(paths, SourceSettings(ep), mirror_stats, console)
+    # The warm-up reads from the node: only now, so that its Spark job (its Python workers'
+    # start, the JVM's first job) does not take the cores from the load and the first batch.
+    spark_start.node_ready(SourceSettings(ep), num_vbuckets)
     pipelines = _Pipelines.start(
         settings, paths, SourceSettings(ep), stopper, console, stack, spark_start, mirror_stats
     )
@@ -541,9 +544,10 @@ def _start_chaos(
 
 class SparkStart(threading.Thread):
     """Starts the SparkSession, then warms it up on the node (``pipelines/warmup.py``), in a
-    thread of its own: the JVM's start and the first job's fixed costs run while the node
-    starts and the sample loads, not after. (SparkContext leaves the SIGINT handler alone
-    outside the main thread, so the job's :class:`Stopper` stays in charge.)"""
+    thread of its own: the JVM's start runs while the node starts and the sample loads, the
+    first job's fixed costs once the first batch is written (:meth:`node_ready`), not after
+    the query starts. (SparkContext leaves the SIGINT handler alone outside the main thread,
+    so the job's :class:`Stopper` stays in charge.)"""
 
     def __init__(self, master: str | None, scratch: Path) -> None:
         super().__init__(name="dcpkv-demo-spark-start", daemon=True)
