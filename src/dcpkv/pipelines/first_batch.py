@@ -11,7 +11,7 @@ rate, so the driver writes that batch itself (:func:`load_first_batch`), and the
 query starts where it ended:
 
 1. the batch is planned as the streaming source plans one from the query's initial offset
-   (``source.initial_offsets`` and ``source.batch_end``: each vbucket's branch and high seqno
+   (``plan.initial_offsets`` and ``plan.batch_end``: each vbucket's branch and high seqno
    now, within ``maxChangesPerTrigger``);
 2. it is read by the code a Spark task runs (``read.stream_events``, ``rows.event_batches``:
    the same rows, rollback rows included, and the same clamp of the ends when the server
@@ -85,6 +85,12 @@ def starting_offsets(table: Path) -> str | None:
     return SparkOffsets.from_dict(doc).to_json()
 
 
+def new_mirror(table: Path, checkpoint: Path) -> bool:
+    """Whether :func:`load_first_batch` may write the first batch: nothing committed in the
+    table, no batch planned in the query's checkpoint (files only, no server)."""
+    return vtable.load_manifest(Path(table)).ord == 0 and not has_offsets(checkpoint)
+
+
 def has_offsets(checkpoint: Path) -> bool:
     """Whether a query's checkpoint has planned a batch (an entry in its offset log)."""
     log = Path(checkpoint) / "offsets"
@@ -101,7 +107,7 @@ def load_first_batch(
     not a new mirror (a manifest, or offsets in the checkpoint), there is nothing to read,
     or the batch is larger than :data:`DRIVER_FIRST_ROWS`: Spark's query does it."""
     table = Path(table)
-    if vtable.load_manifest(table).ord > 0 or has_offsets(checkpoint):
+    if not new_mirror(table, checkpoint):
         return None
     started = time.monotonic()
     link = DriverLink(source)
@@ -133,8 +139,7 @@ def _plan(source: SourceSettings, link: DriverLink) -> _Plan | None:
     """The first batch as the streaming source plans it; None: nothing to read, or too much."""
     from dcpkv.client.sync import SyncConsumer
     from dcpkv.spark.options import parse_options
-    from dcpkv.spark.plan import targets
-    from dcpkv.spark.source import batch_end, initial_offsets
+    from dcpkv.spark.plan import batch_end, initial_offsets, targets
 
     opts = parse_options(source.options())
     seqnos = link.ask(SyncConsumer.vbucket_seqnos)

@@ -33,7 +33,7 @@ skipped, anything else upserts ``key``/``value``/``flags``/``expiry``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,10 +62,17 @@ from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.spark.link import DriverLink
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
-from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread_by_node, targets
+from dcpkv.spark.plan import (
+    VbTarget,
+    batch_end,
+    branch_moved,
+    initial_offsets,
+    spread_by_node,
+    targets,
+)
 from dcpkv.spark.read import change_batches, document_batches
 from dcpkv.spark.rows import SCHEMA_DDL
-from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
+from dcpkv.spark.sparkoffsets import SparkOffsets
 
 DELETE_OPS = frozenset({"deletion", "expiration", "delete"})
 
@@ -201,37 +208,6 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self._link.close()
-
-
-def batch_end(
-    begin: SparkOffsets,
-    seqnos: Mapping[int, tuple[int, int]],
-    ask: Callable[[Callable[[SyncConsumer], Any]], Any],
-    budget: int | None,
-) -> SparkOffsets:
-    """The end of the micro-batch from ``begin`` (``plan.plan_end``) with the server's
-    ``seqnos`` (vb -> (uuid, high)); ``ask`` puts a question to a consumer (a
-    :meth:`DriverLink.ask`), here the failover logs of the vbuckets whose branch moved."""
-    missing = sorted(set(begin) - set(seqnos))
-    if missing:
-        raise OptionError(f"the offset names vbucket {missing[0]}, which the bucket lacks")
-    current = {vb: seqnos[vb] for vb in begin}
-    moved = [vb for vb, pos in begin.items() if branch_moved(pos, current[vb][0])]
-    logs = ask(lambda c: c.failover_logs(moved)) if moved else {}
-    return plan_end(begin, current, logs, budget)
-
-
-def initial_offsets(
-    starting: str | SparkOffsets, vbs: Sequence[int], seqnos: Mapping[int, tuple[int, int]]
-) -> SparkOffsets:
-    """``earliest``, ``latest`` (each vbucket's high seqno now), or given offsets (vbuckets
-    they do not name start from the earliest)."""
-    if starting == "latest":
-        return SparkOffsets({vb: VbPosition.at(seqnos[vb][1], seqnos[vb][0]) for vb in vbs})
-    earliest = SparkOffsets.earliest(vbs)
-    if isinstance(starting, SparkOffsets):
-        return SparkOffsets({vb: starting.get(vb, earliest[vb]) for vb in vbs})
-    return earliest
 
 
 # -- batch source ----------------------------------------------------------------------------
