@@ -7,12 +7,14 @@ on Spark, a generator writing ``--rate`` changes per second) for ``--duration`` 
 a fresh data dir, then reads the mirror's ``_metrics.jsonl``:
 
 * the first batch (the sample load, ``--docs`` documents): its rows per second of
-  ``visible_s``, the time from Spark handing the batch to the mirror's ``foreachBatch`` to
-  the commit that makes its rows visible (the read from the server, the Parquet write, the
-  commit; not what runs after the commit, the view's batch). It leaves out the query's start
-  and the batch's planning before that; ``first_visible_after_start_s`` is the whole wait the
-  user sees, from the command's start (node, sample load, Spark's start, the query's start,
-  the batch) to that commit;
+  ``visible_s``, the time from the batch's start to the commit that makes its rows visible.
+  The demo writes a new mirror's first batch from the driver (``pipelines/first_batch.py``):
+  its start is the load's first step, the question for the server's high seqnos, so it
+  counts the planning, the read from the server, the Parquet write and the commit. (A first
+  batch made by Spark starts when Spark hands it to the mirror's ``foreachBatch``, after the
+  query's start and the batch's planning.) Not what runs after the commit (the view's batch).
+  ``first_visible_after_start_s`` is the whole wait the user sees, from the command's start
+  (node, sample load, the batch) to that commit;
 * every later batch's ``lag_s`` (the demo's generator starts once the first batch is
   committed): seconds from the write of the batch's oldest change (its CAS)
   to the batch's commit, i.e. the longest any change of the batch waited to be visible in the

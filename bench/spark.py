@@ -18,6 +18,9 @@ Theory of operation
    class-data archive of ``dcpkv.pipelines.class_archive`` (the first run on a machine
    writes it; ``DCPKV_SPARK_CDS=0`` measures without it): it loads Spark's classes faster,
    while the JIT's warm-up and the Python workers' start stay in the first query's figure.
+   Spark's Python processes run as the commands run them too: importing the installed
+   PySpark, not Spark's zip (``dcpkv.pipelines.worker_python``; ``DCPKV_SPARK_WORKER_PATH=0``
+   measures without it).
 
 Rates are rows/s. With N cores the query runs N tasks at once, each with its own consumer
 connection, so it can beat the single-consumer ceiling on a machine with spare cores.
@@ -34,7 +37,6 @@ connection, so it can beat the single-consumer ceiling on a machine with spare c
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +53,7 @@ from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.pipelines.class_archive import java_options
+from dcpkv.pipelines.worker_python import worker_python
 from dcpkv.spark.plan import VbTarget
 from dcpkv.spark.read import stream_events
 from dcpkv.spark.sparkoffsets import VbPosition
@@ -84,7 +87,8 @@ def task_path_rate(port: int) -> tuple[int, float]:
 
 def spark_session(cores: int) -> SparkSession:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's Python processes as the dcpkv commands run them (pipelines/worker_python.py)
+    os.environ["PYSPARK_PYTHON"] = worker_python(f"local[{cores}]")
     from pyspark.sql import SparkSession
 
     spark = (

@@ -31,6 +31,8 @@ What running ahead must not change:
 * Decisions. After a Rollback, a StreamEnd or a StreamRefused the pump stops until the
   caller asks for the event after it: the library's follow-up (requesting the stream again,
   a mutation-log repair) still happens only once the application has handled the event.
+  A StreamEnd at the end seqno (reason OK, not resumed) has no follow-up, so it does not
+  stop the pump: a stream of 1024 vbuckets to "now" was 1024 waits for the caller's thread.
 * Errors raised by the stream come out of the iterator after the events before them.
 
 Closing the iterator (or the facade) cancels the pump and closes the async stream in the
@@ -52,6 +54,7 @@ from dcpkv.client.consumer import Consumer, End, Start
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets
 from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.protocol.constants import StreamEndReason
 
 T = TypeVar("T")
 
@@ -182,6 +185,16 @@ class SyncConsumer:
 # (resume when the caller asks for the event after it), or that decision taken.
 _FULL, _DECISION, _DECISION_TAKEN = 1, 2, 3
 _DECISIONS = (events.Rollback, events.StreamEnd, events.StreamRefused)
+
+
+def _is_decision(ev: events.Event) -> bool:
+    """Whether the library acts on ``ev`` once the caller has it (the pump waits for that);
+    a StreamEnd at the end seqno (reason OK) is the vbucket's last event: nothing follows."""
+    if type(ev) is events.StreamEnd:
+        return ev.will_resume or ev.reason != StreamEndReason.OK
+    return isinstance(ev, _DECISIONS)
+
+
 # Events whose progress is one VbucketProgress.deliver: handed over without a copy.
 _DELIVERIES = frozenset({events.Mutation, events.Deletion, events.Expiration, events.SeqnoAdvanced})
 # Events moved to the shared buffer at once at most (one lock and one wake-up per run).
@@ -261,7 +274,7 @@ class _Pump:
                 sent_starts = True
                 local.append((None, self.starts))
             local.extend(handed)
-            decision = isinstance(handed[-1][0], _DECISIONS)  # a decision ends its list
+            decision = _is_decision(handed[-1][0])  # a decision ends its list
             if decision or len(local) >= flush_at:
                 self._flush(decision=decision)
             elif not started:

@@ -21,6 +21,11 @@ machine cannot reach). A batch is applied by :class:`TableJob`:
    to ``<checkpoint>/offsets/<batch id>`` before running the batch): exactly once, since a
    re-run of a batch whose id the manifest already holds does nothing.
 
+A new mirror's first batch (the initial load) is written by the driver before the query
+starts, without a Spark job, and the query starts where it ended (``first_batch.py``, which
+gives the commit protocol and why it stays exact); ``start_mirror(first_on_driver=False)``
+leaves it to the query.
+
 Every ``compact_every`` batches at the earliest the table is compacted, once it has grown
 enough since the last compaction (``vtable.compaction_due``). Retention rule: the floor of a vbucket
 becomes the highest consistent point the stream has (its applied seqno and the offset's earlier
@@ -472,21 +477,36 @@ class TableJob:
         self, batch_id: int, rows: int, rollbacks: int, started: float, manifest: Manifest,
         oldest_cas: int | None, committed: float,
     ) -> None:  # fmt: skip
-        seconds = time.monotonic() - started
-        finished = time.time()
-        stats = BatchStats(
-            batch_id=batch_id,
-            finished_at=finished,
-            rows=rows,
-            rollbacks=rollbacks,
-            seconds=seconds,
-            lag=self._lag(manifest.applied_seqnos()),
-            lag_s=None if oldest_cas is None else max(0.0, committed - oldest_cas / 1e9),
-            visible_s=max(0.0, seconds - (finished - committed)),
-        )
-        vtable.append_metrics(self.table, asdict(stats))
-        if self.on_batch is not None:
-            self.on_batch(stats)
+        lag = self._lag(manifest.applied_seqnos())
+        report_batch(
+            self.table, self.on_batch, batch_id, rows, rollbacks, started, lag, oldest_cas,
+            committed,
+        )  # fmt: skip
+
+
+def report_batch(
+    table: Path, on_batch: Callable[[BatchStats], None] | None, batch_id: int, rows: int,
+    rollbacks: int, started: float, lag: int | None, oldest_cas: int | None, committed: float,
+) -> BatchStats:  # fmt: skip
+    """The :class:`BatchStats` of a batch that started at ``started`` (monotonic) and was
+    committed at ``committed`` (wall clock), appended to the table's metrics and handed to
+    ``on_batch``."""
+    seconds = time.monotonic() - started
+    finished = time.time()
+    stats = BatchStats(
+        batch_id=batch_id,
+        finished_at=finished,
+        rows=rows,
+        rollbacks=rollbacks,
+        seconds=seconds,
+        lag=lag,
+        lag_s=None if oldest_cas is None else max(0.0, committed - oldest_cas / 1e9),
+        visible_s=max(0.0, seconds - (finished - committed)),
+    )
+    vtable.append_metrics(table, asdict(stats))
+    if on_batch is not None:
+        on_batch(stats)
+    return stats
 
 
 def server_floors(source: SourceSettings) -> Callable[[Manifest], dict[int, int]]:
@@ -534,7 +554,10 @@ def start_stream(
     *,
     available_now: bool,
     trigger_seconds: float,
+    starting: str | None = None,
 ) -> Any:
+    """``job``'s query on ``source``; ``starting``: its ``startingOffsets`` (a checkpoint
+    with a committed batch overrides them, as Spark does)."""
     import dcpkv.spark
 
     dcpkv.spark.register(spark)
@@ -542,7 +565,8 @@ def start_stream(
     # A live query compacts beside its batches and finishes the compaction when stopped
     # (stop_query); an AvailableNow run ends without a stop, so it compacts inside its batch.
     job.compactor.background = not available_now
-    stream = spark.readStream.format("dcpkv").options(**source.options()).load()
+    options = source.options() | ({"startingOffsets": starting} if starting else {})
+    stream = spark.readStream.format("dcpkv").options(**options).load()
     writer = stream.writeStream.foreachBatch(job).option("checkpointLocation", str(job.checkpoint))
     if available_now:
         writer = writer.trigger(availableNow=True)
@@ -585,6 +609,7 @@ def start_mirror(
     compact_every: int | None = 10,
     after_commit: Callable[[int], None] | None = None,
     on_stop: Callable[[], None] | None = None,
+    first_on_driver: bool = True,
 ) -> Any:
     """Start mirroring ``source`` into the table ``to``; returns the StreamingQuery.
 
@@ -593,23 +618,31 @@ def start_mirror(
     after each batch's commit (a view following the mirror in the same query), ``on_stop``
     when :func:`stop_query` stops it, between batches. A live query (not ``available_now``)
     must be stopped with :func:`stop_query`: that finishes its background compaction.
+    A new mirror's first batch is written by the driver before the query starts
+    (``first_batch.py``; ``first_on_driver=False``: by the query, as any batch).
     """
+    from dcpkv.pipelines.first_batch import load_first_batch, starting_offsets
+
     to = Path(to)
+    checkpoint = Path(checkpoint) if checkpoint else to / "_checkpoint"
+    if first_on_driver:
+        load_first_batch(to, source, checkpoint, on_batch)
     job = TableJob(
         spark=spark,
         table=to,
         schema=mirror_schema(),
         transform=mirror_rows,
         source=source,
-        checkpoint=Path(checkpoint) if checkpoint else to / "_checkpoint",
+        checkpoint=checkpoint,
         compact_every=compact_every,
         on_batch=on_batch,
         after_commit=after_commit,
         on_stop=on_stop,
     )
     return start_stream(
-        spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds
-    )
+        spark, source, job, available_now=available_now, trigger_seconds=trigger_seconds,
+        starting=starting_offsets(to),
+    )  # fmt: skip
 
 
 def read_mirror(spark: Any, path: Path, manifest: Manifest | None = None) -> Any:

@@ -80,7 +80,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +121,15 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        doc = asdict(self)
+        # Shallow, and one line: ``asdict`` deep-copies every vbucket's offset and an indent
+        # makes json.dumps use its pure-Python encoder; together 15 ms for a 1024-vbucket
+        # manifest (1.5 ms now), paid at every batch's commit, the mirror's and the view's.
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["entries"] = [vars(e) for e in self.entries]
         doc["format"] = FORMAT
         doc["floors"] = {str(k): v for k, v in self.floors.items()}
         doc["applied"] = {str(k): v for k, v in self.applied.items()}
-        return json.dumps(doc, indent=1, sort_keys=True)
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
@@ -358,16 +362,34 @@ def write_rows(table: Path, df: Any, tag: str) -> str:
 
 
 def write_arrow(table: Path, rows: Any, tag: str) -> str:
-    """:func:`write_rows` of a pyarrow Table, from the driver (one file and Spark's
-    ``_SUCCESS`` marker, so the directory reads like one Spark wrote)."""
+    """:func:`write_rows` of pyarrow data, from the driver (:func:`write_arrow_dir`)."""
+    name = new_data_dir(table, tag)
+    write_arrow_dir(table / name, rows)
+    return name
+
+
+def write_arrow_dir(directory: Path, rows: Any) -> None:
+    """Write ``rows`` into the new ``directory`` as one Parquet file and Spark's ``_SUCCESS``
+    marker, so it reads like a directory Spark wrote. ``rows``: a pyarrow Table, record
+    batches of one schema (written as they come, a row group each: the driver never holds
+    them all), or None (no file: like an empty batch's directory)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    name = new_data_dir(table, tag)
-    directory = table / name
     directory.mkdir(parents=True)
-    pq.write_table(rows, directory / "part-00000.parquet")
+    path = directory / "part-00000.parquet"
+    if isinstance(rows, pa.Table):
+        pq.write_table(rows, path)
+    elif rows is not None:
+        writer = None
+        try:
+            for batch in rows:
+                writer = writer or pq.ParquetWriter(path, batch.schema)
+                writer.write_batch(batch)
+        finally:
+            if writer is not None:
+                writer.close()
     (directory / "_SUCCESS").touch()
-    return name
 
 
 @dataclass(frozen=True)
@@ -573,14 +595,7 @@ def rewrite(
     if on_driver is None:
         on_driver = sum(parquet_rows(table / f) for f in base.files) <= DRIVER_REWRITE_ROWS
     if on_driver:
-        import pyarrow.parquet as pq
-
-        kept = _kept_arrow(table, base, floors)
-        directory = table / name
-        directory.mkdir(parents=True)
-        if kept is not None:  # None: no file at all, like an empty batch's directory
-            pq.write_table(kept, directory / "part-00000.parquet")
-        (directory / "_SUCCESS").touch()
+        write_arrow_dir(table / name, _kept_arrow(table, base, floors))
     else:
         out = _kept_spark(spark, table, base, schema, floors).coalesce(files_hint)
         out.write.mode("errorifexists").parquet(str(table / name))

@@ -8,7 +8,8 @@ the read's planning, the tasks), the task workers themselves (Spark reuses them,
 modules they imported: pyarrow, the client library), and the JVM's first run of the Arrow
 reader, the generated projection and the Parquet writer (class loading, code generation,
 the JIT's first compilations). In the main job that was seconds of the mirror's first
-batch: the user waited for the sample to appear while Spark started its machinery.
+Spark batch (the sample, before the driver wrote that one: ``first_batch.py``), and is
+seconds of the live query's first batches still.
 
 :func:`warm_up` runs one small batch through the same path: a batch read of a few vbuckets
 from the node with the ``dcpkv`` source (one task per core, so every worker is forked and

@@ -15,14 +15,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dcpkv.client.config import ClientConfig
-from dcpkv.client.connection import ClientError
-from dcpkv.client.sync import SyncConsumer
+
+if TYPE_CHECKING:
+    from dcpkv.client.sync import SyncConsumer
 
 T = TypeVar("T")
-LINK_ERRORS = (ClientError, ConnectionError, OSError, TimeoutError)
+
+
+def link_errors() -> tuple[type[BaseException], ...]:
+    """What makes a question worth asking again on a new connection. (The client library is
+    imported when a link is first used, not with this module: a planner process that only
+    builds a stream reader, as Spark's do, never loads it.)"""
+    from dcpkv.client.connection import ClientError
+
+    return (ClientError, ConnectionError, OSError, TimeoutError)
 
 
 class HasClientConfig(Protocol):
@@ -41,12 +50,14 @@ class DriverLink:
     def ask(self, question: Callable[[SyncConsumer], T]) -> T:
         try:
             return question(self._open())
-        except LINK_ERRORS:
+        except link_errors():
             self.close()
             return question(self._open())
 
     def _open(self) -> SyncConsumer:
         if self._consumer is None:
+            from dcpkv.client.sync import SyncConsumer
+
             self._consumer = SyncConsumer(self.opts.client_config())
         return self._consumer
 

@@ -3,9 +3,12 @@
 Theory of operation
 -------------------
 Everything here is pure: the driver fetches the server's state (each vbucket's current branch
-uuid and high seqno, one Stat round trip; failover logs only for vbuckets whose branch moved)
-and these functions turn it into the batch's end offset and its partitions. The same inputs
-always give the same plan, which Spark relies on when it re-runs a batch from its offset log.
+uuid and high seqno, one Stat round trip; failover logs only for vbuckets whose branch moved,
+which :func:`batch_end` asks through the caller's ``ask``) and these functions turn it into
+the batch's end offset and its partitions. Nothing here imports pyspark: the mirror's first
+batch, written by the driver without Spark (``pipelines/first_batch.py``), plans with them
+too. The same inputs always give the same plan, which Spark relies on when it re-runs a batch
+from its offset log.
 
 Where a vbucket restarts. A vbucket still on the branch its offset names resumes at its seqno.
 One whose branch moved (the server restarted after losing unpersisted writes, or failed over)
@@ -34,11 +37,13 @@ client library follows a vbucket that moves meanwhile).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.rollback import needs_rollback
+from dcpkv.spark.options import OptionError
 from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
 
 DEFAULT_MAX_PARTITIONS = 16
@@ -145,6 +150,39 @@ def plan_end(
             continue  # nothing to read, nothing rolled back: leave the position as it is
         out[vb] = pos.advanced_to(end, current[vb][0], valid_to=restart)
     return SparkOffsets(out)
+
+
+def batch_end(
+    begin: SparkOffsets,
+    seqnos: Mapping[int, tuple[int, int]],
+    ask: Callable[[Callable[[Any], Any]], Any],
+    budget: int | None,
+) -> SparkOffsets:
+    """The end of the micro-batch from ``begin`` (:func:`plan_end`) with the server's
+    ``seqnos`` (vb -> (uuid, high)); ``ask`` puts a question to a consumer (a
+    :meth:`~dcpkv.spark.link.DriverLink.ask`): the one question this asks the server, the
+    failover logs of the vbuckets whose branch moved (the planning's only I/O besides the
+    seqnos, so the streaming source and the mirror's first batch plan alike)."""
+    missing = sorted(set(begin) - set(seqnos))
+    if missing:
+        raise OptionError(f"the offset names vbucket {missing[0]}, which the bucket lacks")
+    current = {vb: seqnos[vb] for vb in begin}
+    moved = [vb for vb, pos in begin.items() if branch_moved(pos, current[vb][0])]
+    logs = ask(lambda c: c.failover_logs(moved)) if moved else {}
+    return plan_end(begin, current, logs, budget)
+
+
+def initial_offsets(
+    starting: str | SparkOffsets, vbs: Sequence[int], seqnos: Mapping[int, tuple[int, int]]
+) -> SparkOffsets:
+    """``earliest``, ``latest`` (each vbucket's high seqno now), or given offsets (vbuckets
+    they do not name start from the earliest)."""
+    if starting == "latest":
+        return SparkOffsets({vb: VbPosition.at(seqnos[vb][1], seqnos[vb][0]) for vb in vbs})
+    earliest = SparkOffsets.earliest(vbs)
+    if isinstance(starting, SparkOffsets):
+        return SparkOffsets({vb: starting.get(vb, earliest[vb]) for vb in vbs})
+    return earliest
 
 
 def targets(start: SparkOffsets, end: SparkOffsets) -> list[VbTarget]:

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 One row per change (``mutation``, ``deletion``, ``expiration``) and one per ``rollback``.
-This module holds the schema, the one place the mirror, the views and the backup take their
-columns from (:func:`spark_fields`, :data:`SCHEMA_DDL`).
+This module holds the schema (built from ``columns.py``'s list, which a planner process reads
+without pyarrow), the one place the mirror, the views and the backup take their columns from
+(:func:`spark_fields`, ``columns.SCHEMA_DDL``).
 
 The six 64-bit numbers are ``BIGINT`` (Spark ``LongType``, Arrow ``int64``), as in the
 official Couchbase Spark connector. They were ``DECIMAL(20,0)`` (exact for all of u64), but a
@@ -46,31 +47,15 @@ import pyarrow as pa
 from dcpkv.client import events
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.seqno import SEQNO_MAX
+from dcpkv.spark.columns import COLUMN_TYPES, COLUMNS
 
 BATCH_ROWS = 8192
 SEQNO_COLUMNS = ("rev_seqno", "seqno", "snap_start", "snap_end")
 BIT_PATTERN_COLUMNS = ("cas", "vb_uuid")
 
-ARROW_SCHEMA = pa.schema(
-    [
-        ("op", pa.string()),
-        ("vbucket", pa.int32()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("datatype", pa.int32()),
-        ("flags", pa.int64()),
-        ("expiry", pa.int64()),
-        ("cas", pa.int64()),
-        ("rev_seqno", pa.int64()),
-        ("seqno", pa.int64()),
-        ("vb_uuid", pa.int64()),
-        ("snap_start", pa.int64()),
-        ("snap_end", pa.int64()),
-    ]
-)
-COLUMNS = tuple(ARROW_SCHEMA.names)
-_DDL_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT", pa.binary(): "BINARY"}
-SCHEMA_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in ARROW_SCHEMA)
+_ARROW_TYPES = {"STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64(),
+                "BINARY": pa.binary()}  # fmt: skip
+ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[sql]) for name, sql in COLUMN_TYPES])
 
 
 class RowRangeError(DcpkvError, ValueError):

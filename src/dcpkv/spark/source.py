@@ -35,9 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -56,16 +55,28 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from dcpkv.client.settings import ConnectionSettings
-from dcpkv.client.sync import SyncConsumer
-from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.failover_table import FailoverEntry
+from dcpkv.spark.columns import SCHEMA_DDL
 from dcpkv.spark.link import DriverLink
 from dcpkv.spark.options import OptionError, SourceOptions, parse_options
-from dcpkv.spark.plan import VbTarget, branch_moved, plan_end, spread_by_node, targets
-from dcpkv.spark.read import change_batches, document_batches
-from dcpkv.spark.rows import SCHEMA_DDL
-from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
+from dcpkv.spark.plan import (
+    VbTarget,
+    batch_end,
+    branch_moved,
+    initial_offsets,
+    spread_by_node,
+    targets,
+)
+from dcpkv.spark.sparkoffsets import SparkOffsets
+
+# The client library, pyarrow and the read path are imported where they are used: Spark
+# unpickles this module in several planner processes per query (the source's creation, the
+# read's planning) that need none of them, and each paid ~0.2 s for them on a cold query.
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from dcpkv.client.writer import WriteOp
 
 DELETE_OPS = frozenset({"deletion", "expiration", "delete"})
 
@@ -79,6 +90,8 @@ class SinkError(DcpkvError, ValueError):
 
 def server_seqnos(opts: SourceOptions) -> dict[int, tuple[int, int]]:
     """vbucket -> (uuid, high seqno), one Stat round trip."""
+    from dcpkv.client.sync import SyncConsumer
+
     with SyncConsumer(opts.client_config()) as consumer:
         return consumer.vbucket_seqnos()
 
@@ -88,6 +101,8 @@ def failover_logs(
 ) -> dict[int, tuple[FailoverEntry, ...]]:
     if not vbuckets:
         return {}
+    from dcpkv.client.sync import SyncConsumer
+
     with SyncConsumer(opts.client_config()) as consumer:
         return consumer.failover_logs(vbuckets)
 
@@ -105,6 +120,8 @@ class DcpkvPartition(InputPartition):
 
 def active_nodes(opts: SourceOptions) -> dict[int, str]:
     """vbucket -> its active node, from the cluster map."""
+    from dcpkv.client.sync import SyncConsumer
+
     with SyncConsumer(opts.client_config()) as consumer:
         return consumer.active_nodes()
 
@@ -116,7 +133,7 @@ def _partitions(
     if not work:
         node_of: dict[int, str] = {}
     elif link is not None:
-        node_of = link.ask(SyncConsumer.active_nodes)
+        node_of = link.ask(lambda consumer: consumer.active_nodes())
     else:
         node_of = active_nodes(opts)
     return [DcpkvPartition(task) for task in spread_by_node(work, opts.num_partitions, node_of)]
@@ -161,7 +178,7 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._link = DriverLink(opts)
 
     def _seqnos(self) -> dict[int, tuple[int, int]]:
-        return self._link.ask(SyncConsumer.vbucket_seqnos)
+        return self._link.ask(lambda consumer: consumer.vbucket_seqnos())
 
     def initialOffset(self) -> dict[str, Any]:
         seqnos = self._seqnos()
@@ -176,16 +193,9 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {vb: high for vb, (_uuid, high) in self._seqnos().items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        begin = SparkOffsets.from_dict(start)
-        seqnos = self._seqnos()
-        missing = sorted(set(begin) - set(seqnos))
-        if missing:
-            raise OptionError(f"the offset names vbucket {missing[0]}, which the bucket lacks")
-        current = {vb: self._capped(vb, *seqnos[vb]) for vb in begin}
-        moved = [vb for vb, pos in begin.items() if branch_moved(pos, current[vb][0])]
+        seqnos = {vb: self._capped(vb, uuid, high) for vb, (uuid, high) in self._seqnos().items()}
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        logs = self._link.ask(lambda c: c.failover_logs(moved)) if moved else {}
-        end = plan_end(begin, current, logs, budget)
+        end = batch_end(SparkOffsets.from_dict(start), seqnos, self._link.ask, budget)
         return end.to_dict()
 
     def _capped(self, vb: int, uuid: int, high: int) -> tuple[int, int]:
@@ -198,6 +208,8 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _partitions(work, self.opts, self._link)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from dcpkv.spark.read import change_batches
+
         assert isinstance(partition, DcpkvPartition)
         config = self.opts.client_config()
         return change_batches(config, partition.work, self.opts.include_values)
@@ -208,19 +220,6 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self._link.close()
-
-
-def initial_offsets(
-    starting: str | SparkOffsets, vbs: Sequence[int], seqnos: Mapping[int, tuple[int, int]]
-) -> SparkOffsets:
-    """``earliest``, ``latest`` (each vbucket's high seqno now), or given offsets (vbuckets
-    they do not name start from the earliest)."""
-    if starting == "latest":
-        return SparkOffsets({vb: VbPosition.at(seqnos[vb][1], seqnos[vb][0]) for vb in vbs})
-    earliest = SparkOffsets.earliest(vbs)
-    if isinstance(starting, SparkOffsets):
-        return SparkOffsets({vb: starting.get(vb, earliest[vb]) for vb in vbs})
-    return earliest
 
 
 # -- batch source ----------------------------------------------------------------------------
@@ -251,6 +250,8 @@ class DcpkvBatchReader(DataSourceReader):
         return _partitions(self.work, self.opts) or [DcpkvPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from dcpkv.spark.read import change_batches, document_batches
+
         assert isinstance(partition, DcpkvPartition)
         config = self.opts.client_config()
         values = self.opts.include_values
@@ -291,6 +292,8 @@ def _sink_setup(
 
 def row_op(row: Any, columns: tuple[str, ...]) -> WriteOp | None:
     """The write for a row, or None for a rollback row (a target cannot undo; see README)."""
+    from dcpkv.client.writer import WriteOp
+
     get = row.asDict() if hasattr(row, "asDict") else dict(zip(columns, row, strict=True))
     op = (get.get("op") or "mutation").lower()
     if op == "rollback":
@@ -327,6 +330,8 @@ class _SinkTask:
         self.columns = columns
 
     def write(self, iterator: Iterator[Any]) -> DcpkvCommit:
+        from dcpkv.client.writer import KVWriter
+
         ops = (op for op in (row_op(r, self.columns) for r in iterator) if op is not None)
         with KVWriter(self.connection, self.num_vbuckets) as writer:
             return DcpkvCommit(writer.write(ops))
