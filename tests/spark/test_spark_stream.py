@@ -76,3 +76,21 @@ def test_kill9_with_unpersisted_writes_rolls_back_and_stays_exact(
     stream_available_now(spark, srv.port, tmp_path / "ck", log)
     assert log.rollbacks, "the lost writes must be rolled back"
     assert log.live() == truth
+
+
+def test_latest_initial_offset_is_one_answer_per_query(server: Any) -> None:
+    """Spark asks a stream reader for its initial offset twice per query; with ``latest`` the
+    server's high seqnos move between the two when writes go on, so the second answer must
+    be the first, or batch 0 runs from a start above the one it was planned from."""
+    from dcpkv.spark.options import parse_options
+    from dcpkv.spark.source import DcpkvStreamReader
+
+    reader = DcpkvStreamReader(
+        parse_options({"port": str(server.port), "startingOffsets": "latest"})
+    )
+    first = reader.initialOffset()
+    before = high_seqnos(server.port)
+    Workload(server.port).run(20)
+    assert high_seqnos(server.port) != before  # the server moved on
+    assert reader.initialOffset() == first
+    assert DcpkvStreamReader(reader.opts).initialOffset() != first  # a new query: a new start

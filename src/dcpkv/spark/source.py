@@ -175,15 +175,22 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._target: dict[int, int] | None = None  # AvailableNow: never plan past these
+        self._initial: dict[str, Any] | None = None  # initialOffset's answer (it is asked twice)
         self._link = DriverLink(opts)
 
     def _seqnos(self) -> dict[int, tuple[int, int]]:
         return self._link.ask(lambda consumer: consumer.vbucket_seqnos())
 
     def initialOffset(self) -> dict[str, Any]:
-        seqnos = self._seqnos()
-        vbs = self.opts.selected(seqnos)
-        return initial_offsets(self.opts.starting, vbs, seqnos).to_dict()
+        # Spark asks twice per query (the first batch's planning, then its run). With
+        # ``latest`` (or ``now``) each answer is the server's high seqnos of that moment, and
+        # writes in between made the run start above where the plan did (past the planned end,
+        # even): one answer per query, the first.
+        if self._initial is None:
+            seqnos = self._seqnos()
+            vbs = self.opts.selected(seqnos)
+            self._initial = initial_offsets(self.opts.starting, vbs, seqnos).to_dict()
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_changes_per_trigger
