@@ -11,6 +11,7 @@ from kvclient import KVClient
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.pipelines.mirror import SourceSettings, read_mirror, start_mirror
 from dcpkv.protocol.constants import Opcode
 
 VBUCKETS = 8
@@ -118,3 +119,14 @@ def stream_available_now(
     query.awaitTermination()
     if query.exception() is not None:
         raise AssertionError(f"query failed: {query.exception()}")
+
+
+def mirror_docs(spark: Any, path: Path) -> dict[bytes, bytes]:
+    return {bytes(r.key): bytes(r.value) for r in read_mirror(spark, path).collect()}
+
+
+def run_once(spark: Any, port: int, path: Path, **kw: Any) -> None:
+    """One AvailableNow run of the mirror of the server at ``port`` into ``path``."""
+    query = start_mirror(spark, SourceSettings.at(port=port), path, available_now=True, **kw)
+    query.awaitTermination()
+    assert query.exception() is None, query.exception()

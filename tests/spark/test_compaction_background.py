@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkhelp import Workload
-from test_mirror import mirror_docs, run_once
+from sparkhelp import Workload, mirror_docs, run_once
 
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.mirror import (

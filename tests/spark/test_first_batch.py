@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkhelp import Workload
+from sparkhelp import Workload, mirror_docs, run_once
 
 from dcpkv.pipelines import first_batch, vtable
 from dcpkv.pipelines.first_batch import has_offsets, load_first_batch, starting_offsets
@@ -18,20 +18,8 @@ from dcpkv.pipelines.mirror import (
     TableJob,
     mirror_manifest,
     mirror_schema,
-    read_mirror,
-    start_mirror,
     start_stream,
 )
-
-
-def mirror_docs(spark: Any, path: Path) -> dict[bytes, bytes]:
-    return {bytes(r.key): bytes(r.value) for r in read_mirror(spark, path).collect()}
-
-
-def run_once(spark: Any, port: int, path: Path, **kw: Any) -> None:
-    query = start_mirror(spark, SourceSettings.at(port=port), path, available_now=True, **kw)
-    query.awaitTermination()
-    assert query.exception() is None, query.exception()
 
 
 def stored_changes(spark: Any, path: Path) -> list[tuple[Any, ...]]:

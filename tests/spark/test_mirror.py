@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkhelp import Workload
+from sparkhelp import Workload, mirror_docs, run_once
 
 from dcpkv.pipelines.mirror import (
     SourceSettings,
@@ -16,16 +16,6 @@ from dcpkv.pipelines.mirror import (
     start_mirror,
 )
 from dcpkv.pipelines.vtable import table_bytes
-
-
-def mirror_docs(spark: Any, path: Path) -> dict[bytes, bytes]:
-    return {bytes(r.key): bytes(r.value) for r in read_mirror(spark, path).collect()}
-
-
-def run_once(spark: Any, port: int, path: Path, **kw: Any) -> None:
-    query = start_mirror(spark, SourceSettings.at(port=port), path, available_now=True, **kw)
-    query.awaitTermination()
-    assert query.exception() is None, query.exception()
 
 
 def test_mirror_equals_the_live_documents(spark: Any, server: Any, tmp_path: Path) -> None:

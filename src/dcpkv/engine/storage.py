@@ -407,6 +407,12 @@ _MAX_ROWS = 2048  # rows per statement: 2048 x 11 parameters stays below SQLite'
 _flatten = itertools.chain.from_iterable  # the rows' values in one list, at C speed
 
 
+def _due(last: int | None, high_seqno: int, every: int) -> bool:
+    """Whether a per-vbucket chore last done at ``last`` (None: never) is due again at
+    ``high_seqno``, being done once every ``every`` seqnos."""
+    return last is None or high_seqno - last >= every
+
+
 def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: Sequence[tuple[object, ...]]) -> None:
     """Execute ``stmt`` over ``rows``, many rows per statement.
 
@@ -622,8 +628,7 @@ class Storage:
     def _thin_due(self, vb: int, high_seqno: int) -> bool:
         # Once per stride of seqnos: each run reads the vbucket's points below the cutoff, at
         # most ~80 kept ones plus the two strides that accumulated since the last run.
-        last = self._thinned_at.get(vb)
-        return last is None or high_seqno - last >= self.flush_point_stride
+        return _due(self._thinned_at.get(vb), high_seqno, self.flush_point_stride)
 
     def _thin_points(self, db: sqlite3.Connection, thins: list[tuple[int, int]]) -> None:
         stride = self.flush_point_stride
@@ -632,8 +637,7 @@ class Storage:
     def _trim_due(self, vb: int, high_seqno: int) -> bool:
         # History is trimmed every quarter window, not every flush: keeping up to 1.25x the
         # window only makes more rollbacks exact, and a trim costs statements per vbucket.
-        last = self._trimmed_at.get(vb)
-        return last is None or high_seqno - last >= max(1, self.history_window // 4)
+        return _due(self._trimmed_at.get(vb), high_seqno, max(1, self.history_window // 4))
 
     def _trim_history(self, db: sqlite3.Connection, trims: list[tuple[int, int]]) -> None:
         """Drop history older than the window of each (vb, high seqno): ``history_start``
