@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
 	$(BIN)/python bench/dcp.py --json $(RESULTS)/dcp.json
 	$(BIN)/python bench/stream.py --json $(RESULTS)/stream.json
+	$(BIN)/python bench/spark_floor.py --json $(RESULTS)/spark_floor.json
 	$(BIN)/python bench/spark.py --json $(RESULTS)/spark.json
 	$(BIN)/python bench/demo_lag.py --rate 1000 --duration 60 --json $(RESULTS)/demo.json
 	$(BIN)/python bench/fanout.py --json $(RESULTS)/fanout.json

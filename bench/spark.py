@@ -32,6 +32,10 @@ connection, so it can beat the single-consumer ceiling on a machine with spare c
    connection string: partitions planned by node, each vbucket read from its active).
    Figures ``cluster3_query_rows_per_s``, ``single_same_data_query_rows_per_s`` and their
    ratio.
+
+Spark's own share of the query's time is measured by ``bench/spark_floor.py`` (the same query
+over a source of pre-built Arrow batches, in a fresh JVM): ``make bench`` runs it first and the
+summary shows the two queries' rates against it.
 """
 
 from __future__ import annotations
@@ -111,9 +115,13 @@ def query_rate(spark: SparkSession, port: int, out: Path, partitions: int | None
 
 
 def query_rate_on(
-    spark: SparkSession, options: dict[str, str], out: Path, partitions: int | None
+    spark: SparkSession,
+    options: dict[str, str],
+    out: Path,
+    partitions: int | None,
+    fmt: str = "dcpkv",
 ) -> float:
-    reader = spark.readStream.format("dcpkv").options(**options)
+    reader = spark.readStream.format(fmt).options(**options)
     if partitions:
         reader = reader.option("numPartitions", partitions)
     start = time.perf_counter()
