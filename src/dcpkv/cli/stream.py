@@ -34,6 +34,7 @@ from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer, End, Start
 from dcpkv.client.offsets import Offsets
+from dcpkv.core import event_loop
 
 SAVE_EVERY_EVENTS = 10_000
 SAVE_EVERY_S = 1.0
@@ -303,7 +304,7 @@ def stream_main(
     fmt: str,
 ) -> int:
     progress = sys.stderr.isatty()
-    return asyncio.run(
+    return event_loop.run(
         run_stream(config, vbuckets, start, end, save_path, fmt, sys.stdout.buffer, progress)
     )
 

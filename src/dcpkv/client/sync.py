@@ -53,6 +53,7 @@ from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer, End, Start
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets
+from dcpkv.core import event_loop
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.protocol.constants import StreamEndReason
 
@@ -73,7 +74,7 @@ class SyncConsumer:
         mutation_log: MutationLog | None = None,
         chunk_events: int = CHUNK_EVENTS,
     ) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = event_loop.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="dcpkv-client", daemon=True
         )

@@ -94,6 +94,7 @@ from functools import partial
 from pathlib import Path
 from typing import cast
 
+from dcpkv.core import event_loop
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.tls import server_context
@@ -700,9 +701,4 @@ def run(config: ServerConfig, port_file: Path | None = None) -> None:
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
     )
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(config, port_file))
-    else:
-        uvloop.run(serve(config, port_file))
+    event_loop.run(serve(config, port_file))
