@@ -22,6 +22,15 @@ def bench_server(
     vbuckets: int, *extra: str, label: str = "bench", data_dir: Path | None = None
 ) -> Iterator[int]:
     """Yield the port of a server on ``data_dir`` (a fresh temp dir when None)."""
+    with bench_server_proc(vbuckets, *extra, label=label, data_dir=data_dir) as (port, _pid):
+        yield port
+
+
+@contextmanager
+def bench_server_proc(
+    vbuckets: int, *extra: str, label: str = "bench", data_dir: Path | None = None
+) -> Iterator[tuple[int, int]]:
+    """:func:`bench_server`, yielding the server's PID too: (port, pid)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"dcpkv-bench-{label}-"))
     data = data_dir if data_dir is not None else tmp / "data"
     port_file = tmp / "port"
@@ -40,7 +49,7 @@ def bench_server(
             if time.monotonic() > deadline:
                 raise SystemExit("server did not start")
             time.sleep(0.05)
-        yield int(port_file.read_text())
+        yield int(port_file.read_text()), proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -60,3 +69,14 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def disk_bytes_written(pid: int) -> int:
+    """Bytes a process has had written to storage so far (Linux ``/proc/PID/io``
+    ``write_bytes``: what reaches the disk, page cache write-back included; 0 elsewhere)."""
+    try:
+        lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+    except OSError:
+        return 0
+    fields = dict(line.split(": ", 1) for line in lines)
+    return int(fields.get("write_bytes", 0))

@@ -20,6 +20,11 @@ and three processes:
 * the parent, which starts both, stops the writer after ``--seconds``, lets the consumer
   drain, and matches receipts to writes **by key**.
 
+The server's cost of each paced load is a figure too: its CPU (all threads) and the bytes it
+had written to disk (``/proc/PID/io``), per write, from the writer's start until half a
+second after it stopped. At 1,024 vbuckets a paced load is wide and light, the flusher's
+worst case (``engine/flush_cadence.py``).
+
 ``perf_counter`` is CLOCK_MONOTONIC, one clock for every process on Linux, so stamps of
 different processes subtract. Two latencies per write: acknowledged -> received (the issue's
 figure; it can be slightly negative, as the server may send the mutation before the writer
@@ -51,7 +56,7 @@ import typer
 
 from _peers import PEERBENCH, peer_python
 from _report import write_json
-from _server import bench_server
+from _server import bench_server_proc, cpu_seconds, disk_bytes_written
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -67,6 +72,7 @@ _AUTH = encode_frame(Magic.ClientRequest, Opcode.SaslAuth, key=b"PLAIN",
 BATCH_EVERY_S = 0.001  # one batch per millisecond, as the Redis peer paces
 MAX_UNANSWERED_S = 0.1  # at most this much of the offered rate in flight
 DRAIN_IDLE_S = 10.0  # the consumer gives up after this long without a mutation
+SETTLE_S = 0.5  # after the writer stops, before the cost is read: the last backlog is on disk
 
 
 def key_of(i: int) -> bytes:
@@ -257,8 +263,11 @@ def paced_tail(
 
 
 def measure(rate: int, seconds: float) -> dict[str, float]:
-    with bench_server(VBUCKETS, label="latency") as port:
+    with bench_server_proc(VBUCKETS, label="latency") as (port, pid):
+        disk, cpu = disk_bytes_written(pid), cpu_seconds(pid)
         sent, acked, elapsed, received = paced_tail(port, port, rate, seconds)
+        time.sleep(SETTLE_S)  # the last sparse backlog reaches the disk
+        disk, cpu = disk_bytes_written(pid) - disk, cpu_seconds(pid) - cpu
     ack_lat = sorted(at - acked[i] for i, at in received.items())
     sent_lat = sorted(at - sent[i] for i, at in received.items())
     out = {
@@ -266,6 +275,10 @@ def measure(rate: int, seconds: float) -> dict[str, float]:
         "achieved_writes_per_s": len(sent) / elapsed,
         "writes": len(sent),
         "received": len(received),
+        # the server's cost of the paced load (DCP to one consumer included): disk bytes and
+        # CPU per write, from /proc (the flusher's cadence shows here: engine/flush_cadence.py)
+        "server_disk_kb_per_write": disk / 1000 / max(1, len(sent)),
+        "server_cpu_us_per_write": cpu * 1e6 / max(1, len(sent)),
     }
     for name, lat in (("ack", ack_lat), ("sent", sent_lat)):
         for q, label in ((0.5, "p50"), (0.99, "p99"), (0.999, "p999")):
@@ -311,12 +324,16 @@ def main(
             f"  dcpkv {rate:>7,}/s offered: {r['achieved_writes_per_s']:>9,.0f}/s achieved, "
             f"{r['received']:,}/{r['writes']:,} received; ack->received p50 "
             f"{r['ack_p50_ms']:.2f} p99 {r['ack_p99_ms']:.2f} p999 {r['ack_p999_ms']:.2f} ms; "
-            f"sent->received p50 {r['sent_p50_ms']:.2f} p99 {r['sent_p99_ms']:.2f} ms"
+            f"sent->received p50 {r['sent_p50_ms']:.2f} p99 {r['sent_p99_ms']:.2f} ms; "
+            f"server {r['server_cpu_us_per_write']:.1f} us CPU, "
+            f"{r['server_disk_kb_per_write']:.2f} kB to disk per write"
         )
         tag = f"{rate // 1000}k"
         figures |= {
             f"achieved_writes_per_s_{tag}": r["achieved_writes_per_s"],
             f"received_fraction_{tag}": r["received"] / max(1, r["writes"]),
+            f"server_cpu_us_per_write_{tag}": r["server_cpu_us_per_write"],
+            f"server_disk_kb_per_write_{tag}": r["server_disk_kb_per_write"],
         }
         for name in ("ack", "sent"):
             for label in ("p50", "p99", "p999"):

@@ -115,6 +115,11 @@ ROWS: list[Row] = [
     Row("ack->received p50 @50k/s, ms", ("latency", "ack_p50_ms_50k"), at_most(1.0, "<= 1 ms")),
     Row("ack->received p99 @50k/s, ms", ("latency", "ack_p99_ms_50k"), at_most(5.0, "<= 5 ms")),
     Row("ack->received p999 @50k/s, ms", ("latency", "ack_p999_ms_50k")),
+    # (no target: the server's cost of the paced loads, 1,024 vbuckets, one DCP consumer)
+    Row("server CPU per write @10k/s, us", ("latency", "server_cpu_us_per_write_10k")),
+    Row("server disk written per write @10k/s, kB", ("latency", "server_disk_kb_per_write_10k")),
+    Row("server CPU per write @50k/s, us", ("latency", "server_cpu_us_per_write_50k")),
+    Row("server disk written per write @50k/s, kB", ("latency", "server_disk_kb_per_write_50k")),
     Row("sent->received p50 @10k/s, ms", ("latency", "sent_p50_ms_10k"), None,
         [(REDIS_PACED, ("latency:redis", "sent_p50_ms_10k"))]),
     Row("sent->received p99 @10k/s, ms", ("latency", "sent_p99_ms_10k"), None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import struct
+import time
+from pathlib import Path
 
 import pytest
 from kvclient import KVClient, poll_rounds
@@ -304,3 +306,28 @@ def test_get_meta_answers_live_documents_and_tombstones(client: KVClient) -> Non
         persisted_after(client, 0, current)
     assert client.call(Opcode.GetMeta, key=b"never-set").status == Status.KeyEnoent
     assert client.call(Opcode.GetMeta, key=b"meta-doc", extras=b"\x03").status == Status.Einval
+
+
+def test_a_sparse_backlog_gathers_until_a_client_asks_whether_it_is_persisted(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """One write is a sparse backlog: the flusher leaves it to gather for up to three flush
+    intervals (engine/flush_cadence.py), but an ObserveSeqno that finds it unpersisted has it
+    written at the next tick. Intervals of 2 s make the two outcomes seconds apart: the asked
+    write is on disk within two ticks of the write, the bound is three intervals."""
+    interval = 2.0
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log",
+                         "--flush-interval", str(interval))  # fmt: skip
+    srv.start()
+    with KVClient(srv.port) as c:
+        c.login()
+        written_at = time.monotonic()
+        assert c.set(b"sparse", b"v", vbucket=3).status == Status.Success
+        for _ in poll_rounds(limit_s=3 * interval):
+            stats = c.stats()
+            if int(stats["ep_flushes_deferred"]) >= 1:
+                break
+        assert int(stats["ep_total_persisted"]) == 0, "a lone write was flushed at once"
+        _, persisted = persisted_after(c, 3, 1)
+        assert persisted == 1
+        assert time.monotonic() - written_at < 2.75 * interval, "asking did not hurry the flush"

@@ -27,7 +27,10 @@ kv_engine's flusher keeps a queue of vbucket ids to flush): a vbucket is noted t
 queues an item or its state must be written (its ``on_queued`` / ``on_dirty`` hooks), so a
 flush costs O(dirty vbuckets), not O(vbuckets). The flush removes the ids it takes *before*
 taking their batches, so a write that lands meanwhile either is taken now or notes its
-vbucket again for the next flush: none waits longer than one flush interval. Only once the
+vbucket again for the next flush. The server's flusher calls :meth:`Bucket.flush_if_due` every
+tick: a sparse, young backlog (few items per vbucket, nobody asking) is left to gather for up
+to three ticks, since a flush's cost is in the pages it touches (:mod:`.flush_cadence`; the
+bucket keeps the :class:`~.flush_cadence.Backlog` it decides from in O(1)). Only once the
 transaction is committed does it advance the persisted seqnos and drop persisted tombstones
 from the hash tables. If the write fails (a full disk, an I/O error), the batches are kept
 and written again by the next flush, and until one succeeds the bucket refuses front-end
@@ -77,6 +80,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
+from dcpkv.engine.flush_cadence import Backlog, due
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
 from dcpkv.engine.storage import (
@@ -169,6 +173,11 @@ class Bucket:
         self.state_listeners: list[Callable[[int], None]] = []
         # The flush queue: ids of the vbuckets with something to persist (module docstring).
         self._flush_queue: set[int] = set()
+        # The backlog's shape since the last flush took its batches (flush_cadence.Backlog).
+        self._queued_items = 0
+        self._state_pending = False
+        self._persistence_wanted = False
+        self.flushes_deferred = 0  # flusher ticks that let a sparse backlog gather
         self.flush_visits = 0  # vbuckets the flusher has visited, in all (a flush's cost)
         # Random 63-bit start: a restarted node never reuses the CAS a manager last saw.
         self.state_cas = self.rng.getrandbits(63) | 1
@@ -236,6 +245,7 @@ class Bucket:
     def _queued(self, vb: int) -> None:
         if self._dirty_since is None:
             self._dirty_since = time.monotonic()
+        self._queued_items += 1
         self._flush_queue.add(vb)
         for listener in self.seqno_listeners:
             listener(vb)
@@ -258,9 +268,13 @@ class Bucket:
             admit=self._admit,
         )
         vbucket.on_queued = self._queued
-        vbucket.on_dirty = self._flush_queue.add  # (the set is never replaced)
-        self._flush_queue.add(vb)  # a new VBucket starts with its state to write
+        vbucket.on_dirty = self._state_dirty
+        self._state_dirty(vb)  # a new VBucket starts with its state to write
         return vbucket
+
+    def _state_dirty(self, vb: int) -> None:
+        self._state_pending = True
+        self._flush_queue.add(vb)
 
     # -- warm-up and shutdown ------------------------------------------------------------------
 
@@ -299,6 +313,8 @@ class Bucket:
             # Cleared before the batches are taken: a write that lands meanwhile sets it again
             # (its age is then overstated by at most one flush, never understated).
             taken_since, self._dirty_since = self._dirty_since, None
+            self._queued_items = 0
+            self._state_pending = self._persistence_wanted = False
             batches = self._take_batches()
             if not batches:
                 return 0
@@ -341,6 +357,32 @@ class Bucket:
     def writes_admitted(self) -> int:
         """Front-end writes admitted so far (a counter: the server compares two readings)."""
         return self._writes
+
+    def backlog(self) -> Backlog:
+        """What the next flush would write, in O(1) (:func:`~dcpkv.engine.flush_cadence.due`
+        decides from it)."""
+        return Backlog(
+            items=self._queued_items,
+            vbuckets=len(self._flush_queue),
+            lag_s=self.persistence_lag(),
+            state=self._state_pending,
+            wanted=self._persistence_wanted,
+        )
+
+    def want_persistence(self) -> None:
+        """A client asked whether a write is on disk and it is not yet: the next flusher tick
+        writes the backlog, sparse or not (``flush_cadence``, case W)."""
+        self._persistence_wanted = True
+
+    def flush_if_due(self, interval_s: float, *, waiting: bool = False) -> int:
+        """:meth:`flush_once` when :func:`~dcpkv.engine.flush_cadence.due` says so; items
+        written (0 also when a sparse backlog was left to gather)."""
+        backlog = self.backlog()
+        if due(backlog, interval_s, waiting=waiting):
+            return self.flush_once()
+        if backlog.vbuckets:
+            self.flushes_deferred += 1
+        return 0
 
     def persistence_lag(self) -> float:
         """Seconds the oldest acknowledged, not yet persisted write has waited (0.0: none)."""

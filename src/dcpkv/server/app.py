@@ -57,7 +57,9 @@ TempFail, there is nothing to wait for). The chunk that tripped it is answered f
 pauses, so the client's own socket buffers push back. A connection held for its output
 (``pause_writing``) and for the flusher resumes only when both let it.
 The flusher starts a flush every ``flush_interval_s``, or at once when the previous one took
-longer (a sustained load keeps it busy, not idle half the time); the expiry pager walks the
+longer (a sustained load keeps it busy, not idle half the time); a bucket whose backlog is
+sparse and young, with nobody asking about persistence, is left to gather for up to three
+intervals (``engine/flush_cadence.py``: a flush costs pages, not items); the expiry pager walks the
 hash tables every ``expiry_pager_interval_s``. The cyclic garbage collector is kept off the
 items (after warm-up and every 0.1 s, what survived is frozen: :mod:`dcpkv.server.gc_policy`);
 its full scans of every item held the GIL for hundreds of milliseconds at a time.
@@ -570,8 +572,12 @@ class DataServer:
 
     # -- background work ---------------------------------------------------------------------
 
-    def _flush_all(self) -> int:
-        return sum(b.flush_once() for b in self.state.buckets.values() if not b.closed)
+    def _flush_all(self, waiting: bool) -> int:
+        """Every bucket whose backlog is due (``engine.flush_cadence``); ``waiting``: someone
+        waits on the disk, so every backlog is."""
+        interval = self.config.flush_interval_s
+        buckets = [b for b in self.state.buckets.values() if not b.closed]
+        return sum(b.flush_if_due(interval, waiting=waiting) for b in buckets)
 
     async def _flusher(self) -> None:
         loop = asyncio.get_running_loop()
@@ -585,8 +591,11 @@ class DataServer:
             pause = FLUSH_RETRY_S if failing else self.config.flush_interval_s
             await asyncio.sleep(max(0.0, started + pause - loop.time()))
             started = loop.time()
+            # A failing disk is retried whatever the backlog; parked SeqnoPersistence requests
+            # and writers held by backpressure wait for this flush.
+            waiting = failing or bool(self.state.persistence_waiters or self.held_for_flush)
             try:
-                await loop.run_in_executor(self.executor, self._flush_all)
+                await loop.run_in_executor(self.executor, self._flush_all, waiting)
             except Exception as exc:
                 # The batch stays queued in the engine and is retried; meanwhile the bucket
                 # answers writes TempFail. Said once, not on every retry.

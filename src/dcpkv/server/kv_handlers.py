@@ -260,6 +260,10 @@ def observe_seqno(conn: Connection, req: kv.ObserveSeqno) -> kv.ObserveSeqnoResp
     with vbucket.lock:
         entries = vbucket.failover.entries
         persisted, current = vbucket.persisted_seqno, vbucket.high_seqno
+    if persisted < current:
+        # Someone polls for persistence: the flusher writes this bucket's backlog at its next
+        # tick, however sparse (engine/flush_cadence.py, case W).
+        conn.bucket.want_persistence()
     answer = kv.ObserveSeqnoResponse(
         opaque=req.opaque, vbucket=req.vbucket, vbucket_uuid=req.vbucket_uuid,
         last_persisted_seqno=persisted, current_seqno=current,

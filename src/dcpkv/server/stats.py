@@ -74,6 +74,8 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "ep_total_persisted", bucket.items_persisted
     yield "ep_persistence_lag_ms", round(bucket.persistence_lag() * 1000)
     yield "ep_item_commit_failed", bucket.flush_failures  # kv_engine's name: failed flushes
+    # ours: flusher ticks that left a sparse backlog to gather (engine/flush_cadence.py)
+    yield "ep_flushes_deferred", bucket.flushes_deferred
     yield "ep_disk_error", bucket.disk_error or ""
     yield "ep_max_size", bucket.memory_quota
     for state in VBucketState:
