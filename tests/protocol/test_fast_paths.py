@@ -77,3 +77,26 @@ def test_out_of_range_fields_are_codec_errors() -> None:
         kv.GetResponse(flags=-1).encode()
     with pytest.raises(CodecError):
         kv.MutationResponse(vbucket_uuid=1).encode()
+
+
+_STAT_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    opaque=st.integers(0, 2**32 - 1),
+    stats=st.lists(
+        st.tuples(_STAT_TEXT.filter(bool), st.one_of(_STAT_TEXT, st.integers(0, 2**64 - 1))),
+        max_size=20,
+    ),
+)
+def test_a_whole_stat_answer_is_its_messages_bytes(
+    opaque: int, stats: list[tuple[str, object]]
+) -> None:
+    """``kv.encode_stats`` (the server's Stat answers) is the StatResponse messages, encoded
+    one by one, the empty one that ends the answer last; and it parses back into them."""
+    messages = [kv.StatResponse(opaque=opaque, name=n, value=str(v)) for n, v in stats]
+    messages.append(kv.StatResponse(opaque=opaque))
+    wire = kv.encode_stats(opaque, stats)
+    assert wire == b"".join(m.encode() for m in messages)
+    assert [kv.StatResponse.decode(f) for f in FrameParser().feed(wire)] == messages

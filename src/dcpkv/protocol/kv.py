@@ -24,6 +24,7 @@ request opcode (a GetK is answered by a GetKResponse).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -458,6 +459,26 @@ class StatResponse(Response):
     VALUE_TEXT = True
     name: str = ""
     value: str = ""
+
+
+def encode_stats(opaque: int, stats: Iterable[tuple[str, object]]) -> bytes:
+    """A whole Stat answer: a :class:`StatResponse` per ``(name, str(value))``, then the empty
+    one that ends it, byte for byte as their ``encode()`` would make them, without a message
+    object per stat. A group over every vbucket is thousands of frames (``vbucket-seqno`` at
+    1,024 vbuckets: 4,097), asked by every Spark batch's planning, and the event loop makes them
+    with nothing else served meanwhile: 9.8 ms of server CPU a call through the messages."""
+    pack = HEADER.pack
+    magic, opcode = int(Magic.ClientResponse), int(Opcode.Stat)
+    out: list[bytes] = []
+    append = out.append
+    for name, value in stats:
+        key = name.encode()
+        body = str(value).encode()
+        append(pack(magic, opcode, len(key), 0, 0, 0, len(key) + len(body), opaque, 0))
+        append(key)
+        append(body)
+    append(pack(magic, opcode, 0, 0, 0, 0, 0, opaque, 0))
+    return b"".join(out)
 
 
 def _features_value(features: tuple[int, ...], what: str) -> bytes:

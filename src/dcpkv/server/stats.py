@@ -28,17 +28,14 @@ STARTED = time.time()
 Stats = Iterator[tuple[str, object]]
 
 
-def stat(conn: Connection, req: kv.Stat) -> list[kv.StatResponse]:
+def stat(conn: Connection, req: kv.Stat) -> bytes:
+    """The group's stats, then the empty one that ends the answer, encoded in one go."""
     group, _, arg = req.group.partition(" ")
     stats = _GROUPS.get(group)
     if stats is None:
         raise Reply(Status.KeyEnoent, f"no stat group {group!r}".encode())
-    answer = [
-        kv.StatResponse(opaque=req.opaque, name=name, value=str(value))
-        for name, value in stats(conn, arg.strip())
-    ]
-    answer.append(kv.StatResponse(opaque=req.opaque))  # an empty name ends the answer
-    return answer
+    # (a list first: a group that raises Reply midway answers the error, not half a group)
+    return kv.encode_stats(req.opaque, list(stats(conn, arg.strip())))
 
 
 def _selected(conn: Connection, arg: str) -> list[VBucket]:
