@@ -15,6 +15,7 @@ from dcpkv.engine.flush_cadence import (
     Backlog,
     due,
 )
+from dcpkv.engine.item import TempFail
 
 from .conftest import BucketFactory
 
@@ -142,3 +143,27 @@ def test_a_failed_flush_is_due_again_at_once(
     monkeypatch.undo()
     assert bucket.backlog().state
     assert bucket.flush_if_due(3600.0) == 1
+
+
+def test_a_bucket_over_its_quota_flushes_a_sparse_backlog_at_once(
+    open_bucket: BucketFactory,
+) -> None:
+    """Writes refused over the quota wait for persisted values to eject: the flusher does not
+    let that backlog gather (case W)."""
+    bucket = open_bucket(num_vbuckets=1024, memory_quota=1_000_000)
+    for vb in range(1024):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    bucket.flush_once()
+    refused = 0
+    for i in range(5_000):
+        key = b"big-%d" % i
+        try:
+            bucket.get_vbucket(bucket.vbucket_for(key)).set(key, b"v" * 1000)
+        except TempFail:
+            refused += 1
+            break
+    assert refused, "the quota never refused a write"
+    sparse = bucket.backlog()
+    assert sparse.items < DENSE_ITEMS_PER_VBUCKET * sparse.vbuckets  # not due for its shape
+    assert sparse.wanted
+    assert bucket.flush_if_due(3600.0) > 0

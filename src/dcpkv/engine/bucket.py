@@ -366,7 +366,9 @@ class Bucket:
             vbuckets=len(self._flush_queue),
             lag_s=self.persistence_lag(),
             state=self._state_pending,
-            wanted=self._persistence_wanted,
+            # Over its quota the bucket refuses writes until persisted values can be ejected:
+            # writers wait on the disk as much as a client that asks.
+            wanted=self._persistence_wanted or self._full_since is not None,
         )
 
     def want_persistence(self) -> None:

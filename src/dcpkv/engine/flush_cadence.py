@@ -22,7 +22,8 @@ case  the backlog                                                     flush now?
 N     nothing to write                                                no
 W     someone waits on the disk: a client asked whether a write is    yes
       persisted (ObserveSeqno below the high seqno, SeqnoPersistence),
-      or a writer is held by write backpressure
+      a writer is held by write backpressure, or the bucket refuses
+      writes over its memory quota until values can be ejected
 S     a vbucket's state, failover log or rollback is to be written    yes
       (the cluster manager's and warm-up's changes stay prompt)
 B     at least :data:`BIG_FLUSH_ITEMS` items (a sustained or fast     yes
@@ -70,7 +71,7 @@ class Backlog:
     vbuckets: int  # vbuckets with something to write (items or state)
     lag_s: float  # age of the oldest acknowledged, unpersisted write
     state: bool  # a vbucket's state, failover log or rollback is among it
-    wanted: bool  # a client asked about persistence since the last flush
+    wanted: bool  # a client asked about persistence since the last flush, or writes wait on it
 
 
 def due(backlog: Backlog, interval_s: float, *, waiting: bool = False) -> bool:
