@@ -30,6 +30,7 @@ import contextlib
 import itertools
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 from dcpkv.client.flow_control import Liveness, counts_for_flow_control
 from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_payload
@@ -40,7 +41,8 @@ from dcpkv.core.tls import TlsOptions
 from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Opcode
-from dcpkv.protocol.fast_dcp import MutationFields, feed_fields
+from dcpkv.protocol.fast_dcp import MutationFields, fields_run
+from dcpkv.protocol.fast_stat import StatRun, stat_run
 from dcpkv.protocol.frame import Frame, FrameParser
 from dcpkv.protocol.messages import decode_message
 
@@ -49,6 +51,18 @@ MAX_VALUE_LEN = 64 * 1024 * 1024
 _MUTATION, _REQUEST, _HEADER = int(Opcode.DcpMutation), int(Magic.ClientRequest), HEADER_LEN
 _decode_mutation = dcp.Mutation.decode
 _RESPONSES = frozenset({Magic.ClientResponse, Magic.AltClientResponse, Magic.ServerResponse})
+
+
+def _scan(buf: memoryview, pos: int, max_value: int) -> tuple[list[Any], int]:
+    """The receiver's fast paths (a :data:`~dcpkv.protocol.frame.RunScanner`): a run of DCP
+    mutations (nearly all of a stream), else a run of Stat answers (a group over every
+    vbucket is thousands of frames), else nothing: the frame goes the general way."""
+    run, end = fields_run(buf, pos, max_value)
+    if run:
+        return run, end
+    return stat_run(buf, pos, max_value)
+
+
 # An inbox entry: a message with the bytes it counts for flow control, or (0, a run of plain
 # mutations' fields), each with its own size (the module docstring).
 Pushed = tuple[int, Message | list[MutationFields]]
@@ -226,7 +240,10 @@ class Connection:
         inbox = self._inbox
         before = len(inbox)
         append, mutation = inbox.append, _decode_mutation
-        for item in feed_fields(self._parser, data):
+        for item in self._parser.feed_runs(data, _scan):
+            if type(item) is StatRun:
+                self._stat_rows(item)
+                continue
             if isinstance(item, list):
                 append((0, item))  # plain mutations' fields, each with its size, no Frame
                 continue
@@ -250,6 +267,16 @@ class Connection:
             return
         size = frame.size if counts_for_flow_control(frame) else 0
         self._inbox.append((size, decode_message(frame)))
+
+    def _stat_rows(self, run: StatRun) -> None:
+        """A run of plain Stat answers (``protocol/fast_stat.py``): the rows of the Stat calls
+        they answer; those of an opaque nobody asked with are dropped, as :meth:`_answer`
+        drops an unasked answer."""
+        stats = self._stats
+        for opaque, name, value in run:
+            stat = stats.get(opaque)
+            if stat is not None:
+                stat[0].append((name.decode(), value.decode()))
 
     def _answer(self, frame: Frame) -> bool:
         stat = self._stats.get(frame.opaque)
