@@ -24,8 +24,9 @@ OLD = SPARSE_WAIT_INTERVALS * INTERVAL  # the age at which a sparse backlog is w
 
 
 def backlog(items: int = 0, vbuckets: int = 0, lag_s: float = 0.0, *, state: bool = False,
-            wanted: bool = False) -> Backlog:  # fmt: skip
-    return Backlog(items=items, vbuckets=vbuckets, lag_s=lag_s, state=state, wanted=wanted)
+            wanted: bool = False, last_flush: int = 0) -> Backlog:  # fmt: skip
+    return Backlog(items=items, vbuckets=vbuckets, lag_s=lag_s, state=state, wanted=wanted,
+                   last_flush=last_flush)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ CASES = [
     Case("S: a vbucket state to write, no items", backlog(0, 1, state=True), True),
     Case("S: a state among a sparse backlog", backlog(3, 100, 0.0, state=True), True),
     Case("B: a big backlog however wide", backlog(BIG_FLUSH_ITEMS, 1024, 0.0), True),
+    Case("B: the previous flush was big (a stall thinned this tick's backlog)",
+         backlog(BIG_FLUSH_ITEMS // 2, 1024, 0.0, last_flush=BIG_FLUSH_ITEMS), True),
+    Case("G: the previous flush was not big", backlog(500, 400, 0.0, last_flush=1500), False),
     Case("D: dense (4 items a vbucket)", backlog(DENSE_ITEMS_PER_VBUCKET * 10, 10, 0.0), True),
     Case("G: just under dense, young",
          backlog(DENSE_ITEMS_PER_VBUCKET * 10 - 1, 10, OLD / 2), False),
@@ -88,7 +92,7 @@ def test_backlog_counts_items_and_vbuckets_and_a_flush_resets_it(
     bucket.want_persistence()
     assert bucket.backlog().wanted
     assert bucket.flush_once() == 3  # one row per key
-    assert bucket.backlog() == backlog(0, 0, 0.0)
+    assert bucket.backlog() == backlog(0, 0, 0.0, last_flush=3)
 
 
 def test_flush_if_due_lets_a_sparse_backlog_gather_and_writes_it_when_asked(

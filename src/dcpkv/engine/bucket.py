@@ -178,6 +178,7 @@ class Bucket:
         self._state_pending = False
         self._persistence_wanted = False
         self.flushes_deferred = 0  # flusher ticks that let a sparse backlog gather
+        self._last_flush_items = 0
         self.flush_visits = 0  # vbuckets the flusher has visited, in all (a flush's cost)
         # Random 63-bit start: a restarted node never reuses the CAS a manager last saw.
         self.state_cas = self.rng.getrandbits(63) | 1
@@ -336,6 +337,7 @@ class Bucket:
                 if (flushed := self.vbuckets.get(b.vb)) is not None:
                     flushed.mark_persisted(b)
             written = sum(len(b.items) for b in batches)
+            self._last_flush_items = written
             self.items_persisted += written
             return written
 
@@ -369,6 +371,7 @@ class Bucket:
             # Over its quota the bucket refuses writes until persisted values can be ejected:
             # writers wait on the disk as much as a client that asks.
             wanted=self._persistence_wanted or self._full_since is not None,
+            last_flush=self._last_flush_items,
         )
 
     def want_persistence(self) -> None:

@@ -26,8 +26,10 @@ W     someone waits on the disk: a client asked whether a write is    yes
       writes over its memory quota until values can be ejected
 S     a vbucket's state, failover log or rollback is to be written    yes
       (the cluster manager's and warm-up's changes stay prompt)
-B     at least :data:`BIG_FLUSH_ITEMS` items (a sustained or fast     yes
-      load: the flusher keeps its cadence, back to back under load)
+B     at least :data:`BIG_FLUSH_ITEMS` items, now or in the previous   yes
+      flush (a sustained or fast load keeps its cadence, back to back
+      under load; a tick that finds fewer after a stall of the writers
+      does not make the next flush twice as big)
 D     at least :data:`DENSE_ITEMS_PER_VBUCKET` items per vbucket      yes
       touched (a narrow load: nothing to gain by waiting)
 A     the oldest unpersisted write is :data:`SPARSE_WAIT_INTERVALS`   yes
@@ -39,7 +41,9 @@ Why 2,048 items is big enough. Past it a flush's pages are well shared (~12 us a
 a larger one holds the event loop back longer with its Python work (taking the batches,
 building the rows): with 4,096, a 50k writes/s load over 1,024 vbuckets gathered for ~80 ms
 and the live stream's p99 (write acknowledged -> DCP mutation received) rose from 4.9-5.0 to
-5.6-6.1 ms in a paired run. At 2,048 that load flushes as it did before, and the gain stays
+5.6-6.1 ms in a paired run. At 2,048 that load flushes as it did before (a tick that finds
+fewer, after the writers were held up a moment, is not deferred either: the previous flush was
+big; without that rule 3 ticks in 100 were, each making a flush twice the size), and the gain stays
 where it is large: measured at 10k writes/s over 1,024 vbuckets (``bench/latency.py``, a DCP
 consumer on every vbucket), 4.0-4.2 -> 1.1 kB written to disk and 31-39 -> 28-34 us of
 server CPU per write; with the writer alone, 6.6 -> 2.2 kB and a flusher thread using half
@@ -72,6 +76,7 @@ class Backlog:
     lag_s: float  # age of the oldest acknowledged, unpersisted write
     state: bool  # a vbucket's state, failover log or rollback is among it
     wanted: bool  # a client asked about persistence since the last flush, or writes wait on it
+    last_flush: int = 0  # items the previous flush wrote
 
 
 def due(backlog: Backlog, interval_s: float, *, waiting: bool = False) -> bool:
@@ -83,7 +88,7 @@ def due(backlog: Backlog, interval_s: float, *, waiting: bool = False) -> bool:
         return True  # W
     if backlog.state:
         return True  # S
-    if backlog.items >= BIG_FLUSH_ITEMS:
+    if backlog.items >= BIG_FLUSH_ITEMS or backlog.last_flush >= BIG_FLUSH_ITEMS:
         return True  # B
     if backlog.items >= DENSE_ITEMS_PER_VBUCKET * backlog.vbuckets:
         return True  # D
