@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.flush_cadence import (
     BIG_FLUSH_ITEMS,
     DENSE_ITEMS_PER_VBUCKET,
@@ -74,12 +75,18 @@ def test_the_bound_scales_with_the_interval() -> None:
 # -- a real bucket ---------------------------------------------------------------------------
 
 
+def _active(open_bucket: BucketFactory, vbuckets: int) -> Bucket:
+    """A new bucket with every vbucket set active (their states not yet flushed)."""
+    bucket = open_bucket(num_vbuckets=vbuckets)
+    for vb in range(vbuckets):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    return bucket
+
+
 def test_backlog_counts_items_and_vbuckets_and_a_flush_resets_it(
     open_bucket: BucketFactory,
 ) -> None:
-    bucket = open_bucket(num_vbuckets=64)
-    for vb in range(64):
-        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    bucket = _active(open_bucket, 64)
     assert bucket.backlog() == backlog(0, 64, 0.0, state=True)  # new vbuckets' states
     bucket.flush_once()
     assert bucket.backlog() == backlog(0, 0, 0.0)
@@ -98,9 +105,7 @@ def test_backlog_counts_items_and_vbuckets_and_a_flush_resets_it(
 def test_flush_if_due_lets_a_sparse_backlog_gather_and_writes_it_when_asked(
     open_bucket: BucketFactory,
 ) -> None:
-    bucket = open_bucket(num_vbuckets=64)
-    for vb in range(64):
-        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    bucket = _active(open_bucket, 64)
     assert bucket.flush_if_due(INTERVAL) == 0  # states only: written at once (case S)
     assert not bucket.backlog().state and bucket.flushes_deferred == 0
     for vb in range(10):
@@ -115,9 +120,7 @@ def test_flush_if_due_lets_a_sparse_backlog_gather_and_writes_it_when_asked(
 
 
 def test_flush_if_due_writes_a_dense_backlog_at_once(open_bucket: BucketFactory) -> None:
-    bucket = open_bucket(num_vbuckets=4)
-    for vb in range(4):
-        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    bucket = _active(open_bucket, 4)
     bucket.flush_once()
     for i in range(DENSE_ITEMS_PER_VBUCKET * 4):
         key = b"dense-%d" % i
@@ -131,9 +134,7 @@ def test_a_failed_flush_is_due_again_at_once(
 ) -> None:
     """The batches of a failed flush come back as state to write (case S): the retry does not
     wait for the sparse bound."""
-    bucket = open_bucket(num_vbuckets=64)
-    for vb in range(64):
-        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    bucket = _active(open_bucket, 64)
     bucket.flush_once()
     bucket.get_vbucket(5).set(b"one", b"v")
 

@@ -1,9 +1,11 @@
-"""The event loop dcpkv's own processes and threads run on: uvloop's when it is installed.
+"""The event loop of dcpkv's long-running loops: uvloop's when it is installed.
 
 uvloop (libuv underneath, a declared dependency off Windows) runs the same asyncio programs
 with less interpreter work per wake-up, read and write than the standard library's selector
 loop: the server has always used it, and the client library's blocking facade and
-``dcpkv stream`` use it too (measured: about 10 % less client CPU per streamed item). Where it
+``dcpkv stream`` use it too (measured: about 10 % less client CPU per streamed item). The
+one-shot questions of other commands (a few round trips under ``asyncio.run``) gain nothing
+from it and keep asyncio's loop. Where it
 is missing (Windows, or uninstalled by hand) everything runs on asyncio's own loop, unchanged.
 A program that embeds the async client library keeps the loop it chose.
 """

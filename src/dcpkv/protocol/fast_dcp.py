@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 from dcpkv.protocol.constants import HEADER_LEN, MAX_KEY_LEN, Magic, Opcode
 from dcpkv.protocol.dcp import Mutation
-from dcpkv.protocol.frame import HEADER, Frame, FrameParser
+from dcpkv.protocol.frame import HEADER, Frame, FrameParser, chunk_bytes
 
 SizedMutation = tuple[int, Mutation]
 # (size on the wire, vbucket, key, value, by_seqno, rev_seqno, flags, expiration, cas,
@@ -54,9 +54,7 @@ def fields_run(buf: memoryview, pos: int, max_value: int) -> tuple[list[Mutation
     first other frame, and the position after them. A :data:`RunScanner`."""
     run: list[MutationFields] = []
     append, unpack, end = run.append, _HEAD.unpack_from, len(buf)
-    data = buf.obj  # slices of the bytes themselves: one copy each, no memoryview
-    if type(data) is not bytes or len(data) != end:
-        data = bytes(buf)
+    data = chunk_bytes(buf)
     while end - pos >= _HEAD_LEN and len(run) < RUN_MAX:
         (magic, opcode, keylen, extlen, datatype, vbucket, body, opaque, cas,
          seqno, rev, flags, expiry, lock, nmeta, nru) = unpack(buf, pos)  # fmt: skip

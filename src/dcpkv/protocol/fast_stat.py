@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import HEADER_LEN, MAX_KEY_LEN, Magic, Opcode
-from dcpkv.protocol.frame import HEADER
+from dcpkv.protocol.frame import HEADER, chunk_bytes
 
 StatFields = tuple[int, bytes, bytes]  # (opaque, name, value)
 
@@ -40,9 +40,7 @@ def stat_run(buf: memoryview, pos: int, max_value: int) -> tuple[StatRun, int]:
     other frame, and the position after them (module docstring)."""
     run = StatRun()
     append, unpack, end = run.append, HEADER.unpack_from, len(buf)
-    data = buf.obj  # slices of the bytes themselves: one copy each, no memoryview
-    if type(data) is not bytes or len(data) != end:
-        data = bytes(buf)
+    data = chunk_bytes(buf)
     while end - pos >= HEADER_LEN and len(run) < RUN_MAX:
         magic, opcode, keylen, extlen, _datatype, status, body, opaque, _cas = unpack(buf, pos)
         size = HEADER_LEN + body

@@ -46,6 +46,14 @@ _T = TypeVar("_T")
 # (the items it took, the position after them)
 RunScanner = Callable[[memoryview, int, int], tuple[list[_T], int]]
 
+
+def chunk_bytes(buf: memoryview) -> bytes:
+    """The bytes a scanner's chunk views, to slice keys and values from (one copy each, no
+    memoryview): the chunk's own ``bytes`` object when it views all of one, else a copy."""
+    data = buf.obj
+    return data if type(data) is bytes and len(data) == len(buf) else bytes(buf)
+
+
 # magic, opcode, key length, extras length, datatype, vbucket/status, body, opaque, cas
 HEADER = struct.Struct(">BBHBBHIIQ")
 # the flex form: framing-extras length and key length are one byte each
