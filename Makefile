@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/codec.py --json $(RESULTS)/codec.json
 	$(BIN)/python bench/engine.py --json $(RESULTS)/engine.json
 	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
+	$(BIN)/python bench/kv_growth.py --json $(RESULTS)/kv_growth.json
 	$(BIN)/python bench/dcp.py --json $(RESULTS)/dcp.json
 	$(BIN)/python bench/stream.py --json $(RESULTS)/stream.json
 	$(BIN)/python bench/spark_floor.py --json $(RESULTS)/spark_floor.json

@@ -280,12 +280,12 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
 
 
 @contextlib.contextmanager
-def dcpkv_server(tmp: Path) -> Iterator[Target]:
+def dcpkv_server(tmp: Path, quota_mb: int = QUOTA_MB) -> Iterator[Target]:
     port_file = tmp / "dcpkv.port"
     cmd = [
         sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0", "--data-dir",
         str(tmp / "data"), "--port-file", str(port_file), "--vbuckets", str(VBUCKETS),
-        "--memory-quota-mb", str(QUOTA_MB),
+        "--memory-quota-mb", str(quota_mb),
     ]  # fmt: skip
     with open(tmp / "dcpkv.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)

@@ -98,6 +98,9 @@ ROWS: list[Row] = [
         at_least(_times_set_1conn(1.5), ">= 1.5x 1 conn"),
         [(MEMCACHED_SAME_CLIENT, ("kv", "memcached_set_ops_per_s_4conn"))]),
     Row("KV Set, 4 conns, until all persisted, ops/s", ("kv", "set_persisted_ops_per_s_4conn")),
+    # (no target: the same Set at the other end of a bucket's growth, bench/kv_growth.py)
+    Row("KV Set, 1 conn, first 100k of 1M keys, ops/s", ("kv_growth", "first_set_ops_per_s")),
+    Row("KV Set, 1 conn, last 100k of 1M keys, ops/s", ("kv_growth", "last_set_ops_per_s")),
     Row("DCP backfill 1M, 1 conn, items/s", ("dcp", "backfill_items_per_s"),
         at_least(400_000, ">= 400k"),
         [("PostgreSQL pgoutput, pg_recvlogical", ("peer:postgresql", "recvlogical_pgoutput")),

@@ -1,0 +1,116 @@
+"""A Set's cost as the bucket grows: one connection writing 1M distinct keys, by segment.
+
+Theory of operation
+-------------------
+``bench/kv.py`` writes 200,000 keys into an empty bucket, so it measures a bucket whose
+storage trees still fit the flusher's page cache (16 MiB at most). A real bucket holds more,
+and a flush's cost is in the pages it writes and reads back, not in its items: once the trees
+outgrow the cache, pages come back from the OS and the write-ahead log's checkpoints copy more
+of them. This benchmark shows where that knee is and how steep: against a fresh ``dcpkv
+server`` (1,024 vbuckets, a quota of ``--quota-mb`` so nothing is ejected or refused), one
+connection of ``bench/kv.py``'s client (batches of 100 pre-encoded Sets, the same 16-byte keys
+and 100-byte values) writes ``--ops`` distinct keys in ``--segments`` equal segments; for each
+segment it prints the acknowledged rate and the server's CPU per Set (all threads: event loop
+and flusher). Acknowledgements follow the flusher, since write backpressure holds a writer
+whose bucket's unpersisted lag passes 0.25 s, so the rate of a segment is the flusher's rate
+at that size. At the end it waits until every write is persisted and reports the data
+folder's size on disk.
+
+``--json PATH`` writes the first and last segments' rates and CPU costs (``first_set_ops_per_s``,
+``last_set_ops_per_s``, ``first_server_cpu_us_per_set``, ``last_server_cpu_us_per_set``), the
+disk bytes per item, and every segment beside the figures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+import kv
+from _report import write_json
+from _server import cpu_seconds
+from dcpkv.protocol.constants import Opcode
+
+PERSIST_TIMEOUT_S = 300.0
+
+
+async def grow(
+    target: kv.Target, ops: int, segments: int, progress: Progress
+) -> list[tuple[int, float, float]]:
+    """(keys written so far, Sets/s, server CPU us per Set) per segment, after which every
+    write is persisted."""
+    conn = await kv.Conn.open(target)
+    size = ops // segments
+    out = []
+    task = progress.add_task("Sets", total=size * segments)
+    try:
+        for n in range(segments):
+            work = kv.batches(Opcode.Set, range(n * size, (n + 1) * size), 100, target)
+            cpu, start = cpu_seconds(target.pid), time.perf_counter()
+            await conn.run(work)
+            seconds, cpu = time.perf_counter() - start, cpu_seconds(target.pid) - cpu
+            out.append(((n + 1) * size, size / seconds, cpu / size * 1e6))
+            progress.advance(task, size)
+        if conn.errors:
+            raise RuntimeError(f"{conn.errors} Sets were refused: raise --quota-mb")
+        deadline = time.monotonic() + PERSIST_TIMEOUT_S
+        while await kv.items_persisted(conn) < size * segments:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"writes not persisted within {PERSIST_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+    return out
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def main(
+    ops: int = typer.Option(1_000_000, help="distinct keys written in all"),
+    segments: int = typer.Option(10, help="segments the keys are written and measured in"),
+    quota_mb: int = typer.Option(
+        1536, help="the bucket's memory quota (~630 accounted bytes per key: none is ejected)"
+    ),
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+) -> None:
+    if ops < segments or segments < 1:
+        raise typer.BadParameter("--ops must be at least --segments, which is at least 1")
+    console = Console()
+    with (
+        tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
+        kv.dcpkv_server(Path(tmp), quota_mb) as target,
+        Progress(console=console, transient=True) as progress,
+    ):
+        rows = asyncio.run(grow(target, ops, segments, progress))
+        disk = _disk_bytes(Path(tmp) / "data")
+    table = Table(title=f"Set as the bucket grows (1 connection, {kv.VBUCKETS} vbuckets, "
+                  f"{len(kv.VALUE)}-byte values)")  # fmt: skip
+    for col in ("keys in the bucket", "Sets/s", "server CPU us/Set"):
+        table.add_column(col, justify="right")
+    for keys, rate, cpu in rows:
+        table.add_row(f"{keys:,}", f"{rate:,.0f}", f"{cpu:.2f}")
+    console.print(table)
+    total = rows[-1][0]
+    console.print(f"on disk when all was persisted: {disk / 1e6:.1f} MB, {disk / total:.0f} B/key")
+    figures = {
+        "first_set_ops_per_s": rows[0][1],
+        "last_set_ops_per_s": rows[-1][1],
+        "first_server_cpu_us_per_set": rows[0][2],
+        "last_server_cpu_us_per_set": rows[-1][2],
+        "disk_bytes_per_key": disk / total,
+    }
+    write_json(json_out, "kv_growth", figures, segments=[list(r) for r in rows])
+
+
+if __name__ == "__main__":
+    typer.run(main)
