@@ -42,7 +42,7 @@ Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flus
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
 The two threads share the GIL: the flusher gives it up inside every SQLite call and must win
 it back from a loop that may be busy for seconds on end, so a flush is a few multi-row
-statements (``Storage.persist``) and the switch interval is 1 ms (``SWITCH_INTERVAL_S``);
+statements (``Storage.persist``) and the switch interval is 0.2 ms (``SWITCH_INTERVAL_S``);
 ``stat`` reports ``ep_persistence_lag_ms``, how long the oldest unpersisted write has waited.
 
 Write backpressure. A pipelined writer is acknowledged from memory faster than the flusher
@@ -134,9 +134,14 @@ PUMP_TICK_S = 0.05  # safety-net pump of every producer
 LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
 # The flusher thread gives up the GIL at every SQLite call and, while the event loop is busy,
 # waits up to one switch interval to win it back: at CPython's 5 ms default, a flush of a few
-# hundred statements waited seconds under load. 1 ms bounds that wait at a small cost to the
-# loop (a forced switch only happens while the flusher is actually waiting).
-SWITCH_INTERVAL_S = 0.001
+# hundred statements waited seconds under load. The other way round, a loop woken by a request
+# while the flusher runs Python (taking batches, building rows) waits as long, and a pipelined
+# client's batch of 100 Sets is ~0.4 ms of loop work: at 1 ms one connection's Set rate was
+# 130-150k (median 139.5k), at 0.2 ms 129-161k (median 157k, higher in 7 of 8 interleaved
+# pairs; 0.5 ms gained nothing). Four connections (the loop always busy) kept their rate
+# (median 166.5k vs 165.5k) at ~1 us more CPU per Set in forced switches; the live tail's
+# latency at 10k and 50k writes/s did not move beyond its noise (3 pairs of bench/latency.py).
+SWITCH_INTERVAL_S = 0.0002
 # Write backpressure (module docstring): a connection that wrote while its bucket's oldest
 # unpersisted write is older than this stops being read until a flush brings the lag under
 # half of it. Never below FLUSH_LAG_INTERVALS flush intervals, so a server configured to
