@@ -1,26 +1,38 @@
 # Every target creates .venv/ in the repo root on first use and installs the project into it,
-# so a fresh clone needs nothing but Python 3.11+ (and Java 17 for the Spark parts).
+# so a fresh clone needs nothing but Python 3.11+ and pip (and Java 17 for the Spark parts).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
 
-.PHONY: run test lint bench clean venv fuzz chaos
+.PHONY: run test lint bench clean venv fuzz chaos lock lock-check
 
+## venv: a fresh .venv from the lock (tools/lock.py): every package pinned and hash-checked, the
+## project itself editable with the pinned build backend; made again whenever the lock changes
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(STAMP): pyproject.toml $(LOCK)
+	$(PYTHON) -m venv --clear $(VENV)
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+## lock: requirements.lock again from pyproject.toml's ranges, keeping its pins where they still
+## fit (UPGRADE=1: every package to the newest its range allows); needs PyPI, ~2 min
+lock:
+	$(PYTHON) tools/lock.py $(if $(UPGRADE),--upgrade)
+
+## lock-check: fails when pyproject.toml's dependency declarations changed since the lock
+lock-check:
+	$(PYTHON) tools/lock.py --check
 
 ## run: the main job on the embedded defaults
 run: $(STAMP)
 	$(BIN)/dcpkv demo
 
-## test: lint + the whole test suite
-test: $(STAMP)
+## test: the lock's freshness, lint, the whole test suite
+test: lock-check $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
@@ -28,7 +40,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest --durations=25
 
 ## lint: ruff, the layer contract (import-linter), mypy (see pyproject.toml for both)
-lint: $(STAMP)
+lint: lock-check $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
