@@ -59,11 +59,16 @@ CHAOS_SEED ?=
 chaos: $(STAMP)
 	$(BIN)/python tests/chaos/chaos.py --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
-## bench: every benchmark under bench/, each writing its figures as JSON into bench/results/,
-## then the peers on PATH (shared/peerbench/, skipped when absent) and one summary table
+## bench: the peers (bench/install_peers.sh: Debian's memcached, Redis, PostgreSQL when missing
+## and run as root), the machine and every version it runs with, the yardstick, every benchmark
+## under bench/ (each between two timings of the yardstick, its figures as JSON in bench/results/),
+## the peers of shared/peerbench/, the yardstick again, one summary (bench/README.md)
 RESULTS := bench/results
 bench: $(STAMP)
+	PYTHON=$(PYTHON) bench/install_peers.sh
 	rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	$(BIN)/python bench/machine.py --json $(RESULTS)/machine.json
+	$(BIN)/python bench/yardstick.py --name yardstick_start --json $(RESULTS)/yardstick_start.json
 	$(BIN)/python bench/codec.py --json $(RESULTS)/codec.json
 	$(BIN)/python bench/engine.py --json $(RESULTS)/engine.json
 	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
@@ -79,7 +84,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/replication.py --json $(RESULTS)/replication.json
 	$(BIN)/python bench/rebalance.py --json $(RESULTS)/rebalance.json
 	$(BIN)/python bench/peers.py --results $(RESULTS)
-	$(BIN)/python bench/summary.py $(RESULTS)
+	$(BIN)/python bench/yardstick.py --name yardstick_end --json $(RESULTS)/yardstick_end.json
+	$(BIN)/python bench/summary.py $(RESULTS) --markdown $(RESULTS)/summary.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-peers .pytest_cache .hypothesis

@@ -24,7 +24,6 @@ Targets (the issue): streamed rate >= 0.8x alone; persisted p50 <= 0.5 s, max <=
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import socket
 import struct
@@ -37,6 +36,7 @@ from typing import Annotated
 
 import typer
 
+from _report import bench_main, write_json
 from _server import bench_server  # bench/ is on sys.path: the script's own folder
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
@@ -207,22 +207,21 @@ def main(
         )
     ratio = streamed["rate"] / alone["rate"]
     print(f"  streamed / alone: {ratio:.2f}x  (target >= 0.8x; persisted p50 <= 0.5 s, max <= 2 s)")
-    if json_out is not None:
-        summary = {
-            "bench": "fanout",
-            "figures": {
-                "set_rate_alone": alone["rate"],
-                "set_rate_streamed_1024": streamed["rate"],
-                "streamed_over_alone": ratio,
-                "persist_p50_s_streamed": streamed["persist_p50_s"],
-                "persist_max_s_streamed": streamed["persist_max_s"],
-                "persist_p50_s_loaded": results["loaded"]["persist_p50_s"],
-                "persist_max_s_loaded": results["loaded"]["persist_max_s"],
-            },
-            "phases": results,
-        }
-        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(
+        json_out,
+        "fanout",
+        {
+            "set_rate_alone": alone["rate"],
+            "set_rate_streamed_1024": streamed["rate"],
+            "streamed_over_alone": ratio,
+            "persist_p50_s_streamed": streamed["persist_p50_s"],
+            "persist_max_s_streamed": streamed["persist_max_s"],
+            "persist_p50_s_loaded": results["loaded"]["persist_p50_s"],
+            "persist_max_s_loaded": results["loaded"]["persist_max_s"],
+        },
+        phases=results,
+    )
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

@@ -33,7 +33,7 @@ from typing import Annotated, Any
 
 import typer
 
-from _report import write_json
+from _report import bench_main, write_json
 from _server import bench_server
 from dcpkv.client.blocking import BlockingKV, KVRequest
 from dcpkv.cluster.admin_client import admin_request
@@ -256,4 +256,4 @@ def run(manager: Manager, ports: list[int], count: int, seconds: float) -> dict[
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)
