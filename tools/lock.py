@@ -50,10 +50,10 @@ PYPROJECT = ROOT / "pyproject.toml"
 LOCK = ROOT / "requirements.lock"
 PIP_TOOLS = "pip-tools==7.6.2"
 EXTRA = "dev"  # the extra make venv installs beside the runtime dependencies
-# Pinned too, though no dependency names them: pip itself, and what hatchling asks for to
-# install the project editable (its ``get_requires_for_build_editable``), as make venv installs it
-# without build isolation.
-VENV_TOOLS = ["editables", "pip"]
+# Pinned too, though no dependency names them: pip and setuptools (``python -m venv`` installs
+# whichever its Python bundles), and what hatchling asks for to install the project editable
+# (its ``get_requires_for_build_editable``), as make venv installs it without build isolation.
+VENV_TOOLS = ["editables", "pip", "setuptools"]
 DIGEST_PREFIX = "# dependency declarations sha256: "
 TOOLS_IN = "venv-tools.in"  # the build backend and VENV_TOOLS, written for pip-compile
 
