@@ -143,3 +143,20 @@ def test_the_readme_section_is_replaced_between_its_markers_only() -> None:
     assert new == f"intro\n{summary.README_BEGIN}\nnew table\n{summary.README_END}\nafter\n"
     with pytest.raises(SystemExit):
         summary.replace_section("no markers", "x")
+
+
+def test_compare_counts_the_ratios_of_two_runs_that_agree_within_20_percent(
+    tmp_path: Path,
+) -> None:
+    import compare
+
+    for run, (rate, start, end) in {"a": (100.0, 100.0, 100.0), "b": (330.0, 290.0, 310.0)}.items():
+        folder = tmp_path / run
+        folder.mkdir()
+        figures = {"encode_msgs_per_s": rate, "parse_msgs_per_s": 2 * rate if run == "a" else rate}
+        body = _report.Figures("codec", figures, (start, end)).json()
+        (folder / "codec.json").write_text(json.dumps(body))
+    lines, agree, total = compare.compare(tmp_path / "a", tmp_path / "b")
+    assert (agree, total) == (1, 2)  # encode: 1.0 -> 1.1; parse: 2.0 -> 1.1
+    assert lines[0].startswith("codec.encode_msgs_per_s/yardstick 1 1.100 1.100 100 330")
+    assert lines[0].endswith(" AGREE") and lines[1].endswith(" DIFFER")
