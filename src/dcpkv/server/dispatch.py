@@ -143,6 +143,7 @@ ROUTES: dict[int, Route] = {
         op: Route(
             subdoc.SubdocRequest.decode,
             subdoc_handlers.subdoc_request,
+            needs=_READ if op in subdoc.LOOKUP_OPS else _WRITE,
             durable=op not in subdoc.LOOKUP_OPS,
         )
         for op in subdoc.ALL_OPS
