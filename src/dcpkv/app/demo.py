@@ -101,7 +101,7 @@ from dcpkv.pipelines.loader import (
     load_sample,
     loaded_sample,
 )
-from dcpkv.pipelines.mirror import SourceSettings
+from dcpkv.pipelines.source_node import SourceSettings
 
 VIEW_NAME = "revenue_by_country"
 VIEW_MAP = "dcpkv.pipelines.example_views:revenue_by_country"
@@ -662,7 +662,7 @@ class _Pipelines:
         ]  # fmt: skip
 
     def stop(self) -> None:
-        from dcpkv.pipelines.mirror import stop_query
+        from dcpkv.pipelines.table_job import stop_query
 
         self.sampler.stop()
         for query in self.queries:
@@ -688,7 +688,9 @@ class _Pipelines:
     def caught_up(self) -> bool:
         """Whether the mirror has applied the node's high seqnos of now (False: not yet, or
         it cannot tell)."""
-        from dcpkv.pipelines.mirror import caught_up, mirror_manifest, server_seqnos
+        from dcpkv.pipelines.mirror import mirror_manifest
+        from dcpkv.pipelines.source_node import server_seqnos
+        from dcpkv.pipelines.table_job import caught_up
 
         with contextlib.suppress(Exception):  # no manifest yet, a node not answering
             applied = mirror_manifest(self.paths.mirror).applied_seqnos()

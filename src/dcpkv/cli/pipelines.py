@@ -66,7 +66,7 @@ def _run(query: Any, spark: Any) -> None:
     SparkContext's (which cancels every job mid-write and raises inside a py4j call): the
     first SIGINT/SIGTERM stops the query between batches (``stop_query``), a second one
     interrupts."""
-    from dcpkv.pipelines.mirror import stop_query
+    from dcpkv.pipelines.table_job import stop_query
 
     stop = threading.Event()
 
@@ -110,7 +110,8 @@ def mirror(
     master: Master = None,
 ) -> None:
     """Keep a Parquet table of the bucket's current documents (read it with read_mirror)."""
-    from dcpkv.pipelines.mirror import SourceSettings, start_mirror
+    from dcpkv.pipelines.mirror import start_mirror
+    from dcpkv.pipelines.source_node import SourceSettings
 
     source = SourceSettings(
         _connection(host, port, bucket, user, password, tls, tls_ca), vbuckets, max_changes
@@ -152,7 +153,7 @@ def run(
     master: Master = None,
 ) -> None:
     """Keep a view up to date from the server (or a mirror)."""
-    from dcpkv.pipelines.mirror import SourceSettings
+    from dcpkv.pipelines.source_node import SourceSettings
     from dcpkv.pipelines.views import start_view
 
     source = mirror or SourceSettings(_connection(host, port, bucket, user, password, tls, tls_ca))
@@ -181,7 +182,7 @@ def query(
     tls_ca: TlsCa = None,
 ) -> None:
     """Query a view; one JSON row per line."""
-    from dcpkv.pipelines.mirror import SourceSettings
+    from dcpkv.pipelines.source_node import SourceSettings
     from dcpkv.pipelines.views import ViewError, query_view
 
     source = SourceSettings(_connection(host, port, bucket, user, password, tls, tls_ca))
