@@ -17,7 +17,8 @@ from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines import decimal_files, vtable
 from dcpkv.pipelines.backup import restore, run_backup
 from dcpkv.pipelines.backup_layout import MANIFEST, committed_runs, file_entries, verify
-from dcpkv.pipelines.mirror import compact_mirror, mirror_doc_count, mirror_schema, read_mirror
+from dcpkv.pipelines.mirror import compact_mirror, mirror_doc_count, read_mirror
+from dcpkv.pipelines.mirror_schema import mirror_schema
 from dcpkv.spark.rows import BIT_PATTERN_COLUMNS
 
 OLD = pa.decimal128(20, 0)
