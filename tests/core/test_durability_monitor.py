@@ -1,19 +1,33 @@
-"""The durability monitor: every case of its docstring's tables (A1-A12, P1-P9), as a table.
+"""The durability monitor: every case of its docstring's tables (A1-A12, P1-P9), as a table,
+then its invariants over random histories, checked against a plain model.
 
 A case builds a monitor, then runs steps: each is an event and what it must return (the
 decisions, in order; ``None`` for an event that decides nothing; an exception class for a
 refusal) or a check of the monitor's state. Prepare ``n`` has key ``kn`` and, on the active,
 client cookie ``cn``. The active is node ``a``.
+
+The invariants. Active side: nothing commits without a majority of each chain that includes
+the chain's active (the active's own ack honouring its persistence fences); completions come
+out in seqno order, as soon as the oldest prepare is satisfied (or doomed); every prepare ends
+exactly once (commit, abort, or handed over when the vbucket steps down) and every waiting
+client is answered exactly once. Replica side: the acknowledged seqno only rises, covers only
+whole snapshots, covers a PersistToMajority prepare (or a disk snapshot) only once persisted,
+and in the end covers every prepare.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from dcpkv.core import durability_monitor
 from dcpkv.core.durability_monitor import (
     REASON_IMPOSSIBLE,
     REASON_TIMEOUT,
@@ -28,7 +42,11 @@ from dcpkv.core.durability_monitor import (
     SeqnoAck,
     SyncWrite,
 )
-from dcpkv.core.replication_topology import TopologyError, topology_from_chains
+from dcpkv.core.replication_topology import (
+    ReplicationTopology,
+    TopologyError,
+    topology_from_chains,
+)
 
 Monitor = Any  # an ActiveDurabilityMonitor or a PassiveDurabilityMonitor, as the case says
 Event = Callable[[Monitor], object]
@@ -634,10 +652,315 @@ def test_passive(case: Case) -> None:
 
 
 def test_every_case_of_the_docstring_tables_is_in_the_test_tables() -> None:
-    import re
-
-    from dcpkv.core import durability_monitor
-
     documented = set(re.findall(r"^([AP]\d+) ", durability_monitor.__doc__ or "", re.M))
     tested = {c.name.split()[0] for c in ACTIVE_CASES + PASSIVE_CASES}
     assert documented == tested
+
+
+# -- invariants over random histories -------------------------------------------------
+
+TOPOLOGIES = [
+    [["a"]],
+    [["a", "b"]],
+    [["a", "b", "c"]],
+    [["a", None, "c"]],
+    [["a", None]],  # impossible
+    [["a", "b", "c", "d"]],  # impossible: three replicas
+    [["a", "b", "c"], ["d", "b", "c"]],
+    [["a", "b"], ["c", "a"]],
+    [["a", "c"], ["d", "e"]],
+    [["a", "e"], ["a", "b", "d"]],
+]
+REPLICAS = ["b", "c", "d", "e", "f"]
+KEYS = [f"k{i}".encode() for i in range(12)]
+levels = st.sampled_from(list(Level))
+
+prepares = st.tuples(
+    st.just("prepare"),
+    levels,
+    st.sampled_from([None, 100, 400, 1500]),
+    st.sampled_from(KEYS),
+    st.integers(1, 3),
+)
+# a replica of the current topology mostly (its index), sometimes any node
+acks = st.tuples(st.just("ack"), st.integers(0, 11), st.integers(-3, 1))
+active_ops = st.lists(
+    # prepares and acks most often, so that many prepares commit; topology changes rarely
+    st.one_of(
+        prepares,
+        prepares,
+        acks,
+        acks,
+        acks,
+        st.tuples(st.just("persist"), st.integers(-2, 1)),
+        st.tuples(st.just("tick"), st.floats(0, 0.15)),
+        st.tuples(st.just("topology"), st.integers(0, len(TOPOLOGIES) - 1)),
+    ),
+    min_size=10,
+    max_size=100,
+)
+
+
+@dataclass
+class ActiveModel:
+    """What the monitor was told, kept the plain way: per prepare, the replicas that acked it
+    while it was pending (and have not left the topology since)."""
+
+    monitor: ActiveDurabilityMonitor
+    now: float = 0.0
+    persisted: int = 0
+    last_seqno: int = 0
+    topology: ReplicationTopology | None = None
+    writes: dict[int, SyncWrite] = field(default_factory=dict)
+    pending: list[int] = field(default_factory=list)
+    acked_by: dict[int, set[str]] = field(default_factory=dict)
+    ended: Counter[int] = field(default_factory=Counter)
+    answered: Counter[object] = field(default_factory=Counter)
+    cookies: dict[object, int] = field(default_factory=dict)
+    doomed: set[int] = field(default_factory=set)  # past their deadline, or impossible
+    hps: int = 0
+
+    def active_acked(self, seqno: int) -> bool:
+        # Only asked about the oldest pending prepare: no fence can be before it.
+        return self.writes[seqno].level is Level.MAJORITY or seqno <= self.persisted
+
+    def has_acked(self, node: str, seqno: int) -> bool:
+        return self.active_acked(seqno) if node == "a" else node in self.acked_by[seqno]
+
+    def satisfied(self, seqno: int) -> bool:
+        if self.topology is None:
+            return False
+        for chain in self.topology.chains:
+            acks = sum(self.has_acked(node, seqno) for node in chain.nodes)
+            if not self.has_acked(chain.active, seqno) or acks < chain.majority:
+                return False
+        return True
+
+    def apply(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            if isinstance(decision, Commit):
+                assert self.satisfied(decision.seqno), decision
+                self.complete(decision.seqno, decision.key, decision.cookie)
+            elif isinstance(decision, Abort):
+                assert decision.seqno in self.doomed, "aborts only past the deadline or impossible"
+                assert not self.satisfied(decision.seqno), "a satisfied prepare commits"
+                write = self.writes[decision.seqno]
+                assert decision.reason != REASON_TIMEOUT or self.now >= (write.deadline or 0)
+                self.complete(decision.seqno, decision.key, decision.cookie)
+            else:
+                assert isinstance(decision, Ambiguous)
+                assert self.cookies[decision.cookie] in self.pending
+                assert self.cookies[decision.cookie] in self.doomed
+                self.answered[decision.cookie] += 1
+        assert all(count == 1 for count in self.answered.values())
+        if self.pending:  # nothing left that could complete
+            assert not self.satisfied(self.pending[0]) and self.pending[0] not in self.doomed
+        for seqno in self.doomed.intersection(self.pending):  # their clients are answered
+            cookie = self.writes[seqno].cookie
+            assert cookie is None or self.answered[cookie] == 1
+        assert self.monitor.high_prepared_seqno >= self.hps
+        self.hps = self.monitor.high_prepared_seqno
+
+    def complete(self, seqno: int, key: bytes, cookie: object | None) -> None:
+        assert self.pending and seqno == self.pending[0], "completions in seqno order"
+        assert key == self.writes[seqno].key
+        self.pending.pop(0)
+        self.ended[seqno] += 1
+        if cookie is not None:
+            assert self.cookies[cookie] == seqno
+            self.answered[cookie] += 1
+
+    def track(self, write: SyncWrite) -> None:
+        self.writes[write.seqno] = write
+        self.pending.append(write.seqno)
+        self.acked_by[write.seqno] = set()
+        self.last_seqno = write.seqno
+        if write.cookie is not None:
+            self.cookies[write.cookie] = write.seqno
+
+    def run(self, op: tuple[object, ...]) -> None:
+        kind, *args = op
+        getattr(self, f"op_{kind}")(*args)
+
+    def op_prepare(self, level: Level, timeout_ms: int | None, key: bytes, gap: int) -> None:
+        possible = self.topology is not None and self.topology.durability_possible
+        assert self.monitor.durability_possible == possible
+        if not possible or self.monitor.pending(key) is not None:
+            return  # the engine answers DurabilityImpossible / SyncWriteInProgress
+        seqno = self.last_seqno + gap
+        cookie = f"c{seqno}"
+        decisions = self.monitor.add_prepare(
+            seqno, key, level, now=self.now, timeout_ms=timeout_ms, cookie=cookie
+        )
+        deadline = self.now + (30_000 if timeout_ms is None else timeout_ms) / 1000
+        self.track(SyncWrite(seqno, key, level, deadline, cookie))
+        self.apply(decisions)
+
+    def op_ack(self, pick: int, offset: int) -> None:
+        replicas = sorted(self.topology.nodes - {"a"}) if self.topology else []
+        node = replicas[pick % len(replicas)] if replicas and pick < 9 else REPLICAS[pick % 5]
+        seqno = max(0, self.last_seqno + offset)
+        for pending in self.pending:
+            if pending <= seqno:
+                self.acked_by[pending].add(node)
+        self.apply(self.monitor.seqno_ack(node, seqno))
+
+    def op_persist(self, offset: int) -> None:
+        self.persisted = max(self.persisted, self.last_seqno + offset)
+        self.apply(self.monitor.persisted(self.last_seqno + offset))
+
+    def op_tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.doom(lambda deadline: self.now >= deadline)
+        self.apply(self.monitor.tick(self.now))
+
+    def doom(self, applies: Callable[[float], bool]) -> None:
+        for seqno in self.pending:
+            deadline = self.writes[seqno].deadline
+            if deadline is not None and applies(deadline):
+                self.doomed.add(seqno)
+
+    def op_topology(self, index: int) -> None:
+        new = topology_from_chains(TOPOLOGIES[index], this_node="a")
+        if self.topology is not None:
+            for seqno in self.pending:
+                self.acked_by[seqno] -= self.topology.nodes - new.nodes
+        self.topology = new
+        if not new.durability_possible:
+            self.doom(lambda deadline: True)
+        self.apply(self.monitor.set_topology(new))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(levels, max_size=3), st.integers(0, len(TOPOLOGIES) - 1), active_ops)
+def test_the_active_commits_only_what_each_chain_acked_and_ends_every_prepare_once(
+    maybe_visible: list[Level], first_topology: int, ops: list[tuple[object, ...]]
+) -> None:
+    inherited = [
+        SyncWrite(i + 1, f"mv{i}".encode(), level) for i, level in enumerate(maybe_visible)
+    ]
+    model = ActiveModel(ActiveDurabilityMonitor("a", maybe_visible=inherited))
+    for write in inherited:
+        model.track(write)
+    for op in [("topology", first_topology), *ops]:
+        model.run(op)
+
+    decisions, replica = model.monitor.step_down()
+    for decision in decisions:  # the clients still waiting, answered ambiguous
+        assert isinstance(decision, Ambiguous)
+        assert model.cookies[decision.cookie] in model.pending
+        model.answered[decision.cookie] += 1
+    handed_over = {
+        seqno
+        for seqno in model.pending
+        if (write := replica.pending(model.writes[seqno].key)) and write.seqno == seqno
+    }
+    assert handed_over == set(model.pending)
+    for seqno in model.writes:  # every prepare ends exactly once
+        assert model.ended[seqno] + (seqno in handed_over) == 1
+    assert set(model.answered) == set(model.cookies)  # every client answered, once
+    assert all(count == 1 for count in model.answered.values())
+    assert model.monitor.num_pending == 0
+
+
+# -- the replica --------------------------------------------------------------------------
+
+replica_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("marker"), st.sampled_from([False, False, False, True])),
+        st.tuples(st.just("prepare"), levels, st.sampled_from(KEYS)),
+        st.tuples(st.just("mutation")),
+        st.tuples(st.just("complete"), st.booleans()),
+        st.tuples(st.just("persist"), st.floats(0, 1)),
+    ),
+    min_size=10,
+    max_size=100,
+)
+
+
+@dataclass
+class ReplicaModel:
+    monitor: PassiveDurabilityMonitor = field(default_factory=PassiveDurabilityMonitor)
+    seqno: int = 0
+    persisted: int = 0
+    disk: bool = False
+    snapshot: int = 0  # index of the snapshot being received
+    first_in_snapshot: int = 1
+    ends: dict[int, int] = field(default_factory=dict)  # snapshot index -> its end
+    disks: dict[int, bool] = field(default_factory=dict)
+    # seqno -> level, snapshot index, key
+    prepares: dict[int, tuple[Level, int, bytes]] = field(default_factory=dict)
+    last_ack: int = 0
+
+    def check_acks(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            assert isinstance(decision, SeqnoAck)
+            assert decision.seqno > self.last_ack, "acks only rise"
+            self.last_ack = decision.seqno
+            assert decision.seqno <= max(self.ends.values(), default=0), "whole snapshots"
+            for seqno, (level, snapshot, _) in self.prepares.items():
+                if seqno > decision.seqno:
+                    continue
+                assert snapshot in self.ends, f"prepare {seqno} acked before its snapshot end"
+                if level is Level.PERSIST_TO_MAJORITY or self.disks[snapshot]:
+                    assert self.persisted >= self.ends[snapshot], f"{seqno} acked unpersisted"
+        assert self.monitor.high_prepared_seqno == self.last_ack
+
+    def end_snapshot(self) -> None:
+        if self.seqno >= self.first_in_snapshot:  # the snapshot has items
+            self.ends[self.snapshot] = self.seqno
+            self.disks[self.snapshot] = self.disk
+            self.check_acks(self.monitor.snapshot_end(self.seqno, disk=self.disk))
+        self.snapshot += 1
+        self.first_in_snapshot = self.seqno + 1
+
+    def run(self, op: tuple[object, ...]) -> None:
+        kind, *args = op
+        getattr(self, f"op_{kind}")(*args)
+
+    def op_marker(self, disk: bool) -> None:
+        self.end_snapshot()
+        self.disk = disk
+
+    def op_prepare(self, level: Level, key: bytes) -> None:
+        if self.monitor.pending(key) is not None and not self.disk:
+            return  # the active never sends a second prepare for a key in memory
+        self.seqno += 1
+        self.prepares[self.seqno] = (level, self.snapshot, key)
+        self.monitor.prepare(self.seqno, key, level, disk=self.disk)
+
+    def op_mutation(self) -> None:
+        self.seqno += 1
+
+    def op_complete(self, commit: bool) -> None:
+        """The active completes its oldest prepare still pending here."""
+        pending = [s for s, (_, _, key) in self.prepares.items() if self.pending_at(key) == s]
+        if not pending:
+            return
+        oldest = min(pending)
+        self.seqno += 1
+        complete = self.monitor.commit if commit else self.monitor.abort
+        complete(oldest, self.prepares[oldest][2], disk=self.disk)
+
+    def op_persist(self, fraction: float) -> None:
+        self.persisted += int(fraction * (self.seqno - self.persisted))
+        self.check_acks(self.monitor.persisted(self.persisted))
+
+    def pending_at(self, key: bytes) -> int | None:
+        write = self.monitor.pending(key)
+        return None if write is None else write.seqno
+
+
+@settings(max_examples=300, deadline=None)
+@given(replica_ops)
+def test_the_replica_acks_only_whole_satisfied_snapshots_and_in_the_end_everything(
+    ops: list[tuple[object, ...]],
+) -> None:
+    model = ReplicaModel()
+    for op in ops:
+        model.run(op)
+    model.end_snapshot()
+    model.persisted = model.seqno
+    model.check_acks(model.monitor.persisted(model.seqno))
+    if model.prepares:
+        assert model.monitor.high_prepared_seqno >= max(model.prepares)
