@@ -441,6 +441,16 @@ ACTIVE_CASES = [
             (ack("r1", 3), [commit(2, client=False), commit(3)]),
         ],
     ),
+    Case(
+        "A12 the high completed seqno never falls",
+        lambda: ActiveDurabilityMonitor(
+            "a", high_completed_seqno=7, maybe_visible=[SyncWrite(5, k(5), L1)]
+        ),
+        [
+            (topology(["a"]), [commit(5, client=False)]),
+            (check(lambda m: m.high_completed_seqno), 7),
+        ],
+    ),
 ]
 
 
@@ -528,6 +538,11 @@ PASSIVE_CASES = [
             (snapshot_end(2), NOTHING),
             (persisted(1), [SeqnoAck(2)]),
         ],
+    ),
+    Case(
+        "P5 an inherited HPS does not constrain the snapshots (a rollback went below it)",
+        lambda: PassiveDurabilityMonitor(high_prepared_seqno=10),
+        [(snapshot_end(9), NOTHING), (receive(11), None), (snapshot_end(11), [SeqnoAck(11)])],
     ),
     Case(
         "P5 a snapshot end not above the last",

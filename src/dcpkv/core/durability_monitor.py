@@ -344,7 +344,9 @@ class ActiveDurabilityMonitor:
                 break
             self._pending.popleft()
             del self._by_key[write.key]
-            self.high_completed_seqno = write.seqno
+            # max: a maybe visible prepare may be below a completion seen out of order in a
+            # disk snapshot
+            self.high_completed_seqno = max(self.high_completed_seqno, write.seqno)
             if self._ahead and self._ahead[0] is write:
                 self._ahead.popleft()  # an aborted fence
                 self._advance_hps()
@@ -385,7 +387,7 @@ class PassiveDurabilityMonitor:
         self._above_hps: deque[SyncWrite] = deque()
         self._snapshot_ends: deque[tuple[int, bool]] = deque()
         self._last_seqno = 0
-        self._last_snapshot_end = high_prepared_seqno
+        self._last_snapshot_end = 0  # of the snapshots this monitor was told about
         for write in prepares:
             self._track(_as_maybe_visible(write), disk=False)
         self._last_seqno = max(self._last_seqno, high_prepared_seqno, high_completed_seqno)
