@@ -25,6 +25,12 @@ is one, at least ``majority`` named nodes acked it (null slots never ack) and th
 is among them. Pending prepares complete strictly in seqno order: only the oldest one may
 commit or abort. Since a node's ack covers every prepare below it, a later prepare is never
 satisfied before an earlier one; a timeout is what breaks the order, and it waits its turn.
+(The reference does not ask the first chain's active about a Majority prepare; that differs
+only behind a fence, where it would commit out of order. The spec's rule is kept.)
+
+Where the reference keeps the client of a later prepare past its deadline waiting until its
+turn comes, this monitor answers it Ambiguous at its deadline (A4): the answer could be no
+better in its turn, and the client asked not to wait longer.
 
 Active side (events, then the decisions they return; "head" is the oldest pending prepare):
 
@@ -33,7 +39,11 @@ case event and condition                   decisions
 ==== ===================================== ==================================================
 A1   add_prepare, durability impossible    refused (DurabilityMonitorError): the engine
      (no topology, or a chain without a    answers DurabilityImpossible before making the
-     majority of named nodes)              prepare, asking ``durability_possible``
+     majority of named nodes, or more      prepare, asking ``durability_possible``; so are
+     than 2 replicas)                      a key with a pending prepare (the engine answers
+                                           SyncWriteInProgress, asking ``pending``), a seqno
+                                           not above the last, a timeout <= 0 (level 0 is
+                                           no :class:`Level`: ValueError)
 A2   any event, the head is satisfied      Commit(seqno, key, cookie); then the next head
 A3   tick(now), the head's deadline passed Abort(seqno, key, cookie, "timeout"); then the
      and it is not satisfied               next head (an aborted fence no longer stops the
