@@ -27,8 +27,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpkv.core import durability_monitor
-from dcpkv.core.durability_monitor import (
+from dcpkv.core.replication_topology import (
+    ReplicationTopology,
+    TopologyError,
+    topology_from_chains,
+)
+from dcpkv.core.status import Status
+from dcpkv.engine import durability_monitor
+from dcpkv.engine.durability_monitor import (
     REASON_IMPOSSIBLE,
     REASON_TIMEOUT,
     Abort,
@@ -36,21 +42,22 @@ from dcpkv.core.durability_monitor import (
     Ambiguous,
     Commit,
     Decision,
+    DurabilityImpossible,
     DurabilityMonitorError,
-    Level,
     PassiveDurabilityMonitor,
     SeqnoAck,
     SyncWrite,
+    SyncWriteInProgress,
 )
-from dcpkv.core.replication_topology import (
-    ReplicationTopology,
-    TopologyError,
-    topology_from_chains,
-)
+from dcpkv.protocol.constants import DurabilityLevel
 
 Monitor = Any  # an ActiveDurabilityMonitor or a PassiveDurabilityMonitor, as the case says
 Event = Callable[[Monitor], object]
-L1, L2, L3 = Level.MAJORITY, Level.MAJORITY_AND_PERSIST_TO_ACTIVE, Level.PERSIST_TO_MAJORITY
+L1, L2, L3 = (
+    DurabilityLevel.Majority,
+    DurabilityLevel.MajorityAndPersistToActive,
+    DurabilityLevel.PersistToMajority,
+)
 NOTHING: list[Decision] = []
 
 
@@ -65,7 +72,9 @@ def c(n: int) -> str:
 # -- events -------------------------------------------------------------------------------
 
 
-def prepare(n: int, level: Level = L1, *, timeout_ms: int | None = None, now: float = 0) -> Event:
+def prepare(
+    n: int, level: DurabilityLevel = L1, *, timeout_ms: int | None = None, now: float = 0
+) -> Event:
     """On the active: a client's durable write of key kn became prepare n."""
     return lambda m: m.add_prepare(n, k(n), level, now=now, timeout_ms=timeout_ms, cookie=c(n))
 
@@ -86,7 +95,9 @@ def topology(*chains: list[str | None]) -> Event:
     return lambda m: m.set_topology(topology_from_chains(list(chains)))
 
 
-def receive(n: int, level: Level = L1, *, key: int | None = None, disk: bool = False) -> Event:
+def receive(
+    n: int, level: DurabilityLevel = L1, *, key: int | None = None, disk: bool = False
+) -> Event:
     """On a replica: prepare n (of key kn, or k<key>) arrived."""
     return lambda m: m.prepare(n, k(n if key is None else key), level, disk=disk)
 
@@ -153,24 +164,24 @@ RS = ["a", "r1", "r2"]  # a chain of two replicas: a majority is the active and 
 
 ACTIVE_CASES = [
     # A1: no SyncWrite without a possible topology (the engine asks durability_possible)
-    Case("A1 no topology yet", active(), [(prepare(1), DurabilityMonitorError)]),
-    Case("A1 a replica slot empty", active(["a", None]), [(prepare(1), DurabilityMonitorError)]),
+    Case("A1 no topology yet", active(), [(prepare(1), DurabilityImpossible)]),
+    Case("A1 a replica slot empty", active(["a", None]), [(prepare(1), DurabilityImpossible)]),
     Case(
         "A1 three replicas",
         active(["a", "r1", "r2", "r3"]),
-        [(check(lambda m: m.durability_possible), False), (prepare(1), DurabilityMonitorError)],
+        [(check(lambda m: m.durability_possible), False), (prepare(1), DurabilityImpossible)],
     ),
     Case(
         "A1 a second chain without its majority",
         active(RS, ["b", None]),
-        [(prepare(1), DurabilityMonitorError)],
+        [(prepare(1), DurabilityImpossible)],
     ),
     Case(
         "A1 a key with a pending prepare",
         active(RS),
         [
             (prepare(1), NOTHING),
-            (lambda m: m.add_prepare(2, k(1), L1, now=0), DurabilityMonitorError),
+            (lambda m: m.add_prepare(2, k(1), L1, now=0), SyncWriteInProgress),
         ],
     ),
     Case(
@@ -688,7 +699,7 @@ TOPOLOGIES = [
 ]
 REPLICAS = ["b", "c", "d", "e", "f"]
 KEYS = [f"k{i}".encode() for i in range(12)]
-levels = st.sampled_from(list(Level))
+levels = st.sampled_from(list(DurabilityLevel))
 
 prepares = st.tuples(
     st.just("prepare"),
@@ -737,7 +748,7 @@ class ActiveModel:
 
     def active_acked(self, seqno: int) -> bool:
         # Only asked about the oldest pending prepare: no fence can be before it.
-        return self.writes[seqno].level is Level.MAJORITY or seqno <= self.persisted
+        return self.writes[seqno].level is DurabilityLevel.Majority or seqno <= self.persisted
 
     def has_acked(self, node: str, seqno: int) -> bool:
         return self.active_acked(seqno) if node == "a" else node in self.acked_by[seqno]
@@ -797,7 +808,9 @@ class ActiveModel:
         kind, *args = op
         getattr(self, f"op_{kind}")(*args)
 
-    def op_prepare(self, level: Level, timeout_ms: int | None, key: bytes, gap: int) -> None:
+    def op_prepare(
+        self, level: DurabilityLevel, timeout_ms: int | None, key: bytes, gap: int
+    ) -> None:
         possible = self.topology is not None and self.topology.durability_possible
         assert self.monitor.durability_possible == possible
         if not possible or self.monitor.pending(key) is not None:
@@ -849,7 +862,7 @@ class ActiveModel:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(levels, max_size=3), st.integers(0, len(TOPOLOGIES) - 1), active_ops)
 def test_the_active_commits_only_what_each_chain_acked_and_ends_every_prepare_once(
-    maybe_visible: list[Level], first_topology: int, ops: list[tuple[object, ...]]
+    maybe_visible: list[DurabilityLevel], first_topology: int, ops: list[tuple[object, ...]]
 ) -> None:
     inherited = [
         SyncWrite(i + 1, f"mv{i}".encode(), level) for i, level in enumerate(maybe_visible)
@@ -904,7 +917,7 @@ class ReplicaModel:
     ends: dict[int, int] = field(default_factory=dict)  # snapshot index -> its end
     disks: dict[int, bool] = field(default_factory=dict)
     # seqno -> level, snapshot index, key
-    prepares: dict[int, tuple[Level, int, bytes]] = field(default_factory=dict)
+    prepares: dict[int, tuple[DurabilityLevel, int, bytes]] = field(default_factory=dict)
     last_ack: int = 0
 
     def check_acks(self, decisions: list[Decision]) -> None:
@@ -917,7 +930,7 @@ class ReplicaModel:
                 if seqno > decision.seqno:
                     continue
                 assert snapshot in self.ends, f"prepare {seqno} acked before its snapshot end"
-                if level is Level.PERSIST_TO_MAJORITY or self.disks[snapshot]:
+                if level is DurabilityLevel.PersistToMajority or self.disks[snapshot]:
                     assert self.persisted >= self.ends[snapshot], f"{seqno} acked unpersisted"
         assert self.monitor.high_prepared_seqno == self.last_ack
 
@@ -937,7 +950,7 @@ class ReplicaModel:
         self.end_snapshot()
         self.disk = disk
 
-    def op_prepare(self, level: Level, key: bytes) -> None:
+    def op_prepare(self, level: DurabilityLevel, key: bytes) -> None:
         if self.monitor.pending(key) is not None and not self.disk:
             return  # the active never sends a second prepare for a key in memory
         self.seqno += 1
@@ -979,3 +992,18 @@ def test_the_replica_acks_only_whole_satisfied_snapshots_and_in_the_end_everythi
     model.check_acks(model.monitor.persisted(model.seqno))
     if model.prepares:
         assert model.monitor.high_prepared_seqno >= max(model.prepares)
+
+
+def test_a_refusal_carries_the_status_the_engine_answers() -> None:
+    monitor = ActiveDurabilityMonitor("a")
+    with pytest.raises(DurabilityImpossible) as impossible:
+        monitor.add_prepare(1, k(1), L1, now=0)
+    monitor.set_topology(topology_from_chains([["a", "b"]]))
+    monitor.add_prepare(1, k(1), L1, now=0)
+    with pytest.raises(SyncWriteInProgress) as in_progress:
+        monitor.add_prepare(2, k(1), L1, now=0)
+    with pytest.raises(DurabilityMonitorError) as other:
+        monitor.seqno_ack("a", 1)
+    assert impossible.value.status == Status.DurabilityImpossible
+    assert in_progress.value.status == Status.SyncWriteInProgress
+    assert other.value.status == Status.Einval

@@ -37,13 +37,13 @@ Active side (events, then the decisions they return; "head" is the oldest pendin
 ==== ===================================== ==================================================
 case event and condition                   decisions
 ==== ===================================== ==================================================
-A1   add_prepare, durability impossible    refused (DurabilityMonitorError): the engine
-     (no topology, or a chain without a    answers DurabilityImpossible before making the
-     majority of named nodes, or more      prepare, asking ``durability_possible``; so are
-     than 2 replicas)                      a key with a pending prepare (the engine answers
-                                           SyncWriteInProgress, asking ``pending``), a seqno
-                                           not above the last, a timeout <= 0 (level 0 is
-                                           no :class:`Level`: ValueError)
+A1   add_prepare, durability impossible    refused (DurabilityImpossible): the engine
+     (no topology, or a chain without a    answers so before making the prepare, asking
+     majority of named nodes, or more      ``durability_possible``; so is a key with a
+     than 2 replicas)                      pending prepare (SyncWriteInProgress, asking
+                                           ``pending``); a seqno not above the last or a
+                                           timeout <= 0 (DurabilityMonitorError); level 0
+                                           (no DurabilityLevel: ValueError)
 A2   any event, the head is satisfied      Commit(seqno, key, cookie); then the next head
 A3   tick(now), the head's deadline passed Abort(seqno, key, cookie, "timeout"); then the
      and it is not satisfied               next head (an aborted fence no longer stops the
@@ -100,29 +100,33 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import IntEnum
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.replication_topology import ReplicationTopology, TopologyError
 from dcpkv.core.status import Status
+from dcpkv.protocol.constants import DurabilityLevel
 
 DEFAULT_TIMEOUT_MS = 30_000  # the reference's default; a bucket setting
 REASON_TIMEOUT = "timeout"
 REASON_IMPOSSIBLE = "durability impossible"
 
 
-class Level(IntEnum):
-    """A durability requirement's level (0 is never valid)."""
-
-    MAJORITY = 1
-    MAJORITY_AND_PERSIST_TO_ACTIVE = 2
-    PERSIST_TO_MAJORITY = 3
-
-
 class DurabilityMonitorError(DcpkvError, ValueError):
     """An event the monitor refuses (the message says why); nothing changed."""
 
     status = Status.Einval
+
+
+class DurabilityImpossible(DurabilityMonitorError):
+    """A prepare the topology cannot satisfy (A1)."""
+
+    status = Status.DurabilityImpossible
+
+
+class SyncWriteInProgress(DurabilityMonitorError):
+    """A prepare for a key that has one pending (A1)."""
+
+    status = Status.SyncWriteInProgress
 
 
 @dataclass(slots=True, eq=False)
@@ -133,7 +137,7 @@ class SyncWrite:
 
     seqno: int
     key: bytes
-    level: Level
+    level: DurabilityLevel
     deadline: float | None = None
     cookie: object | None = None
     doomed: str | None = None
@@ -180,7 +184,7 @@ Decision = Commit | Abort | Ambiguous | SeqnoAck
 
 
 def _as_maybe_visible(write: SyncWrite) -> SyncWrite:
-    return SyncWrite(write.seqno, write.key, Level(write.level))
+    return SyncWrite(write.seqno, write.key, DurabilityLevel(write.level))
 
 
 class ActiveDurabilityMonitor:
@@ -237,7 +241,7 @@ class ActiveDurabilityMonitor:
         self,
         seqno: int,
         key: bytes,
-        level: Level,
+        level: DurabilityLevel,
         *,
         now: float,
         timeout_ms: int | None = None,
@@ -245,13 +249,13 @@ class ActiveDurabilityMonitor:
     ) -> list[Decision]:
         """Track a new prepare (A1); it may commit at once (a chain of the active alone)."""
         if not self.durability_possible:
-            raise DurabilityMonitorError(
+            raise DurabilityImpossible(
                 f"vbucket topology {self.topology} cannot satisfy a SyncWrite"
             )
         timeout = self.default_timeout_ms if timeout_ms is None else timeout_ms
         if timeout <= 0:
             raise DurabilityMonitorError(f"timeout must be > 0 ms, not {timeout}")
-        self._track(SyncWrite(seqno, key, Level(level), now + timeout / 1000, cookie))
+        self._track(SyncWrite(seqno, key, DurabilityLevel(level), now + timeout / 1000, cookie))
         self._advance_hps()
         return self._complete()
 
@@ -313,7 +317,7 @@ class ActiveDurabilityMonitor:
                 f"prepare seqno {write.seqno} is not above the last one ({self._last_seqno})"
             )
         if write.key in self._by_key:
-            raise DurabilityMonitorError(
+            raise SyncWriteInProgress(
                 f"key {write.key!r} has a pending prepare at {self._by_key[write.key].seqno}"
             )
         self._pending.append(write)
@@ -325,7 +329,7 @@ class ActiveDurabilityMonitor:
     def _advance_hps(self) -> None:
         while self._ahead:
             write = self._ahead[0]
-            if write.level is not Level.MAJORITY and write.seqno > self.persisted_seqno:
+            if write.level is not DurabilityLevel.Majority and write.seqno > self.persisted_seqno:
                 return  # a fence until persisted
             self.high_prepared_seqno = write.seqno
             self._ahead.popleft()
@@ -411,9 +415,11 @@ class PassiveDurabilityMonitor:
 
     # -- events -------------------------------------------------------------------------
 
-    def prepare(self, seqno: int, key: bytes, level: Level, *, disk: bool = False) -> None:
+    def prepare(
+        self, seqno: int, key: bytes, level: DurabilityLevel, *, disk: bool = False
+    ) -> None:
         """A prepare arrived from the active (P8); ``disk``: inside a disk snapshot."""
-        self._track(SyncWrite(seqno, key, Level(level)), disk=disk)
+        self._track(SyncWrite(seqno, key, DurabilityLevel(level)), disk=disk)
 
     def snapshot_end(self, seqno: int, *, disk: bool = False) -> list[Decision]:
         """The snapshot ending at ``seqno`` arrived whole (P1-P5)."""
@@ -496,7 +502,11 @@ class PassiveDurabilityMonitor:
         persisted = self.persisted_seqno >= end
         if disk and not persisted:
             return False  # P3
-        ceiling = Level.PERSIST_TO_MAJORITY if persisted else Level.MAJORITY_AND_PERSIST_TO_ACTIVE
+        ceiling = (
+            DurabilityLevel.PersistToMajority
+            if persisted
+            else DurabilityLevel.MajorityAndPersistToActive
+        )
         above = self._above_hps
         while above and above[0].seqno <= end and above[0].level <= ceiling:
             self.high_prepared_seqno = above.popleft().seqno
