@@ -2,15 +2,21 @@
 as it can be without running it (``docblocks.py`` gives the rules), and every test, example
 and page a document names exists.
 
-Each document gets a sandbox: a temporary folder holding ``.venv`` (a link to the virtual
-environment running the tests) and a copy of ``examples/``, so the paths the blocks write
-work as they are, and a real ``dcpkv server`` on a free port. Its port is the one thing
-changed: every ``11210`` in a block, and in the examples it runs, is the server's port. A
-document's blocks run in order in one sandbox, so a block may use what an earlier one wrote.
+Each document gets a sandbox: a temporary folder that looks like the repository's root (a link
+to each of its entries, ``.venv`` to the virtual environment running the tests), so the paths
+the blocks write work as they are while what the blocks write stays out of the repository.
+A document's blocks run in order in one sandbox, so a block may use what an earlier one wrote.
+
+The pages of ``docs/`` start the servers their blocks need (``docs/README.md``). The README's
+quick starts talk to the node a reader started with ``dcpkv server`` on 127.0.0.1:11210: its
+sandbox gets a real ``dcpkv server`` on a free port, and that port is the one thing changed:
+every ``11210`` in its blocks, and in the copy of ``examples/`` the sandbox holds, is the
+server's port.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -34,23 +40,30 @@ BLOCKS = [
 # Safety net against a hang, never an assertion on speed (a Spark block starts a JVM).
 BLOCK_TIMEOUT_S = 600.0
 README_MAX_LINES = 250
+# The documents whose blocks use the node of the quick start (module docstring).
+ON_THE_NODE = {"README.md"}
+# Not linked into a sandbox: the examples are copied (the port changed), a demo's data stays.
+NOT_LINKED = {"examples", "dcpkv-data"}
 # Pages other changes write: links to them are checked once they exist.
 WRITTEN_ELSEWHERE = ("docs/", "bench/README.md")
 
 
 class Sandbox:
-    """A document's folder and server (see the module docstring)."""
+    """A document's folder, and the server its blocks use if they use one (module docstring)."""
 
-    def __init__(self, root: Path, server: ServerProcess) -> None:
+    def __init__(self, root: Path, server: ServerProcess | None) -> None:
         self.root = root
         self.server = server
         (root / ".venv").symlink_to(Path(sys.executable).parent.parent)
+        for entry in ROOT.iterdir():
+            if not entry.name.startswith(".") and entry.name not in NOT_LINKED:
+                (root / entry.name).symlink_to(entry)
         (root / "examples").mkdir()
         for script in (ROOT / "examples").glob("*.py"):
             (root / "examples" / script.name).write_text(self.as_run(script.read_text()))
 
     def as_run(self, text: str) -> str:
-        return text.replace(PORT, str(self.server.port))
+        return text if self.server is None else text.replace(PORT, str(self.server.port))
 
     def run(self, argv: list[str], *, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, COLUMNS="200")  # typer's help: no option names cut by wrapping
@@ -68,12 +81,20 @@ def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Sa
         class Lazy(dict[str, Sandbox]):
             def __missing__(self, path: str) -> Sandbox:
                 root = tmp_path_factory.mktemp(Path(path).stem)
-                server = factory(root / "data", root / "server.log")
-                server.start()
+                server = None
+                if path in ON_THE_NODE:
+                    server = factory(root / "data", root / "server.log")
+                    server.start()
                 self[path] = Sandbox(root, server)
                 return self[path]
 
         yield Lazy()
+
+
+@functools.cache
+def _bash_builtins() -> frozenset[str]:
+    listed = subprocess.run(["bash", "-c", "compgen -b"], capture_output=True, text=True)
+    return frozenset(listed.stdout.split())
 
 
 def _outcome(result: subprocess.CompletedProcess[str]) -> str:
@@ -123,7 +144,7 @@ def test_illustrative_block_is_real(block: Block, sandboxes: dict[str, Sandbox])
             assert result.returncode == 0, f"{cmd}\n{_outcome(result)}"
             unknown = {o for o in docblocks.options(cmd) if o not in result.stdout}
             assert not unknown, f"{cmd}: {sorted(unknown)} not in its --help"
-        else:
+        elif not re.match(r"\w+=", argv[0]) and argv[0] not in _bash_builtins():
             assert shutil.which(argv[0]), f"{cmd}: no {argv[0]} on PATH"
 
 
