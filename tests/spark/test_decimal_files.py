@@ -1,5 +1,5 @@
 """Output written with the old DECIMAL(20,0) 64-bit columns, read by today's BIGINT schema:
-a mirror (and its compaction), a backup (restored), and the README's unsigned expression."""
+a mirror (and its compaction), a backup (restored), and docs/spark.md's unsigned expression."""
 
 from __future__ import annotations
 
