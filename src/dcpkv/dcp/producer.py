@@ -25,15 +25,18 @@ Output and memory
     ``next_messages`` gives each ready stream a short turn per round (round-robin, as
     kv_engine's producer does): up to :data:`TURN_MESSAGES` visits, each sending one message
     (or one run of items: a backfill batch's or a memory snapshot's consecutive items joined
-    into one bytes object, see :mod:`dcpkv.dcp.active_stream`) or finding the stream idle. A
-    live snapshot is typically a marker and one item, so one turn sends it and lets the stream
-    leave the ready queue, where one message per round took three rounds (and a checkpoint
-    read that found nothing). It goes on while the byte budget of the call and the
-    flow-control window allow: with ``connection_buffer_size`` N, a message is sent only while
-    fewer than N bytes are unacknowledged (so one message may overflow N); every message but
-    Noop counts, header included; BufferAck releases. A run that may not go out whole under
-    these rules is cut at the message where they stop (:func:`_split_run`), so runs change
-    the number of writes, never what is sent when.
+    into one bytes object; or a live write's snapshot of one item, its marker and the item
+    joined: see :mod:`dcpkv.dcp.active_stream`) or finding the stream idle. A live write is
+    thus one visit, after which the stream leaves the ready queue when its cursor has read
+    everything (``ActiveStream.idle``), where it took three rounds once (marker, item, and a
+    checkpoint read that found nothing), then three visits of one turn. It goes on while the
+    byte and visit budgets of the call (the server's bound on one turn of its event loop) and
+    the flow-control window allow: with ``connection_buffer_size`` N, a message is sent only
+    while fewer than N bytes are unacknowledged (so one message, or a lone live snapshot's
+    marker and item, may overflow N); every message but Noop counts, header included;
+    BufferAck releases. A run that may not go out whole under these rules is cut at the
+    message where they stop (:func:`_split_run`), so runs change the number of writes, never
+    what is sent when.
 
 Ready queue
     A write must not cost O(open streams): a replica or a Spark query streams all 1024
@@ -45,7 +48,8 @@ Ready queue
     backfill batch lands (:meth:`notify`, the same deque), when a takeover answer or a state
     change gives it something to do, and when it ends. It leaves when a visit finds nothing
     to send (``ActiveStream.take`` refills until the stream either has a message or made no
-    progress, so "nothing" means "nothing until the next notification").
+    progress, so "nothing" means "nothing until the next notification"), or on the visit
+    that sent its last message when it is idle (a live stream caught up with its vbucket).
     A stream waiting on the flow-control window stays queued. Invariant: a vbucket is in
     ``_ready`` at most once, exactly when it is in ``_in_ready``. ``stream_polls`` counts the
     visits: the work per write, which a test holds independent of the number of streams.
@@ -124,7 +128,7 @@ DEFAULT_NOOP_INTERVAL = 20.0
 _BOOLS = {"true": True, "false": False}
 _PRIORITIES = frozenset({"low", "medium", "high"})
 _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
-TURN_MESSAGES = 3  # per turn: a live snapshot (marker, item) and the look that finds it idle
+TURN_MESSAGES = 3  # visits per turn: a snapshot's marker and a run or two of its items
 _HEADER_LEN = 24
 _BODY_LEN = struct.Struct(">I").unpack_from
 _SEQNO = struct.Struct(">Q").unpack_from
@@ -475,9 +479,12 @@ class DcpProducer:
             wakeup()
 
     def _drain_notified(self) -> None:
-        notified = self._notified
+        notified, in_ready, ready = self._notified, self._in_ready, self._ready
         while notified:
-            self.wake(notified.popleft())
+            vbid = notified.popleft()
+            if vbid not in in_ready:  # wake(), inlined: once per write
+                in_ready.add(vbid)
+                ready.append(vbid)
 
     # -- output ----------------------------------------------------------------------------
 
@@ -532,7 +539,7 @@ class DcpProducer:
                 self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
                 unacked = self.unacked_bytes
-            turn = self._end_visit(vbid, entry, msg is None, turn)
+            turn = self._end_visit(vbid, entry, msg is None or entry.idle(), turn)
         self.unacked_bytes = unacked
         self.bytes_sent += sent
         self.items_sent += items
@@ -543,19 +550,16 @@ class DcpProducer:
 
     def _end_visit(self, vbid: int, entry: ActiveStream, idle: bool, turn: int) -> int:
         """Where the stream goes after one visit of its turn; the turn count that follows."""
-        if idle or (entry.finished and not entry.pending):
-            self._leave_ready(vbid, entry)  # idle until its vbucket queues something
+        if idle or entry.finished:
+            self._in_ready.discard(vbid)  # idle until its vbucket queues something
+            if entry.finished:
+                self._forget(vbid)
             return 0
         if turn < TURN_MESSAGES - 1:
             self._ready.appendleft(vbid)  # its turn goes on (each visit passes every check)
             return turn + 1
         self._ready.append(vbid)
         return 0
-
-    def _leave_ready(self, vbid: int, entry: ActiveStream) -> None:
-        self._in_ready.discard(vbid)
-        if entry.finished:
-            self._forget(vbid)
 
     def _echo_barriers(self, out: list[bytes]) -> None:
         while self._barriers and not self._barriers[0].waiting:
