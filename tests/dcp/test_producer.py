@@ -685,6 +685,36 @@ def test_a_live_snapshot_goes_out_in_one_turn_with_one_checkpoint_read(
     assert reads == {0: 1, 1: 1} and p.stream_polls - polls == 2
 
 
+def test_a_bounded_turn_sends_what_an_unbounded_one_does_in_more_calls(
+    open_bucket: Callable[..., Bucket], clock: ManualClock
+) -> None:
+    """``next_messages(max_visits=n)`` visits at most n streams and says ``has_ready`` while
+    more waits; calls in a row send the very bytes one unbounded call sends, in its order (a
+    turn cut by the bound goes on at the next call). ``notified`` counts the writes since."""
+    bucket = open_bucket(num_vbuckets=16, checkpoint_max_items=1000)
+    for vb in range(16):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    whole = producer(bucket, clock)
+    cut = DcpProducer(bucket, "bounded", OpenFlag.Producer, clock=clock)
+    for p in (whole, cut):
+        for vb in range(16):
+            assert isinstance(request(p, vb, opaque=vb), dcp.StreamRequestOk)
+        Consumer().drain(p)
+    for vb in range(16):
+        write(bucket.get_vbucket(vb), 1 if vb % 3 else 70, prefix="w")  # lone items and runs
+    assert whole.notified == cut.notified == 6 * 70 + 10
+    expected = b"".join(whole.next_messages())
+    assert not whole.has_ready
+    got, calls = b"", 0
+    while cut.has_ready:
+        before = cut.stream_polls
+        got += b"".join(cut.next_messages(max_visits=3))
+        assert cut.stream_polls - before <= 3 and cut.notified == 0
+        calls += 1
+    assert got == expected and calls > 16 // 3
+    assert cut.next_messages(max_visits=3) == []
+
+
 def test_idle_streams_wake_for_state_changes_and_takeover_acks(
     bucket: Bucket, clock: ManualClock
 ) -> None:

@@ -44,7 +44,8 @@ Ready queue
     *ready queue* of the streams that may have something to send, and ``next_messages`` visits
     only those. A stream joins it when it opens, when its vbucket queues an item (the
     producer subscribes to the bucket's ``seqno_listeners``; the listener may run on any
-    thread, so it only appends to a thread-safe deque that ``next_messages`` drains), when a
+    thread, so it only appends to a thread-safe deque that ``next_messages`` drains, then
+    calls the server's ``queued_hook`` so it knows to send), when a
     backfill batch lands (:meth:`notify`, the same deque), when a takeover answer or a state
     change gives it something to do, and when it ends. It leaves when a visit finds nothing
     to send (``ActiveStream.take`` refills until the stream either has a message or made no
@@ -67,9 +68,11 @@ Driving it (the server's side)
     second Open with the same name must ``disconnect()`` the first: cursor names are per
     connection name). For every decoded frame from the consumer: ``answer = handle(msg)``
     and write ``answer`` when not None. Whenever the socket is writable, and after every
-    handled frame and every engine write to a streamed vbucket: write ``next_messages()``.
-    On a timer: write ``noop_due(now)`` if any, close when ``is_dead(now)``. After a
-    vbucket state change: ``vbucket_state_changed(vb)``. On close: ``disconnect()``. To
+    handled frame and every engine write to a streamed vbucket: write ``next_messages()``
+    (bounded or not; ``has_ready`` says whether a call stopped with more to send, and
+    ``notified`` how many writes wait for the next). On a timer: write ``noop_due(now)`` if
+    any, close when ``is_dead(now)``. After a vbucket state change:
+    ``vbucket_state_changed(vb)``. On close: ``disconnect()``. To
     read backfills off the loop: ``attach(runner, wakeup)`` before the first
     ``next_messages``, where ``wakeup`` (called from the worker thread) makes the loop pump
     this connection soon. Unattached, a backfill batch is read inside ``next_messages``.
@@ -207,6 +210,9 @@ class DcpProducer:
         self._noop_opaques = itertools.count(0x1000_0000)
         self.backfills = BackfillManager()
         self.wakeup: Callable[[], None] | None = None  # the server's "pump me soon" (any thread)
+        # The server's "items were queued" (any thread, under the vbucket's lock: it must only
+        # take note), called after every write to a streamed vbucket, once noted.
+        self.queued_hook: Callable[[], None] | None = None
         bucket.seqno_listeners.append(self._on_queued)
 
     def attach(self, runner: BackfillRunner, wakeup: Callable[[], None]) -> None:
@@ -454,6 +460,7 @@ class DcpProducer:
         self._barriers.clear()
         with contextlib.suppress(ValueError):
             self.bucket.seqno_listeners.remove(self._on_queued)
+        self.queued_hook = None  # (the server's connection: no reference left to it)
         self.disconnected = True
 
     # -- the ready queue ---------------------------------------------------------------------
@@ -461,9 +468,17 @@ class DcpProducer:
     def _on_queued(self, vbucket: int) -> None:
         # A bucket listener: any thread, under the vbucket's lock. Only take note.
         if self.stream_ids:
-            self._notified.extend(self._by_vb.get(vbucket, ()))  # a tuple: replaced, never edited
+            keys = self._by_vb.get(vbucket, ())  # a tuple: replaced, never edited
+            if not keys:
+                return
+            self._notified.extend(keys)
         elif vbucket in self._streams:
             self._notified.append(vbucket)
+        else:
+            return
+        hook = self.queued_hook
+        if hook is not None:
+            hook()
 
     def wake(self, vbid: int) -> None:
         """Put a stream in the ready queue (the producer's own thread)."""
@@ -488,9 +503,23 @@ class DcpProducer:
 
     # -- output ----------------------------------------------------------------------------
 
-    def next_messages(self, max_bytes: int = 1 << 20) -> list[bytes]:
+    @property
+    def notified(self) -> int:
+        """Notifications not yet taken by :meth:`next_messages`: about the items its streams'
+        vbuckets queued since (the server's push cadence reads it)."""
+        return len(self._notified)
+
+    @property
+    def has_ready(self) -> bool:
+        """Whether a stream may have something to send now: after :meth:`next_messages`, true
+        when it stopped on its bounds or on the flow-control window (or a notification came
+        from another thread meanwhile)."""
+        return bool(self._ready or self._notified)
+
+    def next_messages(self, max_bytes: int = 1 << 20, max_visits: int = 1 << 62) -> list[bytes]:
         """Encoded DCP messages to send now (round-robin over the ready streams,
-        flow-controlled)."""
+        flow-controlled), at most about ``max_bytes`` of them, in at most ``max_visits``
+        visits to a stream."""
         out: list[bytes] = []
         self._drain_notified()
         self._echo_barriers(out)
@@ -501,7 +530,7 @@ class DcpProducer:
         unacked, sent, items = self.unacked_bytes, 0, 0
         append, popleft = out.append, ready.popleft
         turn = 0  # messages the stream at the head of ``ready`` sent in this turn
-        while ready and budget > 0 and unacked < limit:
+        while ready and budget > 0 and unacked < limit and polls < max_visits:
             vbid = popleft()
             entry = streams.get(vbid)
             if entry is None:
