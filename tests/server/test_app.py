@@ -20,7 +20,7 @@ from dcpkv.server.app import DataServer, KVProtocol
 from dcpkv.server.config import BucketConfig, ServerConfig, with_cli_flags
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import ROUTES, Route
-from dcpkv.server.push_cadence import BATCH_ITEMS, PUMP_GAP_S
+from dcpkv.server.push_cadence import BATCH_ITEMS, PUMP_GAP_S, QUIET_S
 
 
 class FakeTransport:
@@ -142,7 +142,7 @@ def test_a_trickle_of_writes_is_pumped_once_after_the_gap(tmp_path: Path) -> Non
         set_one(0)
         await turns()
         assert [mutations(w) for w in writes] == [[b"k0"]]  # Q: at once
-        now[0] += PUMP_GAP_S / 4
+        now[0] += QUIET_S / 2
         set_one(1)
         set_one(2)
         await asyncio.sleep(0)  # the decision, not yet the gap's end (timers come after)
@@ -151,7 +151,7 @@ def test_a_trickle_of_writes_is_pumped_once_after_the_gap(tmp_path: Path) -> Non
         await asyncio.sleep(PUMP_GAP_S * 10)
         assert [mutations(w) for w in writes[1:]] == [[b"k1", b"k2"]]  # both in one write
         assert not proto._pump_scheduled  # drained: no pump comes back for nothing
-        now[0] += PUMP_GAP_S / 10
+        now[0] += QUIET_S / 10
         for i in range(3, 3 + BATCH_ITEMS):
             set_one(i)
         await turns()
