@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dcpkv.core.replication_topology import (
@@ -617,7 +617,8 @@ PASSIVE_CASES = [
             (receive(1, L3, disk=True), None),
             (receive(2, key=1, disk=True), None),
             (check(lambda m: (m.num_pending, m.pending(k(1)).seqno)), (1, 2)),
-            (snapshot_end(2), [SeqnoAck(2)]),
+            (snapshot_end(2, disk=True), NOTHING),
+            (persisted(2), [SeqnoAck(2)]),
         ],
     ),
     Case(
@@ -639,6 +640,21 @@ PASSIVE_CASES = [
                 lambda m: _promote_and_replicate(m),
                 [NOTHING, NOTHING, NOTHING, [commit(2, client=False), commit(3, client=False)]],
             ),
+        ],
+    ),
+    # P10: a replaced prepare is no longer pending, but still a fence (as a completed one)
+    Case(
+        "P10 a PersistToMajority prepare replaced in a disk snapshot still fences its snapshot",
+        passive,
+        [
+            (receive(1, L3), None),
+            (receive(2), None),
+            (snapshot_end(2), NOTHING),
+            (receive(3, key=1, disk=True), None),
+            (check(lambda m: (m.num_pending, m.pending(k(1)).seqno)), (2, 3)),
+            (snapshot_end(3, disk=True), NOTHING),
+            (persisted(2), [SeqnoAck(2)]),
+            (persisted(3), [SeqnoAck(3)]),
         ],
     ),
 ]
@@ -981,6 +997,20 @@ class ReplicaModel:
 
 @settings(max_examples=300, deadline=None)
 @given(replica_ops)
+@example(  # P10: k1's PersistToMajority prepare 2, replaced in a disk snapshot, fences 3
+    [
+        ("marker", False),
+        ("mutation",),
+        ("marker", False),
+        ("marker", False),
+        ("marker", False),
+        ("marker", False),
+        ("prepare", L3, b"k1"),
+        ("prepare", L1, b"k0"),
+        ("marker", True),
+        ("prepare", L1, b"k1"),
+    ]
+)
 def test_the_replica_acks_only_whole_satisfied_snapshots_and_in_the_end_everything(
     ops: list[tuple[object, ...]],
 ) -> None:

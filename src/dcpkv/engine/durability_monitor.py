@@ -92,6 +92,11 @@ P8   prepare for a key already pending     refused in a memory snapshot; in a di
                                            the newer replaces the older (deduplicated)
 P9   promote(node)                         the pending prepares go to the returned
                                            ActiveDurabilityMonitor as maybe visible (A12)
+P10  a prepare replaced (P8) above the     no longer pending, but a fence until the HPS
+     HPS                                   passes it, as a completed one (P6): a
+                                           PersistToMajority one of an earlier memory
+                                           snapshot holds later acks until that snapshot
+                                           is persisted
 ==== ===================================== ==================================================
 """
 
@@ -397,7 +402,7 @@ class PassiveDurabilityMonitor:
         # Prepares not committed or aborted yet, oldest first, and by key.
         self._incomplete: deque[SyncWrite] = deque()
         self._by_key: dict[bytes, SyncWrite] = {}
-        # Prepares above the HPS, completed or not (a completed one is still a fence).
+        # Prepares above the HPS, pending or not (a completed or replaced one is still a fence).
         self._above_hps: deque[SyncWrite] = deque()
         self._snapshot_ends: deque[tuple[int, bool]] = deque()
         self._last_seqno = 0
@@ -476,7 +481,7 @@ class PassiveDurabilityMonitor:
                     f"prepare {write.seqno} for key {write.key!r}, which has a pending "
                     f"prepare at {older.seqno}"
                 )
-            self._forget(older)
+            self._forget(older)  # P10: its completion was deduplicated away
         self._incomplete.append(write)
         self._by_key[write.key] = write
         if write.seqno > self.high_prepared_seqno:
@@ -484,10 +489,11 @@ class PassiveDurabilityMonitor:
         self._last_seqno = write.seqno
 
     def _forget(self, write: SyncWrite) -> None:
+        """``write`` is no longer pending (completed or replaced) but stays in _above_hps: a
+        fence until the HPS passes it (P6, P10). Dropping a replaced PersistToMajority
+        prepare from it would let the acks pass it before it is persisted."""
         self._incomplete.remove(write)
         del self._by_key[write.key]
-        if write in self._above_hps:
-            self._above_hps.remove(write)
 
     def _update_hps(self) -> list[Decision]:
         before = self.high_prepared_seqno
@@ -523,8 +529,7 @@ class PassiveDurabilityMonitor:
             raise DurabilityMonitorError(
                 f"{what} of {key!r} at {seqno}, but the pending prepare is {expected}"
             )
-        self._incomplete.remove(write)
-        del self._by_key[key]
+        self._forget(write)
         self.high_completed_seqno = max(self.high_completed_seqno, seqno)
 
     def _oldest(self) -> SyncWrite | None:
