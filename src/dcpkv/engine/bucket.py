@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 Keys map to vbuckets with :func:`vbucket_for_key` (CRC32, as the SDKs compute it). A bucket
 holds the vbuckets this node has been given (:meth:`Bucket.set_vbucket_state` creates them;
-others answer NotMyVbucket) and one :class:`Storage`.
+others answer NotMyVbucket) and one storage, of the engine its ``storage`` names
+(:data:`STORAGE_ENGINES`: SQLite, ``storage.py``, or RocksDB, ``rocks_storage.py``; both behind
+:class:`~dcpkv.engine.storage.BucketStorage`).
 
 Life cycle
     ========================= ======================================================
