@@ -12,10 +12,12 @@ import pytest
 from dcpkv.core.failover_table import FailoverTable
 from dcpkv.engine.bucket import open_storage, storage_path
 from dcpkv.engine.item import Item
+from dcpkv.engine.rocks_storage import GROUP_ITEMS, RocksStorage
 from dcpkv.engine.storage import (
     BucketStorage,
     CorruptDatabaseError,
     Storage,
+    StorageError,
     VBState,
     row_of_stream_row,
 )
@@ -306,3 +308,82 @@ def test_a_flush_of_one_vbucket_twice_keeps_the_newest_version(storage: BucketSt
     ])  # fmt: skip
     assert _docs(storage) == {b"a": (3, b"v3", False), b"z": (4, b"v4", False)}
     assert storage.vbucket_state(0) is not None and storage.vbucket_state(0).high_seqno == 4
+
+
+def test_a_backfill_reads_the_disk_as_it_was_when_opened(storage: BucketStorage) -> None:
+    """A scan is one consistent state of the disk however long it is read: keys replaced,
+    deleted or added by flushes meanwhile are sent as they were (SQLite: one read
+    transaction; RocksDB: iterators made together, each a view as of its creation)."""
+    _put(storage, *[(i, b"k%d" % i, b"old") for i in range(1, 9)])
+    scan = storage.open_stream_backfill(0, 0)
+    first = scan.read(3)
+    _put(storage, (9, b"k5", b"new"), (10, b"k6", None), (11, b"k9", b"new"))
+    rest = scan.read(100)
+    assert scan.exhausted and (scan.start, scan.end) == (0, 8)
+    rows = [row_of_stream_row(r) for r in first + rest]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [(b"k%d" % i, i, b"old") for i in range(1, 9)]
+    assert [i.by_seqno for i in storage.scan_by_seqno(0, 0)] == [1, 2, 3, 4, 7, 8, 9, 10, 11]
+
+
+def test_a_bucket_of_one_engine_is_refused_by_the_other(tmp_path: Path, engine: str) -> None:
+    _open(engine, tmp_path).close()
+    other = "rocksdb" if engine == "sqlite" else "sqlite"
+    with pytest.raises(StorageError, match=f"written by the {engine} storage engine"):
+        _open(other, tmp_path)
+    assert not storage_path(tmp_path, "b", other).exists()  # nothing created beside it
+
+
+def _rocks(tmp_path: Path, window: int = 1000) -> RocksStorage:
+    storage = _open("rocksdb", tmp_path, window)
+    assert isinstance(storage, RocksStorage)
+    return storage
+
+
+def test_a_large_vbucket_is_written_in_bounded_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rocksdict holds the interpreter lock for a whole write: a flush is cut into batches of
+    about GROUP_ITEMS items, a vbucket's items across several when it has more."""
+    storage = _rocks(tmp_path)
+    writes: list[int] = []
+    write = storage._write
+    monkeypatch.setattr(storage, "_write", lambda batch: (writes.append(len(batch)), write(batch)))
+    _put(storage, *[(i, b"k%05d" % i, b"v") for i in range(1, 2 * GROUP_ITEMS + 100)])
+    assert len(writes) == 3 and max(writes) <= 2 * GROUP_ITEMS + 16  # (2 entries an item)
+    assert len(list(storage.scan_by_seqno(0, 0))) == 2 * GROUP_ITEMS + 99
+    storage.close()
+
+
+def test_a_flush_torn_between_batches_is_undone_at_the_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that dies between two write batches of one vbucket leaves items above its
+    persisted state on disk: the next open rolls them back (from the replaced marks), so the
+    vbucket is exactly as its last complete flush left it."""
+    storage = _rocks(tmp_path)
+    _put(storage, (1, b"a", b"1"), (2, b"b", b"1"))
+    monkeypatch.setattr("dcpkv.engine.rocks_storage.GROUP_ITEMS", 2)
+    write = storage._write
+    writes: list[int] = []
+
+    def dies_after_the_first(batch: object) -> None:
+        if writes:
+            raise SystemExit("killed")  # (the process dies: nothing more reaches the disk)
+        writes.append(1)
+        write(batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(storage, "_write", dies_after_the_first)
+    with pytest.raises(SystemExit):  # keys in order: a, b (replaced), then c, d
+        _put(storage, (3, b"b", b"2"), (4, b"a", b"2"), (5, b"c", b"2"), (6, b"d", b"2"))
+    assert storage.get(0, b"a") is not None and storage.get(0, b"a").by_seqno == 4  # type: ignore[union-attr]
+    storage._broken = "killed"  # (a dead process does not flush its memtables at close)
+    storage.close()
+    again = _rocks(tmp_path)
+    assert _docs(again) == {b"a": (1, b"1", False), b"b": (2, b"1", False)}
+    assert again.get(0, b"a") == Item(b"a", b"1", cas=1, rev_seqno=1, by_seqno=1)
+    assert again.history(0) == [] and again.flush_points(0) == [2]
+    _put(again, (3, b"c", b"3"))  # and it goes on from there
+    assert again.rollback(0, 2) == 2 and _docs(again) == {
+        b"a": (1, b"1", False), b"b": (2, b"1", False),
+    }  # fmt: skip
+    again.close()

@@ -111,8 +111,7 @@ _U32 = 0xFFFFFFFF
 _U64_MAX = (1 << 64) - 1
 _DELETED, _EXPIRED = 1, 2
 _LOCAL_FORMAT, _LOCAL_CLEAN = b"format", b"clean_shutdown"
-_BLOCK_CACHE_MIN = 8 << 20
-_MEMTABLES_MIN, _MEMTABLES_MAX = 8 << 20, 64 << 20
+_MEMTABLES_MIN, _MEMTABLES_MAX = 4 << 20, 32 << 20
 # Part of a flush's write batch: a vbucket, items of it in key order, and its state when the
 # batch ends that vbucket's part of the flush (None: more of its items follow).
 Chunk = tuple[int, list[tuple[bytes, Item]], VBState | None]
@@ -179,11 +178,12 @@ class _Db:
         options.set_keep_log_file_num(2)
         options.set_max_log_file_size(1 << 20)
         options.set_allow_concurrent_memtable_write(False)  # one writer: cheaper inserts
-        # Memtables are RSS the bucket's quota does not count: bounded by one budget, twice
-        # the block cache (so an eighth of the quota), 8 to 64 MiB.
+        # The block cache (index and filter blocks in it) is the size SQLite's page cache
+        # would be; memtables, RSS the bucket's quota does not count either, are bounded by
+        # one budget of twice that (so an eighth of the quota), 4 to 32 MiB.
         memtables = max(_MEMTABLES_MIN, min(_MEMTABLES_MAX, 2 * cache_bytes))
         options.set_db_write_buffer_size(memtables)
-        cache = rocksdict.Cache(max(_BLOCK_CACHE_MIN, cache_bytes))
+        cache = rocksdict.Cache(max(1 << 20, cache_bytes))
         families = {name: _family_options(name, cache, memtables) for name in _CFS}
         self.rdict = rocksdict.Rdict(str(path), options, column_families=families)
         # (Any: rocksdict's stubs narrow keys and values to what pickling takes, not raw bytes)
@@ -213,6 +213,7 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
     options.set_disable_auto_compactions(True)  # until the first write (module docstring)
     table = rocksdict.BlockBasedOptions()
     table.set_block_cache(cache)
+    table.set_cache_index_and_filter_blocks(True)
     if name == "by_key":
         # A flush looks up every key it writes: a new key's miss costs a filter probe.
         table.set_bloom_filter(10, False)
