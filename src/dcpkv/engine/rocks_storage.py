@@ -255,6 +255,11 @@ class RocksScan(Generic[R]):
         it.next()
         return int(_VB_SEQNO.unpack(key)[1])
 
+    @property
+    def closed(self) -> bool:
+        """Its iterators let go (closed, read to its end, or the database closed)."""
+        return self._log is None
+
     def read(self, n: int) -> list[R]:
         """Up to ``n`` more rows; fewer means the snapshot is read to its end (and closed)."""
         with self._lock:

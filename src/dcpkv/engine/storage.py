@@ -228,6 +228,11 @@ class BackfillScan(Protocol[R]):
     purge_seqno: int
     exhausted: bool  # read to its end (and then closed)
 
+    @property
+    def closed(self) -> bool:
+        """Its snapshot let go (closed, or read to its end)."""
+        ...
+
     def read(self, n: int) -> list[R]:
         """Up to ``n`` more rows; fewer means the snapshot is read to its end."""
         ...
@@ -309,6 +314,10 @@ class SqliteScan(Generic[R]):
             (vb, start, end),
         )
         self.exhausted = False
+
+    @property
+    def closed(self) -> bool:
+        return self._conn is None
 
     def read(self, n: int) -> list[R]:
         """Up to ``n`` more rows; fewer means the snapshot is read to its end (and closed)."""
