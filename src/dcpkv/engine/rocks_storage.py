@@ -513,7 +513,8 @@ class RocksStorage(StorageReads):
                         seen[entry.name] = (stat.st_ino, stat.st_size)
             for name, version in seen.items():
                 if self._wal_synced.get(name) != version:
-                    fsync_dir(self.path / name)
+                    with contextlib.suppress(FileNotFoundError):  # obsolete meanwhile: its
+                        fsync_dir(self.path / name)  # data is in a table file RocksDB synced
             if seen.keys() != self._wal_synced.keys():
                 fsync_dir(self.path)
         except OSError as exc:
@@ -528,9 +529,6 @@ class RocksStorage(StorageReads):
                 self._reopen()
             yield
             self._sync_wal()
-
-    def _commit(self, batch: rocksdict.WriteBatch) -> None:
-        self._write(batch)
 
     # -- bucket meta ---------------------------------------------------------------------
 
