@@ -173,9 +173,9 @@ def test_a_stream_closed_mid_read_lets_go_of_its_snapshot(
     assert bf is not None and bf._reading  # the next read is queued
     assert p.close_stream(0, 1)
     scan = bf._scan
-    assert scan is not None and scan._conn is not None  # the worker still owns it
+    assert scan is not None and not scan.closed  # the worker still owns it
     runner.run_one()  # the read lands on a closed backfill: it closes the scan
-    assert scan._conn is None and not bf._batches and p.backfills.buffered == 0
+    assert scan.closed and not bf._batches and p.backfills.buffered == 0
     p.disconnect()
 
 

@@ -73,6 +73,10 @@ def server(
         str | None,
         typer.Option(help="Its Snappy mode: off, passive or active [default: passive]."),
     ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
+    ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
     port_file: Annotated[
@@ -129,6 +133,7 @@ def server(
             vbuckets=vbuckets,
             memory_quota_mb=memory_quota_mb,
             compression_mode=compression_mode,
+            storage=storage,
             user=user,
             password=password,
             flush_interval_s=flush_interval,
@@ -176,19 +181,20 @@ def compact(
     that resume from below a vbucket's new purge seqno are rolled back to zero, since they may
     have missed deletions that no longer exist.
     """
-    from dcpkv.engine.bucket import Bucket
+    from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket, storage_path
     from dcpkv.engine.storage import BucketLock, StorageError
 
     if (purge_before_seqno is None) == (older_than is None):
         typer.echo("dcpkv compact: give one of --purge-before-seqno or --older-than", err=True)
         raise typer.Exit(2)
-    if not (data_dir / f"{bucket}.sqlite3").exists():
+    found = [e for e in STORAGE_ENGINES if storage_path(data_dir, bucket, e).exists()]
+    if not found:
         typer.echo(f"dcpkv compact: no bucket {bucket!r} in {data_dir}", err=True)
         raise typer.Exit(1)
     try:
         lock = BucketLock(data_dir, bucket)
         try:
-            with Bucket(bucket, data_dir) as opened:
+            with Bucket(bucket, data_dir, storage=found[0]) as opened:
                 if vbucket is not None and vbucket not in opened.vbuckets:
                     typer.echo(f"dcpkv compact: bucket has no vbucket {vbucket}", err=True)
                     raise typer.Exit(1)

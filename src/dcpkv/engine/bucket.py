@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 Keys map to vbuckets with :func:`vbucket_for_key` (CRC32, as the SDKs compute it). A bucket
 holds the vbuckets this node has been given (:meth:`Bucket.set_vbucket_state` creates them;
-others answer NotMyVbucket) and one :class:`Storage`.
+others answer NotMyVbucket) and one storage, of the engine its ``storage`` names
+(:data:`STORAGE_ENGINES`: SQLite, ``storage.py``, or RocksDB, ``rocks_storage.py``; both behind
+:class:`~dcpkv.engine.storage.BucketStorage`).
 
 Life cycle
     ========================= ======================================================
@@ -83,10 +85,13 @@ from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.flush_cadence import Backlog, due
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
+from dcpkv.engine.rocks_storage import RocksStorage
 from dcpkv.engine.storage import (
     DEFAULT_HISTORY_WINDOW,
+    BucketStorage,
     CompactResult,
     Storage,
+    StorageError,
     VBState,
     item_from_row,
     storage_cache_bytes,
@@ -108,6 +113,47 @@ _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when th
 # Item it shares with the hash table a second time) and ~0.8x for ejected ones: docs/server.md's
 # margin (RSS growth <= 1.25x the quota + 16 MiB) covers the latter.
 HT_ENTRY_OVERHEAD = 208
+
+
+STORAGE_ENGINES = ("sqlite", "rocksdb")
+DEFAULT_STORAGE = "sqlite"
+_SUFFIX = {"sqlite": ".sqlite3", "rocksdb": ".rocksdb"}
+
+
+def storage_path(folder: Path, bucket: str, engine: str) -> Path:
+    """Where ``engine`` keeps ``bucket``'s data in ``folder`` (a file or a directory)."""
+    return Path(folder) / f"{bucket}{_SUFFIX[engine]}"
+
+
+def open_storage(
+    engine: str,
+    folder: Path,
+    bucket: str,
+    *,
+    history_window: int = DEFAULT_HISTORY_WINDOW,
+    synchronous: str = "FULL",
+    cache_bytes: int,
+) -> BucketStorage:
+    """Open (or create) ``bucket``'s storage with ``engine``. A bucket written by the other
+    engine is refused rather than started empty beside it."""
+    if engine not in STORAGE_ENGINES:
+        raise ValueError(f"storage must be one of {', '.join(STORAGE_ENGINES)}, not {engine!r}")
+    path = storage_path(folder, bucket, engine)
+    others = [
+        e for e in STORAGE_ENGINES if e != engine and storage_path(folder, bucket, e).exists()
+    ]
+    if others and not path.exists():
+        raise StorageError(
+            f"bucket {bucket!r} in {folder} was written by the {others[0]} storage engine "
+            f"({storage_path(folder, bucket, others[0])}): start it with storage {others[0]!r}"
+        )
+    if engine == "rocksdb":
+        return RocksStorage(
+            path, history_window=history_window, synchronous=synchronous, cache_bytes=cache_bytes
+        )
+    return Storage(
+        path, history_window=history_window, synchronous=synchronous, cache_bytes=cache_bytes
+    )
 
 
 class StateCasMismatch(EngineError):
@@ -141,6 +187,7 @@ class Bucket:
         max_item_size: int = DEFAULT_MAX_ITEM_SIZE,
         synchronous: str = "FULL",
         compression_mode: CompressionMode = CompressionMode.PASSIVE,
+        storage: str = DEFAULT_STORAGE,
     ) -> None:
         self.name = name
         self.compression_mode = compression_mode  # what values are kept and sent as (document)
@@ -152,8 +199,8 @@ class Bucket:
         self.checkpoint_max_items = checkpoint_max_items
         self.max_item_size = max_item_size
         self.vbuckets: dict[int, VBucket] = {}
-        self.storage = Storage(
-            self.path / f"{name}.sqlite3", history_window=history_window, synchronous=synchronous,
+        self.storage: BucketStorage = open_storage(
+            storage, self.path, name, history_window=history_window, synchronous=synchronous,
             cache_bytes=storage_cache_bytes(memory_quota),
         )  # fmt: skip
         self._io_lock = threading.RLock()

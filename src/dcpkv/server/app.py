@@ -492,6 +492,7 @@ class DataServer:
                 num_vbuckets=bc.vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 compression_mode=CompressionMode(bc.compression_mode),
+                storage=bc.storage,
             )
             if not bucket.vbuckets and not self.config.managed:
                 for vb in range(bc.vbuckets):
