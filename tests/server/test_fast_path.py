@@ -81,7 +81,12 @@ def fast(conn: Connection, data: bytes, cuts: list[int] = []) -> list[bytes]:  #
 
 def state_of(bucket: Bucket) -> list[object]:
     return [
-        (vb.id, vb.high_seqno, vb.memory_used, sorted((k, repr(i)) for k, i in vb._ht.items()))
+        (
+            vb.id,
+            vb.high_seqno,
+            vb.memory_used,
+            sorted((i.key, repr(i)) for i in vb.hash_table.values()),
+        )
         for vb in bucket.vbuckets.values()
     ]
 

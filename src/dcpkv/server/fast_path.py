@@ -14,16 +14,17 @@ Set, SetQ  magic 0x80, 8 bytes of extras, a key, no CAS, a plain or JSON datatyp
            bucket not compressing
 ========== ============================================================================
 
-with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_plain` and
-:meth:`~dcpkv.engine.vbucket.VBucket.set_plain`. It stops at the first frame that is anything
-else (another opcode, a flex frame, a partial frame, a gate the user does not pass, a value
-with xattrs or compressed, a key the engine declines) and returns where it stopped; the caller
+with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_resident` (the first step of its
+Get) and :meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set). It stops at the first frame
+that is anything else (another opcode, a flex frame, a partial frame, a gate the user does not
+pass, a value with xattrs or compressed, a Get the engine cannot answer from memory) and
+returns where it stopped; the caller
 gives that one frame to the parser and the general path (:mod:`dcpkv.server.dispatch`) and
 comes back here for the next (:func:`frame_end`); a partial frame and what follows it go to
 the parser. A declined
 frame has changed nothing, so the general path answers it exactly as if this module did not
-exist; a test holds both paths to the same bytes. An engine refusal (KeyEnoent, TempFail) is
-answered here, as the general path would answer it.
+exist; a test holds both paths to the same bytes. An engine refusal (KeyEnoent, TempFail,
+NotMyVbucket) is answered here, as the general path would answer it.
 
 The gates (authenticated, bucket selected, READ or WRITE on it) are checked once per chunk:
 nothing in a chunk can change them before the first request that takes the general path.
@@ -101,7 +102,7 @@ class _Chunk:
         if extlen or body != keylen or not self.may_read:
             return False
         try:
-            item = vbucket.get_plain(data[k : k + keylen])
+            item = vbucket.get_resident(data[k : k + keylen])
         except EngineError as exc:  # a miss: a GetQ says nothing
             if opcode == _GET:
                 self.append(_refused(self.conn, _GET, opaque, exc))
@@ -109,7 +110,7 @@ class _Chunk:
         if item is None or item.datatype & SHAPED:
             return False
         value = item.value
-        assert value is not None  # get_plain returns resident items only
+        assert value is not None  # get_resident returns resident items only
         self.append(_GET_HIT.pack(
             _RESPONSE, opcode, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
             item.cas, item.flags,
@@ -128,12 +129,11 @@ class _Chunk:
         flags, exptime = _FLAGS_EXPIRY.unpack_from(data, k - _SET_EXTRAS)
         v = k + keylen
         try:
-            item = vbucket.set_plain(data[k:v], data[v:value_end], flags, exptime, datatype)
-        except EngineError as exc:  # TempFail: the memory quota, a failing disk
+            item = vbucket.set(data[k:v], data[v:value_end], flags=flags, expiry=exptime,
+                               datatype=datatype)  # fmt: skip
+        except EngineError as exc:  # TempFail (the memory quota, a failing disk), NotMyVbucket
             self.append(_refused(self.conn, opcode, opaque, exc))
             return True
-        if item is None:
-            return False
         if opcode == _SETQ:
             return True  # success: a SetQ says nothing
         if self.seqnos:
