@@ -62,7 +62,7 @@ def served(
         bucket.set_vbucket_state(VBUCKETS - 2, VBucketState.REPLICA)
         value, datatype = document.Document(XATTRS, b'{"v":0}', True).pack()
         bucket.vbuckets[vbucket_for_key(b"k0", VBUCKETS)].set(b"k0", value, datatype=datatype)
-        state = ServerState(ServerConfig(port=12000))
+        state = ServerState(ServerConfig(port=12000, data_dir=Path(tmp)))
         state.users.adopt(USERS)
         state.buckets["default"] = bucket
         conn = Connection(state, peer="test", initial_bucket="default")
