@@ -22,14 +22,14 @@ def test_store_over_nothing_a_version_and_a_tombstone() -> None:
     table = HashTable()
     a = Item(b"k", b"v" * 10, rev_seqno=1, by_seqno=1)
     assert table.store(a, None) == ITEM_OVERHEAD + 1 + 10 == table.memory
-    assert (table.get(b"k"), table.live, len(table)) == (a, 1, 1)
+    assert (table.entries.get(b"k"), table.live, len(table)) == (a, 1, 1)
     b = Item(b"k", b"w" * 4, rev_seqno=2, by_seqno=2)
     table.store(b, a)
-    assert (table.get(b"k"), table.memory, table.live) == (b, ITEM_OVERHEAD + 1 + 4, 1)
+    assert (table.entries.get(b"k"), table.memory, table.live) == (b, ITEM_OVERHEAD + 1 + 4, 1)
     gone = Item(b"k", b"", rev_seqno=3, by_seqno=3, deleted=True)
     table.store(gone, b)
     assert (table.live, len(table), table.max_deleted_rev) == (0, 1, 3)
-    assert table.get(b"missing") is None
+    assert table.entries.get(b"missing") is None
 
 
 def test_discard_removes_only_the_version_given() -> None:
@@ -39,10 +39,10 @@ def test_discard_removes_only_the_version_given() -> None:
     newer = Item(b"k", b"v", rev_seqno=5, by_seqno=5)
     table.replace(newer)
     table.discard(tombstone)  # persisted, but the key was written again since: it stays
-    assert table.get(b"k") is newer
+    assert table.entries.get(b"k") is newer
     table.replace(tombstone2 := Item(b"k", b"", rev_seqno=6, by_seqno=6, deleted=True))
     table.discard(tombstone2)
-    assert (table.get(b"k"), len(table), table.memory, table.live) == (None, 0, 0, 0)
+    assert (table.entries.get(b"k"), len(table), table.memory, table.live) == (None, 0, 0, 0)
     assert table.max_deleted_rev == 6  # rev seqnos never go back, the tombstone gone or not
 
 
@@ -85,7 +85,7 @@ def test_clear_forgets_the_entries_and_keeps_the_deleted_rev() -> None:
     table.replace(Item(b"b", b"v"))
     table.clear()
     assert (len(table), table.memory, table.live, table.max_deleted_rev) == (0, 0, 0, 7)
-    assert table.get(b"b") is None  # the bound lookup follows the cleared dict
+    assert table.entries.get(b"b") is None  # entries is the cleared dict itself
 
 
 KEYS = [b"a", b"bb"]
@@ -118,7 +118,7 @@ def test_the_counts_are_the_sums_whatever_the_changes(changes: list[tuple[str, o
             if arg.deleted:
                 deleted_revs.append(arg.rev_seqno)
         elif op == "discard":
-            entry = table.get(arg)  # type: ignore[arg-type]
+            entry = table.entries.get(arg)  # type: ignore[arg-type]
             if entry is not None:
                 table.discard(entry)
         elif op == "eject":

@@ -209,7 +209,7 @@ class VBucket:
     def peek(self, key: bytes) -> Item | None:
         """The hash table's entry for a key, whatever the state, tombstones included."""
         with self.lock:
-            return self.hash_table.get(key)
+            return self.hash_table.entries.get(key)
 
     def get_meta(self, key: bytes) -> Item | None:
         """The key's current version, tombstones included (GetMeta): the hash table's entry,
@@ -217,7 +217,7 @@ class VBucket:
         (ejected): GetMeta answers metadata only."""
         with self.lock:
             self._require_active()
-            item = self.hash_table.get(key)
+            item = self.hash_table.entries.get(key)
         if item is None and self._fetch is not None:
             item = self._fetch(self.id, key)
         return item
@@ -246,7 +246,7 @@ class VBucket:
         table (atomic under the GIL) of an item that is never changed in place."""
         if self.state is not _ACTIVE:
             return None
-        item = self.hash_table.get(key)
+        item = self.hash_table.entries.get(key)
         if item is None or item.deleted:
             raise KeyNotFound("no such key")
         if item.value is None or (item.expiry and item.expiry <= int(self.clock.time())):
@@ -254,14 +254,16 @@ class VBucket:
         return item
 
     def set(
-        self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
-        datatype: int = 0,
+        self, key: bytes, value: bytes, flags: int = 0, expiry: int = 0, datatype: int = 0, *,
+        cas: int = 0,
     ) -> Item:  # fmt: skip
         """memcached's Set: store ``value`` over whatever version the key has (with a ``cas``,
         only over that version). Every Set takes this path, the server's fast path's too, so
         its common case makes no call it can spare (:meth:`_resident_if_xattrs` and
-        :meth:`_expiry` are inlined)."""
-        peek = self.hash_table.get(key)  # racy: the write reads the entry again under the lock
+        :meth:`_expiry` are inlined; the fast path passes flags, expiry and datatype by
+        position, ~40 ns less than by keyword)."""
+        # A racy peek: the write reads the entry again under the lock.
+        peek = self.hash_table.entries.get(key)
         if peek is not None and peek.value is None and peek.datatype & _XATTR:
             self._ensure_resident(key)
         with self.lock:
@@ -334,19 +336,19 @@ class VBucket:
                 rev, seqno, out.datatype, deleted,
                 int(self.clock.time()) if deleted else 0,
             )  # fmt: skip
-            return self._queue(item, self.hash_table.get(key))
+            return self._queue(item, self.hash_table.entries.get(key))
 
     def _stored_for_edit(self, key: bytes) -> Item | None:
         """The persisted version, read outside the lock, when memory may not have the value:
         the key is absent (a purged-from-memory tombstone) or its value was ejected."""
-        current = self.hash_table.get(key)
+        current = self.hash_table.entries.get(key)
         if self._fetch is None or (current is not None and current.value is not None):
             return None
         return self._fetch(self.id, key)
 
     def _current_for_edit(self, key: bytes, stored: Item | None) -> Item | None:
         live = self._live(key)  # expires it now if due
-        current = live if live is not None else self.hash_table.get(key)
+        current = live if live is not None else self.hash_table.entries.get(key)
         if current is None:
             return stored if stored is not None and stored.deleted else None
         if current.value is None:
@@ -479,7 +481,7 @@ class VBucket:
             if item.by_seqno > SEQNO_MAX or item.rev_seqno > SEQNO_MAX:
                 raise self._beyond_seqno_max(item.by_seqno, item.rev_seqno)
             self._check_size(item.key, item.value or b"")
-            self._queue(item, self.hash_table.get(item.key))
+            self._queue(item, self.hash_table.entries.get(item.key))
             self.hlc.observe(item.cas)
             return item
 
@@ -654,7 +656,7 @@ class VBucket:
     def _live(self, key: bytes) -> Item | None:
         """The key's live entry, or None (missing, deleted, or expired now: then expire it).
         Where every write reads the key's entry (after :meth:`_check_write`)."""
-        item = self.hash_table.get(key)
+        item = self.hash_table.entries.get(key)
         if item is None or item.deleted:
             return None
         if item.expiry and item.expiry <= int(self.clock.time()):  # Item.is_expired, inlined
@@ -678,13 +680,13 @@ class VBucket:
     def _ensure_resident(self, key: bytes) -> None:
         table = self.hash_table
         with self.lock:
-            item = table.get(key)
+            item = table.entries.get(key)
             if item is None or item.deleted or item.value is not None or self._fetch is None:
                 return
             seqno = item.by_seqno
         stored = self._fetch(self.id, key)
         with self.lock:
-            current = table.get(key)
+            current = table.entries.get(key)
             if (
                 stored is not None
                 and current is not None
@@ -694,7 +696,7 @@ class VBucket:
                 table.store(current.with_value(stored.value), current)
 
     def _next_rev(self, key: bytes) -> int:
-        previous = self.hash_table.get(key)
+        previous = self.hash_table.entries.get(key)
         return (previous.rev_seqno if previous else self.hash_table.max_deleted_rev) + 1
 
     def _put(
@@ -705,7 +707,7 @@ class VBucket:
         returned: the one core of every front-end write but deletion and edits. The hot path
         of a Set (about a dozen bytecodes per step counts here)."""
         table, checkpoints = self.hash_table, self.checkpoints
-        current = live if live is not None else table.get(key)  # a tombstone, or None
+        current = live if live is not None else table.entries.get(key)  # a tombstone, or None
         rev = (current.rev_seqno if current is not None else table.max_deleted_rev) + 1
         seqno = checkpoints.high_seqno + 1
         if seqno > SEQNO_MAX or rev > SEQNO_MAX:
@@ -734,7 +736,7 @@ class VBucket:
 
     def _resident_if_xattrs(self, key: bytes) -> None:
         """Read back an ejected value that has xattrs: a write over it keeps some of them."""
-        current = self.hash_table.get(key)  # a racy peek is fine: the write re-checks it
+        current = self.hash_table.entries.get(key)  # a racy peek is fine: the write re-checks it
         if current is not None and current.value is None and current.datatype & _XATTR:
             self._ensure_resident(key)
 
