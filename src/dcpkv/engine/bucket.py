@@ -486,9 +486,13 @@ class Bucket:
             return
         if self._still_full():
             raise TempFail("memory quota reached; retry after the flusher has caught up")
-        if self.reclaim(int(self.memory_quota * LOW_WATERMARK)) + size > self.memory_quota:
+        used = self.reclaim(int(self.memory_quota * LOW_WATERMARK))
+        if used + size > self.memory_quota:
             self._full_since = (self.items_persisted, time.monotonic())
             raise TempFail("memory quota reached; retry after the flusher has caught up")
+        # The write being admitted counts too: an estimate of what the reclaim left alone let
+        # the next writes take the bucket over its quota by one write.
+        self._memory_estimate = used + size
         self._full_since = None
 
     def _still_full(self) -> bool:
