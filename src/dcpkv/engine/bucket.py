@@ -45,8 +45,9 @@ bucket first drops DCP cursors that pin old checkpoints (their streams fall back
 then ejects persisted values down to a low watermark; if still over quota, the write fails
 with TempFail (the flusher must catch up first). The memory use is the vbuckets' own figure
 (:meth:`Item.size` per hash-table entry and per checkpoint entry) plus
-:data:`HT_ENTRY_OVERHEAD` per hash-table entry: what a key costs the process beyond those bytes
-(measured, see there), so that the quota bounds the process's RSS rather than a lower figure.
+:data:`~.hash_table.HT_ENTRY_OVERHEAD` per hash-table entry: what a key costs the process beyond
+those bytes (measured, see there), so that the quota bounds the process's RSS rather than a lower
+figure.
 
 State CAS (spec 002, "ordering of partition state transitions"): a manager that loses a
 connection mid-command may send the next state change while the first is still in flight, and
@@ -83,6 +84,7 @@ from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.flush_cadence import Backlog, due
+from dcpkv.engine.hash_table import HT_ENTRY_OVERHEAD
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
 from dcpkv.engine.rocks_storage import RocksStorage
@@ -103,16 +105,6 @@ LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
 WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
 RECLAIM_PAUSE_S = 0.05  # a failed reclaim is not tried again sooner, unless a flush landed
 _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when the estimate says full
-# What a hash-table entry costs the process beyond Item.size() (ITEM_OVERHEAD + key + value),
-# measured with tracemalloc and RSS deltas on CPython 3.11 (16-byte keys; bench/memory.py):
-# the Item object is 120 bytes, not 96 (+24); the dict slot and index, ~48; the CAS and seqno
-# ints, ~60; the key's and value's bytes headers with pymalloc's rounding, ~40 each; and the
-# allocator's fragmentation once values are ejected and freed. Without it, a 64 MiB quota full
-# of ejected small items held ~180 MiB of RSS (319 bytes/item against 112 charged). With it,
-# the figure is ~1.2x the RSS growth for resident 16+100-byte items (the checkpoint charges the
-# Item it shares with the hash table a second time) and ~0.8x for ejected ones: docs/server.md's
-# margin (RSS growth <= 1.25x the quota + 16 MiB) covers the latter.
-HT_ENTRY_OVERHEAD = 208
 
 
 STORAGE_ENGINES = ("sqlite", "rocksdb")
@@ -541,9 +533,13 @@ class Bucket:
             return
         if self._still_full():
             raise TempFail("memory quota reached; retry after the flusher has caught up")
-        if self.reclaim(int(self.memory_quota * LOW_WATERMARK)) + size > self.memory_quota:
+        used = self.reclaim(int(self.memory_quota * LOW_WATERMARK))
+        if used + size > self.memory_quota:
             self._full_since = (self.items_persisted, time.monotonic())
             raise TempFail("memory quota reached; retry after the flusher has caught up")
+        # The write being admitted counts too: an estimate of what the reclaim left alone let
+        # the next writes take the bucket over its quota by one write.
+        self._memory_estimate = used + size
         self._full_since = None
 
     def _still_full(self) -> bool:

@@ -59,6 +59,7 @@ HEADER = struct.Struct(">BBHBBHIIQ")
 # the flex form: framing-extras length and key length are one byte each
 FLEX_HEADER = struct.Struct(">BBBBBBHIIQ")
 _U16 = struct.Struct(">H")
+_BODY_LENGTH = struct.Struct(">I")  # at offset 8 of a header of either form
 
 _REQUESTS = frozenset({Magic.ClientRequest, Magic.ServerRequest, Magic.AltClientRequest})
 _FLEX_OF = {
@@ -133,6 +134,12 @@ def _classic_frame(
     f.stream_id = None
     f.server_duration = None
     return f
+
+
+def body_length(data: Bytes, pos: int = 0) -> int:
+    """The total body length of the frame whose header starts at ``pos`` (either form: the
+    field is at offset 8 in both), read without unpacking the rest of the header."""
+    return _BODY_LENGTH.unpack_from(data, pos + 8)[0]
 
 
 def encode_framing_item(item_id: int, data: bytes) -> bytes:

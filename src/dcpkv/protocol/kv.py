@@ -52,7 +52,7 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_FLAGS_EXPIRY = struct.Struct(">II")
+FLAGS_EXPIRY = struct.Struct(">II")  # a Set's (Add's, Replace's) extras
 _ARITH = struct.Struct(">QQI")
 _SEQNO_EXTRAS = struct.Struct(">QQ")  # MutationSeqno: vbucket uuid, seqno
 _VB_SEQNO = struct.Struct(">HQ")
@@ -60,9 +60,14 @@ _OBSERVE_0 = struct.Struct(">BHQQQ")
 _OBSERVE_1 = struct.Struct(">BHQQQQQ")
 _META = struct.Struct(">IIIQ")  # GetMeta answer: deleted, flags, expiry, rev seqno
 _FEATURE_BY_VALUE = {f.value: f for f in HelloFeature}
-# Fast paths: the response header fused with the fixed extras that follow it.
-_GET_HIT = struct.Struct(">BBHBBHIIQI")  # + flags
-_MUTATED = struct.Struct(">BBHBBHIIQQQ")  # + vbucket uuid, seqno (MutationSeqno)
+# Fast paths (these encoders, and the server's request fast path, which packs its answers with
+# the same layouts): the response header fused with the fixed extras that follow it.
+GET_HIT = struct.Struct(">BBHBBHIIQI")  # + flags
+MUTATED = struct.Struct(">BBHBBHIIQQQ")  # + vbucket uuid, seqno (MutationSeqno)
+# A Set's success without MutationSeqno: the 12 bytes of its header that never change (magic,
+# opcode, no key, no extras, no datatype, Success, no body), then opaque and CAS.
+SET_OK = struct.Struct(">12sIQ")
+SET_OK_HEAD = HEADER.pack(Magic.ClientResponse, Opcode.Set, 0, 0, 0, 0, 0, 0, 0)[:12]
 
 
 def _vbucket_state(value: int, what: str) -> VBucketState:
@@ -148,7 +153,7 @@ class GetResponse(Response):
         if len(key) > MAX_KEY_LEN:
             raise einval(f"{type(self).__name__} key", f"{len(key)} bytes exceed {MAX_KEY_LEN}")
         try:
-            head = _GET_HIT.pack(
+            head = GET_HIT.pack(
                 Magic.ClientResponse, self.OPCODE, len(key), 4, self.datatype, self.status,
                 4 + len(key) + len(value), self.opaque, self.cas, self.flags,
             )  # fmt: skip
@@ -183,7 +188,7 @@ class GATResponse(GetResponse):
 @dataclass(slots=True, kw_only=True)
 class Set(Request):
     OPCODE = Opcode.Set
-    EXTRAS = _FLAGS_EXPIRY
+    EXTRAS = FLAGS_EXPIRY
     EXTRAS_FIELDS = ("flags", "expiration")
     KEY = Part.REQUIRED
     VALUE = Part.OPTIONAL
@@ -197,7 +202,7 @@ class Set(Request):
         if frame.opcode != cls.OPCODE or frame.magic not in REQUEST_MAGICS:
             check_frame(cls, frame, request=True)  # raises, naming what is wrong
         what = cls.__name__
-        flags, expiration = unpack_exact(_FLAGS_EXPIRY, frame.extras, f"{what} extras")
+        flags, expiration = unpack_exact(FLAGS_EXPIRY, frame.extras, f"{what} extras")
         key = frame.key
         if not key:
             raise einval(f"{what} key", "is required (empty key)")
@@ -319,7 +324,7 @@ class MutationResponse(Response):
                 )  # fmt: skip
             if uuid is None or seqno is None:
                 raise einval(f"{type(self).__name__} vbucket_uuid/seqno", "set both or neither")
-            return _MUTATED.pack(
+            return MUTATED.pack(
                 Magic.ClientResponse, self.OPCODE, 0, 16, self.datatype, self.status, 16,
                 self.opaque, self.cas, uuid, seqno,
             )  # fmt: skip

@@ -15,11 +15,14 @@ and the privileges of :mod:`dcpkv.core.rbac` the user's roles must grant on that
    a DCP reader cannot write, a data reader cannot open DCP, only a cluster admin changes
    vbucket states, the cluster map or the users. Routes that need no privilege (Stat, the
    seqnos, failover logs, the map) are open to any role on the selected bucket: selecting it
-   already required one;
+   already required one. :func:`closed_gate` is that check alone, and the request fast path
+   (:mod:`dcpkv.server.fast_path`) asks it too before it answers an opcode of this table
+   itself: a gate changed here holds on both paths;
 3. a durability requirement in the framing extras (a SyncWrite) is refused, never ignored:
    DurabilityImpossible on the routes that take one (the mutations), Einval elsewhere, the
    codec's status when the item is malformed (:mod:`dcpkv.protocol.durability`). Answering
-   such a write Success from memory would acknowledge a durability that does not hold;
+   such a write Success from memory would acknowledge a durability that does not hold (the
+   fast path takes no frame with framing extras: they all come here);
 4. the codec decodes the request: a malformed one is answered with the codec's status and
    message (the frame boundaries are intact, so the connection goes on). What "malformed"
    means is the codec's alone: no handler looks at raw bytes;
@@ -170,6 +173,32 @@ ROUTES: dict[int, Route] = {
 CONSUMER_RESPONSES = frozenset({Opcode.DcpNoop, Opcode.DcpSetVbucketState})
 
 
+@dataclass(frozen=True, slots=True)
+class ClosedGate:
+    """A gate of a route that a connection does not pass: the refusal to answer."""
+
+    status: Status
+    message: bytes = b""
+    rbac: bool = False  # the user's roles lack a privilege (counted: stat ``rbac_eaccess``)
+
+
+_NOT_AUTHENTICATED = ClosedGate(Status.Eaccess)
+_NO_BUCKET = ClosedGate(Status.NoBucket)
+_NOT_GRANTED = ClosedGate(Status.Eaccess, b"the user's roles do not allow this", rbac=True)
+
+
+def closed_gate(conn: Connection, route: Route) -> ClosedGate | None:
+    """The first gate of ``route`` that ``conn`` does not pass (None: it passes them all):
+    authenticated, bucket selected, the route's privileges granted on that bucket."""
+    if route.auth and conn.user is None:
+        return _NOT_AUTHENTICATED
+    if route.bucket and conn.bucket_name is None:
+        return _NO_BUCKET
+    if route.needs and not _granted(conn, route.needs):
+        return _NOT_GRANTED
+    return None
+
+
 def handle(conn: Connection, frame: Frame) -> bytes | None:
     """The bytes answering ``frame`` (None: no answer); see the module docstring."""
     if not frame.is_request:
@@ -177,9 +206,14 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     route = ROUTES.get(frame.opcode)
     if route is None:
         return error_answer(frame, Status.UnknownCommand)
-    refused = _closed_gate(conn, frame, route)
-    if refused is not None:
-        return refused
+    closed = closed_gate(conn, route)
+    if closed is not None:
+        conn.server.eaccess += closed.rbac
+        return error_answer(frame, closed.status, closed.message)
+    if frame.framing_extras:
+        refused = _durability_refusal(frame, route)
+        if refused is not None:
+            return refused
     try:
         answer = route.handler(conn, route.decode(frame))
     except Reply as reply:
@@ -191,20 +225,6 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     if answer is None or isinstance(answer, bytes):
         return answer
     return b"".join([m.encode() for m in answer])
-
-
-def _closed_gate(conn: Connection, frame: Frame, route: Route) -> bytes | None:
-    """The answer of the first gate ``frame`` does not pass (steps 2 and 3), None if all open."""
-    if route.auth and conn.user is None:
-        return error_answer(frame, Status.Eaccess)
-    if route.bucket and conn.bucket_name is None:
-        return error_answer(frame, Status.NoBucket)
-    if route.needs and not _granted(conn, route.needs):
-        conn.server.eaccess += 1
-        return error_answer(frame, Status.Eaccess, b"the user's roles do not allow this")
-    if frame.framing_extras:
-        return _durability_refusal(frame, route)
-    return None
 
 
 # Until the server runs synchronous replication, it cannot meet any durability requirement.
