@@ -458,6 +458,8 @@ class DataServer:
         self._loop, self._loop_thread = loop, threading.get_ident()
         for name, bucket in self.state.buckets.items():
             bucket.seqno_listeners.append(partial(self._on_queued, name))
+            # first: a handover's map is served before anything reacts to the change
+            bucket.state_listeners.append(partial(self.state.vbucket_state_changed, name))
             bucket.state_listeners.append(partial(self._on_state_change, name))
         self._server = await loop.create_server(
             lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True
