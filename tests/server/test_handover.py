@@ -230,3 +230,14 @@ def test_only_subscribers_in_the_bucket_hear_of_a_new_map(node: Node) -> None:
     sub.detach()  # the connection closed
     node.push(admin, config(6, [0, 0]))
     assert len(notifications(sent)) == 1 and node.state.map_subscribers == {}
+
+
+def test_a_staged_map_for_a_handover_already_done_is_served_at_once(node: Node) -> None:
+    """The manager stages a map again while one of its handovers ends (.handover): the old
+    active, dead already, serves it at once rather than waiting for a change that happened."""
+    admin, _ = node.connect()
+    node.bucket.set_vbucket_state(0, ACTIVE)
+    node.push(admin, config(5, [0, 0]))
+    node.bucket.set_vbucket_state(0, DEAD)
+    assert node.push(admin, config(7, [1, 0], {"0": "dead"})) == Status.Success
+    assert node.served_rev(admin) == 7

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class ServerState:
     handovers: dict[str, Handovers] = field(default_factory=dict)
     # id -> the connections to send every newer map (Hello ClustermapChangeNotification)
     map_subscribers: dict[int, Any] = field(default_factory=dict)
+    _map_writer: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     # called with a bucket's name when a newer map was kept (the replicators follow it)
     config_listeners: list[Callable[[str], None]] = field(default_factory=list)
     # bucket -> its Replicator on a managed node (dcpkv.server.replication), for stats
@@ -70,28 +72,45 @@ class ServerState:
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;
         whether it was. ValueError when it is not a config (no integer ``rev``...). A kept map
-        is written beside the data, so a node restarted while the manager is away still
-        serves its cluster's map (and its replicas stream) instead of a map of "nobody".
+        is served at once, then written beside the data, so a node restarted while the manager
+        is away still serves its cluster's map (and its replicas stream) instead of a map of
+        "nobody".
         A staged map (``dcpkv.adoptWhen``) is only kept for its handover, if newer than the
-        map served."""
+        map served; served at once if a vbucket it waits for changed hands already (a
+        handover that ended while the manager staged it again)."""
         pushed, when = parse_push(config)
         if when is not None:
             served = self.served_configs.get(bucket)
             if served is not None and pushed.version <= served.version:
                 return False
             self.handover(bucket).stage(StagedMap(pushed, when))
+            held = self.buckets[bucket].vbuckets
+            if any(vb in held and held[vb].state is state for vb, state in when.items()):
+                self._serve(bucket, pushed)
             return True
         held = self.cluster_configs.get(bucket)
         if held is not None and pushed.version <= held.version:
             return False
         self.cluster_configs[bucket] = pushed
-        path = self._config_path(bucket)
-        # A map push is rare (a state change of the cluster), so the durable write is cheap
-        atomic_write(path, pushed.raw, path.with_name(f".{path.name}.tmp"))
         self._serve(bucket, pushed)
         for listener in list(self.config_listeners):
             listener(bucket)
+        self._keep(bucket, pushed.raw)
         return True
+
+    def _keep(self, bucket: str, raw: bytes) -> None:
+        """Write a kept map beside the data, in a thread of its own: an fsync took up to 0.2 s
+        here under load, and a rebalance pushes maps back to back; nobody should wait for it
+        (the manager pushes again a node that restarted without it). One thread: in order."""
+        if self._map_writer is None:
+            self._map_writer = ThreadPoolExecutor(1, thread_name_prefix="dcpkv-map")
+        path = self._config_path(bucket)
+        done = self._map_writer.submit(atomic_write, path, raw, path.with_name(f".{path.name}.tmp"))
+        done.add_done_callback(self._kept)
+
+    def _kept(self, done: Future[None]) -> None:
+        if (exc := done.exception()) is not None:
+            self.log.warning("the cluster map could not be written: %s", exc)
 
     def vbucket_state_changed(self, bucket: str, vb: int) -> None:
         """A state listener of every bucket (on the loop): a handover may make a staged map
