@@ -164,13 +164,13 @@ class Writer(threading.Thread):
 
 
 class Manager:
-    def __init__(self, tmp: Path, ports: list[int]) -> None:
+    def __init__(self, tmp: Path, ports: list[int], vbuckets: int = VBUCKETS) -> None:
         port_file = tmp / "manager.port"
         seeds = [arg for p in ports for arg in ("--node", f"127.0.0.1:{p}")]
         cmd = [
             sys.executable, "-m", "dcpkv.cli.main", "manager", "--port", "0",
             "--data-dir", str(tmp / "manager"), "--port-file", str(port_file),
-            "--replicas", "1", "--vbuckets", str(VBUCKETS), *seeds,
+            "--replicas", "1", "--vbuckets", str(vbuckets), *seeds,
         ]  # fmt: skip
         self.log = open(tmp / "manager.log", "wb")  # noqa: SIM115 (lives as long as the manager)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)

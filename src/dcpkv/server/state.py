@@ -80,14 +80,7 @@ class ServerState:
         handover that ended while the manager staged it again)."""
         pushed, when = parse_push(config)
         if when is not None:
-            served = self.served_configs.get(bucket)
-            if served is not None and pushed.version <= served.version:
-                return False
-            self.handover(bucket).stage(StagedMap(pushed, when))
-            held = self.buckets[bucket].vbuckets
-            if any(vb in held and held[vb].state is state for vb, state in when.items()):
-                self._serve(bucket, pushed)
-            return True
+            return self._stage(bucket, pushed, when)
         held = self.cluster_configs.get(bucket)
         if held is not None and pushed.version <= held.version:
             return False
@@ -96,6 +89,16 @@ class ServerState:
         for listener in list(self.config_listeners):
             listener(bucket)
         self._keep(bucket, pushed.raw)
+        return True
+
+    def _stage(self, bucket: str, staged: PushedConfig, when: dict[int, VBucketState]) -> bool:
+        served = self.served_configs.get(bucket)
+        if served is not None and staged.version <= served.version:
+            return False
+        self.handover(bucket).stage(StagedMap(staged, when))
+        vbuckets = self.buckets[bucket].vbuckets
+        if any(vb in vbuckets and vbuckets[vb].state is s for vb, s in when.items()):
+            self._serve(bucket, staged)
         return True
 
     def _keep(self, bucket: str, raw: bytes) -> None:
