@@ -105,7 +105,7 @@ _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when th
 # allocator's fragmentation once values are ejected and freed. Without it, a 64 MiB quota full
 # of ejected small items held ~180 MiB of RSS (319 bytes/item against 112 charged). With it,
 # the figure is ~1.2x the RSS growth for resident 16+100-byte items (the checkpoint charges the
-# Item it shares with the hash table a second time) and ~0.8x for ejected ones: the README's
+# Item it shares with the hash table a second time) and ~0.8x for ejected ones: docs/server.md's
 # margin (RSS growth <= 1.25x the quota + 16 MiB) covers the latter.
 HT_ENTRY_OVERHEAD = 208
 

@@ -46,7 +46,7 @@ Cache. The flusher's connection keeps 1/16 of the bucket's memory quota of pages
 SQLite's default 2 MB and 16 MiB: :func:`storage_cache_bytes`): a flush upserts keys all over
 the ``documents`` tree, and with 16 MiB instead of 2 MB a flush of 200,000 new keys costs 15 %
 less CPU (updates 5-10 %), fewer pages read back from the OS. It is bounded by the quota so a
-small bucket stays small (the quota's RSS margin, README).
+small bucket stays small (the quota's RSS margin, docs/server.md).
 
 Rollback. Before a flush overwrites a key it copies the old row to ``history`` with the new
 row's seqno as ``replaced_by``. Rolling back to seqno R picks the newest flush point C <= R;

@@ -219,5 +219,14 @@ class SnapshotMarkerVersion(IntEnum):
 class FramingId(IntEnum):
     """Framing-extras item ids we understand (requests and responses number them apart)."""
 
+    RequestDurability = 1
     RequestDcpStreamId = 2
     ResponseServerDuration = 0
+
+
+class DurabilityLevel(IntEnum):
+    """The level byte of a request's durability requirement (0 is never valid on the wire)."""
+
+    Majority = 1
+    MajorityAndPersistToActive = 2
+    PersistToMajority = 3

@@ -235,6 +235,17 @@ def _framing_item(framing: memoryview, pos: int) -> tuple[int, int, int]:
     return item_id, length, pos
 
 
+def framing_items(framing: Bytes) -> Iterator[tuple[int, memoryview]]:
+    """(id, data) of each framing-extras item, in order; a malformed item raises
+    :class:`CodecError` (the parser has checked the shape of a frame's items already)."""
+    view = memoryview(framing)
+    pos = 0
+    while pos < len(view):
+        item_id, length, pos = _framing_item(view, pos)
+        yield item_id, view[pos : pos + length]
+        pos += length
+
+
 # The two-byte items we read, by (is a request, id): what the error calls them
 _KNOWN_ITEMS: dict[tuple[bool, int], str] = {
     (True, FramingId.RequestDcpStreamId): "stream id",

@@ -17,10 +17,14 @@ and the privileges of :mod:`dcpkv.core.rbac` the user's roles must grant on that
    vbucket states, the cluster map or the users. Routes that need no privilege (Stat, the
    seqnos, failover logs, the map) are open to any role on the selected bucket: selecting it
    already required one;
-3. the codec decodes the request: a malformed one is answered with the codec's status and
+3. a durability requirement in the framing extras (a SyncWrite) is refused, never ignored:
+   DurabilityImpossible on the routes that take one (the mutations), Einval elsewhere, the
+   codec's status when the item is malformed (:mod:`dcpkv.protocol.durability`). Answering
+   such a write Success from memory would acknowledge a durability that does not hold;
+4. the codec decodes the request: a malformed one is answered with the codec's status and
    message (the frame boundaries are intact, so the connection goes on). What "malformed"
    means is the codec's alone: no handler looks at raw bytes;
-4. the handler returns its answer: a response message, a list of them (Stat), bytes already
+5. the handler returns its answer: a response message, a list of them (Stat), bytes already
    encoded by a sans-I/O core (the DCP producer encodes everything it sends), or None (quiet
    opcodes, BufferAck). It refuses with :class:`Reply`, answered as a GenericResponse with that
    status and value.
@@ -42,6 +46,7 @@ from dcpkv.core.status import Status
 from dcpkv.protocol import dcp, kv, subdoc
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import Magic, Opcode
+from dcpkv.protocol.durability import durability_requirement
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
@@ -67,6 +72,7 @@ class Route:
     auth: bool = True  # needs an authenticated user
     bucket: bool = True  # needs a selected bucket
     needs: frozenset[Privilege] = frozenset()  # granted on the selected bucket (or on all)
+    durable: bool = False  # a mutation: the route a durability requirement may ride on
 
 
 Needs = frozenset[Privilege]
@@ -93,6 +99,11 @@ def _routes(handler: Handler, *types: type[kv.Request], needs: Needs = frozenset
     return {t.OPCODE: Route(t.decode, handler, needs=needs) for t in types}
 
 
+def _mutations(handler: Handler, *types: type[kv.Request], needs: Needs = _WRITE) -> Routes:
+    """Routes that change a document: a client may ask for their durability."""
+    return {t.OPCODE: Route(t.decode, handler, needs=needs, durable=True) for t in types}
+
+
 # DCP requests a producer connection may receive; the producer answers those it does not take
 # from a consumer (AddStream, Mutation...) with NotSupported.
 _PRODUCER_REQUESTS = (
@@ -116,12 +127,10 @@ ROUTES: dict[int, Route] = {
     Opcode.GetClusterConfig: Route(kv.GetClusterConfig.decode, session.get_cluster_config),
     # documents
     **_routes(kv_handlers.get, kv.Get, kv.GetQ, kv.GetK, kv.GetKQ, needs=_READ),
-    **_routes(
-        kv_handlers.store, kv.Set, kv.SetQ, kv.Add, kv.AddQ, kv.Replace, kv.ReplaceQ, needs=_WRITE
-    ),
-    **_routes(kv_handlers.delete, kv.Delete, kv.DeleteQ, needs=_WRITE),
-    **_routes(kv_handlers.concat, kv.Append, kv.Prepend, needs=_WRITE),
-    **_routes(kv_handlers.arith, kv.Increment, kv.Decrement, needs=_READ_WRITE),
+    **_mutations(kv_handlers.store, kv.Set, kv.SetQ, kv.Add, kv.AddQ, kv.Replace, kv.ReplaceQ),
+    **_mutations(kv_handlers.delete, kv.Delete, kv.DeleteQ),
+    **_mutations(kv_handlers.concat, kv.Append, kv.Prepend),
+    **_mutations(kv_handlers.arith, kv.Increment, kv.Decrement, needs=_READ_WRITE),
     **_routes(kv_handlers.touch, kv.Touch, needs=_WRITE),
     **_routes(kv_handlers.touch, kv.GAT, needs=_READ_WRITE),
     **_routes(kv_handlers.flush, kv.Flush, needs=_BUCKET_ADMIN),
@@ -132,7 +141,12 @@ ROUTES: dict[int, Route] = {
     **_routes(stats.stat, kv.Stat),
     # sub-document: one request type for every opcode of the range
     **{
-        op: Route(subdoc.SubdocRequest.decode, subdoc_handlers.subdoc_request)
+        op: Route(
+            subdoc.SubdocRequest.decode,
+            subdoc_handlers.subdoc_request,
+            needs=_READ if op in subdoc.LOOKUP_OPS else _WRITE,
+            durable=op not in subdoc.LOOKUP_OPS,
+        )
         for op in subdoc.ALL_OPS
     },
     # vbucket control
@@ -164,13 +178,9 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     route = ROUTES.get(frame.opcode)
     if route is None:
         return error_answer(frame, Status.UnknownCommand)
-    if route.auth and conn.user is None:
-        return error_answer(frame, Status.Eaccess)
-    if route.bucket and conn.bucket_name is None:
-        return error_answer(frame, Status.NoBucket)
-    if route.needs and not _granted(conn, route.needs):
-        conn.server.eaccess += 1
-        return error_answer(frame, Status.Eaccess, b"the user's roles do not allow this")
+    refused = _closed_gate(conn, frame, route)
+    if refused is not None:
+        return refused
     try:
         answer = route.handler(conn, route.decode(frame))
     except Reply as reply:
@@ -182,6 +192,40 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     if answer is None or isinstance(answer, bytes):
         return answer
     return b"".join([m.encode() for m in answer])
+
+
+def _closed_gate(conn: Connection, frame: Frame, route: Route) -> bytes | None:
+    """The answer of the first gate ``frame`` does not pass (steps 2 and 3), None if all open."""
+    if route.auth and conn.user is None:
+        return error_answer(frame, Status.Eaccess)
+    if route.bucket and conn.bucket_name is None:
+        return error_answer(frame, Status.NoBucket)
+    if route.needs and not _granted(conn, route.needs):
+        conn.server.eaccess += 1
+        return error_answer(frame, Status.Eaccess, b"the user's roles do not allow this")
+    if frame.framing_extras:
+        return _durability_refusal(frame, route)
+    return None
+
+
+# Until the server runs synchronous replication, it cannot meet any durability requirement.
+_NO_SYNC_WRITES = (
+    b"durability requirements (synchronous replication) are not supported by this server; "
+    b"use ObserveSeqno-based durability (replicate_to / persist_to)"
+)
+
+
+def _durability_refusal(frame: Frame, route: Route) -> bytes | None:
+    """The answer refusing a request's durability requirement; None when it carries none."""
+    try:
+        requirement = durability_requirement(frame.framing_extras)
+    except CodecError as exc:
+        return error_answer(frame, exc.status, exc.message.encode()[:1024])
+    if requirement is None:
+        return None
+    if not route.durable:
+        return error_answer(frame, Status.Einval, b"this command takes no durability requirement")
+    return error_answer(frame, Status.DurabilityImpossible, _NO_SYNC_WRITES)
 
 
 def _granted(conn: Connection, needs: Needs) -> bool:
