@@ -129,6 +129,12 @@ class Opcode(IntEnum):
     DcpBarrier = 0x66  # this project's extension, see the module docstring
 
 
+class ServerOpcode(IntEnum):
+    """Opcodes of server requests (magic 0x82): their own space, apart from :class:`Opcode`."""
+
+    ClustermapChangeNotification = 0x01
+
+
 class Datatype(IntFlag):
     """Bits of header byte 5. A flag set, not an enum: JSON | Snappy is a legal value."""
 

@@ -45,7 +45,7 @@ from dcpkv.protocol.base import (
     unpack_exact,
     value_field,
 )
-from dcpkv.protocol.constants import MAX_KEY_LEN, HelloFeature, Magic, Opcode
+from dcpkv.protocol.constants import MAX_KEY_LEN, HelloFeature, Magic, Opcode, ServerOpcode
 from dcpkv.protocol.frame import HEADER, Bytes, Frame
 
 _U8 = struct.Struct(">B")
@@ -878,6 +878,50 @@ class GetClusterConfigResponse(Response):
 
 
 @dataclass(slots=True, kw_only=True)
+class ClustermapChangeNotification(Request):
+    """A server request (magic 0x82) to a client that asked Hello for Duplex and
+    ClustermapChangeNotification: the node serves a new map. Key = bucket name, extras =
+    (revEpoch, rev) (4 bytes, the rev alone, from older servers), value = the config JSON.
+    No answer is expected."""
+
+    OPCODE = ServerOpcode.ClustermapChangeNotification
+    KEY = Part.OPTIONAL
+    KEY_FIELD = "bucket"
+    KEY_TEXT = True
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "config"
+    bucket: str = ""
+    epoch: int = 0
+    rev: int = 0
+    config: Bytes = b""
+
+    def _magic(self) -> int:
+        return Magic.ServerRequest
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        _, key, value = generic_parts(self)
+        return (
+            pack(_SEQNO_EXTRAS, "ClustermapChangeNotification extras", self.epoch, self.rev),
+            key,
+            value,
+        )
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        extras = frame.extras
+        if len(extras) == _U32.size:
+            epoch, (rev,) = 0, _U32.unpack(extras)
+        else:
+            epoch, rev = unpack_exact(_SEQNO_EXTRAS, extras, "ClustermapChangeNotification extras")
+        return {
+            "epoch": epoch,
+            "rev": rev,
+            **key_field(cls, frame.key),
+            **value_field(cls, frame.value),
+        }
+
+
+@dataclass(slots=True, kw_only=True)
 class GetErrorMap(Request):
     OPCODE = Opcode.GetErrorMap
     VALUE_STRUCT = _U16
@@ -902,6 +946,9 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     GetAllVbSeqnos, ObserveSeqno, GetMeta, SeqnoPersistence, SetClusterConfig,
     GetClusterConfig, GetErrorMap, RbacRefresh,
 )  # fmt: skip
+
+# server requests (magic 0x82)
+SERVER_REQUEST_TYPES: tuple[type[Request], ...] = (ClustermapChangeNotification,)
 
 RESPONSE_TYPES: tuple[type[Response], ...] = (
     GetResponse, GetQResponse, GetKResponse, GetKQResponse, GATResponse,

@@ -515,6 +515,8 @@ class DataServer:
         await loop.run_in_executor(self.executor, self.open_buckets)
         self.collector.settle()  # the items warm-up loaded are never scanned again
         for name, bucket in self.state.buckets.items():
+            # first: a handover's map is served before anything reacts to the change
+            bucket.state_listeners.append(partial(self.state.vbucket_state_changed, name))
             bucket.state_listeners.append(partial(self._on_state_change, name))
         self._server = await loop.create_server(
             lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True

@@ -8,7 +8,8 @@ and the privileges of :mod:`dcpkv.core.rbac` the user's roles must grant on that
 :func:`handle` is the whole life of a request:
 
 1. a response frame (a DCP consumer answering our Noop or SetVbucketState) goes to the DCP
-   handlers on a producer connection, and is answered UnknownCommand anywhere else;
+   handlers on a producer connection, and is answered UnknownCommand anywhere else; an answer
+   to a server request (magic 0x83, a client answering a map notification) is not answered;
 2. an opcode not in the table answers UnknownCommand; a closed gate answers Eaccess (not
    authenticated) or NoBucket (no bucket selected), before anything is decoded; a user
    whose roles lack the route's privileges gets Eaccess too, counted (stat ``rbac_eaccess``):
@@ -253,6 +254,8 @@ def _granted(conn: Connection, needs: Needs) -> bool:
 
 
 def _response(conn: Connection, frame: Frame) -> bytes | None:
+    if frame.magic == Magic.ServerResponse:
+        return None  # a client answering a server request (a map notification): no reply
     if conn.dcp is None or frame.opcode not in CONSUMER_RESPONSES:
         return error_answer(frame, Status.UnknownCommand)
     try:
