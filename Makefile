@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 
-.PHONY: run test lint bench clean venv fuzz chaos lock lock-check
+.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check
 
 ## venv: a fresh .venv from the lock (tools/lock.py): every package pinned and hash-checked, the
 ## project itself editable with the pinned build backend; made again whenever the lock changes
@@ -38,6 +38,23 @@ test: lock-check $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest --durations=25
+
+## test-fast: the tests that start no process (sans-I/O cores, codec, engine, planners):
+## a minute or two, for the edit-test loop; make test runs them too, with everything else
+FAST_TESTS := tests/core tests/protocol tests/engine tests/dcp \
+	tests/client/test_client_offsets.py tests/client/test_consumer_sim.py \
+	tests/client/test_consumer_stream.py tests/client/test_flow_control.py \
+	tests/client/test_mutation_log.py tests/client/test_rollback_point.py \
+	tests/client/test_session_policy.py tests/client/test_sync_decisions.py \
+	tests/cluster/test_auto_failover_decision.py tests/cluster/test_failover_plan.py \
+	tests/cluster/test_placement.py tests/cluster/test_rebalance_plan.py \
+	tests/cluster/test_vbucket_move.py tests/pipelines/test_compaction_due.py \
+	tests/pipelines/test_mirror_floors.py tests/pipelines/test_report.py \
+	tests/pipelines/test_resync_plan.py tests/pipelines/test_rewrite_swap.py \
+	tests/pipelines/test_sample_data.py tests/pipelines/test_vtable_entries.py \
+	tests/docs/test_docblocks.py tests/tools/test_lock.py
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q $(FAST_TESTS)
 
 ## lint: ruff, the layer contract (import-linter), mypy (see pyproject.toml for both)
 lint: lock-check $(STAMP)

@@ -19,6 +19,15 @@ millisecond) are reported. The defects: a write whose cost grows with the open s
 phase 2's rate collapse; a flusher starved by the event loop makes persistence lag by seconds.
 Targets (the issue): streamed rate >= 0.8x alone; persisted p50 <= 0.5 s, max <= 2 s.
 
+Then the **round trip** of that one-Set-at-a-time writer (issue 36: a consumer's producer must
+not make the front end wait): two fresh servers side by side, one alone and one whose 1,024
+vbuckets a consumer process streams (it opens them before any write, so it has nothing to
+backfill, then drains its socket without parsing: its CPU is its own, not the server's); one
+connection to each takes turns of ``--slice`` seconds for ``--rounds`` rounds, so both
+figures come from the same moments of this shared host. Per server: Sets/s over its turns,
+and the p50 and p99 of a Set's round trip (send to answer parsed), nothing else sent between.
+Targets: Sets/s with the streams >= 0.8x without, p99 with <= 2x without.
+
 ``--json PATH`` writes the figures for ``make bench``'s summary.
 """
 
@@ -37,7 +46,9 @@ from typing import Annotated
 import typer
 
 from _report import bench_main, write_json
-from _server import bench_server  # bench/ is on sys.path: the script's own folder
+
+# bench/ is on sys.path: the script's own folder
+from _server import bench_server, bench_server_proc
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -152,6 +163,82 @@ def consume(port: int, ready: multiprocessing.synchronize.Event) -> None:  # typ
                     ready.set()
 
 
+def drain(port: int, ready: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+    """:func:`consume`'s streams, from each vbucket's start (call it before any write), then
+    the bytes are read and dropped: the round-trip row charges the server alone."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    auth = encode_frame(Magic.ClientRequest, Opcode.SaslAuth, key=b"PLAIN",
+                        value=b"\0Administrator\0password")  # fmt: skip
+    sock.sendall(auth + dcp.DcpOpen(name="bench:fanout-rtt", flags=OpenFlag.Producer).encode())
+    sock.sendall(b"".join(
+        dcp.StreamRequest(opaque=vb, vbucket=vb, start_seqno=0, end_seqno=U64_MAX).encode()
+        for vb in range(VBUCKETS)
+    ))  # fmt: skip
+    parser, answers = FrameParser(), 0
+    while answers < VBUCKETS:
+        for frame in parser.feed(sock.recv(1 << 20)):
+            if frame.opcode == Opcode.DcpStreamRequest and frame.magic == Magic.ClientResponse:
+                if frame.status != Status.Success:
+                    raise SystemExit(f"stream request refused: 0x{frame.status:02x}")
+                answers += 1
+    ready.set()
+    while sock.recv(1 << 20):
+        pass
+
+
+def set_turn(writer: Client, seconds: float, tag: str, first: int, rtts: list[float]) -> int:
+    """One Set at a time for ``seconds``, each round trip appended to ``rtts``; the next key
+    number."""
+    n, deadline = first, time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        if start >= deadline:
+            return n
+        key = b"%s-%010d" % (tag.encode(), n)
+        status, _, _ = writer.call(
+            Opcode.Set,
+            key=key,
+            value=VALUE,
+            extras=_SET_EXTRAS,
+            vbucket=vbucket_for_key(key, VBUCKETS),
+        )
+        rtts.append(time.perf_counter() - start)
+        if status != Status.Success:
+            raise SystemExit(f"Set answered 0x{status:02x}")
+        n += 1
+
+
+def round_trips(rounds: int, slice_s: float) -> dict[str, dict[str, float]]:
+    """The round-trip row (module docstring): per server, Sets/s and p50/p99 in us."""
+    with bench_server_proc(VBUCKETS, label="fanout-alone") as (alone_port, _), \
+            bench_server_proc(VBUCKETS, label="fanout-rtt") as (streamed_port, _):  # fmt: skip
+        ready = multiprocessing.Event()
+        consumer = multiprocessing.Process(target=drain, args=(streamed_port, ready), daemon=True)
+        consumer.start()
+        try:
+            if not ready.wait(60):
+                raise SystemExit("the consumer's 1024 stream requests were not all answered")
+            writers = {"alone": Client(alone_port), "streamed": Client(streamed_port)}
+            for name, w in writers.items():  # warm both (the first Sets build the hash tables)
+                set_turn(w, slice_s, f"warm-{name}", 0, [])
+            rtts: dict[str, list[float]] = {name: [] for name in writers}
+            spent = dict.fromkeys(writers, 0.0)
+            keys = dict.fromkeys(writers, 0)
+            for _ in range(rounds):
+                for name, w in writers.items():
+                    start = time.perf_counter()
+                    keys[name] = set_turn(w, slice_s, f"rtt-{name}", keys[name], rtts[name])
+                    spent[name] += time.perf_counter() - start
+        finally:
+            consumer.kill()
+    out = {}
+    for name, samples in rtts.items():
+        cuts = quantiles(samples, n=100)
+        out[name] = {"sets": len(samples), "rate": len(samples) / spent[name],
+                     "p50_us": cuts[49] * 1e6, "p99_us": cuts[98] * 1e6}  # fmt: skip
+    return out
+
+
 def hammer(port: int) -> None:
     """Pipelined SetQ batches, flat out, until killed (the background load of phase 3)."""
     sock = socket.create_connection(("127.0.0.1", port))
@@ -177,6 +264,8 @@ def hammer(port: int) -> None:
 def main(
     seconds: float = typer.Option(5.0, help="seconds of writing per phase"),
     sample: int = typer.Option(20, help="time every N-th write until persisted"),
+    rounds: int = typer.Option(24, help="round-trip row: turns per server"),
+    slice_s: float = typer.Option(0.25, "--slice", help="round-trip row: seconds per turn"),
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
     results: dict[str, dict[str, float]] = {}
@@ -207,6 +296,15 @@ def main(
         )
     ratio = streamed["rate"] / alone["rate"]
     print(f"  streamed / alone: {ratio:.2f}x  (target >= 0.8x; persisted p50 <= 0.5 s, max <= 2 s)")
+    print(f"one Set at a time, round trip: two servers, {rounds} turns of {slice_s:g} s each")
+    rtt = round_trips(rounds, slice_s)
+    for name, r in rtt.items():
+        print(f"  {name:<9} {r['rate']:>9,.0f} Sets/s   round trip p50 {r['p50_us']:7.0f} us  "
+              f"p99 {r['p99_us']:7.0f} us")  # fmt: skip
+    rtt_rate = rtt["streamed"]["rate"] / rtt["alone"]["rate"]
+    rtt_p99 = rtt["streamed"]["p99_us"] / rtt["alone"]["p99_us"]
+    print(f"  1024 streams / none: rate {rtt_rate:.2f}x (target >= 0.8x), "
+          f"p99 {rtt_p99:.2f}x (target <= 2x)")  # fmt: skip
     write_json(
         json_out,
         "fanout",
@@ -218,8 +316,17 @@ def main(
             "persist_max_s_streamed": streamed["persist_max_s"],
             "persist_p50_s_loaded": results["loaded"]["persist_p50_s"],
             "persist_max_s_loaded": results["loaded"]["persist_max_s"],
+            "rtt_sets_per_s_alone": rtt["alone"]["rate"],
+            "rtt_sets_per_s_streamed_1024": rtt["streamed"]["rate"],
+            "rtt_rate_streamed_over_alone": rtt_rate,
+            "rtt_p50_us_alone": rtt["alone"]["p50_us"],
+            "rtt_p50_us_streamed_1024": rtt["streamed"]["p50_us"],
+            "rtt_p99_us_alone": rtt["alone"]["p99_us"],
+            "rtt_p99_us_streamed_1024": rtt["streamed"]["p99_us"],
+            "rtt_p99_streamed_over_alone": rtt_p99,
         },
         phases=results,
+        round_trip=rtt,
     )
 
 

@@ -280,12 +280,13 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
 
 
 @contextlib.contextmanager
-def dcpkv_server(tmp: Path, quota_mb: int = QUOTA_MB) -> Iterator[Target]:
+def dcpkv_server(tmp: Path, quota_mb: int = QUOTA_MB, *extra: str) -> Iterator[Target]:
+    """A ``dcpkv server`` in ``tmp`` (``extra``: more of its flags, such as ``--storage``)."""
     port_file = tmp / "dcpkv.port"
     cmd = [
         sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0", "--data-dir",
         str(tmp / "data"), "--port-file", str(port_file), "--vbuckets", str(VBUCKETS),
-        "--memory-quota-mb", str(quota_mb),
+        "--memory-quota-mb", str(quota_mb), *extra,
     ]  # fmt: skip
     with open(tmp / "dcpkv.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)

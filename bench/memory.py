@@ -17,7 +17,7 @@ missed. The baseline is the RSS of the idle server before the first write.
    and once of 4 KiB values (ejecting persisted values makes room for all of them). A write
    answered Etmpfail is retried after 20 ms, as a client should; once the phase has retried
    500 times (10 s of pauses) it ends: the bucket is full of keys and metadata.
-   The figure is the peak RSS growth over the quota, and over what the README allows:
+   The figure is the peak RSS growth over the quota, and over what docs/server.md allows:
    1.25x the quota + 16 MiB (``tests/server/test_memory_quota.py`` proves it on 8 MiB).
 
 ``--json PATH`` writes the figures for ``make bench``'s summary.
@@ -48,7 +48,7 @@ META_LEN = 33  # by seqno 8, rev seqno 8, CAS 8, flags 4, expiry 4, datatype 1
 MIB = 1024 * 1024
 _SET_EXTRAS = struct.pack(">II", 0, 0)
 RETRY_PAUSE_S = 0.02
-# The README's promise: RSS grows by at most RSS_MARGIN x the quota + RSS_SLACK_MIB.
+# docs/server.md's promise: RSS grows by at most RSS_MARGIN x the quota + RSS_SLACK_MIB.
 RSS_MARGIN = 1.25
 RSS_SLACK_MIB = 16
 RETRY_BUDGET = 500  # retry rounds per phase (10 s of pauses): past that, the bucket is full

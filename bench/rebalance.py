@@ -14,6 +14,13 @@ routed by the map, and the replicas are let catch up.
    figures during the rebalance are set against the ones before. A write that meets a moving
    vbucket (NotMyVbucket while the handoff runs) re-reads the map and is sent again: its
    latency counts the whole wait, as a client would see it.
+3. **Stale-map window**: for every vbucket whose active moved, the time from its old active's
+   copy going dead (from then on that node answers NotMyVbucket for it) to the moment the last
+   node started serving a map that names the new active, from every node's ``stat handover``
+   (monotonic clock, one for the host's processes): p50, p99 and max. A vbucket handed over
+   in a group may be named before its own copy goes dead (another of the group's went first):
+   no stale window (0), but clients meet its pending copy meanwhile; those are counted, with
+   the longest lead.
 
 ``--json PATH`` writes the figures for ``make bench``'s summary.
 """
@@ -157,13 +164,13 @@ class Writer(threading.Thread):
 
 
 class Manager:
-    def __init__(self, tmp: Path, ports: list[int]) -> None:
+    def __init__(self, tmp: Path, ports: list[int], vbuckets: int = VBUCKETS) -> None:
         port_file = tmp / "manager.port"
         seeds = [arg for p in ports for arg in ("--node", f"127.0.0.1:{p}")]
         cmd = [
             sys.executable, "-m", "dcpkv.cli.main", "manager", "--port", "0",
             "--data-dir", str(tmp / "manager"), "--port-file", str(port_file),
-            "--replicas", "1", "--vbuckets", str(VBUCKETS), *seeds,
+            "--replicas", "1", "--vbuckets", str(vbuckets), *seeds,
         ]  # fmt: skip
         self.log = open(tmp / "manager.log", "wb")  # noqa: SIM115 (lives as long as the manager)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
@@ -212,6 +219,11 @@ def main(
         print(f"  rebalance 2 -> 3 nodes          {figures['rebalance_s']:8.2f} s  "
               f"({figures['vbuckets_moved']:.0f} vbuckets, "
               f"{figures['items_transferred']:,.0f} items)")  # fmt: skip
+        print(f"  stale-map window ({figures['stale_map_vbuckets']:.0f} active moves)   "
+              f"p50 {figures['stale_map_p50_ms']:.1f} ms  p99 {figures['stale_map_p99_ms']:.1f} ms"
+              f"  max {figures['stale_map_max_ms']:.1f} ms; named before their handover: "
+              f"{figures['named_early_vbuckets']:.0f}, at most "
+              f"{figures['named_early_max_ms']:.1f} ms ahead")  # fmt: skip
         for phase in ("before", "during"):
             print(f"  writes {phase:<7} {figures[f'{phase}_writes_per_s']:>9,.0f} /s   "
                   f"p50 {figures[f'{phase}_p50_ms']:.2f} ms  "
@@ -232,6 +244,7 @@ def run(manager: Manager, ports: list[int], count: int, seconds: float) -> dict[
     before = writer.window(begin, time.perf_counter())
     manager.api("POST", "/controller/addNode", hostname=f"127.0.0.1:{c}")
     writer.router.ports.append(c)
+    old_map = Router(ports).refresh()
     started = time.perf_counter()
     manager.api("POST", "/controller/rebalance")
     while (doc := manager.api("GET", "/pools/default/rebalanceProgress"))["state"] == "running":
@@ -244,6 +257,9 @@ def run(manager: Manager, ports: list[int], count: int, seconds: float) -> dict[
     if doc["state"] != "idle":
         raise SystemExit(f"the rebalance ended {doc['state']}: {doc.get('error')}")
     during = writer.window(started, started + took)
+    signed = stale_map_windows(old_map, Router(ports).refresh(), ports)
+    windows = sorted(max(0.0, w) for w in signed)
+    early = [-w for w in signed if w < 0]
     return {
         "rebalance_s": took,
         "vbuckets_moved": doc["progress"]["vbucketsMoved"],
@@ -252,7 +268,31 @@ def run(manager: Manager, ports: list[int], count: int, seconds: float) -> dict[
         **{f"before_{k}": v for k, v in before.items()},
         **{f"during_{k}": v for k, v in during.items()},
         "retried_writes": writer.retries,
+        "stale_map_vbuckets": len(windows),
+        "stale_map_p50_ms": _quantile_ms(windows, 0.5),
+        "stale_map_p99_ms": _quantile_ms(windows, 0.99),
+        "stale_map_max_ms": windows[-1] * 1e3 if windows else float("nan"),
+        "named_early_vbuckets": len(early),
+        "named_early_max_ms": max(early, default=0.0) * 1e3,
     }
+
+
+def stale_map_windows(before: VBucketMap, after: VBucketMap, ports: list[int]) -> list[float]:
+    """Per vbucket whose active moved: seconds from the old active's copy going dead to the
+    last node serving a map that names the new active (module docstring, 3; negative: every
+    node named it before)."""
+    times: dict[str, dict[str, str]] = {}
+    for port in ports:
+        with _session(port) as kv:
+            times[f"127.0.0.1:{port}"] = dict(kv.stats("handover"))
+    windows = []
+    for vb, (old, new) in enumerate(zip(before.chains, after.chains, strict=True)):
+        gone = before.servers[old[0]] if old[0] != NOBODY else None
+        if gone is None or gone == after.servers[new[0]]:
+            continue
+        served = max(float(rows[f"vb_{vb}:new_active_served_at"]) for rows in times.values())
+        windows.append(served - float(times[gone][f"vb_{vb}:dead_at"]))
+    return windows
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import Writer
+from clienthelp import Writer
 from serverproc import ServerProcess
 
 APPLIER = Path(__file__).with_name("sqlite_applier.py")

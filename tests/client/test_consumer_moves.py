@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from conftest import Writer, vb_of
+from clienthelp import Writer, vb_of
 from kvclient import KVClient
 from serverproc import ServerProcess
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from conftest import VBUCKETS, Writer, vb_of
+from clienthelp import VBUCKETS, Writer, vb_of
 from serverproc import ServerProcess
 
 from dcpkv.client import events

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from conftest import Writer
+from clienthelp import Writer
 from hypothesis import given
 from hypothesis import strategies as st
 from serverproc import ServerProcess

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import VBUCKETS, Writer
+from clienthelp import VBUCKETS, Writer
 from serverproc import ServerProcess
 
 from dcpkv.cli import stream as cli_stream

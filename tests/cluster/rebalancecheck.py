@@ -1,5 +1,6 @@
 """Helpers of the rebalance process tests: a map-following writer and reader under load, the
-cluster's current map, and the checks every rebalance story ends with.
+cluster's current map, the checks every rebalance story ends with, and a watch on the maps
+the nodes give clients while vbuckets change hands.
 
 The writer and the reader route by the map as a smart client does (the served config of any
 node, refreshed on NotMyVbucket), each on its own connections, in threads: the writer cycles
@@ -11,6 +12,7 @@ must never go back in time across a move).
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -25,7 +27,9 @@ from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol import dcp
-from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol import kv as kv_messages
+from dcpkv.protocol.constants import HelloFeature, Opcode
+from dcpkv.protocol.messages import decode_message
 
 KEYS = [f"key-{i}".encode() for i in range(160)]
 
@@ -271,3 +275,91 @@ def preload(nodes: list[ServerProcess], count: int) -> None:
             assert kv.set(key, b"1", vbucket=vb).status == Status.Success
     finally:
         mc.close()
+
+
+# -- what clients are told while vbuckets change hands ---------------------------------------
+
+
+class MapWatch:
+    """While vbuckets move (issue 29), in threads: a prober asking every node for every
+    vbucket, noting each NotMyVbucket from a node that held the vbucket active earlier in the
+    phase (``phase()`` starts one) yet names itself its active: a stale map from an old active;
+    and one subscriber per node (Hello Duplex + ClustermapChangeNotification) noting the
+    (revEpoch, rev) of every map pushed to it."""
+
+    def __init__(self, nodes: list[ServerProcess], vbuckets: int) -> None:
+        self.nodes, self.vbuckets = nodes, vbuckets
+        self.stale: list[tuple[int, int, int]] = []  # (node's port, vbucket, rev)
+        self.probes = 0
+        self.pushed: dict[int, list[tuple[int, int]]] = {n.port: [] for n in nodes}
+        self._held: set[tuple[int, int]] = set()  # (port, vbucket) answered as active
+        self._stop = threading.Event()
+        self._subscribers = [self._subscribe(n) for n in nodes]
+        self._threads = [threading.Thread(target=self._probe, daemon=True)] + [
+            threading.Thread(target=self._listen, args=(n.port, kv), daemon=True)
+            for n, kv in zip(nodes, self._subscribers, strict=True)
+        ]
+        self.errors: list[BaseException] = []
+
+    def __enter__(self) -> MapWatch:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for kv in self._subscribers:
+            kv.sock.shutdown(socket.SHUT_RDWR)  # ends the listeners' reads
+            kv.close()
+        for t in self._threads:
+            t.join(30)
+
+    def phase(self) -> None:
+        """A new rebalance: vbuckets may come back to a node that gave them away."""
+        self._held = set()
+
+    @staticmethod
+    def _subscribe(node: ServerProcess) -> KVClient:
+        kv = KVClient(node.port)
+        kv.hello(HelloFeature.Duplex, HelloFeature.ClustermapChangeNotification)
+        assert kv.login().status == Status.Success
+        return kv
+
+    def _listen(self, port: int, kv: KVClient) -> None:
+        while not self._stop.is_set():
+            try:
+                frame = kv.recv_frame()
+            except OSError:
+                return
+            note = decode_message(frame)
+            if not isinstance(note, kv_messages.ClustermapChangeNotification):
+                self.errors.append(AssertionError(f"{port} sent {note}"))
+                return
+            self.pushed[port].append((note.epoch, note.rev))
+
+    def _probe(self) -> None:
+        try:
+            clients = [(n.port, client(n)) for n in self.nodes]
+            while not self._stop.is_set():
+                for port, kv in clients:
+                    self._probe_node(port, kv)
+                time.sleep(0.01)  # ~2k requests/s over 4 nodes: enough to meet a window
+            for _, kv in clients:
+                kv.close()
+        except Exception as exc:  # reported by the test
+            self.errors.append(exc)
+
+    def _probe_node(self, port: int, kv: KVClient) -> None:
+        for vb in range(self.vbuckets):
+            kv.send(kv.frame(Opcode.Get, key=b"probe", vbucket=vb))
+        for vb in range(self.vbuckets):
+            answer = kv.recv_frame()
+            self.probes += 1
+            if answer.status != Status.NotMyVbucket:
+                self._held.add((port, vb))
+                continue
+            vb_map = VBucketMap.from_config(json.loads(answer.value))
+            active = vb_map.chains[vb][0]
+            named = vb_map.servers[active] if active != NOBODY else None
+            if (port, vb) in self._held and named == f"127.0.0.1:{port}":
+                self.stale.append((port, vb, vb_map.rev))

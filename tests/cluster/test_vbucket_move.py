@@ -39,7 +39,10 @@ def test_an_active_move_walks_build_takeover_map_clean() -> None:
     views[C] = v(REPLICA, 10, persisted=9)
     assert move.step(views, 3) == []  # not persisted yet
     views[C] = v(REPLICA, 12)  # A took more writes meanwhile: 10 was the target
-    assert move.step(views, 4) == [SetState(C, 7, PENDING)]
+    assert move.step(views, 4) == []  # built: waits for the driver to stage its map
+    assert move.phase is Phase.READY
+    assert move.step(views, 4.2) == []
+    assert move.hand_over(4.5) == [SetState(C, 7, PENDING)]
     assert move.phase is Phase.TAKEOVER
     views[C] = v(PENDING, 12)
     assert move.step(views, 5) == []
@@ -71,7 +74,8 @@ def test_promoting_an_existing_replica_copies_nothing_first() -> None:
     move = VBucketMove(1, old=(A, B), new=(B, A), now=0.0)
     assert move.builders == []
     views = {A: v(ACTIVE, 5), B: v(REPLICA, 5)}
-    assert move.step(views, 1) == [SetState(B, 1, PENDING)]
+    assert move.step(views, 1) == [] and move.phase is Phase.READY
+    assert move.hand_over(1) == [SetState(B, 1, PENDING)]
     views.update({A: v(DEAD, 5), B: v(ACTIVE, 5)})
     assert move.step(views, 2) == [CommitChain(1)]
     move.committed(2)
@@ -86,6 +90,7 @@ def test_a_stopped_promotion_puts_both_copies_back() -> None:
     move = VBucketMove(1, old=(A, B), new=(B, A), now=0.0)
     views = {A: v(ACTIVE, 5), B: v(REPLICA, 5)}
     move.step(views, 1)
+    move.hand_over(1)
     views.update({A: v(DEAD, 5), B: v(PENDING, 5)})
     assert move.stop(views) == [SetState(B, 1, REPLICA), SetState(A, 1, ACTIVE)]
     assert move.phase is Phase.REVERTED and move.nodes() == set()
@@ -109,7 +114,8 @@ def test_a_handoff_that_times_out_puts_the_old_active_back(
 ) -> None:
     move = VBucketMove(0, old=(A, B), new=(C, B), now=0.0, takeover_s=30)
     views: dict[str, NodeView | None] = {A: v(ACTIVE, 9), B: v(REPLICA, 9), C: v(REPLICA, 9)}
-    assert move.step(views, 1) == [SetState(C, 0, PENDING)]
+    assert move.step(views, 1) == []
+    assert move.hand_over(1) == [SetState(C, 0, PENDING)]
     views.update({A: a, C: c})
     assert move.step(views, 20) in ([], [SetState(C, 0, PENDING)])
     assert move.step(views, 31.5) == expected
@@ -120,8 +126,19 @@ def test_a_handoff_that_completed_is_never_reverted_even_when_late() -> None:
     move = VBucketMove(0, old=(A, B), new=(C, B), now=0.0, takeover_s=30)
     views: dict[str, NodeView | None] = {A: v(ACTIVE, 9), B: v(REPLICA, 9), C: v(REPLICA, 9)}
     move.step(views, 1)
+    move.hand_over(1)
     views.update({A: None, C: v(ACTIVE, 9)})  # A stopped answering after the handoff
     assert move.step(views, 100) == [CommitChain(0)]
+
+
+def test_a_ready_move_waits_for_its_handover_and_is_reverted_like_a_building_one() -> None:
+    move = VBucketMove(6, old=(A, B), new=(C, B), now=0.0, stall_s=10)
+    views: dict[str, NodeView | None] = {A: v(ACTIVE, 9), B: v(REPLICA, 9), C: v(REPLICA, 9)}
+    assert move.step(views, 1) == [] and move.phase is Phase.READY
+    assert move.step(views, 100) == []  # no stall while the driver has not handed it over
+    assert move.nodes() == {A, B, C}
+    assert move.stop(views) == [SetState(C, 6, DEAD)]
+    assert move.phase is Phase.REVERTED
 
 
 def test_a_build_that_stalls_is_reverted_but_one_that_advances_is_not() -> None:
@@ -169,6 +186,7 @@ def test_a_move_whose_node_is_down_is_abandoned() -> None:
     move = VBucketMove(0, old=(A, B), new=(C, B), now=0.0)
     views: dict[str, NodeView | None] = {A: v(ACTIVE, 9), B: v(REPLICA, 9), C: v(REPLICA, 9)}
     move.step(views, 1)
+    move.hand_over(1)
     views.update({A: v(DEAD, 9), C: None})
     assert move.abandon(views, "c:1 stopped answering") == [SetState(A, 0, ACTIVE)]
     assert move.phase is Phase.REVERTED and "stopped answering" in (move.error or "")
@@ -178,6 +196,7 @@ def test_a_move_whose_node_is_down_after_the_map_changed_ends_keeping_old_copies
     move = VBucketMove(0, old=(A, B), new=(C, B), now=0.0)
     views: dict[str, NodeView | None] = {A: v(ACTIVE, 9), B: v(REPLICA, 9), C: v(REPLICA, 9)}
     move.step(views, 1)
+    move.hand_over(1)
     views.update({A: v(DEAD, 9), C: v(ACTIVE, 9)})
     assert move.step(views, 2) == [CommitChain(0)]
     move.committed(3)

@@ -85,7 +85,7 @@ def test_a_host_option_takes_a_connection_string_and_the_port_fills_the_gaps() -
 
 @pytest.mark.parametrize("text", ["couchbase://a:1,b:2", "localhost:7", "h"])
 def test_a_view_definition_keeps_every_seed_of_its_source(text: str) -> None:
-    from dcpkv.pipelines.mirror import SourceSettings
+    from dcpkv.pipelines.source_node import SourceSettings
 
     source = SourceSettings(ConnectionSettings.at(text, 11210, bucket="b"), "0-3", 5)
     assert SourceSettings.from_json_obj(json.loads(json.dumps(source.to_json_obj()))) == source

@@ -11,6 +11,8 @@ def test_retryable_statuses_are_the_temporary_ones_and_not_my_vbucket() -> None:
         Status.Etmpfail,
         Status.Ebusy,
         Status.Enomem,
+        Status.SyncWriteInProgress,  # a prepare pending on the key: it ends, one way or another
+        Status.SyncWriteReCommitInProgress,
     }
 
 

@@ -173,9 +173,9 @@ def test_a_stream_closed_mid_read_lets_go_of_its_snapshot(
     assert bf is not None and bf._reading  # the next read is queued
     assert p.close_stream(0, 1)
     scan = bf._scan
-    assert scan is not None and scan._conn is not None  # the worker still owns it
+    assert scan is not None and not scan.closed  # the worker still owns it
     runner.run_one()  # the read lands on a closed backfill: it closes the scan
-    assert scan._conn is None and not bf._batches and p.backfills.buffered == 0
+    assert scan.closed and not bf._batches and p.backfills.buffered == 0
     p.disconnect()
 
 
@@ -190,6 +190,10 @@ def stream_row(row: tuple) -> tuple:
     return (key, seqno, cas, rev, flags_expiry, datatype | deleted << 8 | delete_time << 10, value)
 
 
+# The stand-in owners' bucket: encoding rows reads none of it.
+NO_BUCKET = SimpleNamespace(vbuckets={})
+
+
 @pytest.mark.parametrize(
     "flags", [OpenFlag.Producer, OpenFlag.Producer | OpenFlag.NoValue,
               OpenFlag.Producer | OpenFlag.NoValueWithUnderlyingDatatype,
@@ -198,7 +202,7 @@ def stream_row(row: tuple) -> tuple:
 @pytest.mark.parametrize("expiry_opcode", [False, True])
 def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool) -> None:
     owner = SimpleNamespace(
-        name=NAME, flags=OpenFlag(flags), expiry_opcode=expiry_opcode,
+        name=NAME, flags=OpenFlag(flags), expiry_opcode=expiry_opcode, bucket=NO_BUCKET,
         no_value=bool(flags & (OpenFlag.NoValue | OpenFlag.NoValueWithUnderlyingDatatype)),
         keep_datatype=bool(flags & OpenFlag.NoValueWithUnderlyingDatatype),
         delete_times=bool(flags & OpenFlag.IncludeDeleteTimes),
@@ -249,7 +253,7 @@ def test_rows_encode_to_the_typed_messages_bytes(flags: int, expiry_opcode: bool
 
 def test_runs_hold_batch_items_each() -> None:
     owner = SimpleNamespace(name=NAME, no_value=False, keep_datatype=False,
-                            shape=ValueShape())  # fmt: skip
+                            shape=ValueShape(), bucket=NO_BUCKET)  # fmt: skip
     stream = Stream(vbucket=0, opaque=1, flags=0, start=0, end=U64_MAX, vb_uuid=1)
     active = ActiveStream(owner, stream, was_active=True, takeover=False)  # type: ignore[arg-type]
     rows = [(b"k%d" % i, i, 1, 1, 0, 0, b"v") for i in range(1, 2 * BATCH_ITEMS + 6)]

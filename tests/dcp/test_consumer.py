@@ -142,6 +142,7 @@ def test_a_replica_rolls_back_when_its_active_branched(
     write(active, 12, "lost")
     link.pump()  # the replica now holds writes the active will lose
     # the active dies without shutting down and comes back from its disk on a new branch
+    active.storage.close()  # (the dead process holds its files no more)
     fresh = Bucket("default", active.path, num_vbuckets=VBS, synchronous="NORMAL",
                    clock=active.clock, rng=random.Random(9))  # fmt: skip
     assert not fresh.warmed_up_after_clean_shutdown
@@ -166,6 +167,7 @@ def test_a_former_active_back_after_a_crash_resumes_as_a_replica_without_rolling
     link.connect()
     link.pump()
     other.flush_once()
+    old.storage.close()  # killed: nothing more reaches its disk, its files are let go
     crashed = Bucket("default", old.path, num_vbuckets=VBS, synchronous="NORMAL",
                      clock=old.clock, rng=random.Random(9))  # fmt: skip
     assert not crashed.warmed_up_after_clean_shutdown

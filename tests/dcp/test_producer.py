@@ -648,16 +648,17 @@ def test_a_write_visits_only_its_own_stream(
         assert sum(len(docs) for docs in c.docs.values()) == len(written)
         assert p.next_messages() == [] and p.stats()[f"ready_streams:{NAME}"] == "0"
         p.disconnect()
-    # a marker, an item, then the visit that finds the stream idle again
-    assert visits[1] == visits[1024] == 3 * len(written)
+    # one visit: the marker and its lone item are one entry, and the stream leaves the ready
+    # queue on the visit that sent them (its cursor has read everything)
+    assert visits[1] == visits[1024] == len(written)
 
 
 def test_a_live_snapshot_goes_out_in_one_turn_with_one_checkpoint_read(
     bucket: Bucket, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A live write (a snapshot of one item) is sent marker then item in one turn of its
+    """A live write (a snapshot of one item) is sent marker then item in one visit of its
     stream, which then leaves the ready queue having read the checkpoints once: no round per
-    message, no second read to find nothing."""
+    message, no second read or visit to find nothing."""
     p, c = producer(bucket, clock), Consumer()
     for vb in (0, 1):
         assert isinstance(request(p, vb, opaque=vb), dcp.StreamRequestOk)
@@ -676,11 +677,42 @@ def test_a_live_snapshot_goes_out_in_one_turn_with_one_checkpoint_read(
         monkeypatch.setattr(manager, "read", counted)
     write(bucket.get_vbucket(0), 1, prefix="a")
     write(bucket.get_vbucket(1), 1, prefix="b")
+    polls = p.stream_polls
     msgs = c.receive(p.next_messages())
     kinds = [(isinstance(m, dcp.SnapshotMarker), m.vbucket) for m in msgs]
     assert kinds == [(True, 0), (False, 0), (True, 1), (False, 1)]
     assert p.stats()[f"ready_streams:{NAME}"] == "0"
-    assert reads == {0: 1, 1: 1}
+    assert reads == {0: 1, 1: 1} and p.stream_polls - polls == 2
+
+
+def test_a_bounded_turn_sends_what_an_unbounded_one_does_in_more_calls(
+    open_bucket: Callable[..., Bucket], clock: ManualClock
+) -> None:
+    """``next_messages(max_visits=n)`` visits at most n streams and says ``has_ready`` while
+    more waits; calls in a row send the very bytes one unbounded call sends, in its order (a
+    turn cut by the bound goes on at the next call). ``notified`` counts the writes since."""
+    bucket = open_bucket(num_vbuckets=16, checkpoint_max_items=1000)
+    for vb in range(16):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    whole = producer(bucket, clock)
+    cut = DcpProducer(bucket, "bounded", OpenFlag.Producer, clock=clock)
+    for p in (whole, cut):
+        for vb in range(16):
+            assert isinstance(request(p, vb, opaque=vb), dcp.StreamRequestOk)
+        Consumer().drain(p)
+    for vb in range(16):
+        write(bucket.get_vbucket(vb), 1 if vb % 3 else 70, prefix="w")  # lone items and runs
+    assert whole.notified == cut.notified == 6 * 70 + 10
+    expected = b"".join(whole.next_messages())
+    assert not whole.has_ready
+    got, calls = b"", 0
+    while cut.has_ready:
+        before = cut.stream_polls
+        got += b"".join(cut.next_messages(max_visits=3))
+        assert cut.stream_polls - before <= 3 and cut.notified == 0
+        calls += 1
+    assert got == expected and calls > 16 // 3
+    assert cut.next_messages(max_visits=3) == []
 
 
 def test_idle_streams_wake_for_state_changes_and_takeover_acks(

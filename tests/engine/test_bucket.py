@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -69,7 +70,7 @@ def test_warmup_after_clean_shutdown_keeps_failover_table(open_bucket: BucketFac
 _CHILD = """
 import os, random, sys
 from dcpkv.engine.bucket import Bucket
-bucket = Bucket("default", sys.argv[1], num_vbuckets=4, rng=random.Random(5))
+bucket = Bucket("default", sys.argv[1], num_vbuckets=4, rng=random.Random(5), storage=sys.argv[2])
 vb = bucket.set_vbucket_state(0, "active")
 for i in range(20):
     vb.set(b"flushed%d" % i, b"v")
@@ -81,9 +82,11 @@ sys.stdin.read()  # wait to be killed
 """
 
 
-def test_warmup_after_sigkill_cuts_a_new_branch(tmp_path: Path, open_bucket: BucketFactory) -> None:
+def test_warmup_after_sigkill_cuts_a_new_branch(
+    tmp_path: Path, open_bucket: BucketFactory, engine: str
+) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_CHILD), str(tmp_path / "data")],
+        [sys.executable, "-c", textwrap.dedent(_CHILD), str(tmp_path / "data"), engine],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -378,3 +381,17 @@ def test_warmup_past_the_value_fraction_loads_keys_and_metadata_only(
     for key in ejected:
         vbid = int(key.split(b"-")[0])
         assert again.get_vbucket(vbid).get(key).value == written[key].value
+
+
+def test_no_admitted_write_takes_the_bucket_over_its_quota(open_bucket: BucketFactory) -> None:
+    """After every write admitted, whether admitting it recounted, reclaimed or did neither,
+    the bucket holds at most its quota (values persisted as it goes, so reclaims can eject)."""
+    bucket = open_bucket(memory_quota=100_000)
+    vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    value = b"x" * 10_000  # a write's charge is ~20 % of the quota: one too many shows
+    for i in range(200):
+        with contextlib.suppress(TempFail):  # refused: nothing stored
+            vb.set(b"k%d" % i, value)
+        assert bucket.memory_used <= bucket.memory_quota, f"after write {i}"
+        if i % 3 == 2:
+            bucket.flush_once()

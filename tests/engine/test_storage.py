@@ -1,16 +1,26 @@
-"""SQLite storage: backfill scans, rollback history, compaction, corrupt files."""
+"""Storage, each engine in turn: backfill scans, rollback history, compaction, corrupt files."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from dcpkv.core.failover_table import FailoverTable
+from dcpkv.engine.bucket import open_storage, storage_path
 from dcpkv.engine.item import Item
-from dcpkv.engine.storage import CorruptDatabaseError, Storage, VBState, row_of_stream_row
+from dcpkv.engine.rocks_storage import GROUP_ITEMS, RocksStorage
+from dcpkv.engine.storage import (
+    BucketStorage,
+    CorruptDatabaseError,
+    Storage,
+    StorageError,
+    VBState,
+    row_of_stream_row,
+)
 
 FAILOVER = '[{"id":7,"seq":5},{"id":3,"seq":0}]'
 
@@ -19,7 +29,11 @@ def _state(high: int) -> VBState:
     return VBState("replica", FAILOVER, high_seqno=high, snap_start=high, snap_end=high)
 
 
-def _put(storage: Storage, *versions: tuple[int, bytes, bytes | None]) -> None:
+def _open(engine: str, folder: Path, history_window: int = 10) -> BucketStorage:
+    return open_storage(engine, folder, "b", history_window=history_window, cache_bytes=0)
+
+
+def _put(storage: BucketStorage, *versions: tuple[int, bytes, bytes | None]) -> None:
     """Persist one snapshot; value None is a tombstone."""
     items = [
         Item(key, value or b"", by_seqno=seqno, cas=seqno, rev_seqno=seqno, deleted=value is None)
@@ -28,16 +42,19 @@ def _put(storage: Storage, *versions: tuple[int, bytes, bytes | None]) -> None:
     storage.persist_snapshot(0, items, _state(versions[-1][0]))
 
 
-def _docs(storage: Storage) -> dict[bytes, tuple[int, bytes, bool]]:
+def _docs(storage: BucketStorage) -> dict[bytes, tuple[int, bytes, bool]]:
     return {i.key: (i.by_seqno, i.value, i.deleted) for i in storage.scan_by_seqno(0, 0)}
 
 
 @pytest.fixture
-def storage(tmp_path: Path) -> Storage:
-    return Storage(tmp_path / "b.sqlite3", history_window=10)
+def storage(tmp_path: Path, engine: str) -> Iterator[BucketStorage]:
+    opened = _open(engine, tmp_path)
+    yield opened
+    with contextlib.suppress(Exception):
+        opened.close()
 
 
-def test_scan_by_seqno_latest_version_per_key_with_tombstones(storage: Storage) -> None:
+def test_scan_by_seqno_latest_version_per_key_with_tombstones(storage: BucketStorage) -> None:
     _put(storage, (1, b"a", b"1"), (2, b"b", b"1"), (3, b"c", b"1"))
     _put(storage, (4, b"a", b"2"), (5, b"b", None))
     scanned = [(i.by_seqno, i.key, i.deleted) for i in storage.scan_by_seqno(0, 0)]
@@ -48,7 +65,7 @@ def test_scan_by_seqno_latest_version_per_key_with_tombstones(storage: Storage) 
     assert [i.key for i in backfill.items] == [b"a", b"b"]
 
 
-def test_values_and_meta_round_trip(storage: Storage) -> None:
+def test_values_and_meta_round_trip(storage: BucketStorage) -> None:
     item = Item(b"k", b"v", flags=0xDEADBEEF, expiry=99, cas=(1 << 64) - 1, rev_seqno=3,
                 by_seqno=1, datatype=1)  # fmt: skip
     storage.persist_snapshot(0, [item], _state(1))
@@ -63,7 +80,7 @@ U32 = 0xFFFFFFFF
 
 @pytest.mark.parametrize("flags", [0, 1, 0x7FFFFFFF, 0x80000000, U32])
 @pytest.mark.parametrize("expiry", [0, 0x80000000, U32])
-def test_stream_rows_hold_what_rows_hold(storage: Storage, flags: int, expiry: int) -> None:
+def test_stream_rows_hold_what_rows_hold(storage: BucketStorage, flags: int, expiry: int) -> None:
     """A DCP backfill's packed rows (flags with expiry, datatype with the tombstone's fields,
     packed by SQLite) unpack to the very rows a plain backfill reads, at every edge of the
     unsigned 32-bit fields and of the signed 64-bit CAS."""
@@ -82,7 +99,7 @@ def test_stream_rows_hold_what_rows_hold(storage: Storage, flags: int, expiry: i
     assert packed.exhausted and plain.exhausted  # read to the end: closed
 
 
-def test_rollback_within_window_restores_old_versions(storage: Storage) -> None:
+def test_rollback_within_window_restores_old_versions(storage: BucketStorage) -> None:
     _put(storage, (1, b"a", b"1"), (2, b"b", b"1"))
     _put(storage, (3, b"a", b"2"), (4, b"c", b"1"))
     _put(storage, (5, b"b", None), (6, b"a", b"3"))
@@ -90,10 +107,9 @@ def test_rollback_within_window_restores_old_versions(storage: Storage) -> None:
     assert _docs(storage) == {
         b"a": (3, b"2", False), b"b": (2, b"1", False), b"c": (4, b"1", False),
     }  # fmt: skip
-    # The restore wrote the old versions back without the history trigger firing (it fires
-    # on a flush's upsert only): the history holds just what was replaced at or below 4.
-    history = storage._db.execute("SELECT key, by_seqno, replaced_by FROM history").fetchall()
-    assert history == [(b"a", 1, 3)]
+    # The restore wrote the old versions back without adding history (SQLite: the trigger
+    # fires on a flush's upsert only): the history holds just what was replaced at or below 4.
+    assert storage.history(0) == [(b"a", 1, 3)]
     state = storage.vbucket_state(0)
     assert state is not None and (state.high_seqno, state.snap_start, state.snap_end) == (4, 4, 4)
     # the branch 7 began at 5, above the rollback point: forgotten
@@ -104,7 +120,7 @@ def test_rollback_within_window_restores_old_versions(storage: Storage) -> None:
     assert [e.uuid for e in pruned] == [3]
 
 
-def test_rollback_past_window_empties_the_vbucket(storage: Storage) -> None:
+def test_rollback_past_window_empties_the_vbucket(storage: BucketStorage) -> None:
     for seqno in range(1, 31, 2):
         _put(storage, (seqno, b"a", b"%d" % seqno), (seqno + 1, b"b", b"%d" % seqno))
     assert storage.rollback(0, 25) == 24  # inside the window of 10
@@ -114,7 +130,7 @@ def test_rollback_past_window_empties_the_vbucket(storage: Storage) -> None:
     assert storage.vbucket_state(0).high_seqno == 0  # type: ignore[union-attr]
 
 
-def _flush_points(storage: Storage) -> list[int]:
+def _flush_points(storage: BucketStorage) -> list[int]:
     return [p for (p,) in storage._db.execute("SELECT seqno FROM flush_points WHERE vb = 0")]
 
 
@@ -141,16 +157,16 @@ THINNING = [
 
 @pytest.mark.parametrize(("window", "flushes", "kept", "lands"), THINNING)
 def test_older_flush_points_are_thinned_to_one_per_stride(
-    tmp_path: Path, window: int, flushes: int, kept: list[int], lands: dict[int, int]
+    tmp_path: Path, engine: str, window: int, flushes: int, kept: list[int], lands: dict[int, int]
 ) -> None:
     """A flush point per vbucket per flush, kept for the whole history window, grew without
     bound under a steady load (~100M rows after three hours at 10k writes/s); older ones are
     thinned, and a rollback lands on the newest point kept at or below its target."""
     for target, expected in lands.items():
-        storage = Storage(tmp_path / f"{target}.sqlite3", history_window=window)
+        storage = _open(engine, tmp_path / str(target), window)
         for seqno in range(1, flushes + 1):
             _put(storage, (seqno, b"k%d" % (seqno % 7), b"v%d" % seqno))
-        assert sorted(_flush_points(storage)) == kept
+        assert storage.flush_points(0) == kept
         assert storage.rollback(0, target) == expected
         if expected:  # exact: every key as it was at that flush
             assert _docs(storage) == {
@@ -162,7 +178,7 @@ def test_older_flush_points_are_thinned_to_one_per_stride(
 
 def test_a_file_with_the_old_history_key_index_loses_it_and_still_rolls_back(
     tmp_path: Path,
-) -> None:
+) -> None:  # (SQLite's)
     path = tmp_path / "b.sqlite3"
     storage = Storage(path, history_window=10)
     storage._db.execute("CREATE INDEX history_key ON history (vb, key, replaced_by)")
@@ -179,13 +195,13 @@ def test_a_file_with_the_old_history_key_index_loses_it_and_still_rolls_back(
     storage.close()
 
 
-def test_rollback_to_or_above_high_is_a_no_op(storage: Storage) -> None:
+def test_rollback_to_or_above_high_is_a_no_op(storage: BucketStorage) -> None:
     _put(storage, (1, b"a", b"1"))
     assert storage.rollback(0, 9) == 1
     assert _docs(storage) == {b"a": (1, b"1", False)}
 
 
-def test_rollback_restores_a_key_whose_tombstone_was_purged(storage: Storage) -> None:
+def test_rollback_restores_a_key_whose_tombstone_was_purged(storage: BucketStorage) -> None:
     _put(storage, (1, b"a", b"1"))
     _put(storage, (2, b"a", None), (3, b"b", b"1"))
     storage.compact(0, purge_before_seqno=3)
@@ -193,7 +209,7 @@ def test_rollback_restores_a_key_whose_tombstone_was_purged(storage: Storage) ->
     assert _docs(storage) == {b"a": (1, b"1", False)}
 
 
-def test_compaction_purges_tombstones_and_raises_purge_seqno(storage: Storage) -> None:
+def test_compaction_purges_tombstones_and_raises_purge_seqno(storage: BucketStorage) -> None:
     _put(storage, (1, b"a", b"1"), (2, b"b", None), (3, b"c", None), (4, b"d", b"1"))
     result = storage.compact(0, purge_before_seqno=3)
     assert (result.purged, result.purge_seqno) == (1, 2)
@@ -205,14 +221,29 @@ def test_compaction_purges_tombstones_and_raises_purge_seqno(storage: Storage) -
     assert storage.vbucket_state(0).purge_seqno == 3  # type: ignore[union-attr]
 
 
-def test_corrupt_file_is_named(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.sqlite3"
-    bad.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(CorruptDatabaseError, match=r"bad\.sqlite3"):
-        Storage(bad)
+def test_corrupt_file_is_named(tmp_path: Path, engine: str) -> None:
+    bad = storage_path(tmp_path, "b", engine)
+    if engine == "sqlite":
+        bad.write_bytes(b"this is not a database" * 100)
+        named = bad
+    else:  # a database whose manifest (the list of its files) is damaged
+        _open(engine, tmp_path).close()
+        (named,) = bad.glob("MANIFEST-*")
+        named.write_bytes(b"this is not a manifest" * 100)
+    with pytest.raises(CorruptDatabaseError, match=str(named)):
+        _open(engine, tmp_path)
 
 
-def test_clean_shutdown_flag(storage: Storage) -> None:
+def test_a_folder_without_a_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    folder = storage_path(tmp_path, "b", "rocksdb")
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(CorruptDatabaseError, match="no RocksDB CURRENT file"):
+        _open("rocksdb", tmp_path)
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+
+
+def test_clean_shutdown_flag(storage: BucketStorage) -> None:
     assert storage.was_clean_shutdown()
     storage.set_clean_shutdown(False)
     assert not storage.was_clean_shutdown()
@@ -235,7 +266,7 @@ class _CountingConnection:
         return getattr(self.db, name)
 
 
-def test_a_flush_is_a_few_statements_whatever_the_vbucket_count(tmp_path: Path) -> None:
+def test_a_flush_is_a_few_statements_whatever_the_vbucket_count(tmp_path: Path) -> None:  # SQLite
     """Each SQLite statement is a point where the flusher's thread gives up the GIL and must
     win it back from a busy event loop; a flush of one statement per row or per vbucket
     (thousands) starved under DCP load. Counted: a flush of 1024 vbuckets is a handful of
@@ -265,7 +296,7 @@ def test_a_flush_is_a_few_statements_whatever_the_vbucket_count(tmp_path: Path) 
     assert {i.value for i in storage.scan_by_seqno(1023, 0)} == {b"v0"}
 
 
-def test_a_flush_of_one_vbucket_twice_keeps_the_newest_version(storage: Storage) -> None:
+def test_a_flush_of_one_vbucket_twice_keeps_the_newest_version(storage: BucketStorage) -> None:
     # persist sorts its rows by (vb, key) before the upserts: two snapshots of one vbucket in one
     # flush must still leave each key at its newest version, whatever the order of the keys.
     def item(key: bytes, seqno: int) -> Item:
@@ -277,3 +308,82 @@ def test_a_flush_of_one_vbucket_twice_keeps_the_newest_version(storage: Storage)
     ])  # fmt: skip
     assert _docs(storage) == {b"a": (3, b"v3", False), b"z": (4, b"v4", False)}
     assert storage.vbucket_state(0) is not None and storage.vbucket_state(0).high_seqno == 4
+
+
+def test_a_backfill_reads_the_disk_as_it_was_when_opened(storage: BucketStorage) -> None:
+    """A scan is one consistent state of the disk however long it is read: keys replaced,
+    deleted or added by flushes meanwhile are sent as they were (SQLite: one read
+    transaction; RocksDB: iterators made together, each a view as of its creation)."""
+    _put(storage, *[(i, b"k%d" % i, b"old") for i in range(1, 9)])
+    scan = storage.open_stream_backfill(0, 0)
+    first = scan.read(3)
+    _put(storage, (9, b"k5", b"new"), (10, b"k6", None), (11, b"k9", b"new"))
+    rest = scan.read(100)
+    assert scan.exhausted and (scan.start, scan.end) == (0, 8)
+    rows = [row_of_stream_row(r) for r in first + rest]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [(b"k%d" % i, i, b"old") for i in range(1, 9)]
+    assert [i.by_seqno for i in storage.scan_by_seqno(0, 0)] == [1, 2, 3, 4, 7, 8, 9, 10, 11]
+
+
+def test_a_bucket_of_one_engine_is_refused_by_the_other(tmp_path: Path, engine: str) -> None:
+    _open(engine, tmp_path).close()
+    other = "rocksdb" if engine == "sqlite" else "sqlite"
+    with pytest.raises(StorageError, match=f"written by the {engine} storage engine"):
+        _open(other, tmp_path)
+    assert not storage_path(tmp_path, "b", other).exists()  # nothing created beside it
+
+
+def _rocks(tmp_path: Path, window: int = 1000) -> RocksStorage:
+    storage = _open("rocksdb", tmp_path, window)
+    assert isinstance(storage, RocksStorage)
+    return storage
+
+
+def test_a_large_vbucket_is_written_in_bounded_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rocksdict holds the interpreter lock for a whole write: a flush is cut into batches of
+    about GROUP_ITEMS items, a vbucket's items across several when it has more."""
+    storage = _rocks(tmp_path)
+    writes: list[int] = []
+    write = storage._write
+    monkeypatch.setattr(storage, "_write", lambda batch: (writes.append(len(batch)), write(batch)))
+    _put(storage, *[(i, b"k%05d" % i, b"v") for i in range(1, 2 * GROUP_ITEMS + 100)])
+    assert len(writes) == 3 and max(writes) <= 2 * GROUP_ITEMS + 16  # (2 entries an item)
+    assert len(list(storage.scan_by_seqno(0, 0))) == 2 * GROUP_ITEMS + 99
+    storage.close()
+
+
+def test_a_flush_torn_between_batches_is_undone_at_the_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that dies between two write batches of one vbucket leaves items above its
+    persisted state on disk: the next open rolls them back (from the replaced marks), so the
+    vbucket is exactly as its last complete flush left it."""
+    storage = _rocks(tmp_path)
+    _put(storage, (1, b"a", b"1"), (2, b"b", b"1"))
+    monkeypatch.setattr("dcpkv.engine.rocks_storage.GROUP_ITEMS", 2)
+    write = storage._write
+    writes: list[int] = []
+
+    def dies_after_the_first(batch: object) -> None:
+        if writes:
+            raise SystemExit("killed")  # (the process dies: nothing more reaches the disk)
+        writes.append(1)
+        write(batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(storage, "_write", dies_after_the_first)
+    with pytest.raises(SystemExit):  # keys in order: a, b (replaced), then c, d
+        _put(storage, (3, b"b", b"2"), (4, b"a", b"2"), (5, b"c", b"2"), (6, b"d", b"2"))
+    assert storage.get(0, b"a") is not None and storage.get(0, b"a").by_seqno == 4  # type: ignore[union-attr]
+    storage._broken = "killed"  # (a dead process does not flush its memtables at close)
+    storage.close()
+    again = _rocks(tmp_path)
+    assert _docs(again) == {b"a": (1, b"1", False), b"b": (2, b"1", False)}
+    assert again.get(0, b"a") == Item(b"a", b"1", cas=1, rev_seqno=1, by_seqno=1)
+    assert again.history(0) == [] and again.flush_points(0) == [2]
+    _put(again, (3, b"c", b"3"))  # and it goes on from there
+    assert again.rollback(0, 2) == 2 and _docs(again) == {
+        b"a": (1, b"1", False), b"b": (2, b"1", False),
+    }  # fmt: skip
+    again.close()

@@ -245,8 +245,6 @@ def test_no_seqno_beyond_2_63_minus_1(vbucket: VBucket) -> None:
 def _stored_with_expiry(vb: VBucket, how: str, expiry: int) -> None:
     if how == "set":
         vb.set(b"k", b"v", expiry=expiry)
-    elif how == "set_plain":
-        assert vb.set_plain(b"k", b"v", 0, expiry, 0) is not None
     elif how == "add":
         vb.add(b"k", b"v", expiry=expiry)
     elif how == "touch":
@@ -263,9 +261,7 @@ def _stored_with_expiry(vb: VBucket, how: str, expiry: int) -> None:
         vb.set_state(VBucketState.ACTIVE)
 
 
-@pytest.mark.parametrize(
-    "how", ["set", "set_plain", "add", "touch", "incr", "load", "replica, then promoted"]
-)
+@pytest.mark.parametrize("how", ["set", "add", "touch", "incr", "load", "replica, then promoted"])
 def test_the_pager_finds_an_expiry_however_it_was_stored(
     vbucket: VBucket, clock: ManualClock, how: str
 ) -> None:

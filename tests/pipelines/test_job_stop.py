@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from dcpkv.pipelines.mirror import PipelineStopping, SourceSettings, TableJob
+from dcpkv.pipelines.source_node import SourceSettings
+from dcpkv.pipelines.table_job import PipelineStopping, TableJob
 
 
 class _Job(TableJob):

@@ -1,5 +1,5 @@
 """The mirror's retention floor comes from what a failover cannot take away: the lowest seqno
-persisted on the branch by the active and its replicas (``mirror.safe_seqno``), then the
+persisted on the branch by the active and its replicas (``source_node.safe_seqno``), then the
 highest consistent point of the applied offset at or below it (``mirror.floors_from``)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from dcpkv.core.durability import Observation
-from dcpkv.pipelines.mirror import floors_from, safe_seqno
+from dcpkv.pipelines.source_node import safe_seqno
+from dcpkv.pipelines.table_job import floors_from
 from dcpkv.pipelines.vtable import Manifest
 
 

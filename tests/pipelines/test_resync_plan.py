@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcpkv.pipelines.mirror import resync_rows, rollback_entries
+from dcpkv.pipelines.table_job import resync_rows, rollback_entries
 from dcpkv.pipelines.vtable import Entry, RollbackRow, is_dead, scopes
 
 ORD = 4

@@ -31,6 +31,7 @@ _WIDTH = {"B": U8, "H": U16, "I": U32, "Q": U64_EDGY}
 
 ALL_TYPES: tuple[type[Message], ...] = (
     *kv.REQUEST_TYPES,
+    *kv.SERVER_REQUEST_TYPES,
     *kv.RESPONSE_TYPES,
     *dcp.REQUEST_TYPES,
     dcp.SnapshotMarkerV2_0,
@@ -96,6 +97,12 @@ _OVERRIDES: dict[type[Message], dict[str, st.SearchStrategy[Any]]] = {
     dcp.GetFailoverLogResponse: {"failover_log": _FAILOVER},
     dcp.DcpOpen: {"flags": st.one_of(st.sampled_from(list(OpenFlag)), U32)},
     dcp.DcpBarrier: {"echo": st.booleans()},
+    # a server request (magic 0x82) has no flex twin to carry framing extras
+    kv.ClustermapChangeNotification: {
+        "epoch": U64_EDGY,
+        "rev": U64_EDGY,
+        "stream_id": st.none(),
+    },
     dcp.SnapshotMarker: {"flags": _MARKER_FLAGS},
     dcp.SnapshotMarkerV2_0: {"flags": _MARKER_FLAGS},
     dcp.SnapshotMarkerV2_2: {"flags": _MARKER_FLAGS},
@@ -263,6 +270,9 @@ EXAMPLES: list[Message] = [
     kv.GetMetaResponse(cas=7, rev_seqno=3, item_datatype=1),
     kv.GetClusterConfigResponse(config=b'{"rev":1}'),
     kv.GetErrorMapResponse(error_map=b'{"version":2}'),
+    kv.ClustermapChangeNotification(
+        bucket="default", epoch=1, rev=MAX64, config=b'{"rev":1}', datatype=1
+    ),
     dcp.DcpOpen(name="replication:a->b", flags=OpenFlag.Producer | OpenFlag.IncludeXattrs),
     dcp.DcpOpen(name="c", value=b'{"consumer_name":"x"}'),
     dcp.DcpControl(key="connection_buffer_size", value="1048576"),

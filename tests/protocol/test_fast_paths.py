@@ -70,6 +70,15 @@ def test_fast_decode_refuses_what_the_tables_refuse(
     assert got == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(opaque=st.integers(0, 2**32 - 1), cas=st.integers(0, 2**64 - 1))
+def test_the_set_success_layout_is_a_set_response(opaque: int, cas: int) -> None:
+    """``SET_OK`` (what the server's request fast path answers a Set with) packs the bytes
+    of the MutationResponse it stands for."""
+    wire = kv.SET_OK.pack(kv.SET_OK_HEAD, opaque, cas)
+    assert wire == kv.MutationResponse(opaque=opaque, cas=cas).encode()
+
+
 def test_out_of_range_fields_are_codec_errors() -> None:
     with pytest.raises(CodecError):
         kv.MutationResponse(opaque=1 << 32).encode()

@@ -13,7 +13,7 @@ from protocol_samples import EXAMPLES
 from dcpkv.core.status import Status
 from dcpkv.protocol import CodecError, Frame, FrameParser, decode_message, encode_frame
 from dcpkv.protocol.dcp import Mutation
-from dcpkv.protocol.frame import encode_framing_item
+from dcpkv.protocol.frame import body_length, encode_framing_item
 
 STREAM = b"".join(m.encode() for m in EXAMPLES)
 
@@ -170,3 +170,11 @@ def test_interleaved_next_frame_and_feed_keep_the_order() -> None:
     parser.feed(STREAM[len(STREAM) // 2 :])
     got += [_parts(f) for f in frames]
     assert got == [_parts(f) for f in FrameParser().feed(STREAM)]
+
+
+@pytest.mark.parametrize("magic", [0x80, 0x81, 0x08, 0x18])
+def test_body_length_reads_either_header_form(magic: int) -> None:
+    framing = encode_framing_item(2, b"\x00\x07") if magic in (0x08, 0x18) else b""
+    wire = encode_frame(magic, 1, extras=b"e" * 8, key=b"key", value=b"v" * 300,
+                        framing_extras=framing)  # fmt: skip
+    assert body_length(b"pad" + wire, 3) == len(wire) - 24 == body_length(wire)

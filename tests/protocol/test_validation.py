@@ -126,7 +126,13 @@ CASES = [
     ),
     ("incr value", encode_frame(0x81, 0x05, value=bytes(4)), Status.Einval, "IncrementResponse"),
     ("barrier no key", _req(0x66), Status.Einval, "DcpBarrier cookie"),
-    ("server request unknown", encode_frame(0x82, 0x01), Status.UnknownCommand, "magic 0x82"),
+    ("server request unknown", encode_frame(0x82, 0x02), Status.UnknownCommand, "magic 0x82"),
+    (
+        "map notification extras",
+        encode_frame(0x82, 0x01, extras=bytes(8)),
+        Status.Einval,
+        "ClustermapChangeNotification extras",
+    ),
 ]
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 from dcpkv.core.status import Status
+from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 
@@ -116,6 +117,48 @@ class KVClient:
 
     def observe(self, vbucket: int, uuid: int) -> Frame:
         return self.call(Opcode.ObserveSeqno, vbucket=vbucket, value=struct.pack(">Q", uuid))
+
+
+class Writer:
+    """A logged-in :class:`KVClient` that sends every key to its vbucket (``vbuckets``: the
+    bucket's count; serverproc starts every server with 16)."""
+
+    def __init__(self, port: int, vbuckets: int = 16) -> None:
+        self.c = KVClient(port)
+        self.vbuckets = vbuckets
+        assert self.c.login().status == Status.Success
+
+    def close(self) -> None:
+        self.c.close()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def vb_of(self, key: bytes) -> int:
+        return vbucket_for_key(key, self.vbuckets)
+
+    def set(self, key: bytes, value: bytes, expiry: int = 0) -> None:
+        frame = self.c.set(key, value, vbucket=self.vb_of(key), expiry=expiry)
+        assert frame.status == Status.Success
+
+    def delete(self, key: bytes) -> None:
+        """Delete ``key``; a key that does not exist is no error."""
+        self.c.send(self.c.frame(Opcode.Delete, key=key, vbucket=self.vb_of(key)))
+        assert self.c.recv_frame().status in (Status.Success, Status.KeyEnoent)
+
+    def docs(self, keys: set[bytes]) -> dict[bytes, bytes]:
+        """The documents of ``keys`` that exist."""
+        out = {}
+        for key in keys:
+            frame = self.c.get(key, vbucket=self.vb_of(key))
+            if frame.status == Status.Success:
+                out[key] = bytes(frame.value)
+            else:
+                assert frame.status == Status.KeyEnoent
+        return out
 
 
 def poll_rounds(limit_s: float = 30.0, pause_s: float = 0.002) -> Iterator[int]:

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 START_TIMEOUT_S = 30.0
 
 
@@ -105,3 +107,19 @@ def tracked_servers(base: type[P] = ServerProcess) -> Iterator[type[P]]:  # type
     finally:
         for proc in started:
             proc.reap()
+
+
+@pytest.fixture
+def server_factory() -> Iterator[type[ServerProcess]]:
+    """:class:`ServerProcess`, every instance started through it reaped at teardown; a test
+    folder's conftest imports it to have the fixture."""
+    with tracked_servers() as factory:
+        yield factory
+
+
+@pytest.fixture
+def server(server_factory: type[ServerProcess], tmp_path: Path) -> ServerProcess:
+    """One server started in the test's temporary folder."""
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log")
+    srv.start()
+    return srv

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
-from dcpkv.protocol import kv
-from dcpkv.protocol.constants import Magic, Opcode
+from dcpkv.dcp.producer import DcpProducer
+from dcpkv.engine.hlc import SystemClock
+from dcpkv.protocol import dcp, kv
+from dcpkv.protocol.constants import Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.server.app import DataServer, KVProtocol
-from dcpkv.server.config import ServerConfig, with_cli_flags
+from dcpkv.server.config import BucketConfig, ServerConfig, with_cli_flags
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import ROUTES, Route
+from dcpkv.server.push_cadence import BATCH_ITEMS, PUMP_GAP_S, QUIET_S
 
 
 class FakeTransport:
@@ -96,6 +101,68 @@ def test_backpressure_pauses_and_resumes_reading(proto: KVProtocol) -> None:
     assert proto.transport.paused  # type: ignore[union-attr]
     proto.resume_writing()
     assert not proto.transport.paused  # type: ignore[union-attr]
+
+
+def test_a_trickle_of_writes_is_pumped_once_after_the_gap(tmp_path: Path) -> None:
+    """The push cadence, wired (on a clock the test moves): the producer tells the shell of
+    every write, the shell decides once per loop turn; a write after a quiet moment is pumped
+    at once; writes within the gap wait and go out together in one write when it ends; a
+    batch goes at once. A pump that drained everything does not come back."""
+    config = ServerConfig(port=0, data_dir=tmp_path, buckets=(BucketConfig(vbuckets=4),))
+    server = DataServer(config)
+    server.open_buckets()
+    bucket = server.state.buckets[config.buckets[0].name]
+    now = [100.0]
+    server.monotonic = lambda: now[0]
+    proto = KVProtocol(server)
+    proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+    assert proto.conn is not None and isinstance(proto.transport, FakeTransport)
+    writes = proto.transport.writes
+    producer = DcpProducer(bucket, "cadence", OpenFlag.Producer, clock=SystemClock())
+    proto.conn.bucket_name, proto.conn.dcp = bucket.name, producer
+    for vb in range(4):
+        high = bucket.vbuckets[vb].high_seqno
+        producer.stream_request(dcp.StreamRequest(
+            opaque=vb, vbucket=vb, start_seqno=high, end_seqno=U64_MAX,
+            vbucket_uuid=bucket.vbuckets[vb].uuid, snap_start_seqno=high, snap_end_seqno=high,
+        ))  # fmt: skip
+
+    def set_one(i: int) -> None:
+        bucket.vbuckets[i % 4].set(b"k%d" % i, b"v")
+
+    async def turns() -> None:  # the loop's next few turns (callbacks run in order)
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    def mutations(data: bytes) -> list[bytes]:
+        return [bytes(f.key) for f in frames(data) if f.opcode == Opcode.DcpMutation]
+
+    async def scenario() -> None:
+        proto.pump()  # the streams register their cursors; the shell hooks the producer
+        set_one(0)
+        await turns()
+        assert [mutations(w) for w in writes] == [[b"k0"]]  # Q: at once
+        now[0] += QUIET_S / 2
+        set_one(1)
+        set_one(2)
+        await asyncio.sleep(0)  # the decision, not yet the gap's end (timers come after)
+        # T: waiting for the gap's end (its timer is armed, no pump scheduled)
+        assert proto._pump_timer is not None and not proto._pump_scheduled and len(writes) == 1
+        await asyncio.sleep(PUMP_GAP_S * 10)
+        assert [mutations(w) for w in writes[1:]] == [[b"k1", b"k2"]]  # both in one write
+        assert not proto._pump_scheduled  # drained: no pump comes back for nothing
+        now[0] += QUIET_S / 10
+        for i in range(3, 3 + BATCH_ITEMS):
+            set_one(i)
+        await turns()
+        assert len(writes) == 3 and len(mutations(writes[2])) == BATCH_ITEMS  # B: at once
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        producer.disconnect()
+        server._shutdown_buckets()
+        server.executor.shutdown()
 
 
 def test_cli_flags_override_the_first_bucket_and_the_user() -> None:

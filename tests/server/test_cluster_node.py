@@ -13,9 +13,11 @@ from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.protocol.constants import Datatype, Opcode
+from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode
+from dcpkv.protocol.messages import decode_message
 
 ACTIVE, REPLICA = struct.pack(">I", VBucketState.ACTIVE), struct.pack(">I", VBucketState.REPLICA)
+DEAD = struct.pack(">I", VBucketState.DEAD)
 
 
 @pytest.fixture
@@ -105,3 +107,32 @@ def test_a_bad_map_is_refused_and_changes_nothing(
     before = node.call(Opcode.GetClusterConfig).value
     assert node.call(Opcode.SetClusterConfig, key=key, value=value).status == status
     assert node.call(Opcode.GetClusterConfig).value == before
+
+
+def test_a_handover_map_reaches_clients_that_asked_for_pushes(
+    node: KVClient,
+) -> None:
+    """Over the wire: a client that asked Hello for Duplex and ClustermapChangeNotification is
+    sent every newer map at once (magic 0x82), the staged one too when the old active gives
+    its vbucket away; ``stat handover`` tells when."""
+    sub = KVClient(node.sock.getpeername()[1])
+    hello = sub.hello(HelloFeature.Duplex, HelloFeature.ClustermapChangeNotification)
+    assert bytes(hello.value) == b"\x00\x0c\x00\x0d"
+    assert sub.login().status == Status.Success
+    assert node.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=3).status == Status.Success
+    node.call(Opcode.SetClusterConfig, key=b"default", value=config(5), datatype=Datatype.JSON)
+    staged = json.loads(config(6))
+    staged["vBucketServerMap"]["serverList"] = ["127.0.0.1:1"]  # vbucket 3's new home
+    staged["dcpkv"] = {"adoptWhen": {"3": "dead"}}
+    node.call(Opcode.SetClusterConfig, key=b"default", value=json.dumps(staged).encode())
+    assert node.call(Opcode.SetVbucket, extras=DEAD, vbucket=3).status == Status.Success
+    pushes = [decode_message(sub.recv_frame()) for _ in range(2)]
+    assert [(type(p).__name__, p.rev) for p in pushes] == [  # type: ignore[attr-defined]
+        ("ClustermapChangeNotification", 5),
+        ("ClustermapChangeNotification", 6),
+    ]
+    served = json.loads(node.call(Opcode.GetClusterConfig).value)
+    assert served["rev"] == 6 and served["dcpkv"] == {}  # the instructions stripped
+    times = node.stats(b"handover")
+    assert float(times["vb_3:dead_at"]) <= float(times["vb_3:new_active_served_at"])
+    sub.close()

@@ -10,19 +10,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 
+import couchbase.subdocument as SD
 import pytest
 from couchbase.collection import Collection
+from couchbase.durability import DurabilityLevel, ServerDurability
 from couchbase.exceptions import (
     CasMismatchException,
     DocumentExistsException,
     DocumentNotFoundException,
+    DurabilityImpossibleException,
 )
 from couchbase.options import (
     DecrementOptions,
     DeltaValue,
     IncrementOptions,
+    InsertOptions,
+    MutateInOptions,
+    RemoveOptions,
     ReplaceOptions,
     SignedInt64,
+    UpsertOptions,
 )
 from kvclient import KVClient, poll_rounds
 from sdk_cluster import module_server, sdk_collection
@@ -114,3 +121,32 @@ def test_default_scram_auth_was_never_refused(server: ServerProcess, coll: Colle
     # Without TLS the SDK offers only SCRAM; the server logs every refused exchange.
     coll.upsert("auth-doc", "x")
     assert "auth failed" not in server.log()
+
+
+# Each SDK call with a durability requirement, on a document "d" holding {"v": 0}.
+DURABLE_CALLS = {
+    "upsert": lambda c, d, o: c.upsert(d, {"v": 1}, UpsertOptions(durability=o)),
+    "insert": lambda c, d, o: c.insert(d + "-new", {"v": 1}, InsertOptions(durability=o)),
+    "replace": lambda c, d, o: c.replace(d, {"v": 1}, ReplaceOptions(durability=o)),
+    "remove": lambda c, d, o: c.remove(d, RemoveOptions(durability=o)),
+    "mutate_in": lambda c, d, o: c.mutate_in(d, [SD.upsert("v", 1)], MutateInOptions(durability=o)),
+    "increment": lambda c, d, o: c.binary().increment(
+        d + "-ctr", IncrementOptions(initial=SignedInt64(1), durability=o)
+    ),
+}
+
+
+@pytest.mark.parametrize("call", sorted(DURABLE_CALLS))
+@pytest.mark.parametrize("level", list(DurabilityLevel)[1:])  # every level but NONE
+def test_server_durability_is_refused_not_faked(
+    coll: Collection, call: str, level: DurabilityLevel
+) -> None:
+    """SyncWrites are not served yet: the SDK's ServerDurability must fail, never succeed
+    from memory, and the document must be unchanged (issue 28, item 0)."""
+    doc = f"durable-{call}-{int(level)}"
+    coll.upsert(doc, {"v": 0})
+    with pytest.raises(DurabilityImpossibleException):
+        DURABLE_CALLS[call](coll, doc, ServerDurability(level))
+    assert coll.get(doc).content_as[dict] == {"v": 0}
+    assert not coll.exists(doc + "-new").exists
+    assert not coll.exists(doc + "-ctr").exists

@@ -2,8 +2,10 @@
 
 Two identical buckets (same clock, same failover uuids) receive the same pipelined chunk: one
 through :func:`serve_plain` and then the parser for whatever it leaves (as the server does),
-the other through the general path alone. The answers must be the same bytes and the buckets
-must end in the same state, whatever mix of plain and unusual requests the chunk holds.
+the other through the general path alone. The answers must be the same bytes, the buckets
+must end in the same state and the refusals counted alike, whatever mix of plain and unusual
+requests the chunk holds (expired and xattr-carrying keys among them), whoever sends it (an
+administrator, a reader, a writer, a user with no role on the bucket).
 """
 
 from __future__ import annotations
@@ -19,26 +21,37 @@ from tempfile import TemporaryDirectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpkv.core.rbac import UserRecord, UsersDoc, parse_roles
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
+from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.protocol.constants import Datatype, HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import FrameParser, encode_frame
+from dcpkv.server import kv_handlers
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import Connection
-from dcpkv.server.dispatch import handle
-from dcpkv.server.fast_path import serve_chunk, serve_plain
+from dcpkv.server.dispatch import ROUTES, handle
+from dcpkv.server.fast_path import _SERVE, serve_chunk, serve_plain
 from dcpkv.server.state import ServerState
 
 VBUCKETS = 4
 MAX_VALUE = 2048
 _EXTRAS = struct.Struct(">II")
-# keys of the active vbuckets (0 and 1)
-MINE = [k for k in (b"k%d" % i for i in range(99)) if vbucket_for_key(k, VBUCKETS) < 2][:9]
+# keys of the active vbuckets (0 and 1), k0 left out (it has xattrs: a Get of it is general)
+MINE = [k for k in (b"k%d" % i for i in range(1, 99)) if vbucket_for_key(k, VBUCKETS) < 2][:9]
+# the roles of the users sending the chunk (the administrator has every privilege)
+ROLES = {"reader": "data_reader[default]", "writer": "data_writer[default]",
+         "stranger": "data_reader[other]"}  # fmt: skip
+USERS = UsersDoc(1, {n: UserRecord.create(n, "pw", parse_roles(r), 1) for n, r in ROLES.items()})
+# k0 carries a system xattr (kept by a Set over it) and a user one (replaced by it)
+XATTRS = {"_sys": b'{"a":1}', "user": b"2"}
 
 
 @contextmanager
-def served(quota: int, features: set[HelloFeature]) -> Iterator[tuple[Connection, Bucket]]:
+def served(
+    quota: int, features: set[HelloFeature], user: str = "Administrator"
+) -> Iterator[tuple[Connection, Bucket]]:
     with TemporaryDirectory() as tmp:
         bucket = Bucket(
             "default", Path(tmp), num_vbuckets=VBUCKETS, clock=ManualClock(),
@@ -47,10 +60,13 @@ def served(quota: int, features: set[HelloFeature]) -> Iterator[tuple[Connection
         for vb in range(VBUCKETS - 1):  # the last one stays missing, the one before is a replica
             bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
         bucket.set_vbucket_state(VBUCKETS - 2, VBucketState.REPLICA)
-        state = ServerState(ServerConfig(port=12000))
+        value, datatype = document.Document(XATTRS, b'{"v":0}', True).pack()
+        bucket.vbuckets[vbucket_for_key(b"k0", VBUCKETS)].set(b"k0", value, datatype=datatype)
+        state = ServerState(ServerConfig(port=12000, data_dir=Path(tmp)))
+        state.users.adopt(USERS)
         state.buckets["default"] = bucket
         conn = Connection(state, peer="test", initial_bucket="default")
-        conn.authenticated("Administrator")
+        conn.authenticated(user)
         conn.features = set(features)
         conn.datatype_mask = 0xFF if HelloFeature.Datatype in features else 0
         try:
@@ -81,7 +97,12 @@ def fast(conn: Connection, data: bytes, cuts: list[int] = []) -> list[bytes]:  #
 
 def state_of(bucket: Bucket) -> list[object]:
     return [
-        (vb.id, vb.high_seqno, vb.memory_used, sorted((k, repr(i)) for k, i in vb._ht.items()))
+        (
+            vb.id,
+            vb.high_seqno,
+            vb.memory_used,
+            sorted((i.key, repr(i)) for i in vb.hash_table.values()),
+        )
         for vb in bucket.vbuckets.values()
     ]
 
@@ -104,7 +125,7 @@ request = st.tuples(
     st.sampled_from([b"", b"v", b'{"a":1}', b"v" * 1100]),  # 1100: over the item size
     st.sampled_from([0, 0, 0, Datatype.JSON, Datatype.Snappy]),
     st.sampled_from([0, 0, 0, 7]),  # cas
-    st.sampled_from([0, 0, 0, 100]),  # expiry
+    st.sampled_from([0, 0, 0, 100, 2_592_001]),  # expiry (2,592,001: long past, expired at once)
     st.sampled_from([None, None, None, VBUCKETS - 1, VBUCKETS - 2]),  # None: the key's vbucket
     st.sampled_from([True, True, True, False]),  # usual extras (False: a Get with, a Set without)
 )
@@ -127,14 +148,16 @@ def encode(i: int, op: Opcode, key: bytes, value: bytes, dt: int, cas: int, exp:
     st.sampled_from([1 << 30, 4000]),  # 4000 bytes: writes run into the memory quota
     st.sampled_from([set(), {HelloFeature.MutationSeqno, HelloFeature.Datatype}]),
     st.lists(st.integers(0, 1 << 16), max_size=4),  # where the reads cut the byte stream
+    st.sampled_from(["Administrator", "Administrator", *ROLES]),
 )
 def test_fast_path_answers_like_the_general_path(
-    requests: list[tuple], quota: int, features: set[HelloFeature], cuts: list[int]
+    requests: list[tuple], quota: int, features: set[HelloFeature], cuts: list[int], user: str
 ) -> None:
     data = b"".join(encode(i, *r) for i, r in enumerate(requests))
-    with served(quota, features) as (c1, b1), served(quota, features) as (c2, b2):
+    with served(quota, features, user) as (c1, b1), served(quota, features, user) as (c2, b2):
         assert b"".join(fast(c1, data, cuts)) == b"".join(general(c2, data))
         assert state_of(b1) == state_of(b2)
+        assert c1.server.eaccess == c2.server.eaccess
 
 
 def test_the_keys_cover_every_kind_of_vbucket() -> None:
@@ -168,3 +191,24 @@ def test_no_gate_no_fast_path() -> None:
         conn.user = None
         out: list[bytes] = []
         assert serve_plain(conn, data, 0, out, MAX_VALUE) == 0 and out == []
+
+
+def test_the_fast_path_serves_what_the_routes_hand_to_the_handlers_it_mirrors() -> None:
+    """Its gates are the routes' (dispatch.closed_gate); its answers are those of these two
+    handlers, which the differential test above holds it to."""
+    mirrors = {Opcode.Get: kv_handlers.get, Opcode.GetQ: kv_handlers.get,
+               Opcode.Set: kv_handlers.store, Opcode.SetQ: kv_handlers.store}  # fmt: skip
+    assert {op: ROUTES[op].handler for op in _SERVE} == mirrors
+
+
+def test_a_user_without_the_privilege_is_refused_by_the_general_path() -> None:
+    """A reader's Set and a writer's Get are left to the general path, which refuses them
+    (Eaccess) and counts them, once each."""
+    set_ = encode(1, Opcode.Set, MINE[1], b"v", 0, 0, 0, None, True)
+    get = encode(2, Opcode.Get, MINE[1], b"", 0, 0, 0, None, True)
+    for user, request in (("reader", set_), ("writer", get)):
+        with served(1 << 30, set(), user) as (conn, _):
+            out: list[bytes] = []
+            assert serve_plain(conn, request, 0, out, MAX_VALUE) == 0 and out == []
+            (answer,) = fast(conn, request)
+            assert answer[6:8] == b"\x00\x24" and conn.server.eaccess == 1  # Eaccess

@@ -20,6 +20,7 @@ from serverproc import ServerProcess, tracked_servers
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol.frame import Frame
 
 USERS = {
     "reader": "data_reader[default]",
@@ -75,6 +76,11 @@ CASES = [
     ("streamer", "delete", False), ("streamer", "set_cluster_config", False),
     ("badmin", "set", True), ("badmin", "dcp_open", True), ("badmin", "set_vbucket", False),
     ("badmin", "del_vbucket", False), ("badmin", "rbac_refresh", False),
+    # sub-document: a lookup is a read, a mutation a write
+    ("reader", "subdoc_get", True), ("reader", "subdoc_upsert", False),
+    ("reader", "subdoc_multi_mutation", False), ("writer", "subdoc_upsert", True),
+    ("writer", "subdoc_get", False), ("writer", "subdoc_multi_lookup", False),
+    ("streamer", "subdoc_upsert", False),
 ]  # fmt: skip
 
 
@@ -95,8 +101,23 @@ def attempt(client: KVClient, what: str) -> int:
             Opcode.SetClusterConfig, key=b"default", value=b'{"rev":99}'
         ),
         "rbac_refresh": lambda: client.call(Opcode.RbacRefresh, value=b'{"rev":99,"users":{}}'),
+        "subdoc_get": lambda: subdoc(client, Opcode.SubdocGet, b"f"),
+        "subdoc_upsert": lambda: subdoc(client, Opcode.SubdocDictUpsert, b"f", b"1"),
+        "subdoc_multi_lookup": lambda: client.call(
+            Opcode.SubdocMultiLookup, key=b"doc", value=struct.pack(">BBH", 0xC5, 0, 1) + b"f"
+        ),
+        "subdoc_multi_mutation": lambda: client.call(
+            Opcode.SubdocMultiMutation,
+            key=b"doc",
+            value=struct.pack(">BBHI", 0xC8, 0, 1, 1) + b"f" + b"2",
+        ),
     }
     return calls[what]().status
+
+
+def subdoc(client: KVClient, opcode: int, path: bytes, value: bytes = b"") -> Frame:
+    extras = struct.pack(">HB", len(path), 0)
+    return client.call(opcode, key=b"doc", extras=extras, value=path + value)
 
 
 @pytest.mark.parametrize(("user", "what", "allowed"), CASES)

@@ -3,7 +3,8 @@ lags is not read until the flusher catches up, so acknowledged writes are never 
 
 The flusher is held back for real: the test takes SQLite's write lock on the bucket's file from
 its own connection (``BEGIN IMMEDIATE``), so the server's next flush waits for it (up to
-SQLite's 5 s busy timeout, longer than the test holds it). Nothing of the server is mocked.
+SQLite's 5 s busy timeout, longer than the test holds it). Nothing of the server is mocked; the
+server runs the SQLite storage engine (which has a lock another process can take).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import struct
 import time
 from pathlib import Path
 
+import pytest
 from kvclient import KVClient
 from serverproc import ServerProcess
 
@@ -22,6 +24,13 @@ from dcpkv.protocol.constants import Opcode
 
 VBUCKETS = 16
 HOLD_S = 2.0  # the write lock is held this long (under SQLite's 5 s busy timeout)
+
+
+@pytest.fixture
+def server(server_factory: type[ServerProcess], tmp_path: Path) -> ServerProcess:
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--storage", "sqlite")
+    srv.start()
+    return srv
 
 
 def set_frame(kv: KVClient, key: bytes) -> bytes:

@@ -11,7 +11,8 @@ from kvclient import KVClient
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
-from dcpkv.pipelines.mirror import SourceSettings, read_mirror, start_mirror
+from dcpkv.pipelines.mirror import read_mirror, start_mirror
+from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.protocol.constants import Opcode
 
 VBUCKETS = 8

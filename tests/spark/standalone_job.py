@@ -14,7 +14,8 @@ from pathlib import Path
 
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.backup import describe_run, run_backup
-from dcpkv.pipelines.mirror import SourceSettings, start_mirror
+from dcpkv.pipelines.mirror import start_mirror
+from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.pipelines.spark_session import get_spark
 
 

@@ -12,16 +12,10 @@ from typing import Any
 from sparkhelp import Workload, mirror_docs, run_once
 
 from dcpkv.pipelines import vtable
-from dcpkv.pipelines.mirror import (
-    SourceSettings,
-    compact_mirror,
-    floors_from,
-    mirror_manifest,
-    mirror_schema,
-    server_floors,
-    start_mirror,
-    stop_query,
-)
+from dcpkv.pipelines.mirror import compact_mirror, mirror_manifest, start_mirror
+from dcpkv.pipelines.mirror_schema import mirror_schema
+from dcpkv.pipelines.source_node import SourceSettings
+from dcpkv.pipelines.table_job import floors_from, server_floors, stop_query
 
 
 def _no_stray_dirs(path: Path) -> None:
@@ -172,7 +166,7 @@ class _Gate:
 def _live_mirror(spark: Any, port: int, path: Path, gate_batches: int) -> tuple[Any, _Gate]:
     src = SourceSettings.at(port=port, max_changes_per_trigger=60)
     query = start_mirror(spark, src, path, trigger_seconds=0.2, compact_every=2)
-    from dcpkv.pipelines.mirror import _JOBS
+    from dcpkv.pipelines.table_job import _JOBS
 
     job = _JOBS[str(query.id)]
     gate = _Gate(path, server_floors(src), gate_batches)
@@ -193,7 +187,7 @@ def test_batches_commit_while_a_background_compaction_runs(
     path = tmp_path / "m"
     work = Workload(server.port)
     query, gate = _live_mirror(spark, server.port, path, gate_batches=3)
-    from dcpkv.pipelines.mirror import _JOBS
+    from dcpkv.pipelines.table_job import _JOBS
 
     compactor = _JOBS[str(query.id)].compactor
     # Writes go on until the first rewrite is swapped in: batches keep coming (they are what

@@ -1,5 +1,5 @@
 """Output written with the old DECIMAL(20,0) 64-bit columns, read by today's BIGINT schema:
-a mirror (and its compaction), a backup (restored), and the README's unsigned expression."""
+a mirror (and its compaction), a backup (restored), and docs/spark.md's unsigned expression."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines import decimal_files, vtable
 from dcpkv.pipelines.backup import restore, run_backup
 from dcpkv.pipelines.backup_layout import MANIFEST, committed_runs, file_entries, verify
-from dcpkv.pipelines.mirror import compact_mirror, mirror_doc_count, mirror_schema, read_mirror
+from dcpkv.pipelines.mirror import compact_mirror, mirror_doc_count, read_mirror
+from dcpkv.pipelines.mirror_schema import mirror_schema
 from dcpkv.spark.rows import BIT_PATTERN_COLUMNS
 
 OLD = pa.decimal128(20, 0)

@@ -13,13 +13,10 @@ from sparkhelp import Workload, mirror_docs, run_once
 
 from dcpkv.pipelines import first_batch, vtable
 from dcpkv.pipelines.first_batch import has_offsets, load_first_batch, starting_offsets
-from dcpkv.pipelines.mirror import (
-    SourceSettings,
-    TableJob,
-    mirror_manifest,
-    mirror_schema,
-    start_stream,
-)
+from dcpkv.pipelines.mirror import mirror_manifest
+from dcpkv.pipelines.mirror_schema import mirror_schema
+from dcpkv.pipelines.source_node import SourceSettings
+from dcpkv.pipelines.table_job import TableJob, start_stream
 
 
 def stored_changes(spark: Any, path: Path) -> list[tuple[Any, ...]]:

@@ -8,13 +8,8 @@ from typing import Any
 
 from sparkhelp import Workload, mirror_docs, run_once
 
-from dcpkv.pipelines.mirror import (
-    SourceSettings,
-    compact_mirror,
-    mirror_manifest,
-    read_mirror,
-    start_mirror,
-)
+from dcpkv.pipelines.mirror import compact_mirror, mirror_manifest, read_mirror, start_mirror
+from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.pipelines.vtable import table_bytes
 
 

@@ -14,8 +14,9 @@ from sparkhelp import server_docs, vb
 
 from dcpkv.core.status import Status
 from dcpkv.pipelines import example_views, vtable
-from dcpkv.pipelines.mirror import SourceSettings, start_mirror
+from dcpkv.pipelines.mirror import start_mirror
 from dcpkv.pipelines.sample_data import changes, documents
+from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.pipelines.views import create_view, query_view, start_view, stats
 from dcpkv.protocol.constants import Opcode
 

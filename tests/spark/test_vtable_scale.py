@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.pipelines import vtable
-from dcpkv.pipelines.mirror import mirror_schema
+from dcpkv.pipelines.mirror_schema import mirror_schema
 
 VBUCKETS = 1024
 

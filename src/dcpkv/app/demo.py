@@ -6,6 +6,9 @@ Theory of operation
 The job runs in phases, each handing the next what it needs, and each undone in reverse
 order however the job ends:
 
+The node back-ends are in ``demo_nodes.py``, the terminal (signals, the live line, the
+progress bar's column) in ``demo_ui.py``.
+
 1. **Node.** A ``dcpkv server`` child process (:class:`~dcpkv.app.node.LocalNode`) on
    the embedded defaults, its data in the data dir. A taken port is reported, exit 1.
    With ``--nodes N`` (N > 1) a local cluster instead (:class:`~dcpkv.cluster.local.
@@ -58,61 +61,46 @@ terminal's Ctrl-C: it must outlive the queries that read from it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    ProgressColumn,
     SpinnerColumn,
-    Task,
     TextColumn,
     TimeRemainingColumn,
 )
-from rich.text import Text
 
 from dcpkv.app.chaos import Chaos, ChaosSettings, Event
+from dcpkv.app.demo_nodes import ClusterNodes, Nodes, OneNode
+from dcpkv.app.demo_ui import PipelineStats, RateColumn, Sampled, Stopper, live_line, progress_line
 from dcpkv.app.endcheck import end_check
-from dcpkv.app.node import LocalNode, NodeError
-from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
+from dcpkv.app.node import NodeError
 from dcpkv.client.settings import ConnectionSettings
-from dcpkv.cluster.admin_client import AdminError, admin_request
-from dcpkv.cluster.local import LocalCluster, LocalClusterError
-from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_PORT, DEFAULT_USER
+from dcpkv.cluster.admin_client import AdminError
+from dcpkv.core.defaults import DEFAULT_PORT
 from dcpkv.pipelines.first_batch import load_first_batch, new_mirror
 from dcpkv.pipelines.loader import (
     ChangeGenerator,
     SampleInfo,
-    bucket_vbuckets,
     load_sample,
     loaded_sample,
 )
-from dcpkv.pipelines.mirror import SourceSettings
+from dcpkv.pipelines.source_node import SourceSettings
 
 VIEW_NAME = "revenue_by_country"
 VIEW_MAP = "dcpkv.pipelines.example_views:revenue_by_country"
 VIEW_REDUCE = "sum"
 SAMPLE_SEED = 42
-TICK_S = 0.5
-PLAIN_LINE_EVERY_S = 5.0  # without a terminal, the progress line is printed this often
 SAMPLE_EVERY_S = 5.0
 SAMPLER_JOBS = "dcpkv-demo-sampler"  # the sampler's Spark job group
-RATE_WINDOW_S = 10.0
-CLUSTER_READY_S = 60.0  # the manager places the map and every node answers
 FIRST_BATCH_S = 300.0  # the longest the generator waits for the mirror's first batch
 DRAIN_S = 30.0  # the longest a stop waits for the live query to catch up with the node
 
@@ -170,75 +158,6 @@ class DemoPaths:
         return self.root / "cluster"
 
 
-class Stopper:
-    """First SIGINT/SIGTERM: set :attr:`event`. Second: ``KeyboardInterrupt``."""
-
-    def __init__(self, console: Console) -> None:
-        self.event = threading.Event()
-        self.console = console
-        self.forced = False
-
-    def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.event.is_set():
-            self.forced = True
-            raise KeyboardInterrupt
-        self.event.set()
-        name = signal.Signals(signum).name
-        self.console.print(f"[yellow]{name}: stopping cleanly (again to skip the catch-up)")
-
-    @property
-    def stopped(self) -> bool:
-        return self.event.is_set()
-
-
-@dataclass
-class PipelineStats:
-    """What the ``on_batch`` callbacks of one query told us (callbacks run on Spark's
-    listener thread, hence the lock)."""
-
-    batches: int = 0
-    query_batches: int = 0  # batches of the Spark query (not a first batch the driver wrote)
-    rows: int = 0
-    lag: int | None = None
-    lag_s: float | None = None  # the last batch's oldest change: write to commit (BatchStats)
-    recent: deque[tuple[float, int]] = field(default_factory=deque)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_batch(self, stats: Any) -> None:
-        now = time.monotonic()
-        with self.lock:
-            self.batches += 1
-            self.query_batches += stats.batch_id >= 0
-            self.rows += stats.rows
-            self.lag = stats.lag
-            self.lag_s = stats.lag_s
-            self.recent.append((now, stats.rows))
-            while self.recent and self.recent[0][0] < now - RATE_WINDOW_S:
-                self.recent.popleft()
-
-    def rate(self, since: float) -> float:
-        now = time.monotonic()
-        window = max(1.0, min(RATE_WINDOW_S, now - since))
-        with self.lock:
-            return sum(rows for at, rows in self.recent if at >= now - window) / window
-
-
-@dataclass
-class Sampled:
-    docs: int | None = None
-    groups: int | None = None
-
-
-class RateColumn(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:,.0f} docs/s", style="progress.data.speed")
-
-
 def ensure_sample(
     ep: ConnectionSettings, num_vbuckets: int, docs: int, stopper: Stopper, console: Console
 ) -> SampleInfo | None:
@@ -264,115 +183,6 @@ def ensure_sample(
         return None
     console.print(f"Loaded {docs:,} documents (customers, products, orders).")
     return SampleInfo(docs=docs, seed=SAMPLE_SEED)
-
-
-class _OneNode:
-    """``--nodes 1``: one ``dcpkv server`` child."""
-
-    def __init__(self, settings: DemoSettings, paths: DemoPaths) -> None:
-        self.node = LocalNode(
-            settings.data_dir, paths.server_log, port=settings.port, vbuckets=settings.vbuckets
-        )
-        self.data_dir = settings.data_dir
-
-    def start(self, console: Console) -> ConnectionSettings:
-        port = self.node.start()
-        console.print(f"Node up: 127.0.0.1:{port} (pid {self.node.pid}), data in {self.data_dir}")
-        return ConnectionSettings.at(port=port)
-
-    def stop(self, console: Console) -> None:
-        if self.node.pid is None:
-            return  # it never started
-        status = self.node.stop()
-        console.print(f"Node stopped (pid {self.node.pid}, exit status {status}).")
-
-    def describe(self) -> str:
-        return f"node 127.0.0.1:{self.node.port} (data in {self.data_dir})"
-
-    def cli_options(self) -> str:
-        """What the other commands need to find it."""
-        return "" if self.node.port == DEFAULT_PORT else f" --port {self.node.port}"
-
-    def vbuckets(self, ep: ConnectionSettings) -> int:
-        return bucket_vbuckets(ep)[0]
-
-    def extra_help(self) -> list[str]:
-        return []
-
-
-class _ClusterNodes:
-    """``--nodes N``: N managed nodes and the manager, as ``dcpkv cluster up`` runs them."""
-
-    def __init__(self, settings: DemoSettings, paths: DemoPaths) -> None:
-        self.cluster = LocalCluster(
-            paths.cluster, settings.nodes, settings.replicas, settings.vbuckets
-        )
-        self.ep = ConnectionSettings()
-
-    def start(self, console: Console) -> ConnectionSettings:
-        try:
-            with console.status(f"Starting {self.cluster.nodes} nodes and the manager..."):
-                self.cluster.start()
-                self._wait_ready()
-        except (LocalClusterError, AdminError) as exc:
-            raise NodeError(str(exc)) from None
-        nodes = ",".join(self.cluster.address(c) for c in self.cluster.data_nodes)
-        self.ep = ConnectionSettings.at(f"couchbase://{nodes}")
-        pids = ", ".join(str(c.proc.pid) for c in self.cluster.children if c.proc is not None)
-        console.print(
-            f"Cluster up: {self.ep.connection_string}, manager {self.cluster.manager_url} "
-            f"(pids {pids}), {self.cluster.replicas} replica(s), data in {self.cluster.data_dir}"
-        )
-        return self.ep
-
-    def _wait_ready(self) -> None:
-        """Until the map is placed and every node answers the manager's heartbeats."""
-        deadline = time.monotonic() + CLUSTER_READY_S
-        while time.monotonic() < deadline:
-            doc = admin_request(
-                self.cluster.manager_url, "GET", "/pools/default", user=DEFAULT_USER,
-                password=DEFAULT_PASSWORD,
-            )  # fmt: skip
-            placed = all(b["placed"] for b in doc["buckets"])
-            if placed and all(n["status"] == "healthy" for n in doc["nodes"]):
-                return
-            time.sleep(0.2)
-        raise NodeError(f"the cluster was not ready in {CLUSTER_READY_S:.0f} s")
-
-    def stop(self, console: Console) -> None:
-        self.cluster.stop()
-        codes = [c.proc.returncode for c in self.cluster.children if c.proc is not None]
-        console.print(f"Cluster stopped (exit statuses {codes}).")
-
-    def describe(self) -> str:
-        return f"cluster {self.ep.connection_string} (data in {self.cluster.data_dir})"
-
-    def cli_options(self) -> str:
-        return f" --host {self.ep.connection_string}"
-
-    def vbuckets(self, ep: ConnectionSettings) -> int:
-        return cluster_vbuckets(ep)
-
-    def extra_help(self) -> list[str]:
-        url = self.cluster.manager_url
-        return [f"  cluster  dcpkv cluster status --url {url}   (nodes, failovers, lag)"]
-
-
-Nodes = _OneNode | _ClusterNodes
-
-
-def cluster_vbuckets(ep: ConnectionSettings) -> int:
-    """The bucket's vbucket count, from the cluster map (one node's stats count only the
-    vbuckets active there)."""
-
-    async def read() -> int:
-        kv = await ClusterKV.open(ClientConfig(ep))
-        try:
-            return len(kv.bucket_vbuckets())
-        finally:
-            await kv.close()
-
-    return asyncio.run(read())
 
 
 def where_to_look(settings: DemoSettings, paths: DemoPaths, nodes: Nodes, master: str) -> str:
@@ -402,7 +212,9 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
     stopper = Stopper(console)
     stopper.install()
     nodes: Nodes = (
-        _OneNode(settings, paths) if settings.nodes == 1 else _ClusterNodes(settings, paths)
+        OneNode(settings.data_dir, paths.server_log, settings.port, settings.vbuckets)
+        if settings.nodes == 1
+        else ClusterNodes(paths.cluster, settings.nodes, settings.replicas, settings.vbuckets)
     )
     events: list[Event] = []
     with contextlib.ExitStack() as stack:
@@ -454,8 +266,13 @@ def _run(
     chaos = _start_chaos(settings, nodes, console, stack, events)
     console.print(where_to_look(settings, paths, nodes, pipelines.master))
     started = time.monotonic()
-    line = lambda: progress_line(started, pipelines, generator, chaos)  # noqa: E731
-    _live(line, stopper, settings.duration, started, console, pipelines.queries)
+
+    def line() -> str:
+        m = pipelines
+        chaos_line = None if chaos is None else chaos.summary()
+        return progress_line(started, m.mirror, m.view, m.sampled, generator.written, chaos_line)
+
+    live_line(line, stopper, settings.duration, started, console, pipelines.queries)
     if chaos is not None:
         _stop_chaos(chaos, console)
     generator.stop()
@@ -527,7 +344,7 @@ def _start_chaos(
     settings: DemoSettings, nodes: Nodes, console: Console, stack: contextlib.ExitStack,
     events: list[Event],
 ) -> Chaos | None:  # fmt: skip
-    if settings.chaos is None or not isinstance(nodes, _ClusterNodes):
+    if settings.chaos is None or not isinstance(nodes, ClusterNodes):
         return None
 
     def on_event(event: Event) -> None:
@@ -662,7 +479,7 @@ class _Pipelines:
         ]  # fmt: skip
 
     def stop(self) -> None:
-        from dcpkv.pipelines.mirror import stop_query
+        from dcpkv.pipelines.table_job import stop_query
 
         self.sampler.stop()
         for query in self.queries:
@@ -688,7 +505,9 @@ class _Pipelines:
     def caught_up(self) -> bool:
         """Whether the mirror has applied the node's high seqnos of now (False: not yet, or
         it cannot tell)."""
-        from dcpkv.pipelines.mirror import caught_up, mirror_manifest, server_seqnos
+        from dcpkv.pipelines.mirror import mirror_manifest
+        from dcpkv.pipelines.source_node import server_seqnos
+        from dcpkv.pipelines.table_job import caught_up
 
         with contextlib.suppress(Exception):  # no manifest yet, a node not answering
             applied = mirror_manifest(self.paths.mirror).applied_seqnos()
@@ -705,47 +524,6 @@ class _Pipelines:
         with contextlib.suppress(Exception):  # no batch yet
             groups = len(query_view(None, self.paths.views, VIEW_NAME, group=True))
         return docs, groups
-
-
-def progress_line(
-    started: float, pipelines: _Pipelines, generator: ChangeGenerator, chaos: Chaos | None = None
-) -> str:
-    elapsed = int(time.monotonic() - started)
-    mirror, view, sampled = pipelines.mirror, pipelines.view, pipelines.sampled
-    lag = "-" if mirror.lag is None else f"{mirror.lag:,}"
-    lag += "" if mirror.lag_s is None else f" ({mirror.lag_s:.1f} s)"
-    docs = "-" if sampled.docs is None else f"{sampled.docs:,}"
-    groups = "-" if sampled.groups is None else f"{sampled.groups}"
-    return (
-        f"{elapsed // 60:02d}:{elapsed % 60:02d}  mirror: {mirror.batches} batches, "
-        f"{mirror.rate(started):,.0f} rows/s, lag {lag}, {docs} docs mirrored  |  "
-        f"view: {view.batches} batches, {groups} groups  |  {generator.written:,} changes written"
-        + ("" if chaos is None else f"  |  {chaos.summary()}")
-    )
-
-
-def _live(
-    line: Callable[[], str], stopper: Stopper, duration: float | None, started: float,
-    console: Console, queries: list[Any],
-) -> None:  # fmt: skip
-    """Redraw the progress line until a signal, the duration, or a query's failure."""
-    deadline = None if duration is None else started + duration
-    last_plain = started
-    live = Live(Text(line()), console=console, transient=False) if console.is_terminal else None
-    with live if live is not None else contextlib.nullcontext():
-        while not stopper.event.wait(TICK_S):
-            now = time.monotonic()
-            if live is not None:
-                live.update(Text(line()))
-            elif now - last_plain >= PLAIN_LINE_EVERY_S:
-                console.print(line())
-                last_plain = now
-            if deadline is not None and now >= deadline:
-                return
-            failed = [q for q in queries if not q.isActive]
-            if failed:
-                console.print(f"[red]a query stopped: {failed[0].exception()}")
-                return
 
 
 class _Sampler(threading.Thread):

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcpkv.pipelines.mirror import SourceSettings, read_mirror
+from dcpkv.pipelines.mirror import read_mirror
+from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.pipelines.views import definition
 from dcpkv.pipelines.views.query import current_emissions
 

@@ -21,7 +21,17 @@ from typing import Annotated, Any
 
 import typer
 
-from dcpkv.cli.tls_options import Tls, TlsCa, tls_options
+from dcpkv.cli.options import (
+    Bucket,
+    Host,
+    Master,
+    Password,
+    Port,
+    Tls,
+    TlsCa,
+    User,
+    connection_settings,
+)
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
     DEFAULT_HOST,
@@ -36,16 +46,6 @@ backup_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-Host = Annotated[
-    str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
-]
-Port = Annotated[int, typer.Option(help="Server port.")]
-Bucket = Annotated[str, typer.Option(help="Bucket.")]
-User = Annotated[str, typer.Option(help="User name.")]
-Password = Annotated[str, typer.Option(help="Its password.")]
-Master = Annotated[
-    str | None, typer.Option(help="Spark master [default: $DCPKV_SPARK_MASTER or local[*]].")
-]
 From = Annotated[Path, typer.Option("--from", help="The backup folder.")]
 
 
@@ -79,12 +79,9 @@ def backup(
     if to is None:
         typer.echo("dcpkv backup: give --to DIR (or a subcommand: list, verify)", err=True)
         raise typer.Exit(2)
-    from dcpkv.client.settings import ConnectionSettings
     from dcpkv.pipelines.backup import BACKUP_PHASES, describe_run, run_backup
 
-    ep = ConnectionSettings.at(
-        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
-    )
+    ep = connection_settings(host, port, bucket, user, password, tls, tls_ca)
     run = _job(
         "backup", BACKUP_PHASES, lambda spark, phase: run_backup(spark, to, ep, phase), master
     )
@@ -165,7 +162,6 @@ def restore(
     """Replay a backup's runs (rollbacks honoured) and load the latest version of every key
     into a bucket; deleted keys are deleted. **--to-seqnos** restores a point in time: each
     vbucket as it was when the backup first reached that seqno."""
-    from dcpkv.client.settings import ConnectionSettings
     from dcpkv.pipelines.backup import RESTORE_PHASES, BackupError, parse_to_seqnos
     from dcpkv.pipelines.backup import restore as restore_job
 
@@ -174,9 +170,7 @@ def restore(
     except BackupError as exc:
         typer.echo(f"dcpkv restore: {exc}", err=True)
         raise typer.Exit(2) from None
-    ep = ConnectionSettings.at(
-        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
-    )
+    ep = connection_settings(host, port, bucket, user, password, tls, tls_ca)
     result = _job(
         "restore", RESTORE_PHASES, lambda spark, phase: restore_job(spark, from_, ep, cut, phase),
         master,

@@ -29,7 +29,10 @@ def demo(
     ] = None,
     master: Annotated[
         str | None,
-        typer.Option(envvar="SPARK_MASTER", help="Spark master URL [default: local[2]]."),
+        typer.Option(
+            envvar="SPARK_MASTER",
+            help="Spark master URL [default: $DCPKV_SPARK_MASTER or local[*]].",
+        ),
     ] = None,
     rate: Annotated[float, typer.Option(min=0, help="Changes written per second.")] = 200.0,
     vbuckets: Annotated[int, typer.Option(min=1, help="vbuckets of a new bucket.")] = 1024,

@@ -11,7 +11,16 @@ import typer
 
 from dcpkv.cli.demo import demo as demo_command
 from dcpkv.cli.demo import report as report_command
-from dcpkv.cli.tls_options import Tls, TlsCa, tls_options
+from dcpkv.cli.options import (
+    Bucket,
+    Host,
+    Password,
+    Port,
+    Tls,
+    TlsCa,
+    User,
+    connection_settings,
+)
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
     DEFAULT_HOST,
@@ -63,6 +72,10 @@ def server(
     compression_mode: Annotated[
         str | None,
         typer.Option(help="Its Snappy mode: off, passive or active [default: passive]."),
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
     ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
@@ -120,6 +133,7 @@ def server(
             vbuckets=vbuckets,
             memory_quota_mb=memory_quota_mb,
             compression_mode=compression_mode,
+            storage=storage,
             user=user,
             password=password,
             flush_interval_s=flush_interval,
@@ -167,19 +181,20 @@ def compact(
     that resume from below a vbucket's new purge seqno are rolled back to zero, since they may
     have missed deletions that no longer exist.
     """
-    from dcpkv.engine.bucket import Bucket
+    from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket, storage_path
     from dcpkv.engine.storage import BucketLock, StorageError
 
     if (purge_before_seqno is None) == (older_than is None):
         typer.echo("dcpkv compact: give one of --purge-before-seqno or --older-than", err=True)
         raise typer.Exit(2)
-    if not (data_dir / f"{bucket}.sqlite3").exists():
+    found = [e for e in STORAGE_ENGINES if storage_path(data_dir, bucket, e).exists()]
+    if not found:
         typer.echo(f"dcpkv compact: no bucket {bucket!r} in {data_dir}", err=True)
         raise typer.Exit(1)
     try:
         lock = BucketLock(data_dir, bucket)
         try:
-            with Bucket(bucket, data_dir) as opened:
+            with Bucket(bucket, data_dir, storage=found[0]) as opened:
                 if vbucket is not None and vbucket not in opened.vbuckets:
                     typer.echo(f"dcpkv compact: bucket has no vbucket {vbucket}", err=True)
                     raise typer.Exit(1)
@@ -211,26 +226,21 @@ def stats(
     group: Annotated[
         str, typer.Argument(help="Stat group: '' (general), dcp, vbucket-seqno, failovers...")
     ] = "",
-    host: Annotated[
-        str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
-    ] = DEFAULT_HOST,
-    port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
-    user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
-    password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
-    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = DEFAULT_BUCKET,
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
+    bucket: Bucket = DEFAULT_BUCKET,
     tls: Tls = False,
     tls_ca: TlsCa = None,
 ) -> None:
     """Print a running server's stats of one group as a table."""
     from dcpkv.client.blocking import BlockingKV, RequestFailed
-    from dcpkv.client.settings import ConnectionSettings, NodeError
+    from dcpkv.client.settings import NodeError
     from dcpkv.core.tls import TlsError
 
     try:
-        settings = ConnectionSettings.at(
-            host, port, bucket=bucket, user=user, password=password,
-            tls=tls_options(tls, tls_ca),
-        )  # fmt: skip
+        settings = connection_settings(host, port, bucket, user, password, tls, tls_ca)
         with BlockingKV.connect(settings) as session:
             rows = session.stats(group)
     except (OSError, RequestFailed, NodeError, TlsError) as exc:
@@ -242,13 +252,11 @@ def stats(
 
 @app.command()
 def stream(
-    host: Annotated[
-        str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
-    ] = DEFAULT_HOST,
-    port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
-    bucket: Annotated[str, typer.Option(help="Bucket to stream.")] = DEFAULT_BUCKET,
-    user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
-    password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    bucket: Bucket = DEFAULT_BUCKET,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
     vbuckets: Annotated[
         str | None, typer.Option(help="vbuckets, e.g. 0,1,5-9 [default: all].")
     ] = None,
@@ -274,7 +282,6 @@ def stream(
     from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
     from dcpkv.client.offsets import OffsetsFileError
-    from dcpkv.client.settings import ConnectionSettings
     from dcpkv.core.tls import TlsError
 
     try:
@@ -283,10 +290,7 @@ def stream(
         if format_ not in ("json", "table"):
             raise ValueError(f"--format must be json or table, not {format_!r}")
         start = parse_start(from_)
-        connection = ConnectionSettings.at(
-            host, port, bucket=bucket, user=user, password=password,
-            tls=tls_options(tls, tls_ca),
-        )  # fmt: skip
+        connection = connection_settings(host, port, bucket, user, password, tls, tls_ca)
     except (ValueError, OffsetsFileError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -306,13 +310,11 @@ def stream(
 @app.command("failover-log")
 def failover_log(
     vbuckets: Annotated[list[int], typer.Argument(help="vbucket ids.")],
-    host: Annotated[
-        str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
-    ] = DEFAULT_HOST,
-    port: Annotated[int, typer.Option(help="Server port.")] = DEFAULT_PORT,
-    bucket: Annotated[str, typer.Option(help="Bucket to read.")] = DEFAULT_BUCKET,
-    user: Annotated[str, typer.Option(help="User name.")] = DEFAULT_USER,
-    password: Annotated[str, typer.Option(help="Its password.")] = DEFAULT_PASSWORD,
+    host: Host = DEFAULT_HOST,
+    port: Port = DEFAULT_PORT,
+    bucket: Bucket = DEFAULT_BUCKET,
+    user: User = DEFAULT_USER,
+    password: Password = DEFAULT_PASSWORD,
     json_: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
     tls: Tls = False,
     tls_ca: TlsCa = None,
@@ -324,14 +326,9 @@ def failover_log(
     from dcpkv.cli.stream import failover_logs
     from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
-    from dcpkv.client.settings import ConnectionSettings
     from dcpkv.core.tls import TlsError
 
-    config = ClientConfig(
-        ConnectionSettings.at(
-            host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
-        )
-    )
+    config = ClientConfig(connection_settings(host, port, bucket, user, password, tls, tls_ca))
     try:
         logs = asyncio.run(failover_logs(config, vbuckets))
     except (OSError, ClientError, TlsError) as exc:

@@ -19,7 +19,17 @@ from typing import Annotated, Any
 
 import typer
 
-from dcpkv.cli.tls_options import Tls, TlsCa, tls_options
+from dcpkv.cli.options import (
+    Bucket,
+    Host,
+    Master,
+    Password,
+    Port,
+    Tls,
+    TlsCa,
+    User,
+    connection_settings,
+)
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
     DEFAULT_HOST,
@@ -31,28 +41,8 @@ from dcpkv.core.defaults import (
 pipeline_app = typer.Typer(help="Spark pipelines over the change stream.", no_args_is_help=True)
 view_app = typer.Typer(help="Incremental map/reduce views.", no_args_is_help=True)
 
-Host = Annotated[
-    str, typer.Option(help="Server address, or a connection string: couchbase://h1,h2:11210.")
-]
-Port = Annotated[int, typer.Option(help="Server port.")]
-Bucket = Annotated[str, typer.Option(help="Bucket.")]
-User = Annotated[str, typer.Option(help="User name.")]
-Password = Annotated[str, typer.Option(help="Its password.")]
 Once = Annotated[bool, typer.Option("--once", help="Stop once caught up (AvailableNow).")]
 ViewsDir = Annotated[Path, typer.Option(help="Where views live.")]
-Master = Annotated[
-    str | None, typer.Option(help="Spark master [default: $DCPKV_SPARK_MASTER or local[*]].")
-]
-
-
-def _connection(
-    host: str, port: int, bucket: str, user: str, password: str, tls: bool, tls_ca: Path | None
-) -> Any:
-    from dcpkv.client.settings import ConnectionSettings
-
-    return ConnectionSettings.at(
-        host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
-    )
 
 
 def local_spark(master: str | None = None) -> Any:
@@ -66,7 +56,7 @@ def _run(query: Any, spark: Any) -> None:
     SparkContext's (which cancels every job mid-write and raises inside a py4j call): the
     first SIGINT/SIGTERM stops the query between batches (``stop_query``), a second one
     interrupts."""
-    from dcpkv.pipelines.mirror import stop_query
+    from dcpkv.pipelines.table_job import stop_query
 
     stop = threading.Event()
 
@@ -110,10 +100,11 @@ def mirror(
     master: Master = None,
 ) -> None:
     """Keep a Parquet table of the bucket's current documents (read it with read_mirror)."""
-    from dcpkv.pipelines.mirror import SourceSettings, start_mirror
+    from dcpkv.pipelines.mirror import start_mirror
+    from dcpkv.pipelines.source_node import SourceSettings
 
     source = SourceSettings(
-        _connection(host, port, bucket, user, password, tls, tls_ca), vbuckets, max_changes
+        connection_settings(host, port, bucket, user, password, tls, tls_ca), vbuckets, max_changes
     )
     spark = local_spark(master)
     _run(start_mirror(spark, source, to, available_now=once, on_batch=_print_batch), spark)
@@ -152,10 +143,12 @@ def run(
     master: Master = None,
 ) -> None:
     """Keep a view up to date from the server (or a mirror)."""
-    from dcpkv.pipelines.mirror import SourceSettings
+    from dcpkv.pipelines.source_node import SourceSettings
     from dcpkv.pipelines.views import start_view
 
-    source = mirror or SourceSettings(_connection(host, port, bucket, user, password, tls, tls_ca))
+    source = mirror or SourceSettings(
+        connection_settings(host, port, bucket, user, password, tls, tls_ca)
+    )
     spark = local_spark(master)
     query = start_view(spark, views_dir, name, source, available_now=once, on_batch=_print_batch)
     _run(query, spark)
@@ -181,10 +174,10 @@ def query(
     tls_ca: TlsCa = None,
 ) -> None:
     """Query a view; one JSON row per line."""
-    from dcpkv.pipelines.mirror import SourceSettings
+    from dcpkv.pipelines.source_node import SourceSettings
     from dcpkv.pipelines.views import ViewError, query_view
 
-    source = SourceSettings(_connection(host, port, bucket, user, password, tls, tls_ca))
+    source = SourceSettings(connection_settings(host, port, bucket, user, password, tls, tls_ca))
     try:
         rows = query_view(
             None,

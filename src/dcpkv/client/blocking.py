@@ -54,6 +54,18 @@ class KVRequest:
 
 
 class BlockingKV:
+    """A blocking memcached-protocol session with one node: :meth:`call` one request and wait
+    for its answer, :meth:`pipeline` a window of requests in one write, :meth:`stats`.
+    :meth:`connect` opens one logged in with the bucket selected::
+
+        with BlockingKV.connect(ConnectionSettings.at(port=11210)) as kv:
+            print(dict(kv.stats())["curr_items"])
+
+    It speaks to the node it is connected to and does not follow a cluster map: use
+    :class:`~dcpkv.client.writer.KVWriter` for routed bulk writes, or
+    :class:`~dcpkv.client.cluster.ClusterKV`.
+    """
+
     def __init__(
         self,
         host: str,

@@ -62,7 +62,17 @@ class NoRouteError(ClientError):
 
 
 class ClusterKV:
-    """See the module docstring."""
+    """The asyncio KV client of a bucket on a cluster (or one node): Get and Set routed to each
+    vbucket's active node by the cluster map, retried across failovers and moves, and durable
+    writes::
+
+        async with await ClusterKV.open(ClientConfig(ConnectionSettings.at(port=11210))) as kv:
+            token = await kv.upsert(b"key", b"value", persist_to=1)  # on the active's disk
+
+    :meth:`upsert` returns the write's :class:`~dcpkv.core.durability.MutationToken` once
+    ``persist_to`` nodes (the active counts) persisted it and ``replicate_to`` replicas hold
+    it (ObserveSeqno polling, :meth:`wait_durable`). The module docstring gives the retries.
+    """
 
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
@@ -94,6 +104,12 @@ class ClusterKV:
         except BaseException:
             await self.close()
             raise
+
+    async def __aenter__(self) -> ClusterKV:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def close(self) -> None:
         for opening in list(self._opening.values()):

@@ -128,7 +128,19 @@ class StreamFailedError(ClientError):
 
 
 class Consumer:
-    """A DCP consumer of one bucket; see the module docstring."""
+    """The asyncio DCP consumer of one bucket (:class:`SyncConsumer` is its blocking facade).
+
+    ``async for event in consumer.stream(...)`` yields one event per change or decision
+    (``dcpkv.client.events``), for every vbucket of the bucket, from every node of a cluster.
+    :attr:`offsets` moves only as events are handed over: saved after the application applied
+    an event, it resumes right after it (``stream(start=offsets)``). A lost connection, a
+    restarted node or a moved vbucket is resumed by the library from the offsets; when history
+    branched it yields a :class:`~dcpkv.client.events.Rollback` first, and the application
+    undoes its changes above ``rollback_seqno``. With a ``mutation_log``
+    (:class:`~dcpkv.client.mutation_log.MutationLog`) the library does that undoing for it:
+    after the Rollback come the current versions of the keys it must undo. The module
+    docstring gives the details.
+    """
 
     def __init__(
         self,

@@ -46,6 +46,10 @@ class StreamRefused:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Mutation:
+    """A document was created or changed: its ``key``, ``value`` (inflated, whatever the wire
+    carried; empty with ``include_values=False``), ``seqno`` in the vbucket's history,
+    ``rev_seqno``, ``flags``, ``expiration``, ``cas`` and ``datatype`` (1: JSON)."""
+
     vbucket: int
     key: bytes
     value: bytes
@@ -61,6 +65,9 @@ class Mutation:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Deletion:
+    """A document was deleted at ``seqno`` (``delete_time``: when, in seconds since the epoch,
+    when the producer sent it)."""
+
     vbucket: int
     key: bytes
     seqno: int
@@ -73,6 +80,8 @@ class Deletion:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Expiration:
+    """A document expired at ``seqno`` (its TTL passed); apply it as a deletion."""
+
     vbucket: int
     key: bytes
     seqno: int

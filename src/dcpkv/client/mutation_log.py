@@ -87,7 +87,15 @@ class RepairPlan:
 
 
 class MutationLog:
-    """The ring buffer, persisted in one SQLite file (or ``":memory:"`` for tests)."""
+    """Spec 002's ring buffer of the keys a consumer changed most recently, per vbucket,
+    persisted in one SQLite file (or ``":memory:"`` for tests).
+
+    Give it to a consumer (``mutation_log=``) whose store cannot roll back by itself: on a
+    rollback the consumer re-fetches the current version of every key logged above the
+    rollback point and hands them over as events, so the store converges on the server's
+    history. When the log no longer reaches back that far (``capacity`` entries per vbucket),
+    the consumer asks for a full resync of the vbucket instead (a Rollback to 0).
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:

@@ -84,7 +84,10 @@ def _u64(value: Any, what: str, error: type[ValueError] = OffsetError) -> int:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class VbucketOffset:
-    """What a consumer holds of one vbucket: see the module docstring."""
+    """Where a consumer stands in one vbucket: the history branch (``vb_uuid``), the last
+    seqno handed over (``seqno``) and the snapshot it is inside (``snap_start``,
+    ``snap_end``); :attr:`complete` when ``seqno`` ends its snapshot. A stream resumed from it
+    starts right after ``seqno`` (the module docstring gives the rules)."""
 
     vb_uuid: int = 0
     seqno: int = 0
@@ -371,7 +374,10 @@ _PROGRESS_KEYS = (
 
 
 class Offsets:
-    """One :class:`VbucketProgress` per vbucket, created on first use; saved atomically."""
+    """A consumer's progress in every vbucket (one :class:`VbucketProgress` each, created on
+    first use; ``offsets[vb]`` is its :class:`VbucketOffset`). :meth:`save` writes them to a
+    JSON file atomically, :meth:`load_or_new` reads them back: give them to a consumer
+    (``offsets=``, or ``stream(start=offsets)``) and it resumes where they stand."""
 
     __slots__ = ("_max_points", "_vbuckets")
 

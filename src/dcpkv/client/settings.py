@@ -115,6 +115,19 @@ def is_connection_string(text: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionSettings:
+    """Where a client connects and as whom: the seed ``nodes``, the ``bucket``, the ``user``
+    and ``password``, and ``tls`` (None: plain TCP). Frozen and picklable.
+
+    Build one with :meth:`at` (one node, or a connection string given as the host) or
+    :meth:`parse` (a connection string)::
+
+        ConnectionSettings.at("127.0.0.1", 11210)
+        ConnectionSettings.parse("couchbase://h1,h2:11210", user="alice", password="...")
+
+    The client reads the cluster map from the first seed that answers and follows it from then
+    on; ``couchbases://`` (or ``tls=TlsOptions(...)``) makes every connection speak TLS.
+    """
+
     nodes: tuple[Node, ...] = (Node(),)
     bucket: str = DEFAULT_BUCKET
     user: str = DEFAULT_USER

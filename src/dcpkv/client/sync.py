@@ -64,7 +64,19 @@ CHUNK_EVENTS = 1024
 
 
 class SyncConsumer:
-    """Same constructor and methods as :class:`Consumer`, blocking."""
+    """The DCP consumer of one bucket, blocking: :class:`~dcpkv.client.consumer.Consumer`'s
+    constructor and methods, for code without an event loop::
+
+        offsets = Offsets.load_or_new("app.offsets.json")
+        with SyncConsumer(ClientConfig(ConnectionSettings.at(port=11210)), offsets=offsets) as c:
+            for event in c.stream(end="now"):
+                ...  # apply the event
+            offsets.save("app.offsets.json")
+
+    :attr:`offsets` (the object given, or the consumer's own) moves one event at a time as the
+    iterator hands events over, however far ahead the library reads: saved after an event
+    was applied, it resumes right after that event.
+    """
 
     def __init__(
         self,

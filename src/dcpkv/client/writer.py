@@ -63,6 +63,17 @@ class WriteOp:
 
 
 class KVWriter:
+    """Bulk upserts and deletes of :class:`WriteOp`, in pipelined windows routed by the
+    cluster map to each vbucket's active node, retried on temporary failures and moves::
+
+        with KVWriter(ConnectionSettings.at(port=11210), num_vbuckets=1024) as writer:
+            writer.write(WriteOp(f"doc{i}".encode(), value=b"{}") for i in range(10_000))
+            writer.write([WriteOp(b"doc7", delete=True)])
+
+    ``num_vbuckets`` is the bucket's (1024 by default on a server). A write the server
+    refuses for good raises :class:`KVWriteError`; the module docstring gives the rules.
+    """
+
     def __init__(
         self,
         settings: ConnectionSettings,

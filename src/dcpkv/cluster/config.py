@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.cluster.auto_failover import MAX_COUNT
+from dcpkv.cluster.handover import Handover
 from dcpkv.cluster.vbucket_map import VBucketMap
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.files import atomic_write
@@ -111,13 +112,15 @@ class RebalanceState(StrEnum):
 @dataclass(frozen=True, slots=True)
 class RebalanceConfig:
     """What a rebalance must still do, so a re-run finishes it (:mod:`.rebalance`): the
-    nodes to take out, the failed-over nodes to take back in, and how the last run ended."""
+    nodes to take out, the failed-over nodes to take back in, and how the last run ended; and
+    the group of handovers under way (:mod:`.handover`), which a restarted manager ends."""
 
     state: RebalanceState = RebalanceState.IDLE
     eject: tuple[str, ...] = ()
     recover: tuple[tuple[str, Recovery], ...] = ()
     error: str | None = None
     moves_at_once: int = DEFAULT_MOVES_AT_ONCE  # a setting: vbucket moves in flight at a time
+    handover: Handover | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,16 +129,19 @@ class RebalanceConfig:
             "recover": {n: r.value for n, r in self.recover},
             "error": self.error,
             "movesAtOnce": self.moves_at_once,
+            "handover": None if self.handover is None else self.handover.to_json(),
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RebalanceConfig:
+        handover = doc.get("handover")
         return cls(
             RebalanceState(doc["state"]),
             tuple(doc["eject"]),
             tuple((n, Recovery(r)) for n, r in doc["recover"].items()),
             doc.get("error"),
             int(doc.get("movesAtOnce", DEFAULT_MOVES_AT_ONCE)),
+            None if handover is None else Handover.from_json(handover),
         )
 
 

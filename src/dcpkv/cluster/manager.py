@@ -44,6 +44,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,7 @@ class Manager:
         self.auto_held: dict[str, str] = {}  # unresponsive node -> why it is not failed over
         self.users = UsersDoc()
         self.rebalancer = Rebalancer(self)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="dcpkv-config")
 
     # -- life -------------------------------------------------------------------------------
 
@@ -125,6 +128,8 @@ class Manager:
             # a record still running: this manager died mid-rebalance (a re-run finishes it)
             self.rebalancer.interrupted = loaded.rebalance.state == cfg.RebalanceState.RUNNING
             async with self._lock:
+                # before the sync, which would drive a vbucket handed over back to the old map
+                await self.rebalancer.finish_handover()
                 await self._sync_all()
         self.health = HealthWatcher(self.config.buckets[0].name, self._on_beat, self._heartbeat_s)
         for name in self.config.active_nodes():
@@ -580,6 +585,17 @@ class Manager:
 
     async def commit(self, config: cfg.ClusterConfig) -> None:
         await self._commit(config)
+
+    def commit_while(
+        self, config: cfg.ClusterConfig, pushes: Sequence[Awaitable[None]]
+    ) -> Awaitable[Any]:
+        """Take ``config`` now; what it returns writes it while ``pushes`` run. For a
+        handover's map only, whose group record, written before, covers a crash in between
+        (rebalance.py). Writes go in order, in one thread of their own."""
+        self.config = config
+        loop = asyncio.get_running_loop()
+        written = loop.run_in_executor(self._writer, cfg.save, self.data_dir, config)
+        return asyncio.gather(written, *pushes)
 
     async def sync_all(self) -> None:
         await self._sync_all()

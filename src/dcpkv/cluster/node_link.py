@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
 from dcpkv.core.deadline import within
@@ -39,6 +39,7 @@ from dcpkv.protocol.constants import Datatype
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 10.0
 CAS_RETRIES = 5
+T = TypeVar("T")
 
 
 class NodeError(DcpkvError):
@@ -178,16 +179,39 @@ class NodeLink:
         about these vbuckets only (``stat vbucket N``, ``stat vbucket-seqno N``, ObserveSeqno
         for a copy that is not dead), all at once: what a rebalance watches every tick."""
         conn = await self._session(bucket)
+        answers = await self._at_once(
+            bucket, conn, [self._vbucket_view(conn, vb) for vb in vbuckets]
+        )
+        return dict(zip(vbuckets, answers, strict=True))
+
+    async def _at_once(self, bucket: str, conn: Connection, calls: list[Awaitable[T]]) -> list[T]:
+        """Every call on the session at once, their answers in order; a session that fails
+        or times out is closed (the next question opens a new one)."""
         try:
-            answers = await within(
-                asyncio.gather(*(self._vbucket_view(conn, vb) for vb in vbuckets)),
-                CALL_TIMEOUT_S,
-            )
+            return await within(asyncio.gather(*calls), CALL_TIMEOUT_S)
         except (OSError, TimeoutError, ClientError) as exc:
             await conn.close()
             self._sessions.pop(bucket, None)
             raise NodeError(f"{self.name} did not answer: {exc or 'timeout'}") from None
-        return dict(zip(vbuckets, answers, strict=True))
+
+    async def vbucket_states(
+        self, bucket: str, vbuckets: list[int]
+    ) -> dict[int, VBucketState | None]:
+        """vbucket -> its state here (None: not held), GetVbucket for each at once: what a
+        rebalance watches while vbuckets are handed over, as often as it can afford."""
+        conn = await self._session(bucket)
+        answers = await self._at_once(
+            bucket, conn, [conn.call(kv.GetVbucket(vbucket=vb)) for vb in vbuckets]
+        )
+        out: dict[int, VBucketState | None] = {}
+        for vb, answer in zip(vbuckets, answers, strict=True):
+            if isinstance(answer, kv.GetVbucketResponse):
+                out[vb] = VBucketState.of(answer.state)
+            elif getattr(answer, "status", None) == Status.NotMyVbucket:
+                out[vb] = None
+            else:
+                raise NodeError(f"{self.name}: GetVbucket {vb}: {_status(answer)}")
+        return out
 
     @staticmethod
     async def _vbucket_view(conn: Connection, vb: int) -> tuple[VBucketState | None, int, int]:

@@ -10,16 +10,23 @@ taken back by recovery); each vbucket whose chain changes becomes a
 (``moves_at_once``, a setting) so the cluster keeps serving. Every tick (``TICK_S``), holding
 the manager's lock, it reads what the nodes of the running moves hold of their vbuckets
 (``stat vbucket``, GetAllVbSeqnos, ObserveSeqno), steps each move and carries out what it
-asks: a CAS-ordered SetVbucket or DelVbucket through the node's link, or a map change. Map
-changes of one tick are committed together: the new chains written into the configuration
-(persisted first, as every change), then pushed to every node by the manager's ordinary sync.
-So the map changes one vbucket at a time and is consistent at every moment: it always names the
-copy that takes writes.
+asks: CAS-ordered SetVbucket or DelVbucket through the nodes' links (one node's in order, the
+nodes at once), or a map change. The map changes of one tick (moves whose active stays) are
+committed together: the new chains written into the configuration (persisted first, as every
+change), then pushed to every node at once.
 
 How a node is told to take a vbucket over: map-driven, like replication. The manager sets the
 new active's copy *pending*; the node streams every vbucket it holds as pending from the map's
 active with the TakeOver flag (:mod:`dcpkv.server.replication`), and the two nodes do the
-handoff between them; the manager watches the states and then moves the map.
+handoff between them. Handovers go by groups (:mod:`.handover`): the moves a tick finds built
+are handed over together, in the same tick, holding the lock: the group is persisted in the
+rebalance record and the map naming their new actives is pushed to their old and new actives
+(each serves it from the moment its copy changes hands); then the new copies go pending, and
+the manager watches just their states (GetVbucket, every ``HANDOVER_POLL_S``): whenever some
+takeovers have ended, the map naming those is committed at once, pushed to every node at once
+(one push for what ended together) while it is written, the next reads overlapping the
+pushes. So the old and new actives serve the map naming the new active from the moment the
+vbucket changes hands, and the other nodes one poll and one push later.
 
 The manager's sync (the map's states for every node) leaves alone every vbucket a queued or
 running move holds (:meth:`Rebalancer.held`): the move drives them.
@@ -34,7 +41,9 @@ first. The record in the configuration
 (:class:`~dcpkv.cluster.config.RebalanceConfig`) keeps the nodes to eject and recover until a
 run completes, so after a stop, a failure or a manager restart (a record found ``running`` at
 start-up means the manager died mid-run: status says ``interrupted``) running ``rebalance``
-again plans from the map as it now stands and finishes the job.
+again plans from the map as it now stands and finishes the job. A manager that died during
+a group of handovers ends the group when it starts again (:meth:`Rebalancer.finish_handover`):
+the moves whose new active took over go in the map, the others are put back.
 
 Recovery of a failed-over node: ``full`` wipes its vbuckets (DelVbucket) before it is planned
 in; ``delta`` keeps them, and the planner prefers the node for copies of the vbuckets it holds,
@@ -52,14 +61,23 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from dcpkv.cluster import config as cfg
+from dcpkv.cluster.handover import Handover
 from dcpkv.cluster.node_link import NodeError, NodeLink
-from dcpkv.cluster.rebalance_plan import NamedChain, moves, named_chains, plan_rebalance
+from dcpkv.cluster.rebalance_plan import (
+    NamedChain,
+    moves,
+    named_chains,
+    plan_rebalance,
+    with_named_chains,
+)
 from dcpkv.cluster.vbucket_map import NOBODY, PlacementError, VBucketMap
 from dcpkv.cluster.vbucket_move import (
+    Action,
     CommitChain,
     Delete,
     NodeView,
@@ -76,6 +94,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dcpkv.cluster")
 
 TICK_S = 0.2
+HANDOVER_POLL_S = 0.005  # how often a group's states are read while its takeovers run
 MAX_MOVES_AT_ONCE = 64
 NODE_DOWN_S = 5.0  # a move whose node missed heartbeats this long is abandoned
 
@@ -261,12 +280,7 @@ class Rebalancer:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         for run in self._runs:
-            views = await self._views(run)
-            for move in run.running:
-                await self._carry_out(run, move, move.stop(views.get(move.vbucket, {})), [])
-            committed = [m for m in run.running if m.phase is Phase.MAP]
-            if committed:  # handed over already: the map must follow
-                await self._commit_chains(run, committed)
+            await self._stop_moves(run)
         await self._end(cfg.RebalanceState.STOPPED, why)
         return self.status()
 
@@ -277,12 +291,13 @@ class Rebalancer:
             for run in self._runs:
                 while run.queue or run.running:
                     async with self.m.lock:
-                        failed = await self._tick(run)
+                        failed, handed_over = await self._tick(run)
                     if failed is not None:
                         async with self.m.lock:
                             await self._fail(run, failed)
                         return
-                    await asyncio.sleep(TICK_S)
+                    if not handed_over:  # (after a group: the next may be ready already)
+                        await asyncio.sleep(TICK_S)
             async with self.m.lock:
                 await self._complete()
         except asyncio.CancelledError:
@@ -292,27 +307,143 @@ class Rebalancer:
             async with self.m.lock:
                 await self._end(cfg.RebalanceState.FAILED, f"{type(exc).__name__}: {exc}")
 
-    async def _tick(self, run: _BucketRun) -> str | None:
-        """One step of every running move; the first failure's reason, if any."""
+    async def _tick(self, run: _BucketRun) -> tuple[str | None, bool]:
+        """One step of every running move, then a handover of those built: the first
+        failure's reason, if any, and whether a group was handed over."""
         limit = max(1, min(MAX_MOVES_AT_ONCE, self.m.config.rebalance.moves_at_once))
         now = time.monotonic()
         while run.queue and len(run.running) < limit:
             vb, old, new = run.queue.popleft()
             run.running.append(VBucketMove(vb, old, new, now))
         views = await self._views(run)
-        commits: list[VBucketMove] = []
+        work = []
         for move in run.running:
             mine = views.get(move.vbucket, {})
             self.progress.items += _grown(move, mine)
-            down = [n for n in sorted(move.nodes()) if self.m.down_for(n) >= NODE_DOWN_S]
-            if down:
-                actions = move.abandon(mine, f"{down[0]} stopped answering")
-            else:
-                actions = move.step(mine, now)
-            await self._carry_out(run, move, actions, commits)
+            work.append((move, self._step(move, mine, now)))
+        commits = await self._carry_out(run.name, work)
         if commits:
             await self._commit_chains(run, commits)
-        return self._retire(run)
+        ready = [m for m in run.running if m.phase is Phase.READY]
+        if ready:
+            await self._hand_over(run, ready)
+        return self._retire(run), bool(ready)
+
+    def _step(self, move: VBucketMove, views: Views, now: float) -> list[Action]:
+        down = [n for n in sorted(move.nodes()) if self.m.down_for(n) >= NODE_DOWN_S]
+        if down:
+            return move.abandon(views, f"{down[0]} stopped answering")
+        return move.step(views, now)
+
+    # -- a group of handovers (.handover) -----------------------------------------------------
+
+    async def _hand_over(self, run: _BucketRun, ready: list[VBucketMove]) -> None:
+        """Hand ``ready`` over as one group (the module docstring; the lock held)."""
+        bucket = self._bucket(run.name)
+        assert bucket.map is not None
+        first = Handover.of(run.name, bucket.map, [(m.vbucket, m.old, m.new) for m in ready])
+        record = replace(self.m.config.rebalance, handover=first)
+        await self.m.commit(replace(self.m.config, rebalance=record))
+        await asyncio.gather(*(self._stage(node, first) for node in first.instructions()))
+        group: Handover | None = first
+        now = time.monotonic()
+        await self._carry_out(run.name, [(m, m.hand_over(now)) for m in ready])
+        sending: list[Awaitable[Any]] = []  # (a step's pushes overlap the next reads)
+        while group is not None:
+            await asyncio.sleep(HANDOVER_POLL_S)
+            taking = [m for m in ready if m.phase is Phase.TAKEOVER]
+            views = await self._states(run.name, taking)
+            now = time.monotonic()
+            work = [(m, self._step(m, views[m.vbucket], now)) for m in taking]
+            await self._carry_out(run.name, work)
+            ended = [m for m, _ in work if m.phase is not Phase.TAKEOVER]
+            if ended:
+                group, pushed = self._handed_over(group, ended)
+                sending.append(pushed)
+        await asyncio.gather(*sending)
+
+    def _handed_over(
+        self, group: Handover, ended: list[VBucketMove]
+    ) -> tuple[Handover | None, Awaitable[Any]]:
+        """Some of the group's takeovers ended: the map naming those handed over, with the
+        group of the others, taken now; what it returns writes it to the configuration while
+        it is pushed to every node at once, each first told the others' staged map if it is
+        one of their old or new actives (.handover). Not persisted first, unlike every other
+        change: under load that write took up to 0.1 s, all of it a stale-map window; the
+        group's record, persisted before anything was staged, covers a manager that dies in
+        between (:meth:`finish_handover` commits above any map it may have pushed)."""
+        done = [m for m in ended if m.phase is Phase.MAP]
+        bucket = self._bucket(group.bucket)
+        assert bucket.map is not None
+        vb_map, rest = group.ended(
+            bucket.map, [m.vbucket for m in done], [m.vbucket for m in ended if m not in done]
+        )
+        bucket = replace(bucket, map=vb_map)
+        config = self.m.config.with_bucket(bucket)
+        told = rest.instructions() if rest is not None else {}
+        docs = {  # built now: the next step changes the map
+            node: [
+                *([self._staged_doc(node, rest, bucket)] if rest and node in told else []),
+                self.m.pushed_config(bucket, node),
+            ]
+            for node in config.active_nodes()
+        }
+        now = time.monotonic()
+        for move in done:
+            move.committed(now)
+        pushes = [self._send(node, bucket.name, sent) for node, sent in docs.items()]
+        record = replace(config.rebalance, handover=rest)
+        return rest, self.m.commit_while(replace(config, rebalance=record), pushes)
+
+    def _staged_doc(self, node: str, group: Handover, bucket: cfg.BucketConfig) -> dict[str, Any]:
+        """The group's staged map for one of its old or new actives, with the state changes
+        that make it theirs (``dcpkv.adoptWhen``, :mod:`dcpkv.server.handover`)."""
+        assert bucket.map is not None
+        doc = self.m.pushed_config(replace(bucket, map=group.staged(bucket.map)), node)
+        when = group.instructions()[node]
+        doc["dcpkv"]["adoptWhen"] = {str(vb): state.label for vb, state in when.items()}
+        return doc
+
+    async def _stage(self, node: str, group: Handover) -> None:
+        await self._send(
+            node, group.bucket, [self._staged_doc(node, group, self._bucket(group.bucket))]
+        )
+
+    async def _send(self, node: str, bucket: str, docs: list[dict[str, Any]]) -> None:
+        """Maps to one node, in order; the last one is the map (a node that does not take it
+        is out of sync: the next answered heartbeat syncs it), any before staged ones (it
+        serves the map naming their new actives once it is committed)."""
+        for i, doc in enumerate(docs):
+            try:
+                await self.m.link(node).push_config(bucket, doc)
+            except NodeError as exc:
+                log.info("rebalance: %s did not take a map: %s", node, exc)
+                if i == len(docs) - 1 and "adoptWhen" not in doc["dcpkv"]:
+                    self.m.out_of_sync.add(node)
+
+    async def finish_handover(self) -> None:
+        """Start-up found a group of handovers under way (the manager died during it; the
+        lock held): the moves whose new active took over go in the map, the others are put
+        back (:meth:`VBucketMove.stop`), as the group's end would have done."""
+        group = self.m.config.rebalance.handover
+        if group is None:
+            return
+        now = time.monotonic()
+        taking = [
+            VBucketMove(vb, old, new, now, phase=Phase.TAKEOVER) for vb, old, new in group.moves
+        ]
+        views = await self._states(group.bucket, taking)
+        for move in taking:
+            move.step(views[move.vbucket], now)
+        stopping = [m for m in taking if m.phase is Phase.TAKEOVER]
+        await self._carry_out(group.bucket, [(m, m.stop(views[m.vbucket])) for m in stopping])
+        done = sum(m.phase is Phase.MAP for m in taking)
+        log.warning("a group of handovers was under way: %d of %d vbucket(s) handed over",
+                    done, len(taking))  # fmt: skip
+        bucket = self._bucket(group.bucket)
+        assert bucket.map is not None  # (written with the map the group ends on)
+        self.m.config = self.m.config.with_bucket(replace(bucket, map=group.lifted(bucket.map)))
+        await self._handed_over(group, taking)[1]
 
     def _retire(self, run: _BucketRun) -> str | None:
         failed = None
@@ -335,15 +466,24 @@ class Rebalancer:
 
     async def _views(self, run: _BucketRun) -> dict[int, Views]:
         """vbucket -> node -> what it holds, for the running moves (None: no answer)."""
+        return await self._ask(run.name, run.running, full=True)
+
+    async def _states(self, bucket: str, running: list[VBucketMove]) -> dict[int, Views]:
+        """The same, the states alone (cheaper): what a group of handovers watches."""
+        return await self._ask(bucket, running, full=False)
+
+    async def _ask(
+        self, bucket: str, running: list[VBucketMove], *, full: bool
+    ) -> dict[int, Views]:
         wanted: dict[str, list[int]] = {}
-        for move in run.running:
+        for move in running:
             for node in {*move.old, *move.new} - {None}:
                 assert node is not None
                 wanted.setdefault(node, []).append(move.vbucket)
-        out: dict[int, Views] = {m.vbucket: {} for m in run.running}
+        out: dict[int, Views] = {m.vbucket: {} for m in running}
         asked = list(wanted.items())  # every node at once: a tick waits for the slowest only
         answers = await asyncio.gather(
-            *(self._node_views(self.m.link(node), run.name, vbs) for node, vbs in asked)
+            *(self._node_views(self.m.link(node), bucket, vbs, full) for node, vbs in asked)
         )
         for (node, vbs), seen in zip(asked, answers, strict=True):
             for vb in vbs:
@@ -351,73 +491,86 @@ class Rebalancer:
         return out
 
     async def _node_views(
-        self, link: NodeLink, bucket: str, vbs: list[int]
+        self, link: NodeLink, bucket: str, vbs: list[int], full: bool
     ) -> dict[int, NodeView] | None:
         if self.m.down_for(link.name) > 0:
             return None  # do not wait on a node known not to answer
         try:
-            seen = await link.vbucket_views(bucket, vbs)
+            if full:
+                seen = await link.vbucket_views(bucket, vbs)
+                return {vb: NodeView(*seen[vb]) for vb in vbs}
+            states = await link.vbucket_states(bucket, vbs)
+            return {vb: NodeView(states[vb]) for vb in vbs}
         except NodeError as exc:
             log.info("rebalance: %s did not answer: %s", link.name, exc)
             return None
-        return {vb: NodeView(*seen[vb]) for vb in vbs}
 
     async def _carry_out(
-        self,
-        run: _BucketRun,
-        move: VBucketMove,
-        actions: list[SetState | Delete | CommitChain],
-        commits: list[VBucketMove],
+        self, bucket: str, work: list[tuple[VBucketMove, list[Action]]]
+    ) -> list[VBucketMove]:
+        """Every move's actions: each node's in order (its state changes are CAS-ordered),
+        the nodes at once; the moves that asked for their map change."""
+        by_node: dict[str, list[tuple[VBucketMove, SetState | Delete]]] = {}
+        commits = []
+        for move, actions in work:
+            for action in actions:
+                if isinstance(action, CommitChain):
+                    commits.append(move)
+                else:
+                    by_node.setdefault(action.node, []).append((move, action))
+        await asyncio.gather(*(self._carry_out_on(bucket, n, todo) for n, todo in by_node.items()))
+        return commits
+
+    async def _carry_out_on(
+        self, bucket: str, node: str, todo: list[tuple[VBucketMove, SetState | Delete]]
     ) -> None:
-        for action in actions:
+        link = self.m.link(node)
+        for move, action in todo:
             try:
                 if isinstance(action, SetState):
-                    await self.m.link(action.node).set_state(
-                        run.name, action.vbucket, action.state, {}
-                    )
-                elif isinstance(action, Delete):
-                    await self.m.link(action.node).delete_vbucket(run.name, action.vbucket)
+                    await link.set_state(bucket, action.vbucket, action.state, {})
                 else:
-                    commits.append(move)
+                    await link.delete_vbucket(bucket, action.vbucket)
             except NodeError as exc:  # the move sees the state unchanged and asks again
                 log.info("rebalance: vbucket %d: %s", move.vbucket, exc)
 
     async def _commit_chains(self, run: _BucketRun, done: list[VBucketMove]) -> None:
         """Put the new chains of ``done`` in the map: persisted, then pushed to every node."""
-        bucket = next(b for b in self.m.config.buckets if b.name == run.name)
+        bucket = self._bucket(run.name)
         assert bucket.map is not None
-        servers = list(bucket.map.servers)
-        chains = [list(c) for c in bucket.map.chains]
-        for move in done:
-            for node in move.new:
-                if node is not None and node not in servers:
-                    servers.append(node)
-            chains[move.vbucket] = [NOBODY if n is None else servers.index(n) for n in move.new]
-        vb_map = bucket.map.with_chains(servers, chains)
-        bucket = replace(bucket, map=vb_map)
-        await self.m.commit(self.m.config.with_bucket(bucket))
+        vb_map = with_named_chains(bucket.map, {m.vbucket: m.new for m in done})
+        await self.m.commit(self.m.config.with_bucket(replace(bucket, map=vb_map)))
         now = time.monotonic()
         for move in done:
             move.committed(now)
-        # only the map: the states of the moved vbuckets are the moves' own business (clean)
-        for name in self.m.config.active_nodes():
-            try:
-                config = self.m.pushed_config(bucket, name)
-                await self.m.link(name).push_config(bucket.name, config)
-            except NodeError as exc:  # the next answered heartbeat syncs it
-                log.info("rebalance: %s did not take the map: %s", name, exc)
-                self.m.out_of_sync.add(name)
+        await self._push_map(run.name)
+
+    async def _push_map(self, name: str) -> None:
+        """The bucket's map to every node at once."""
+        await asyncio.gather(*(self._push_to(n, name) for n in self.m.config.active_nodes()))
+
+    async def _push_to(self, node: str, name: str) -> None:
+        """Only the map: the states of the moved vbuckets are the moves' own business."""
+        await self._send(node, name, [self.m.pushed_config(self._bucket(name), node)])
+
+    def _bucket(self, name: str) -> cfg.BucketConfig:
+        return next(b for b in self.m.config.buckets if b.name == name)
+
+    async def _stop_moves(self, run: _BucketRun) -> None:
+        """Revert the running moves not in the map yet; commit those handed over already."""
+        views = await self._views(run)
+        await self._carry_out(
+            run.name, [(m, m.stop(views.get(m.vbucket, {}))) for m in run.running]
+        )
+        committed = [m for m in run.running if m.phase is Phase.MAP]
+        if committed:  # handed over already: the map must follow
+            await self._commit_chains(run, committed)
 
     # -- the end ----------------------------------------------------------------------------
 
     async def _fail(self, run: _BucketRun, why: str) -> None:
         """A move failed (and was reverted): stop the others too, keep the record."""
-        views = await self._views(run)
-        for move in run.running:
-            await self._carry_out(run, move, move.stop(views.get(move.vbucket, {})), [])
-        committed = [m for m in run.running if m.phase is Phase.MAP]
-        if committed:
-            await self._commit_chains(run, committed)
+        await self._stop_moves(run)
         await self._end(cfg.RebalanceState.FAILED, why)
         for node in sorted(run.unrestored):
             # Spec 002, rebalance step 5: the old active cannot be told to go back to active,

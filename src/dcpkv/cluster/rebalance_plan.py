@@ -43,6 +43,19 @@ def named_chains(vb_map: VBucketMap) -> list[NamedChain]:
     ]
 
 
+def with_named_chains(vb_map: VBucketMap, chains: Mapping[int, NamedChain]) -> VBucketMap:
+    """The next map (one rev up): ``vb_map`` with these vbuckets' chains (by name), a node new
+    to it appended to the server list."""
+    servers = list(vb_map.servers)
+    rows = [list(c) for c in vb_map.chains]
+    for vb, chain in sorted(chains.items()):
+        for node in chain:
+            if node is not None and node not in servers:
+                servers.append(node)
+        rows[vb] = [NOBODY if n is None else servers.index(n) for n in chain]
+    return vb_map.with_chains(servers, rows)
+
+
 def plan_rebalance(
     current: Sequence[NamedChain],
     nodes: Sequence[str],

@@ -16,13 +16,17 @@ phase      what it asks of the nodes                          leaves when
 =========  =================================================  ==============================
 build      every node of the new chain that held no copy      each has persisted up to the
            becomes a replica; it streams from the current     active's high seqno as seen
-           active (the map does not change yet)               when the phase began -> takeover
+           active (the map does not change yet)               when the phase began -> ready
                                                               (active changes) or map
+ready      nothing: the driver gathers the ready moves into   ``hand_over()`` -> takeover
+           a handover group and tells their old and new
+           actives the map naming the new ones (.handover)
 takeover   the new active's copy goes pending; its node       the new copy is active and the
            streams with the TakeOver flag from the current    old one dead -> map
            active, which hands over (dead, then active)
 map        the driver puts the new chain in the map, persists ``committed()`` -> clean
-           it and pushes it: clients and replicas follow
+           it and pushes it (with its group's, at once):
+           clients and replicas follow
 clean      nothing, until every copy of the new chain holds   -> done, after a DelVbucket
            its state and has persisted up to the new active's for each node of the old chain
            high seqno as seen when the phase began            that is not in the new one
@@ -35,15 +39,16 @@ caught up and the takeover stream sends only the tail.
 Faults (spec step 5): build and clean fail when no copy made progress for ``stall_s``; takeover
 when it outlasts ``takeover_s``; the driver abandons a move whose node stops answering
 (:meth:`VBucketMove.abandon`) and reverts the running ones when the rebalance is stopped
-(:meth:`VBucketMove.stop`). A move that fails before the map changed is *reverted*: first the
-new copies go (built ones dead, a promoted replica back to replica), so a pending copy refuses
-the handoff's last step; then the old active is set active again if the handoff had made it
-dead (a vbucket going active cuts a new failover entry, which rolls nobody back as nothing was
-written past it). The map never named the new copies; a later rebalance reuses their data. An
-old active that cannot be reached stays as it is: the operator (or automatic failover) fails
-its node over. A move whose map is committed cannot be reverted; a failed clean leaves the old
-copies to the next run. Until a move ends, the driver's sync leaves its vbucket alone on every
-node of both chains: the move drives them.
+(:meth:`VBucketMove.stop`); a ready move is reverted like a building one. A move that fails
+before the map changed is *reverted*: first the new copies go (built ones dead, a promoted
+replica back to replica), so a pending copy refuses the handoff's last step; then the old
+active is set active again if the handoff had made it dead (a vbucket going active cuts a new
+failover entry, which rolls nobody back as nothing was written past it). The map never named
+the new copies; a later rebalance reuses their data. An old active that cannot be reached
+stays as it is: the operator (or automatic failover) fails its node over. A move whose map is
+committed cannot be reverted; a failed clean leaves the old copies to the next run. Until a
+move ends, the driver's sync leaves its vbucket alone on every node of both chains: the move
+drives them.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ TAKEOVER_S = 30.0  # the handoff: pending to active
 
 class Phase(enum.Enum):
     BUILD = "build"
+    READY = "ready"
     TAKEOVER = "takeover"
     MAP = "map"
     CLEAN = "clean"
@@ -94,6 +100,7 @@ class CommitChain:
 
 
 Action = SetState | Delete | CommitChain
+_BEFORE_MAP = (Phase.BUILD, Phase.READY, Phase.TAKEOVER)  # a revert puts the old active back
 Chain = tuple[str | None, ...]
 Views = dict[str, NodeView | None]
 
@@ -208,10 +215,18 @@ class VBucketMove:
                 ready = False
         if actions or not ready:
             return actions or self._stalled(views, now, "the new copies stopped catching up")
-        self._enter(Phase.TAKEOVER if self.new_active != self.old_active else Phase.MAP, now)
-        if self.phase is Phase.TAKEOVER:
-            return [SetState(self.new_active, self.vbucket, VBucketState.PENDING)]
+        if self.new_active != self.old_active:
+            self._enter(Phase.READY, now)  # the driver hands it over with its group
+            return []
+        self._enter(Phase.MAP, now)
         return self.step(views, now)
+
+    def hand_over(self, now: float) -> list[Action]:
+        """The driver staged the map naming the new active (module docstring): the takeover
+        begins, the new copy going pending."""
+        assert self.phase is Phase.READY, self.phase
+        self._enter(Phase.TAKEOVER, now)
+        return [SetState(self.new_active, self.vbucket, VBucketState.PENDING)]
 
     def _stalled(self, views: Views, now: float, why: str) -> list[Action]:
         if now - self.progress_at < self.stall_s:
@@ -233,7 +248,7 @@ class VBucketMove:
     def abandon(self, views: Views, why: str) -> list[Action]:
         """A node of the move is down: revert before the map changed, else end keeping the
         old copies (the map already names the new ones)."""
-        if self.phase in (Phase.BUILD, Phase.TAKEOVER):
+        if self.phase in _BEFORE_MAP:
             return self._revert(views, why)
         if self.phase is Phase.CLEAN:
             self.phase, self.error = Phase.DONE, f"{why}; old copies kept"
@@ -241,7 +256,7 @@ class VBucketMove:
 
     def stop(self, views: Views) -> list[Action]:
         """The rebalance is stopped: a move whose map is not committed is reverted."""
-        if self.phase in (Phase.BUILD, Phase.TAKEOVER):
+        if self.phase in _BEFORE_MAP:
             return self._revert(views, "the rebalance was stopped")
         return []
 

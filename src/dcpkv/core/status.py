@@ -45,6 +45,11 @@ class Status(IntEnum):
     Ebusy = 0x85
     Etmpfail = 0x86
     DcpStreamIdInvalid = 0x8D
+    DurabilityInvalidLevel = 0xA0
+    DurabilityImpossible = 0xA1
+    SyncWriteInProgress = 0xA2
+    SyncWriteAmbiguous = 0xA3
+    SyncWriteReCommitInProgress = 0xA4
     # sub-document (Couchbase's SubDocument.md)
     SubdocPathEnoent = 0xC0
     SubdocPathMismatch = 0xC1
@@ -122,6 +127,17 @@ ERROR_MAP: dict[Status, ErrorInfo] = {
     Status.Ebusy: _info("Busy", "temp", "retry-now"),
     Status.Etmpfail: _info("Temporary failure", "temp", "retry-later"),
     Status.DcpStreamIdInvalid: _info("DCP stream id missing or not expected", "invalid-input"),
+    Status.DurabilityInvalidLevel: _info("Invalid durability level", "invalid-input"),
+    Status.DurabilityImpossible: _info("Durability requirement cannot be met", "item-only"),
+    Status.SyncWriteInProgress: _info(
+        "A durable write is pending on the key", "item-only", "temp", "retry-later"
+    ),
+    Status.SyncWriteAmbiguous: _info(
+        "The durable write's outcome is unknown", "item-only", "special-handling"
+    ),
+    Status.SyncWriteReCommitInProgress: _info(
+        "A durable write on the key is being re-committed", "item-only", "temp", "retry-later"
+    ),
     Status.SubdocPathEnoent: _info("Sub-document path does not exist", "item-only"),
     Status.SubdocPathMismatch: _info("Sub-document path mismatch", "item-only"),
     Status.SubdocPathEinval: _info("Invalid sub-document path", "invalid-input"),

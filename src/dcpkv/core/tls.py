@@ -42,6 +42,11 @@ def server_context(cert: Path, key: Path, ca: Path | None = None) -> ssl.SSLCont
 
 @dataclass(frozen=True, slots=True)
 class TlsOptions:
+    """A client's TLS choice: ``ca``, the file of certificates to trust (None: the system's);
+    ``verify=False`` skips verifying the server (development only); ``cert``/``key``, a client
+    certificate for a server that requires one. Plain data: :meth:`context` builds the
+    ``ssl.SSLContext`` (TLS 1.2 at least) where it is used."""
+
     ca: str | None = None
     verify: bool = True
     cert: str | None = None

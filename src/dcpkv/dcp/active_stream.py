@@ -28,8 +28,10 @@ Output and memory
     *run*: the messages of several consecutive items joined into one bytes object (``seqno``
     the last one's), so the event loop forwards a backfill batch or a memory snapshot with
     per-run work instead of per-item work; the producer splits a run at message boundaries
-    where flow control, its byte budget or a barrier needs a finer cut. Streams with a stream
-    id get no runs (each of their messages is tagged on its way out). It is refilled only when
+    where flow control, its byte budget or a barrier needs a finer cut. A memory snapshot of
+    one item (a live write, the commonest entry of all) is one entry of one item, its marker
+    and the item joined: never split, sent in one visit. Streams with a stream id get neither
+    (each of their messages is tagged on its way out). It is refilled only when
     empty, with at most :data:`BATCH_ITEMS` items from the backfill's buffer or one memory
     snapshot (a soft limit: the checkpoint manager never splits a checkpoint, so a snapshot is
     bounded by the bucket's ``checkpoint_max_items``). What the consumer has not read stays on
@@ -127,7 +129,7 @@ class ActiveStream:
     """A stream plus where its next items come from and what is ready to send."""
 
     __slots__ = (
-        "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
+        "_vbuckets", "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
         "emitted_seqno", "generation", "key", "owner", "pending", "queued_seqno", "sid",
         "stream",
         "takeover_state", "was_active",
@@ -155,6 +157,7 @@ class ActiveStream:
         self.cursor: Cursor | None = None
         self.backfill: DiskBackfill | None = None
         self.backfill_first = True  # no marker sent yet for the current backfill
+        self._vbuckets = owner.bucket.vbuckets  # (the bucket's dict, looked up per visit)
         self.queued_seqno = stream.start  # the last item seqno put in ``pending``
         self.emitted_seqno = stream.start  # the last seqno the consumer is consistent at
         self.backfill_remaining = 0
@@ -177,9 +180,9 @@ class ActiveStream:
         # Refill until a message is ready or a refill changes nothing: a refill may move the
         # stream on without queueing anything (a backfill ending empty hands over to memory),
         # and an idle stream leaves the ready queue, so "None" must mean "nothing for now".
+        # (No idle() test first: a live stream leaves the queue on the visit that makes it
+        # idle, so a visit is for something new, nearly always.)
         pending, stream = self.pending, self.stream
-        if not pending and stream.state is StreamState.IN_MEMORY and self._caught_up():
-            return None
         while not pending and stream.state is not StreamState.DEAD:
             before = (stream.state, self.queued_seqno, self.backfill)
             self._refill()
@@ -187,18 +190,19 @@ class ActiveStream:
                 break
         return pending.popleft() if pending else None
 
-    def _caught_up(self) -> bool:
-        """A live stream whose cursor has read all that is queued: nothing to send until the
-        next notification. A cheap test (no lock: an item queued meanwhile notifies us again)
-        that spares the checkpoint read, finding nothing, which ended every live snapshot's
-        turn. Not when a takeover waits for this moment, nor after a rollback (a refill must
-        end the stream)."""
+    def idle(self) -> bool:
+        """Nothing to send until the next notification: nothing pending, and a live stream
+        whose cursor has read all that is queued. A cheap test (no lock: an item queued
+        meanwhile notifies us again) that lets the producer take the stream out of the ready
+        queue on the visit that sent its last message, not on one more visit whose checkpoint
+        read finds nothing. Not when a takeover waits for this moment, nor after a rollback
+        (a refill must end the stream)."""
         cursor = self.cursor
-        if cursor is None or cursor.dropped or self.takeover_state is not None:
+        if self.pending or self.stream.state is not StreamState.IN_MEMORY or cursor is None:
             return False
-        if not cursor.caught_up():
+        if cursor.dropped or self.takeover_state is not None or not cursor.caught_up():
             return False
-        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
+        vb = self._vbuckets.get(self.stream.vbucket)
         return vb is not None and vb.rollbacks == self.generation
 
     def end(self, reason: StreamEndReason, *, send: bool = True) -> None:
@@ -238,7 +242,7 @@ class ActiveStream:
     # -- filling ``pending`` ------------------------------------------------------------------
 
     def _refill(self) -> None:
-        vb = self.owner.bucket.vbuckets.get(self.stream.vbucket)
+        vb = self._vbuckets.get(self.stream.vbucket)
         if vb is not None and vb.rollbacks != self.generation:
             # The vbucket rolled back under us (a replica): what we sent may be history that
             # no longer exists, and a backfill or cursor may mix both. The consumer re-requests
@@ -336,7 +340,8 @@ class ActiveStream:
                 self._refill_takeover()
             return
         self._queue_snapshot(snap)
-        self._end_if_reached()
+        if self.queued_seqno >= self.stream.end:  # (_end_if_reached, on the path of every write)
+            self.end(StreamEndReason.OK)
 
     def _refill_takeover(self) -> None:
         """Drain what memory still holds, then send the next state of the handoff."""
@@ -365,12 +370,15 @@ class ActiveStream:
             self._advance(min(snap.end, end))
             return
         flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
-        start = self.stream.marker_start(snap.start)
-        self._marker(start, min(snap.end, end), flags, None)
+        marker = self._marker_bytes(self.stream.marker_start(snap.start), min(snap.end, end), flags)
         encode, last = self.encode_item, items[-1].by_seqno
-        if self.sid or len(items) == 1:
+        if len(items) == 1 and not self.sid:  # a lone item (a live write): one entry, one visit
+            self.pending.append((marker + encode(items[0]), last, last, 1))
+        elif self.sid:
+            self.pending.append((marker, 0, 0, 0))
             self.pending.extend((encode(i), i.by_seqno, i.by_seqno, 1) for i in items)
         else:  # runs: the loop forwards the snapshot's items a run at a time
+            self.pending.append((marker, 0, 0, 0))
             start = 0
             while start < len(items):
                 parts, stop = self._item_run(items, start)
@@ -403,8 +411,12 @@ class ActiveStream:
             self.backfill = None
 
     def _marker(self, start: int, end: int, flags: int, purge: int | None) -> None:
-        """Queue a snapshot marker; ``purge`` None: the vbucket's purge seqno now (looked up
-        only for the V2.2 marker that carries it)."""
+        """Queue a snapshot marker (:meth:`_marker_bytes`)."""
+        self.pending.append((self._marker_bytes(start, end, flags, purge), 0, 0, 0))
+
+    def _marker_bytes(self, start: int, end: int, flags: int, purge: int | None = None) -> bytes:
+        """A snapshot marker, counted as sent; ``purge`` None: the vbucket's purge seqno now
+        (looked up only for the V2.2 marker that carries it)."""
         stream = self.stream
         version = self.owner.marker_version
         data: bytes
@@ -427,7 +439,7 @@ class ActiveStream:
                     purge = vb.purge_seqno if vb is not None else 0
                 data = dcp.SnapshotMarkerV2_2(**common, purge_seqno=purge).encode()
         stream.note_snapshot(start, end)
-        self.pending.append((data, 0, 0, 0))
+        return data
 
     # -- encoding -----------------------------------------------------------------------------
 

@@ -25,15 +25,18 @@ Output and memory
     ``next_messages`` gives each ready stream a short turn per round (round-robin, as
     kv_engine's producer does): up to :data:`TURN_MESSAGES` visits, each sending one message
     (or one run of items: a backfill batch's or a memory snapshot's consecutive items joined
-    into one bytes object, see :mod:`dcpkv.dcp.active_stream`) or finding the stream idle. A
-    live snapshot is typically a marker and one item, so one turn sends it and lets the stream
-    leave the ready queue, where one message per round took three rounds (and a checkpoint
-    read that found nothing). It goes on while the byte budget of the call and the
-    flow-control window allow: with ``connection_buffer_size`` N, a message is sent only while
-    fewer than N bytes are unacknowledged (so one message may overflow N); every message but
-    Noop counts, header included; BufferAck releases. A run that may not go out whole under
-    these rules is cut at the message where they stop (:func:`_split_run`), so runs change
-    the number of writes, never what is sent when.
+    into one bytes object; or a live write's snapshot of one item, its marker and the item
+    joined: see :mod:`dcpkv.dcp.active_stream`) or finding the stream idle. A live write is
+    thus one visit, after which the stream leaves the ready queue when its cursor has read
+    everything (``ActiveStream.idle``), where it took three rounds once (marker, item, and a
+    checkpoint read that found nothing), then three visits of one turn. It goes on while the
+    byte and visit budgets of the call (the server's bound on one turn of its event loop) and
+    the flow-control window allow: with ``connection_buffer_size`` N, a message is sent only
+    while fewer than N bytes are unacknowledged (so one message, or a lone live snapshot's
+    marker and item, may overflow N); every message but Noop counts, header included;
+    BufferAck releases. A run that may not go out whole under these rules is cut at the
+    message where they stop (:func:`_split_run`), so runs change the number of writes, never
+    what is sent when.
 
 Ready queue
     A write must not cost O(open streams): a replica or a Spark query streams all 1024
@@ -41,11 +44,13 @@ Ready queue
     *ready queue* of the streams that may have something to send, and ``next_messages`` visits
     only those. A stream joins it when it opens, when its vbucket queues an item (the
     producer subscribes to the bucket's ``seqno_listeners``; the listener may run on any
-    thread, so it only appends to a thread-safe deque that ``next_messages`` drains), when a
+    thread, so it only appends to a thread-safe deque that ``next_messages`` drains, then
+    calls the server's ``queued_hook`` so it knows to send), when a
     backfill batch lands (:meth:`notify`, the same deque), when a takeover answer or a state
     change gives it something to do, and when it ends. It leaves when a visit finds nothing
     to send (``ActiveStream.take`` refills until the stream either has a message or made no
-    progress, so "nothing" means "nothing until the next notification").
+    progress, so "nothing" means "nothing until the next notification"), or on the visit
+    that sent its last message when it is idle (a live stream caught up with its vbucket).
     A stream waiting on the flow-control window stays queued. Invariant: a vbucket is in
     ``_ready`` at most once, exactly when it is in ``_in_ready``. ``stream_polls`` counts the
     visits: the work per write, which a test holds independent of the number of streams.
@@ -63,9 +68,11 @@ Driving it (the server's side)
     second Open with the same name must ``disconnect()`` the first: cursor names are per
     connection name). For every decoded frame from the consumer: ``answer = handle(msg)``
     and write ``answer`` when not None. Whenever the socket is writable, and after every
-    handled frame and every engine write to a streamed vbucket: write ``next_messages()``.
-    On a timer: write ``noop_due(now)`` if any, close when ``is_dead(now)``. After a
-    vbucket state change: ``vbucket_state_changed(vb)``. On close: ``disconnect()``. To
+    handled frame and every engine write to a streamed vbucket: write ``next_messages()``
+    (bounded or not; ``has_ready`` says whether a call stopped with more to send, and
+    ``notified`` how many writes wait for the next). On a timer: write ``noop_due(now)`` if
+    any, close when ``is_dead(now)``. After a vbucket state change:
+    ``vbucket_state_changed(vb)``. On close: ``disconnect()``. To
     read backfills off the loop: ``attach(runner, wakeup)`` before the first
     ``next_messages``, where ``wakeup`` (called from the worker thread) makes the loop pump
     this connection soon. Unattached, a backfill batch is read inside ``next_messages``.
@@ -124,7 +131,7 @@ DEFAULT_NOOP_INTERVAL = 20.0
 _BOOLS = {"true": True, "false": False}
 _PRIORITIES = frozenset({"low", "medium", "high"})
 _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
-TURN_MESSAGES = 3  # per turn: a live snapshot (marker, item) and the look that finds it idle
+TURN_MESSAGES = 3  # visits per turn: a snapshot's marker and a run or two of its items
 _HEADER_LEN = 24
 _BODY_LEN = struct.Struct(">I").unpack_from
 _SEQNO = struct.Struct(">Q").unpack_from
@@ -203,6 +210,9 @@ class DcpProducer:
         self._noop_opaques = itertools.count(0x1000_0000)
         self.backfills = BackfillManager()
         self.wakeup: Callable[[], None] | None = None  # the server's "pump me soon" (any thread)
+        # The server's "items were queued" (any thread, under the vbucket's lock: it must only
+        # take note), called after every write to a streamed vbucket, once noted.
+        self.queued_hook: Callable[[], None] | None = None
         bucket.seqno_listeners.append(self._on_queued)
 
     def attach(self, runner: BackfillRunner, wakeup: Callable[[], None]) -> None:
@@ -450,6 +460,7 @@ class DcpProducer:
         self._barriers.clear()
         with contextlib.suppress(ValueError):
             self.bucket.seqno_listeners.remove(self._on_queued)
+        self.queued_hook = None  # (the server's connection: no reference left to it)
         self.disconnected = True
 
     # -- the ready queue ---------------------------------------------------------------------
@@ -457,9 +468,17 @@ class DcpProducer:
     def _on_queued(self, vbucket: int) -> None:
         # A bucket listener: any thread, under the vbucket's lock. Only take note.
         if self.stream_ids:
-            self._notified.extend(self._by_vb.get(vbucket, ()))  # a tuple: replaced, never edited
+            keys = self._by_vb.get(vbucket, ())  # a tuple: replaced, never edited
+            if not keys:
+                return
+            self._notified.extend(keys)
         elif vbucket in self._streams:
             self._notified.append(vbucket)
+        else:
+            return
+        hook = self.queued_hook
+        if hook is not None:
+            hook()
 
     def wake(self, vbid: int) -> None:
         """Put a stream in the ready queue (the producer's own thread)."""
@@ -475,15 +494,32 @@ class DcpProducer:
             wakeup()
 
     def _drain_notified(self) -> None:
-        notified = self._notified
+        notified, in_ready, ready = self._notified, self._in_ready, self._ready
         while notified:
-            self.wake(notified.popleft())
+            vbid = notified.popleft()
+            if vbid not in in_ready:  # wake(), inlined: once per write
+                in_ready.add(vbid)
+                ready.append(vbid)
 
     # -- output ----------------------------------------------------------------------------
 
-    def next_messages(self, max_bytes: int = 1 << 20) -> list[bytes]:
+    @property
+    def notified(self) -> int:
+        """Notifications not yet taken by :meth:`next_messages`: about the items its streams'
+        vbuckets queued since (the server's push cadence reads it)."""
+        return len(self._notified)
+
+    @property
+    def has_ready(self) -> bool:
+        """Whether a stream may have something to send now: after :meth:`next_messages`, true
+        when it stopped on its bounds or on the flow-control window (or a notification came
+        from another thread meanwhile)."""
+        return bool(self._ready or self._notified)
+
+    def next_messages(self, max_bytes: int = 1 << 20, max_visits: int = 1 << 62) -> list[bytes]:
         """Encoded DCP messages to send now (round-robin over the ready streams,
-        flow-controlled)."""
+        flow-controlled), at most about ``max_bytes`` of them, in at most ``max_visits``
+        visits to a stream."""
         out: list[bytes] = []
         self._drain_notified()
         self._echo_barriers(out)
@@ -494,7 +530,7 @@ class DcpProducer:
         unacked, sent, items = self.unacked_bytes, 0, 0
         append, popleft = out.append, ready.popleft
         turn = 0  # messages the stream at the head of ``ready`` sent in this turn
-        while ready and budget > 0 and unacked < limit:
+        while ready and budget > 0 and unacked < limit and polls < max_visits:
             vbid = popleft()
             entry = streams.get(vbid)
             if entry is None:
@@ -532,7 +568,7 @@ class DcpProducer:
                 self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
                 unacked = self.unacked_bytes
-            turn = self._end_visit(vbid, entry, msg is None, turn)
+            turn = self._end_visit(vbid, entry, msg is None or entry.idle(), turn)
         self.unacked_bytes = unacked
         self.bytes_sent += sent
         self.items_sent += items
@@ -543,19 +579,16 @@ class DcpProducer:
 
     def _end_visit(self, vbid: int, entry: ActiveStream, idle: bool, turn: int) -> int:
         """Where the stream goes after one visit of its turn; the turn count that follows."""
-        if idle or (entry.finished and not entry.pending):
-            self._leave_ready(vbid, entry)  # idle until its vbucket queues something
+        if idle or entry.finished:
+            self._in_ready.discard(vbid)  # idle until its vbucket queues something
+            if entry.finished:
+                self._forget(vbid)
             return 0
         if turn < TURN_MESSAGES - 1:
             self._ready.appendleft(vbid)  # its turn goes on (each visit passes every check)
             return turn + 1
         self._ready.append(vbid)
         return 0
-
-    def _leave_ready(self, vbid: int, entry: ActiveStream) -> None:
-        self._in_ready.discard(vbid)
-        if entry.finished:
-            self._forget(vbid)
 
     def _echo_barriers(self, out: list[bytes]) -> None:
         while self._barriers and not self._barriers[0].waiting:

@@ -130,7 +130,7 @@ class Stream:
     def marker_start(self, first_seqno: int) -> int:
         """The start seqno of the next snapshot marker: the requested start for the first
         marker of a stream (spec 004, implementation notes), else the snapshot's own start."""
-        return self.start if self.first_snapshot else first_seqno
+        return self.start if self.snapshots_sent == 0 else first_seqno
 
     def note_snapshot(self, start: int, end: int) -> None:
         self.snap_start, self.snap_end = start, end

@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 Keys map to vbuckets with :func:`vbucket_for_key` (CRC32, as the SDKs compute it). A bucket
 holds the vbuckets this node has been given (:meth:`Bucket.set_vbucket_state` creates them;
-others answer NotMyVbucket) and one :class:`Storage`.
+others answer NotMyVbucket) and one storage, of the engine its ``storage`` names
+(:data:`STORAGE_ENGINES`: SQLite, ``storage.py``, or RocksDB, ``rocks_storage.py``; both behind
+:class:`~dcpkv.engine.storage.BucketStorage`).
 
 Life cycle
     ========================= ======================================================
@@ -43,8 +45,9 @@ bucket first drops DCP cursors that pin old checkpoints (their streams fall back
 then ejects persisted values down to a low watermark; if still over quota, the write fails
 with TempFail (the flusher must catch up first). The memory use is the vbuckets' own figure
 (:meth:`Item.size` per hash-table entry and per checkpoint entry) plus
-:data:`HT_ENTRY_OVERHEAD` per hash-table entry: what a key costs the process beyond those bytes
-(measured, see there), so that the quota bounds the process's RSS rather than a lower figure.
+:data:`~.hash_table.HT_ENTRY_OVERHEAD` per hash-table entry: what a key costs the process beyond
+those bytes (measured, see there), so that the quota bounds the process's RSS rather than a lower
+figure.
 
 State CAS (spec 002, "ordering of partition state transitions"): a manager that loses a
 connection mid-command may send the next state change while the first is still in flight, and
@@ -81,12 +84,16 @@ from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.flush_cadence import Backlog, due
+from dcpkv.engine.hash_table import HT_ENTRY_OVERHEAD
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
+from dcpkv.engine.rocks_storage import RocksStorage
 from dcpkv.engine.storage import (
     DEFAULT_HISTORY_WINDOW,
+    BucketStorage,
     CompactResult,
     Storage,
+    StorageError,
     VBState,
     item_from_row,
     storage_cache_bytes,
@@ -98,16 +105,47 @@ LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
 WARMUP_VALUE_FRACTION = 0.8  # stop loading values at this fraction of the quota
 RECLAIM_PAUSE_S = 0.05  # a failed reclaim is not tried again sooner, unless a flush landed
 _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when the estimate says full
-# What a hash-table entry costs the process beyond Item.size() (ITEM_OVERHEAD + key + value),
-# measured with tracemalloc and RSS deltas on CPython 3.11 (16-byte keys; bench/memory.py):
-# the Item object is 120 bytes, not 96 (+24); the dict slot and index, ~48; the CAS and seqno
-# ints, ~60; the key's and value's bytes headers with pymalloc's rounding, ~40 each; and the
-# allocator's fragmentation once values are ejected and freed. Without it, a 64 MiB quota full
-# of ejected small items held ~180 MiB of RSS (319 bytes/item against 112 charged). With it,
-# the figure is ~1.2x the RSS growth for resident 16+100-byte items (the checkpoint charges the
-# Item it shares with the hash table a second time) and ~0.8x for ejected ones: the README's
-# margin (RSS growth <= 1.25x the quota + 16 MiB) covers the latter.
-HT_ENTRY_OVERHEAD = 208
+
+
+STORAGE_ENGINES = ("sqlite", "rocksdb")
+DEFAULT_STORAGE = "sqlite"
+_SUFFIX = {"sqlite": ".sqlite3", "rocksdb": ".rocksdb"}
+
+
+def storage_path(folder: Path, bucket: str, engine: str) -> Path:
+    """Where ``engine`` keeps ``bucket``'s data in ``folder`` (a file or a directory)."""
+    return Path(folder) / f"{bucket}{_SUFFIX[engine]}"
+
+
+def open_storage(
+    engine: str,
+    folder: Path,
+    bucket: str,
+    *,
+    history_window: int = DEFAULT_HISTORY_WINDOW,
+    synchronous: str = "FULL",
+    cache_bytes: int,
+) -> BucketStorage:
+    """Open (or create) ``bucket``'s storage with ``engine``. A bucket written by the other
+    engine is refused rather than started empty beside it."""
+    if engine not in STORAGE_ENGINES:
+        raise ValueError(f"storage must be one of {', '.join(STORAGE_ENGINES)}, not {engine!r}")
+    path = storage_path(folder, bucket, engine)
+    others = [
+        e for e in STORAGE_ENGINES if e != engine and storage_path(folder, bucket, e).exists()
+    ]
+    if others and not path.exists():
+        raise StorageError(
+            f"bucket {bucket!r} in {folder} was written by the {others[0]} storage engine "
+            f"({storage_path(folder, bucket, others[0])}): start it with storage {others[0]!r}"
+        )
+    if engine == "rocksdb":
+        return RocksStorage(
+            path, history_window=history_window, synchronous=synchronous, cache_bytes=cache_bytes
+        )
+    return Storage(
+        path, history_window=history_window, synchronous=synchronous, cache_bytes=cache_bytes
+    )
 
 
 class StateCasMismatch(EngineError):
@@ -141,6 +179,7 @@ class Bucket:
         max_item_size: int = DEFAULT_MAX_ITEM_SIZE,
         synchronous: str = "FULL",
         compression_mode: CompressionMode = CompressionMode.PASSIVE,
+        storage: str = DEFAULT_STORAGE,
     ) -> None:
         self.name = name
         self.compression_mode = compression_mode  # what values are kept and sent as (document)
@@ -152,8 +191,8 @@ class Bucket:
         self.checkpoint_max_items = checkpoint_max_items
         self.max_item_size = max_item_size
         self.vbuckets: dict[int, VBucket] = {}
-        self.storage = Storage(
-            self.path / f"{name}.sqlite3", history_window=history_window, synchronous=synchronous,
+        self.storage: BucketStorage = open_storage(
+            storage, self.path, name, history_window=history_window, synchronous=synchronous,
             cache_bytes=storage_cache_bytes(memory_quota),
         )  # fmt: skip
         self._io_lock = threading.RLock()
@@ -494,9 +533,13 @@ class Bucket:
             return
         if self._still_full():
             raise TempFail("memory quota reached; retry after the flusher has caught up")
-        if self.reclaim(int(self.memory_quota * LOW_WATERMARK)) + size > self.memory_quota:
+        used = self.reclaim(int(self.memory_quota * LOW_WATERMARK))
+        if used + size > self.memory_quota:
             self._full_since = (self.items_persisted, time.monotonic())
             raise TempFail("memory quota reached; retry after the flusher has caught up")
+        # The write being admitted counts too: an estimate of what the reclaim left alone let
+        # the next writes take the bucket over its quota by one write.
+        self._memory_estimate = used + size
         self._full_since = None
 
     def _still_full(self) -> bool:

@@ -51,7 +51,7 @@ the CPU it did.
 
 What it costs. A write nobody asks about is persisted up to three flush intervals after it is
 acknowledged instead of up to one, so a kill -9 of a lightly loaded node can lose up to
-0.15 s of writes instead of 0.05 s (the README's bound, half a second, is write
+0.15 s of writes instead of 0.05 s (docs/server.md's bound, half a second, is write
 backpressure's and holds: the longest wait stays under its 0.25 s, as the limit is five
 intervals when intervals are longer). A client that asks gets the flush it asks for at the
 next tick (case W), so PersistTo polling, SeqnoPersistence and a rebalance's waits for

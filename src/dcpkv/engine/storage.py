@@ -46,7 +46,7 @@ Cache. The flusher's connection keeps 1/16 of the bucket's memory quota of pages
 SQLite's default 2 MB and 16 MiB: :func:`storage_cache_bytes`): a flush upserts keys all over
 the ``documents`` tree, and with 16 MiB instead of 2 MB a flush of 200,000 new keys costs 15 %
 less CPU (updates 5-10 %), fewer pages read back from the OS. It is bounded by the quota so a
-small bucket stays small (the quota's RSS margin, README).
+small bucket stays small (the quota's RSS margin, docs/server.md).
 
 Rollback. Before a flush overwrites a key it copies the old row to ``history`` with the new
 row's seqno as ``replaced_by``. Rolling back to seqno R picks the newest flush point C <= R;
@@ -81,7 +81,6 @@ import contextlib
 import fcntl
 import functools
 import itertools
-import json
 import os
 import sqlite3
 import threading
@@ -89,14 +88,14 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from dcpkv.core.errors import DcpkvError
-from dcpkv.core.failover_table import FailoverTable, FailoverTableError, entries_from_json_obj
+from dcpkv.engine import retention
 from dcpkv.engine.item import Item
+from dcpkv.engine.retention import DEFAULT_HISTORY_WINDOW
 
 FORMAT_VERSION = 1
-DEFAULT_HISTORY_WINDOW = 100_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -220,6 +219,72 @@ _U32 = 0xFFFFFFFF
 R = TypeVar("R", Row, StreamRow)
 
 
+class BackfillScan(Protocol[R]):
+    """An open disk snapshot of one vbucket, ``start`` (exclusive) .. ``end``, latest version
+    per key, read in seqno order (either engine's; one thread at a time)."""
+
+    start: int
+    end: int
+    purge_seqno: int
+    exhausted: bool  # read to its end (and then closed)
+
+    @property
+    def closed(self) -> bool:
+        """Its snapshot let go (closed, or read to its end)."""
+        ...
+
+    def read(self, n: int) -> list[R]:
+        """Up to ``n`` more rows; fewer means the snapshot is read to its end."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class BucketStorage(Protocol):
+    """The storage seam: what a :class:`~dcpkv.engine.bucket.Bucket` asks of its engine
+    (:class:`Storage`, SQLite, or :class:`~dcpkv.engine.rocks_storage.RocksStorage`)."""
+
+    path: Path
+    history_window: int
+
+    def reading(self, what: str) -> contextlib.AbstractContextManager[None]: ...
+    def was_clean_shutdown(self) -> bool: ...
+    def set_clean_shutdown(self, clean: bool) -> None: ...
+    def vbucket_states(self) -> dict[int, VBState]: ...
+    def vbucket_state(self, vb: int) -> VBState | None: ...
+    def set_vbucket_state(self, vb: int, vbstate: VBState) -> None: ...
+    def delete_vbucket(self, vb: int) -> None: ...
+    def get(self, vb: int, key: bytes) -> Item | None: ...
+    def load_items(self, vb: int, *, values: bool = True) -> Iterator[Item]: ...
+    def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None: ...
+    def persist_snapshot(self, vb: int, items: Iterable[Item], vbstate: VBState) -> None: ...
+    def scan_by_seqno(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> Iterator[Item]: ...
+    def backfill(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> Backfill: ...
+    def open_backfill(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> BackfillScan[Row]: ...
+    def open_stream_backfill(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> BackfillScan[StreamRow]: ...
+    def rollback(self, vb: int, seqno: int) -> int: ...
+    def flush_points(self, vb: int) -> list[int]: ...
+    def history(self, vb: int) -> list[tuple[bytes, int, int]]: ...
+    def divergence(self, vb: int, seqno: int) -> list[tuple[Row, Row | None]]: ...
+    def compact(
+        self,
+        vb: int,
+        *,
+        purge_before_seqno: int | None = None,
+        purge_older_than_secs: float | None = None,
+        now: float | None = None,
+    ) -> CompactResult: ...
+    def close(self) -> None: ...
+
+
 def row_of_stream_row(row: StreamRow) -> Row:
     """The :data:`Row` a :data:`StreamRow` was read from."""
     key, seqno, cas, rev, flags_expiry, packed, value = row
@@ -228,7 +293,7 @@ def row_of_stream_row(row: StreamRow) -> Row:
             value)  # fmt: skip
 
 
-class BackfillScan(Generic[R]):
+class SqliteScan(Generic[R]):
     """An open disk snapshot of one vbucket: ``start`` (exclusive) .. ``end``, latest version
     per key, read in seqno order by :meth:`read` inside one read transaction.
 
@@ -249,6 +314,10 @@ class BackfillScan(Generic[R]):
             (vb, start, end),
         )
         self.exhausted = False
+
+    @property
+    def closed(self) -> bool:
+        return self._conn is None
 
     def read(self, n: int) -> list[R]:
         """Up to ``n`` more rows; fewer means the snapshot is read to its end (and closed)."""
@@ -400,17 +469,10 @@ WAL_AUTOCHECKPOINT_PAGES = 16384  # 64 MiB of 4 KiB pages (module docstring, Dur
 # The flusher's page cache (module docstring, Cache): SQLite's default, up to 16 MiB.
 MIN_CACHE_BYTES = 2_048_000
 MAX_CACHE_BYTES = 16 << 20
-FLUSH_POINT_STRIDES = 64  # strides per history window (module docstring, Rollback)
 _MAX_ROWS = 2048  # rows per statement: 2048 x 11 parameters stays below SQLite's 32766
 
 
 _flatten = itertools.chain.from_iterable  # the rows' values in one list, at C speed
-
-
-def _due(last: int | None, high_seqno: int, every: int) -> bool:
-    """Whether a per-vbucket chore last done at ``last`` (None: never) is due again at
-    ``high_seqno``, being done once every ``every`` seqnos."""
-    return last is None or high_seqno - last >= every
 
 
 def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: Sequence[tuple[object, ...]]) -> None:
@@ -427,7 +489,34 @@ def _chunked(db: sqlite3.Connection, stmt: _MultiRow, rows: Sequence[tuple[objec
         i += size
 
 
-class Storage:
+class StorageReads:
+    """What both engines derive from their own :meth:`open_backfill` and :meth:`persist`."""
+
+    def open_backfill(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> BackfillScan[Row]:
+        raise NotImplementedError
+
+    def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None:
+        raise NotImplementedError
+
+    def persist_snapshot(self, vb: int, items: Iterable[Item], vbstate: VBState) -> None:
+        """Write one snapshot and the vbucket's state."""
+        self.persist([(vb, items, vbstate)])
+
+    def scan_by_seqno(
+        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+    ) -> Iterator[Item]:
+        """Latest version of each key with start < by_seqno <= end, in seqno order."""
+        return self.backfill(vb, start_exclusive, end_inclusive).items
+
+    def backfill(self, vb: int, start_exclusive: int, end_inclusive: int | None = None) -> Backfill:
+        """A consistent disk snapshot; ``end`` defaults to the persisted high seqno."""
+        scan = self.open_backfill(vb, start_exclusive, end_inclusive)
+        return Backfill(scan.start, scan.end, scan.purge_seqno, _items(scan))
+
+
+class Storage(StorageReads):
     """The database of one bucket (see the module docstring)."""
 
     def __init__(
@@ -575,10 +664,6 @@ class Storage:
             yield Item(key, value, flags, expiry, cas if cas >= 0 else cas + _TWO_64, rev, seqno,
                        datatype)  # fmt: skip
 
-    def persist_snapshot(self, vb: int, items: Iterable[Item], vbstate: VBState) -> None:
-        """Write one snapshot and the vbucket's state in one transaction."""
-        self.persist([(vb, items, vbstate)])
-
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None:
         """Write the snapshots and states of several vbuckets in one transaction.
 
@@ -623,12 +708,12 @@ class Storage:
     @property
     def flush_point_stride(self) -> int:
         """Seqnos per stride of thinned flush points (module docstring, Rollback)."""
-        return max(1, self.history_window // FLUSH_POINT_STRIDES)
+        return retention.stride(self.history_window)
 
     def _thin_due(self, vb: int, high_seqno: int) -> bool:
         # Once per stride of seqnos: each run reads the vbucket's points below the cutoff, at
         # most ~80 kept ones plus the two strides that accumulated since the last run.
-        return _due(self._thinned_at.get(vb), high_seqno, self.flush_point_stride)
+        return retention.thin_due(self._thinned_at.get(vb), high_seqno, self.history_window)
 
     def _thin_points(self, db: sqlite3.Connection, thins: list[tuple[int, int]]) -> None:
         stride = self.flush_point_stride
@@ -637,7 +722,7 @@ class Storage:
     def _trim_due(self, vb: int, high_seqno: int) -> bool:
         # History is trimmed every quarter window, not every flush: keeping up to 1.25x the
         # window only makes more rollbacks exact, and a trim costs statements per vbucket.
-        return _due(self._trimmed_at.get(vb), high_seqno, max(1, self.history_window // 4))
+        return retention.trim_due(self._trimmed_at.get(vb), high_seqno, self.history_window)
 
     def _trim_history(self, db: sqlite3.Connection, trims: list[tuple[int, int]]) -> None:
         """Drop history older than the window of each (vb, high seqno): ``history_start``
@@ -649,35 +734,41 @@ class Storage:
         _chunked(db, _TRIM_HISTORY, due)
         _chunked(db, _TRIM_POINTS, due)
 
+    def flush_points(self, vb: int) -> list[int]:
+        """The flush points kept for a vbucket (its exact rollback targets), in order."""
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT seqno FROM flush_points WHERE vb = ? ORDER BY seqno", (vb,)
+            ).fetchall()
+        return [seqno for (seqno,) in rows]
+
+    def history(self, vb: int) -> list[tuple[bytes, int, int]]:
+        """The replaced versions kept for rollback: (key, their seqno, replacing seqno)."""
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT key, by_seqno, replaced_by FROM history WHERE vb = ? ORDER BY by_seqno",
+                (vb,),
+            ).fetchall()
+        return [(bytes(key), seqno, by) for key, seqno, by in rows]
+
     # -- backfill --------------------------------------------------------------------------
-
-    def scan_by_seqno(
-        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
-    ) -> Iterator[Item]:
-        """Latest version of each key with start < by_seqno <= end, in seqno order."""
-        return self.backfill(vb, start_exclusive, end_inclusive).items
-
-    def backfill(self, vb: int, start_exclusive: int, end_inclusive: int | None = None) -> Backfill:
-        """A disk snapshot read in one transaction; ``end`` defaults to the persisted high."""
-        scan = self.open_backfill(vb, start_exclusive, end_inclusive)
-        return Backfill(scan.start, scan.end, scan.purge_seqno, _items(scan))
 
     def open_backfill(
         self, vb: int, start_exclusive: int, end_inclusive: int | None = None
-    ) -> BackfillScan[Row]:
+    ) -> SqliteScan[Row]:
         """Open a disk snapshot (its own connection, one read transaction) for raw rows;
         ``end`` defaults to the persisted high seqno, and is capped by it."""
         return self._open_scan(_DOC_COLUMNS, vb, start_exclusive, end_inclusive)
 
     def open_stream_backfill(
         self, vb: int, start_exclusive: int, end_inclusive: int | None = None
-    ) -> BackfillScan[StreamRow]:
+    ) -> SqliteScan[StreamRow]:
         """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill)."""
         return self._open_scan(_STREAM_COLUMNS, vb, start_exclusive, end_inclusive)
 
     def _open_scan(
         self, columns: str, vb: int, start_exclusive: int, end_inclusive: int | None
-    ) -> BackfillScan[Any]:
+    ) -> SqliteScan[Any]:
         conn = self._open(create=False)
         try:
             conn.execute("BEGIN")
@@ -686,7 +777,7 @@ class Storage:
             ).fetchone()
             high, purge = row if row else (0, 0)
             end = high if end_inclusive is None else min(end_inclusive, high)
-            return BackfillScan(conn, columns, vb, start_exclusive, end, purge)
+            return SqliteScan(conn, columns, vb, start_exclusive, end, purge)
         except BaseException:
             conn.close()
             raise
@@ -713,7 +804,7 @@ class Storage:
             db.execute(
                 "UPDATE vbstate SET high_seqno = ?, snap_start = ?, snap_end = ?, failover = ?,"
                 " purge_seqno = min(purge_seqno, ?) WHERE vb = ?",
-                (point, point, point, _prune_failover(failover, point), point, vb),
+                (point, point, point, retention.prune_failover(failover, point), point, vb),
             )
             return point
 
@@ -753,12 +844,11 @@ class Storage:
     ) -> int | None:
         """Where a rollback to ``seqno`` lands: the newest flush point at or below it whose
         versions the history still holds; None when only a wipe (to 0) gets there."""
-        point: int | None = db.execute(
+        newest: int | None = db.execute(
             "SELECT max(seqno) FROM flush_points WHERE vb = ? AND seqno <= ?", (vb, seqno)
         ).fetchone()[0]
-        if self.history_window <= 0 or point is None or point < history_start or point == 0:
-            return None
-        return point
+        points = () if newest is None else (newest,)
+        return retention.rollback_point(points, seqno, history_start, self.history_window)
 
     def _versions_at(
         self, db: sqlite3.Connection, vb: int, point: int
@@ -837,13 +927,3 @@ def _items(scan: BackfillScan[Row]) -> Iterator[Item]:
                 yield _item(row)
     finally:
         scan.close()
-
-
-def _prune_failover(text: str, seqno: int) -> str:
-    try:
-        entries = entries_from_json_obj(json.loads(text))
-    except (FailoverTableError, ValueError):
-        return text
-    table = FailoverTable(entries, capacity=max(len(entries), 1))
-    table.prune(seqno)
-    return table.to_json()

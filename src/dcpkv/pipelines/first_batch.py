@@ -59,10 +59,10 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.pipelines import vtable
-from dcpkv.pipelines.mirror import (
-    MIRROR_COLUMNS,
+from dcpkv.pipelines.mirror_schema import MIRROR_COLUMNS
+from dcpkv.pipelines.source_node import SourceSettings
+from dcpkv.pipelines.table_job import (
     BatchStats,
-    SourceSettings,
     lag_from,
     report_batch,
     resync_rows,

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.pipelines import vtable
-from dcpkv.pipelines.mirror import SourceSettings, mirror_rows
+from dcpkv.pipelines.mirror_schema import mirror_rows
+from dcpkv.pipelines.source_node import SourceSettings
 
 WARM_VBUCKETS = 16  # read from the first this many vbuckets: a few hundred rows of a sample
 

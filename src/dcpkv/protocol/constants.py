@@ -129,6 +129,12 @@ class Opcode(IntEnum):
     DcpBarrier = 0x66  # this project's extension, see the module docstring
 
 
+class ServerOpcode(IntEnum):
+    """Opcodes of server requests (magic 0x82): their own space, apart from :class:`Opcode`."""
+
+    ClustermapChangeNotification = 0x01
+
+
 class Datatype(IntFlag):
     """Bits of header byte 5. A flag set, not an enum: JSON | Snappy is a legal value."""
 
@@ -213,5 +219,14 @@ class SnapshotMarkerVersion(IntEnum):
 class FramingId(IntEnum):
     """Framing-extras item ids we understand (requests and responses number them apart)."""
 
+    RequestDurability = 1
     RequestDcpStreamId = 2
     ResponseServerDuration = 0
+
+
+class DurabilityLevel(IntEnum):
+    """The level byte of a request's durability requirement (0 is never valid on the wire)."""
+
+    Majority = 1
+    MajorityAndPersistToActive = 2
+    PersistToMajority = 3

@@ -707,5 +707,5 @@ REQUEST_DECODERS = {
 RESPONSE_TYPES: tuple[type[Response], ...] = (
     AddStreamResponse, StreamRequestOk, StreamRequestRollback, GetFailoverLogResponse,
 )  # fmt: skip
-# the only server request (0x82) this codec knows
+# the DCP server requests (0x82) this codec knows (kv.py has the others)
 SERVER_REQUEST_TYPES: tuple[type[Request], ...] = (DcpBarrier,)

@@ -59,6 +59,7 @@ HEADER = struct.Struct(">BBHBBHIIQ")
 # the flex form: framing-extras length and key length are one byte each
 FLEX_HEADER = struct.Struct(">BBBBBBHIIQ")
 _U16 = struct.Struct(">H")
+_BODY_LENGTH = struct.Struct(">I")  # at offset 8 of a header of either form
 
 _REQUESTS = frozenset({Magic.ClientRequest, Magic.ServerRequest, Magic.AltClientRequest})
 _FLEX_OF = {
@@ -133,6 +134,12 @@ def _classic_frame(
     f.stream_id = None
     f.server_duration = None
     return f
+
+
+def body_length(data: Bytes, pos: int = 0) -> int:
+    """The total body length of the frame whose header starts at ``pos`` (either form: the
+    field is at offset 8 in both), read without unpacking the rest of the header."""
+    return _BODY_LENGTH.unpack_from(data, pos + 8)[0]
 
 
 def encode_framing_item(item_id: int, data: bytes) -> bytes:
@@ -233,6 +240,17 @@ def _framing_item(framing: memoryview, pos: int) -> tuple[int, int, int]:
     if pos + length > end:
         raise CodecError(Status.Einval, f"framing extras: item {item_id} overruns the frame")
     return item_id, length, pos
+
+
+def framing_items(framing: Bytes) -> Iterator[tuple[int, memoryview]]:
+    """(id, data) of each framing-extras item, in order; a malformed item raises
+    :class:`CodecError` (the parser has checked the shape of a frame's items already)."""
+    view = memoryview(framing)
+    pos = 0
+    while pos < len(view):
+        item_id, length, pos = _framing_item(view, pos)
+        yield item_id, view[pos : pos + length]
+        pos += length
 
 
 # The two-byte items we read, by (is a request, id): what the error calls them

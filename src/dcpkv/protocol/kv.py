@@ -45,14 +45,14 @@ from dcpkv.protocol.base import (
     unpack_exact,
     value_field,
 )
-from dcpkv.protocol.constants import MAX_KEY_LEN, HelloFeature, Magic, Opcode
+from dcpkv.protocol.constants import MAX_KEY_LEN, HelloFeature, Magic, Opcode, ServerOpcode
 from dcpkv.protocol.frame import HEADER, Bytes, Frame
 
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_FLAGS_EXPIRY = struct.Struct(">II")
+FLAGS_EXPIRY = struct.Struct(">II")  # a Set's (Add's, Replace's) extras
 _ARITH = struct.Struct(">QQI")
 _SEQNO_EXTRAS = struct.Struct(">QQ")  # MutationSeqno: vbucket uuid, seqno
 _VB_SEQNO = struct.Struct(">HQ")
@@ -60,9 +60,14 @@ _OBSERVE_0 = struct.Struct(">BHQQQ")
 _OBSERVE_1 = struct.Struct(">BHQQQQQ")
 _META = struct.Struct(">IIIQ")  # GetMeta answer: deleted, flags, expiry, rev seqno
 _FEATURE_BY_VALUE = {f.value: f for f in HelloFeature}
-# Fast paths: the response header fused with the fixed extras that follow it.
-_GET_HIT = struct.Struct(">BBHBBHIIQI")  # + flags
-_MUTATED = struct.Struct(">BBHBBHIIQQQ")  # + vbucket uuid, seqno (MutationSeqno)
+# Fast paths (these encoders, and the server's request fast path, which packs its answers with
+# the same layouts): the response header fused with the fixed extras that follow it.
+GET_HIT = struct.Struct(">BBHBBHIIQI")  # + flags
+MUTATED = struct.Struct(">BBHBBHIIQQQ")  # + vbucket uuid, seqno (MutationSeqno)
+# A Set's success without MutationSeqno: the 12 bytes of its header that never change (magic,
+# opcode, no key, no extras, no datatype, Success, no body), then opaque and CAS.
+SET_OK = struct.Struct(">12sIQ")
+SET_OK_HEAD = HEADER.pack(Magic.ClientResponse, Opcode.Set, 0, 0, 0, 0, 0, 0, 0)[:12]
 
 
 def _vbucket_state(value: int, what: str) -> VBucketState:
@@ -148,7 +153,7 @@ class GetResponse(Response):
         if len(key) > MAX_KEY_LEN:
             raise einval(f"{type(self).__name__} key", f"{len(key)} bytes exceed {MAX_KEY_LEN}")
         try:
-            head = _GET_HIT.pack(
+            head = GET_HIT.pack(
                 Magic.ClientResponse, self.OPCODE, len(key), 4, self.datatype, self.status,
                 4 + len(key) + len(value), self.opaque, self.cas, self.flags,
             )  # fmt: skip
@@ -183,7 +188,7 @@ class GATResponse(GetResponse):
 @dataclass(slots=True, kw_only=True)
 class Set(Request):
     OPCODE = Opcode.Set
-    EXTRAS = _FLAGS_EXPIRY
+    EXTRAS = FLAGS_EXPIRY
     EXTRAS_FIELDS = ("flags", "expiration")
     KEY = Part.REQUIRED
     VALUE = Part.OPTIONAL
@@ -197,7 +202,7 @@ class Set(Request):
         if frame.opcode != cls.OPCODE or frame.magic not in REQUEST_MAGICS:
             check_frame(cls, frame, request=True)  # raises, naming what is wrong
         what = cls.__name__
-        flags, expiration = unpack_exact(_FLAGS_EXPIRY, frame.extras, f"{what} extras")
+        flags, expiration = unpack_exact(FLAGS_EXPIRY, frame.extras, f"{what} extras")
         key = frame.key
         if not key:
             raise einval(f"{what} key", "is required (empty key)")
@@ -319,7 +324,7 @@ class MutationResponse(Response):
                 )  # fmt: skip
             if uuid is None or seqno is None:
                 raise einval(f"{type(self).__name__} vbucket_uuid/seqno", "set both or neither")
-            return _MUTATED.pack(
+            return MUTATED.pack(
                 Magic.ClientResponse, self.OPCODE, 0, 16, self.datatype, self.status, 16,
                 self.opaque, self.cas, uuid, seqno,
             )  # fmt: skip
@@ -873,6 +878,50 @@ class GetClusterConfigResponse(Response):
 
 
 @dataclass(slots=True, kw_only=True)
+class ClustermapChangeNotification(Request):
+    """A server request (magic 0x82) to a client that asked Hello for Duplex and
+    ClustermapChangeNotification: the node serves a new map. Key = bucket name, extras =
+    (revEpoch, rev) (4 bytes, the rev alone, from older servers), value = the config JSON.
+    No answer is expected."""
+
+    OPCODE = ServerOpcode.ClustermapChangeNotification
+    KEY = Part.OPTIONAL
+    KEY_FIELD = "bucket"
+    KEY_TEXT = True
+    VALUE = Part.OPTIONAL
+    VALUE_FIELD = "config"
+    bucket: str = ""
+    epoch: int = 0
+    rev: int = 0
+    config: Bytes = b""
+
+    def _magic(self) -> int:
+        return Magic.ServerRequest
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        _, key, value = generic_parts(self)
+        return (
+            pack(_SEQNO_EXTRAS, "ClustermapChangeNotification extras", self.epoch, self.rev),
+            key,
+            value,
+        )
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        extras = frame.extras
+        if len(extras) == _U32.size:
+            epoch, (rev,) = 0, _U32.unpack(extras)
+        else:
+            epoch, rev = unpack_exact(_SEQNO_EXTRAS, extras, "ClustermapChangeNotification extras")
+        return {
+            "epoch": epoch,
+            "rev": rev,
+            **key_field(cls, frame.key),
+            **value_field(cls, frame.value),
+        }
+
+
+@dataclass(slots=True, kw_only=True)
 class GetErrorMap(Request):
     OPCODE = Opcode.GetErrorMap
     VALUE_STRUCT = _U16
@@ -897,6 +946,9 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     GetAllVbSeqnos, ObserveSeqno, GetMeta, SeqnoPersistence, SetClusterConfig,
     GetClusterConfig, GetErrorMap, RbacRefresh,
 )  # fmt: skip
+
+# server requests (magic 0x82)
+SERVER_REQUEST_TYPES: tuple[type[Request], ...] = (ClustermapChangeNotification,)
 
 RESPONSE_TYPES: tuple[type[Response], ...] = (
     GetResponse, GetQResponse, GetKResponse, GetKQResponse, GATResponse,

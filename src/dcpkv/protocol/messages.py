@@ -6,7 +6,8 @@ Dispatch is two dictionary lookups built once at import:
 
 * requests (magic 0x80 / 0x08) by opcode: a message type's ``decode`` or, for opcodes with
   several layouts, a function that picks the type (snapshot markers, deletions);
-* server requests (magic 0x82) by opcode: only the echoed :class:`DcpBarrier`;
+* server requests (magic 0x82) by opcode: ClustermapChangeNotification and the echoed
+  :class:`DcpBarrier`;
 * responses (magic 0x81 / 0x18 / 0x83) by (opcode, status): a typed response when that status
   has a typed body (StreamRequest has two: Success and Rollback), else
   :class:`GenericResponse`, which reads any response raw.
@@ -46,7 +47,9 @@ def _response_table() -> dict[tuple[int, int], Decoder]:
 
 
 _REQUESTS = _request_table()
-_SERVER_REQUESTS: dict[int, Decoder] = {t.OPCODE: t.decode for t in dcp.SERVER_REQUEST_TYPES}
+_SERVER_REQUESTS: dict[int, Decoder] = {
+    t.OPCODE: t.decode for t in (*kv.SERVER_REQUEST_TYPES, *dcp.SERVER_REQUEST_TYPES)
+}
 _RESPONSES = _response_table()
 _CLIENT_REQUEST_MAGICS = frozenset({Magic.ClientRequest, Magic.AltClientRequest})
 

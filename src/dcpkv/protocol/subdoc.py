@@ -50,6 +50,7 @@ SINGLE_OPS = frozenset({
 })  # fmt: skip
 SINGLE_LOOKUPS = frozenset({Opcode.SubdocGet, Opcode.SubdocExists, Opcode.SubdocGetCount})
 ALL_OPS = SINGLE_OPS | {Opcode.SubdocMultiLookup, Opcode.SubdocMultiMutation}
+LOOKUP_OPS = SINGLE_LOOKUPS | {Opcode.SubdocMultiLookup}  # the rest change the document
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,19 +17,27 @@ connection keeps going. When the transport's write buffer passes its high-water 
 pauses until it drains (a client that pipelines without reading cannot grow our memory).
 
 DCP push path: a connection that opened as a producer (:mod:`dcpkv.server.dcp_handlers`)
-also *sends* without being asked. :meth:`KVProtocol.pump` writes one chunk of
-``producer.next_messages(PUMP_CHUNK)`` and, when that chunk was not empty, schedules itself
-again with ``call_soon``, so one fast stream cannot starve the other connections. It runs
-after every read, when the engine queues an item in one of the connection's bucket (the
-bucket's ``seqno_listeners`` mark the bucket dirty, and one ``call_soon`` per loop iteration
-pumps its producers, however many writes there were), when the transport drains below its
-low-water mark (``resume_writing``), and every ``PUMP_TICK_S`` as a safety net. A pump costs
-what the producer's ready queue holds, never O(open streams): the producer itself notes which
-of its streams' vbuckets queued items (see :mod:`dcpkv.dcp.producer`). Disk backfills are
-read by ONE backfill worker thread (:class:`~dcpkv.dcp.backfill.BackfillThread`), never on the
-loop: the first pump of a producer attaches it to that thread with a wake-up that, from the
-worker, does ``call_soon_threadsafe`` to pump that connection when a batch lands. It never
-writes while the transport is above its high-water mark, so a slow consumer costs at most
+also *sends* without being asked. :meth:`KVProtocol.pump` writes one turn,
+``producer.next_messages(PUMP_CHUNK, PUMP_VISITS)``: at most 256 KiB and 32 stream visits,
+since live writes spread over many vbuckets are a snapshot each, ~10 us of loop a visit. When
+the producer stopped on those bounds with more ready, the pump comes back with ``call_soon``,
+so the loop reads and answers the other connections between turns; a turn that emptied the
+ready queue does not come back (new items notify). A client's answer never waits for a turn:
+it is written by the read that brought its request (uvloop writes at once), and a request
+that arrives during a turn waits for that turn only. A pump runs after every read of the
+connection; when the engine queues items in one of its streams' vbuckets (the producer's
+bucket listener calls the connection's hook, from any thread, which arms one decision per
+loop iteration however many writes there were: the connection is pumped at once or up to
+2 ms later as :mod:`dcpkv.server.push_cadence` decides, so a trickle of one-at-a-time writes
+is gathered rather than paying a pump per write on the loop that must read the writer's next
+request); when the transport drains below its low-water mark (``resume_writing``); and every
+``PUMP_TICK_S`` as a safety net. A pump costs what the producer's ready queue holds, never
+O(open streams): the producer itself notes which of its streams' vbuckets queued items (see
+:mod:`dcpkv.dcp.producer`). Disk backfills are read by ONE backfill worker thread
+(:class:`~dcpkv.dcp.backfill.BackfillThread`), never on the loop: the first pump of a
+producer attaches it to that thread with a wake-up that, from the worker, does
+``call_soon_threadsafe`` to pump that connection when a batch lands. It never writes while
+the transport is above its high-water mark, so a slow consumer costs at most
 ``WRITE_HIGH_WATER`` plus one chunk of server memory; what it has not read stays in the
 checkpoints or on disk (the producer's own bound). Every second the liveness timer writes
 ``noop_due`` and closes connections that are ``is_dead``. A vbucket state change (the
@@ -115,6 +123,7 @@ from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
 from dcpkv.server.fast_path import serve_chunk
 from dcpkv.server.gc_policy import FREEZE_EVERY_S, CollectorPolicy
+from dcpkv.server.push_cadence import delay
 from dcpkv.server.replication import Credentials, Replicator
 from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
@@ -130,6 +139,10 @@ VALUE_SLACK = 1024 * 1024
 EXPIRY_PAGER_INTERVAL_S = 10.0
 FLUSH_RETRY_S = 0.25  # between flush attempts while they fail (a full disk, an I/O error)
 PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yielding the loop
+# Stream visits per pump before yielding the loop: the bound of a turn of live items, each its
+# own snapshot (PUMP_CHUNK alone let a turn take ~1,200 such items, ~10 ms). A request that
+# arrives meanwhile waits for one turn.
+PUMP_VISITS = 32
 PUMP_TICK_S = 0.05  # safety-net pump of every producer
 LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
 # The flusher thread gives up the GIL at every SQLite call and, while the event loop is busy,
@@ -163,6 +176,12 @@ class KVProtocol(asyncio.Protocol):
         self.write_paused = False
         self.flush_paused = False  # not read until the flusher catches up (backpressure)
         self._pump_scheduled = False
+        self._pump_timer: asyncio.TimerHandle | None = None  # a gap's end (push cadence)
+        self._last_pump = -math.inf  # when a pump last wrote something (monotonic clock)
+        # A push decision, a pump or a gap's end is pending: new items need no other notice.
+        self._push_armed = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # (set by _attach, for any thread)
+        self._loop_thread = 0
         self._attached: DcpProducer | None = None  # the producer given the backfill thread
         # the precise liveness timer (arm_liveness) and the producer-clock time it is set for
         self._liveness_timer: asyncio.TimerHandle | None = None
@@ -208,6 +227,9 @@ class KVProtocol(asyncio.Protocol):
         if self._liveness_timer is not None:
             self._liveness_timer.cancel()
             self._liveness_timer = None  # (its callback referenced us)
+        if self._pump_timer is not None:
+            self._pump_timer.cancel()
+            self._pump_timer = None
         conn, self.conn = self.conn, None
         if conn is not None:
             drop_producer(conn)
@@ -333,19 +355,56 @@ class KVProtocol(asyncio.Protocol):
             self._pump_scheduled = True
             asyncio.get_running_loop().call_soon(self.pump)
 
+    def _items_queued(self) -> None:
+        # The producer's hook: after every write to one of its streams' vbuckets, from the
+        # writer's thread, under the vbucket's lock. Most writes find a push already armed.
+        # (No wake-up is lost to a race: the producer notes the item before calling us, and
+        # a pump disarms before it takes the notes.)
+        if self._push_armed or self._loop is None:
+            return
+        self._push_armed = True
+        if threading.get_ident() == self._loop_thread:
+            self._loop.call_soon(self.items_queued)
+        else:
+            self._loop.call_soon_threadsafe(self.items_queued)
+
+    def items_queued(self) -> None:
+        """The connection's vbuckets queued items (once per loop turn that wrote, not per
+        write): pump now, or at the end of the gap since the last pump
+        (:mod:`dcpkv.server.push_cadence`)."""
+        producer = self.producer
+        if self._pump_scheduled or self._pump_timer is not None or producer is None:
+            return
+        wait = delay(self._last_pump, producer.notified, self.server.monotonic())
+        if wait <= 0.0:
+            self.schedule_pump()
+        else:
+            self._pump_timer = asyncio.get_running_loop().call_later(wait, self._gap_ended)
+
+    def _gap_ended(self) -> None:
+        # Through call_soon, not a pump from the timer: uvloop runs what a timer schedules
+        # before polling the sockets, so a bounded turn's next turn would follow at once.
+        self._pump_timer = None
+        self.schedule_pump()
+
     def pump(self) -> None:
-        """Write one chunk of ready DCP messages; come back for more after other work."""
-        self._pump_scheduled = False
+        """Write one turn of ready DCP messages; come back for more after other work."""
+        self._pump_scheduled = self._push_armed = False
+        if self._pump_timer is not None:
+            self._pump_timer.cancel()  # (this pump takes what it waited for)
+            self._pump_timer = None
         producer = self.producer
         if producer is None or self.closing or self.write_paused or self.transport is None:
             return
         if producer is not self._attached:
             self._attach(producer)
-        chunks = producer.next_messages(PUMP_CHUNK)
+        chunks = producer.next_messages(PUMP_CHUNK, PUMP_VISITS)
         if chunks:
+            self._last_pump = self.server.monotonic()
             # May call pause_writing at once, which stops the next round.
             self.transport.write(b"".join(chunks))
-            self.schedule_pump()
+            if producer.has_ready:  # the turn's bound stopped it; else new items notify
+                self.schedule_pump()
 
     def _attach(self, producer: DcpProducer) -> None:
         # Before its first next_messages, which is where backfills start: from now on they
@@ -356,6 +415,8 @@ class KVProtocol(asyncio.Protocol):
             loop.call_soon_threadsafe(self._wake_from_thread)
 
         producer.attach(self.server.backfill_thread, wake)
+        self._loop, self._loop_thread = loop, threading.get_ident()
+        producer.queued_hook = self._items_queued
         self._attached = producer
 
     def _wake_from_thread(self) -> None:
@@ -414,10 +475,7 @@ class DataServer:
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._dirty: set[str] = set()  # buckets with new items since the last push
-        self._push_scheduled = False
+        self.monotonic = time.monotonic  # the push cadence's clock (tests set their own)
         self._locks: list[BucketLock] = []
         self.collector = CollectorPolicy()
 
@@ -434,6 +492,7 @@ class DataServer:
                 num_vbuckets=bc.vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 compression_mode=CompressionMode(bc.compression_mode),
+                storage=bc.storage,
             )
             if not bucket.vbuckets and not self.config.managed:
                 for vb in range(bc.vbuckets):
@@ -455,9 +514,9 @@ class DataServer:
         tls = self._tls_context()  # before anything else: a bad certificate fails at once
         await loop.run_in_executor(self.executor, self.open_buckets)
         self.collector.settle()  # the items warm-up loaded are never scanned again
-        self._loop, self._loop_thread = loop, threading.get_ident()
         for name, bucket in self.state.buckets.items():
-            bucket.seqno_listeners.append(partial(self._on_queued, name))
+            # first: a handover's map is served before anything reacts to the change
+            bucket.state_listeners.append(partial(self.state.vbucket_state_changed, name))
             bucket.state_listeners.append(partial(self._on_state_change, name))
         self._server = await loop.create_server(
             lambda: KVProtocol(self), self.config.host, self.config.port, reuse_address=True
@@ -521,30 +580,6 @@ class DataServer:
 
     def producers(self, bucket: str | None = None) -> list[KVProtocol]:
         return [p for p in self.connections if p.producer is not None and p.serves(bucket)]
-
-    def _on_queued(self, bucket: str, vb: int) -> None:
-        # Called under a vbucket lock, once per write: only take note, and most writes find
-        # the note taken (a racy read is fine from any thread: the push it saw scheduled
-        # runs on the loop after this write's item is queued).
-        if self._push_scheduled and bucket in self._dirty:
-            return
-        if threading.get_ident() == self._loop_thread:
-            self._mark_dirty(bucket)
-        elif self._loop is not None:
-            self._loop.call_soon_threadsafe(self._mark_dirty, bucket)
-
-    def _mark_dirty(self, bucket: str) -> None:
-        self._dirty.add(bucket)
-        if not self._push_scheduled and self._loop is not None:
-            self._push_scheduled = True
-            self._loop.call_soon(self._push_dirty)
-
-    def _push_dirty(self) -> None:
-        self._push_scheduled = False
-        dirty, self._dirty = self._dirty, set()
-        for bucket in dirty:
-            for proto in self.producers(bucket):
-                proto.schedule_pump()
 
     def _on_state_change(self, bucket: str, vb: int) -> None:
         for proto in self.producers(bucket):

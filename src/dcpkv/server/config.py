@@ -13,6 +13,7 @@ looks like::
     [buckets.default]
     vbuckets = 1024
     memory_quota_mb = 256
+    storage = "sqlite"    # or "rocksdb" (docs/storage.md)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dcpkv.core.defaults import (
     DEFAULT_USER,
 )
 from dcpkv.core.errors import DcpkvError
+from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
 
 DEFAULT_VBUCKETS = 1024
 
@@ -44,8 +46,14 @@ class BucketConfig:
     vbuckets: int = DEFAULT_VBUCKETS
     memory_quota_mb: int = 256
     compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
+    storage: str = DEFAULT_STORAGE  # the storage engine (dcpkv.engine.bucket.STORAGE_ENGINES)
 
     def __post_init__(self) -> None:
+        if self.storage not in STORAGE_ENGINES:
+            raise ConfigError(
+                f"bucket {self.name!r}: storage must be {' or '.join(STORAGE_ENGINES)}, "
+                f"not {self.storage!r}"
+            )
         if self.compression_mode not in ("off", "passive", "active"):
             raise ConfigError(
                 f"bucket {self.name!r}: compression_mode must be off, passive or active"
@@ -167,6 +175,7 @@ def with_cli_flags(
     vbuckets: int | None = None,
     memory_quota_mb: int | None = None,
     compression_mode: str | None = None,
+    storage: str | None = None,
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
@@ -174,16 +183,12 @@ def with_cli_flags(
     """The ``dcpkv server`` flags over ``config``: bucket flags change the first bucket, and
     ``--user``/``--password`` make that the one user (None means "flag not given")."""
     first = config.buckets[0]
-    if (bucket, vbuckets, memory_quota_mb, compression_mode) != (None, None, None, None):
-        changed = replace(
-            first,
-            name=first.name if bucket is None else bucket,
-            vbuckets=first.vbuckets if vbuckets is None else vbuckets,
-            memory_quota_mb=first.memory_quota_mb if memory_quota_mb is None else memory_quota_mb,
-            compression_mode=first.compression_mode
-            if compression_mode is None
-            else compression_mode,
-        )
+    given: dict[str, Any] = {
+        "name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
+        "compression_mode": compression_mode, "storage": storage,
+    }  # fmt: skip
+    if any(value is not None for value in given.values()):
+        changed = replace(first, **{k: v for k, v in given.items() if v is not None})
         flags["buckets"] = (changed, *config.buckets[1:])
     if user is not None or password is not None:
         name = user if user is not None else next(iter(config.users), DEFAULT_USER)

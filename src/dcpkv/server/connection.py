@@ -39,6 +39,9 @@ SUPPORTED_FEATURES = frozenset(
         HelloFeature.AltRequestSupport,
         HelloFeature.Snappy,
         HelloFeature.Xattr,
+        HelloFeature.Duplex,
+        # only with Duplex (server requests); the map pushes: dcpkv.server.state
+        HelloFeature.ClustermapChangeNotification,
     }
 )
 
@@ -89,8 +92,10 @@ class Connection:
 
     def detach(self) -> None:
         """The shell's connection is gone: drop ``kick``, which referenced the shell (a
-        cycle that kept a closed connection's buffers alive until a full GC)."""
+        cycle that kept a closed connection's buffers alive until a full GC), and stop
+        sending it maps."""
         self.kick = _nothing
+        self.server.map_subscribers.pop(id(self), None)
 
     def authenticated(self, user: str | None) -> None:
         self.user = user

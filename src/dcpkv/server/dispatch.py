@@ -8,18 +8,26 @@ and the privileges of :mod:`dcpkv.core.rbac` the user's roles must grant on that
 :func:`handle` is the whole life of a request:
 
 1. a response frame (a DCP consumer answering our Noop or SetVbucketState) goes to the DCP
-   handlers on a producer connection, and is answered UnknownCommand anywhere else;
+   handlers on a producer connection, and is answered UnknownCommand anywhere else; an answer
+   to a server request (magic 0x83, a client answering a map notification) is not answered;
 2. an opcode not in the table answers UnknownCommand; a closed gate answers Eaccess (not
    authenticated) or NoBucket (no bucket selected), before anything is decoded; a user
    whose roles lack the route's privileges gets Eaccess too, counted (stat ``rbac_eaccess``):
    a DCP reader cannot write, a data reader cannot open DCP, only a cluster admin changes
    vbucket states, the cluster map or the users. Routes that need no privilege (Stat, the
    seqnos, failover logs, the map) are open to any role on the selected bucket: selecting it
-   already required one;
-3. the codec decodes the request: a malformed one is answered with the codec's status and
+   already required one. :func:`closed_gate` is that check alone, and the request fast path
+   (:mod:`dcpkv.server.fast_path`) asks it too before it answers an opcode of this table
+   itself: a gate changed here holds on both paths;
+3. a durability requirement in the framing extras (a SyncWrite) is refused, never ignored:
+   DurabilityImpossible on the routes that take one (the mutations), Einval elsewhere, the
+   codec's status when the item is malformed (:mod:`dcpkv.protocol.durability`). Answering
+   such a write Success from memory would acknowledge a durability that does not hold (the
+   fast path takes no frame with framing extras: they all come here);
+4. the codec decodes the request: a malformed one is answered with the codec's status and
    message (the frame boundaries are intact, so the connection goes on). What "malformed"
    means is the codec's alone: no handler looks at raw bytes;
-4. the handler returns its answer: a response message, a list of them (Stat), bytes already
+5. the handler returns its answer: a response message, a list of them (Stat), bytes already
    encoded by a sans-I/O core (the DCP producer encodes everything it sends), or None (quiet
    opcodes, BufferAck). It refuses with :class:`Reply`, answered as a GenericResponse with that
    status and value.
@@ -41,6 +49,7 @@ from dcpkv.core.status import Status
 from dcpkv.protocol import dcp, kv, subdoc
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import Magic, Opcode
+from dcpkv.protocol.durability import durability_requirement
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
@@ -66,6 +75,7 @@ class Route:
     auth: bool = True  # needs an authenticated user
     bucket: bool = True  # needs a selected bucket
     needs: frozenset[Privilege] = frozenset()  # granted on the selected bucket (or on all)
+    durable: bool = False  # a mutation: the route a durability requirement may ride on
 
 
 Needs = frozenset[Privilege]
@@ -92,6 +102,11 @@ def _routes(handler: Handler, *types: type[kv.Request], needs: Needs = frozenset
     return {t.OPCODE: Route(t.decode, handler, needs=needs) for t in types}
 
 
+def _mutations(handler: Handler, *types: type[kv.Request], needs: Needs = _WRITE) -> Routes:
+    """Routes that change a document: a client may ask for their durability."""
+    return {t.OPCODE: Route(t.decode, handler, needs=needs, durable=True) for t in types}
+
+
 # DCP requests a producer connection may receive; the producer answers those it does not take
 # from a consumer (AddStream, Mutation...) with NotSupported.
 _PRODUCER_REQUESTS = (
@@ -115,12 +130,10 @@ ROUTES: dict[int, Route] = {
     Opcode.GetClusterConfig: Route(kv.GetClusterConfig.decode, session.get_cluster_config),
     # documents
     **_routes(kv_handlers.get, kv.Get, kv.GetQ, kv.GetK, kv.GetKQ, needs=_READ),
-    **_routes(
-        kv_handlers.store, kv.Set, kv.SetQ, kv.Add, kv.AddQ, kv.Replace, kv.ReplaceQ, needs=_WRITE
-    ),
-    **_routes(kv_handlers.delete, kv.Delete, kv.DeleteQ, needs=_WRITE),
-    **_routes(kv_handlers.concat, kv.Append, kv.Prepend, needs=_WRITE),
-    **_routes(kv_handlers.arith, kv.Increment, kv.Decrement, needs=_READ_WRITE),
+    **_mutations(kv_handlers.store, kv.Set, kv.SetQ, kv.Add, kv.AddQ, kv.Replace, kv.ReplaceQ),
+    **_mutations(kv_handlers.delete, kv.Delete, kv.DeleteQ),
+    **_mutations(kv_handlers.concat, kv.Append, kv.Prepend),
+    **_mutations(kv_handlers.arith, kv.Increment, kv.Decrement, needs=_READ_WRITE),
     **_routes(kv_handlers.touch, kv.Touch, needs=_WRITE),
     **_routes(kv_handlers.touch, kv.GAT, needs=_READ_WRITE),
     **_routes(kv_handlers.flush, kv.Flush, needs=_BUCKET_ADMIN),
@@ -131,7 +144,12 @@ ROUTES: dict[int, Route] = {
     **_routes(stats.stat, kv.Stat),
     # sub-document: one request type for every opcode of the range
     **{
-        op: Route(subdoc.SubdocRequest.decode, subdoc_handlers.subdoc_request)
+        op: Route(
+            subdoc.SubdocRequest.decode,
+            subdoc_handlers.subdoc_request,
+            needs=_READ if op in subdoc.LOOKUP_OPS else _WRITE,
+            durable=op not in subdoc.LOOKUP_OPS,
+        )
         for op in subdoc.ALL_OPS
     },
     # vbucket control
@@ -156,6 +174,32 @@ ROUTES: dict[int, Route] = {
 CONSUMER_RESPONSES = frozenset({Opcode.DcpNoop, Opcode.DcpSetVbucketState})
 
 
+@dataclass(frozen=True, slots=True)
+class ClosedGate:
+    """A gate of a route that a connection does not pass: the refusal to answer."""
+
+    status: Status
+    message: bytes = b""
+    rbac: bool = False  # the user's roles lack a privilege (counted: stat ``rbac_eaccess``)
+
+
+_NOT_AUTHENTICATED = ClosedGate(Status.Eaccess)
+_NO_BUCKET = ClosedGate(Status.NoBucket)
+_NOT_GRANTED = ClosedGate(Status.Eaccess, b"the user's roles do not allow this", rbac=True)
+
+
+def closed_gate(conn: Connection, route: Route) -> ClosedGate | None:
+    """The first gate of ``route`` that ``conn`` does not pass (None: it passes them all):
+    authenticated, bucket selected, the route's privileges granted on that bucket."""
+    if route.auth and conn.user is None:
+        return _NOT_AUTHENTICATED
+    if route.bucket and conn.bucket_name is None:
+        return _NO_BUCKET
+    if route.needs and not _granted(conn, route.needs):
+        return _NOT_GRANTED
+    return None
+
+
 def handle(conn: Connection, frame: Frame) -> bytes | None:
     """The bytes answering ``frame`` (None: no answer); see the module docstring."""
     if not frame.is_request:
@@ -163,13 +207,14 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     route = ROUTES.get(frame.opcode)
     if route is None:
         return error_answer(frame, Status.UnknownCommand)
-    if route.auth and conn.user is None:
-        return error_answer(frame, Status.Eaccess)
-    if route.bucket and conn.bucket_name is None:
-        return error_answer(frame, Status.NoBucket)
-    if route.needs and not _granted(conn, route.needs):
-        conn.server.eaccess += 1
-        return error_answer(frame, Status.Eaccess, b"the user's roles do not allow this")
+    closed = closed_gate(conn, route)
+    if closed is not None:
+        conn.server.eaccess += closed.rbac
+        return error_answer(frame, closed.status, closed.message)
+    if frame.framing_extras:
+        refused = _durability_refusal(frame, route)
+        if refused is not None:
+            return refused
     try:
         answer = route.handler(conn, route.decode(frame))
     except Reply as reply:
@@ -183,12 +228,34 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     return b"".join([m.encode() for m in answer])
 
 
+# Until the server runs synchronous replication, it cannot meet any durability requirement.
+_NO_SYNC_WRITES = (
+    b"durability requirements (synchronous replication) are not supported by this server; "
+    b"use ObserveSeqno-based durability (replicate_to / persist_to)"
+)
+
+
+def _durability_refusal(frame: Frame, route: Route) -> bytes | None:
+    """The answer refusing a request's durability requirement; None when it carries none."""
+    try:
+        requirement = durability_requirement(frame.framing_extras)
+    except CodecError as exc:
+        return error_answer(frame, exc.status, exc.message.encode()[:1024])
+    if requirement is None:
+        return None
+    if not route.durable:
+        return error_answer(frame, Status.Einval, b"this command takes no durability requirement")
+    return error_answer(frame, Status.DurabilityImpossible, _NO_SYNC_WRITES)
+
+
 def _granted(conn: Connection, needs: Needs) -> bool:
     grants = conn.server.users.grants(conn.user)
     return grants is not None and grants.allows(needs, conn.bucket_name)
 
 
 def _response(conn: Connection, frame: Frame) -> bytes | None:
+    if frame.magic == Magic.ServerResponse:
+        return None  # a client answering a server request (a map notification): no reply
     if conn.dcp is None or frame.opcode not in CONSUMER_RESPONSES:
         return error_answer(frame, Status.UnknownCommand)
     try:

@@ -14,34 +14,37 @@ Set, SetQ  magic 0x80, 8 bytes of extras, a key, no CAS, a plain or JSON datatyp
            bucket not compressing
 ========== ============================================================================
 
-with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_plain` and
-:meth:`~dcpkv.engine.vbucket.VBucket.set_plain`. It stops at the first frame that is anything
-else (another opcode, a flex frame, a partial frame, a gate the user does not pass, a value
-with xattrs or compressed, a key the engine declines) and returns where it stopped; the caller
+with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_resident` (the first step of its
+Get) and :meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set). It stops at the first frame
+that is anything else (another opcode, a flex frame, a partial frame, a gate the user does not
+pass, a value with xattrs or compressed, a Get the engine cannot answer from memory) and
+returns where it stopped; the caller
 gives that one frame to the parser and the general path (:mod:`dcpkv.server.dispatch`) and
 comes back here for the next (:func:`frame_end`); a partial frame and what follows it go to
 the parser. A declined
 frame has changed nothing, so the general path answers it exactly as if this module did not
-exist; a test holds both paths to the same bytes. An engine refusal (KeyEnoent, TempFail) is
-answered here, as the general path would answer it.
+exist; a test holds both paths to the same bytes. An engine refusal (KeyEnoent, TempFail,
+NotMyVbucket) is answered here, as the general path would answer it.
 
-The gates (authenticated, bucket selected, READ or WRITE on it) are checked once per chunk:
-nothing in a chunk can change them before the first request that takes the general path.
+The gates are the dispatch table's (:func:`~dcpkv.server.dispatch.closed_gate` on the route of
+the opcode: authenticated, bucket selected, the route's privileges on it), asked once per chunk
+for each opcode met: nothing in a chunk can change them before the first request that takes
+the general path. The wire layouts are the codec's (:mod:`dcpkv.protocol.kv`).
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 
-from dcpkv.core.rbac import Privilege
 from dcpkv.engine.document import SHAPED, CompressionMode
 from dcpkv.engine.item import EngineError
 from dcpkv.engine.vbucket import VBucket
+from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.protocol.constants import MAX_KEY_LEN, Datatype, HelloFeature, Magic, Opcode
-from dcpkv.protocol.frame import HEADER, FrameParser
+from dcpkv.protocol.constants import HEADER_LEN, MAX_KEY_LEN, Datatype, HelloFeature, Magic, Opcode
+from dcpkv.protocol.frame import HEADER, FrameParser, body_length
 from dcpkv.server.connection import Connection
+from dcpkv.server.dispatch import ROUTES, closed_gate
 from dcpkv.server.kv_handlers import refusal
 
 # The general path for some bytes: parser + dispatcher; False once the connection closes.
@@ -49,16 +52,6 @@ General = Callable[[bytes, list[bytes]], bool]
 # A request header as HEADER unpacks it: magic, opcode, key length, extras length, datatype,
 # vbucket, body length, opaque, CAS (one tuple, made anyway, handed on whole).
 Header = tuple[int, int, int, int, int, int, int, int, int]
-_READ = frozenset({Privilege.READ})
-_WRITE = frozenset({Privilege.WRITE})
-_GET_HIT = struct.Struct(">BBHBBHIIQI")  # header + flags
-_MUTATED = struct.Struct(">BBHBBHIIQQQ")  # header + vbucket uuid, seqno (MutationSeqno)
-_FLAGS_EXPIRY = struct.Struct(">II")
-# A Set's answer: the 12 constant bytes of its header (magic, opcode, no key, no extras, no
-# datatype, Success, no body), then opaque and CAS: two values packed rather than nine.
-_SET_OK = struct.Struct(">12sIQ")
-_SET_OK_HEAD = HEADER.pack(int(Magic.ClientResponse), int(Opcode.Set), 0, 0, 0, 0, 0, 0, 0)[:12]
-_BODY_LEN = struct.Struct(">I")
 _REQUEST = int(Magic.ClientRequest)
 _RESPONSE = int(Magic.ClientResponse)
 _GET = int(Opcode.Get)
@@ -66,8 +59,10 @@ _SET = int(Opcode.Set)
 _GETQ = int(Opcode.GetQ)
 _SETQ = int(Opcode.SetQ)
 _NOT_JSON = 0xFF & ~int(Datatype.JSON)
-_HEADER_LEN = 24
-_SET_EXTRAS = 8
+_SET_EXTRAS = kv.FLAGS_EXPIRY.size
+# (The layouts are used as ``kv.NAME.pack``: Python 3.11 compiles a method call on a name bound
+# by ``from ... import`` as an attribute load that builds a bound method each time, ~450 more
+# machine instructions per call, counted with callgrind.)
 
 
 def _refused(conn: Connection, opcode: int, opaque: int, exc: EngineError) -> bytes:
@@ -80,28 +75,35 @@ def _refused(conn: Connection, opcode: int, opaque: int, exc: EngineError) -> by
 class _Chunk:
     """What serving one chunk needs, looked up once: the gates, the bucket, the features."""
 
-    __slots__ = ("append", "conn", "mask", "max_value", "may_read", "may_write", "seqnos")
+    __slots__ = ("append", "conn", "mask", "max_value", "plain_writes", "seqnos", "serving")
 
     def __init__(self, conn: Connection, out: list[bytes], max_value: int) -> None:
         self.conn, self.append, self.max_value = conn, out.append, max_value
-        self.may_read = self.may_write = False
-        grants = conn.server.users.grants(conn.user) if conn.user is not None else None
-        if grants is not None and conn.bucket_name is not None:
-            self.may_read = grants.allows(_READ, conn.bucket_name)
-            self.may_write = grants.allows(_WRITE, conn.bucket_name) and (
-                conn.bucket.compression_mode is not CompressionMode.ACTIVE
-            )
+        # opcode -> how it is answered here, once its route's gates have passed (serve_for)
+        self.serving: dict[int, Serve] = {}
+        # A bucket that compresses what it stores takes no value as it comes (kv_handlers).
+        self.plain_writes = conn.bucket.compression_mode is not CompressionMode.ACTIVE
         self.mask = conn.datatype_mask
         self.seqnos = HelloFeature.MutationSeqno in conn.features
+
+    def serve_for(self, opcode: int) -> Serve | None:
+        """How ``opcode`` is answered here, if it is one of this module's and the connection
+        passes the gates of its route (the dispatch table's, as the general path asks them);
+        None otherwise. Asked once per chunk and opcode."""
+        serve = _SERVE.get(opcode)
+        if serve is None or closed_gate(self.conn, ROUTES[opcode]) is not None:
+            return None
+        self.serving[opcode] = serve
+        return serve
 
     def get(self, vbucket: VBucket, data: bytes, k: int, header: Header) -> bool:
         """Answer a plain Get or GetQ (True), or decline it (False, nothing done); its key
         starts at ``k`` in ``data``."""
         _, opcode, keylen, extlen, _, _, body, opaque, _ = header
-        if extlen or body != keylen or not self.may_read:
+        if extlen or body != keylen:
             return False
         try:
-            item = vbucket.get_plain(data[k : k + keylen])
+            item = vbucket.get_resident(data[k : k + keylen])
         except EngineError as exc:  # a miss: a GetQ says nothing
             if opcode == _GET:
                 self.append(_refused(self.conn, _GET, opaque, exc))
@@ -109,8 +111,8 @@ class _Chunk:
         if item is None or item.datatype & SHAPED:
             return False
         value = item.value
-        assert value is not None  # get_plain returns resident items only
-        self.append(_GET_HIT.pack(
+        assert value is not None  # get_resident returns resident items only
+        self.append(kv.GET_HIT.pack(
             _RESPONSE, opcode, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
             item.cas, item.flags,
         ))  # fmt: skip
@@ -122,50 +124,55 @@ class _Chunk:
         starts at ``k`` in ``data``."""
         _, opcode, keylen, extlen, datatype, _, body, opaque, cas = header
         value_end = k - extlen + body  # k is where the key starts, after the extras
-        if (extlen != _SET_EXTRAS or cas or datatype & _NOT_JSON or not self.may_write
+        if (extlen != _SET_EXTRAS or cas or datatype & _NOT_JSON or not self.plain_writes
                 or not 0 <= value_end - k - keylen <= self.max_value):  # fmt: skip
             return False
-        flags, exptime = _FLAGS_EXPIRY.unpack_from(data, k - _SET_EXTRAS)
+        flags, exptime = kv.FLAGS_EXPIRY.unpack_from(data, k - _SET_EXTRAS)
         v = k + keylen
         try:
-            item = vbucket.set_plain(data[k:v], data[v:value_end], flags, exptime, datatype)
-        except EngineError as exc:  # TempFail: the memory quota, a failing disk
+            # (flags, expiry, datatype by position: keywords cost a Set ~40 ns)
+            item = vbucket.set(data[k:v], data[v:value_end], flags, exptime, datatype)
+        except EngineError as exc:  # TempFail (the memory quota, a failing disk), NotMyVbucket
             self.append(_refused(self.conn, opcode, opaque, exc))
             return True
-        if item is None:
-            return False
         if opcode == _SETQ:
             return True  # success: a SetQ says nothing
         if self.seqnos:
-            self.append(_MUTATED.pack(_RESPONSE, _SET, 0, 16, 0, 0, 16, opaque, item.cas,
-                                      vbucket.uuid, item.by_seqno))  # fmt: skip
+            self.append(kv.MUTATED.pack(_RESPONSE, _SET, 0, 16, 0, 0, 16, opaque, item.cas,
+                                        vbucket.uuid, item.by_seqno))  # fmt: skip
         else:
-            self.append(_SET_OK.pack(_SET_OK_HEAD, opaque, item.cas))
+            self.append(kv.SET_OK.pack(kv.SET_OK_HEAD, opaque, item.cas))
         return True
 
 
-_SERVE = {_GET: _Chunk.get, _GETQ: _Chunk.get, _SET: _Chunk.set, _SETQ: _Chunk.set}
+Serve = Callable[[_Chunk, VBucket, bytes, int, Header], bool]
+_SERVE: dict[int, Serve] = {
+    _GET: _Chunk.get,
+    _GETQ: _Chunk.get,
+    _SET: _Chunk.set,
+    _SETQ: _Chunk.set,
+}
 
 
 def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_value: int) -> int:
     """Answer (into ``out``) the plain Gets and Sets of ``data`` from ``pos``, a frame
     boundary, on; returns the offset of the first frame left for the general path."""
-    chunk = _Chunk(conn, out, max_value)
-    if not (chunk.may_read or chunk.may_write):
+    if conn.bucket_name is None:  # nothing to serve from (the general path answers NoBucket)
         return pos
+    chunk = _Chunk(conn, out, max_value)
     vbuckets = conn.bucket.vbuckets
-    unpack, end, serves = HEADER.unpack_from, len(data), _SERVE.get
-    while end - pos >= _HEADER_LEN:
+    unpack, end, serving = HEADER.unpack_from, len(data), chunk.serving.get
+    while end - pos >= HEADER_LEN:
         header = unpack(data, pos)
         magic, opcode, keylen, extlen, _, vb, body, _, _ = header
-        size = _HEADER_LEN + body
-        serve = serves(opcode)
+        size = HEADER_LEN + body
+        serve = serving(opcode) or chunk.serve_for(opcode)
         if serve is None or magic != _REQUEST or size > end - pos or not 0 < keylen <= MAX_KEY_LEN:
             break
         vbucket = vbuckets.get(vb)
         if vbucket is None:
             break
-        if not serve(chunk, vbucket, data, pos + _HEADER_LEN + extlen, header):
+        if not serve(chunk, vbucket, data, pos + HEADER_LEN + extlen, header):
             break
         pos += size
     return pos
@@ -184,8 +191,8 @@ def serve_chunk(
         return
     pos, end = 0, len(data)
     if parser.buffered:
-        head = parser.peek(_HEADER_LEN)
-        need = rest_of_frame(head + data[: _HEADER_LEN - len(head)], parser.buffered, end)
+        head = parser.peek(HEADER_LEN)
+        need = rest_of_frame(head + data[: HEADER_LEN - len(head)], parser.buffered, end)
         if need is None:  # the straddling frame goes on past this chunk
             general(data, out)
             return
@@ -207,16 +214,16 @@ def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:
     """How many more bytes complete a frame of which ``buffered`` bytes (starting with
     ``head``, its header when 24 bytes long) are already buffered, when ``available`` bytes
     hold them all; None otherwise (the parser then takes the whole chunk)."""
-    if len(head) < _HEADER_LEN:
+    if len(head) < HEADER_LEN:
         return None
-    need = _HEADER_LEN + _BODY_LEN.unpack_from(head, 8)[0] - buffered
+    need = HEADER_LEN + body_length(head) - buffered
     return need if 0 < need <= available else None
 
 
 def frame_end(data: bytes, pos: int) -> int | None:
     """Where the frame at ``pos`` ends, when it lies wholly in ``data`` (its header is not
     checked: the parser that takes it does that)."""
-    if len(data) - pos < _HEADER_LEN:
+    if len(data) - pos < HEADER_LEN:
         return None
-    end = pos + _HEADER_LEN + _BODY_LEN.unpack_from(data, pos + 8)[0]
+    end = pos + HEADER_LEN + body_length(data, pos)
     return end if end <= len(data) else None

@@ -15,9 +15,10 @@ way: the manager tells this node to take a vbucket over by setting it *pending* 
 and the map still names the current active. A pending vbucket is streamed from that active like
 a replica, but with the TakeOver flag (:mod:`~dcpkv.dcp.passive_stream`): once caught up, the
 active hands it over (its copy dead, ours active, the failover log kept). The manager watches
-the states (``stat vbucket``) and then moves the map. No new opcode is needed, and a manager
-that dies mid-move leaves nothing a node would act on by itself: the pending copy stays pending
-until told otherwise.
+the states and then moves the map; no new opcode is needed. A pending copy finishes its
+takeover whether or not the manager still runs: a restarted manager finds it active and puts
+it in the map (:mod:`dcpkv.cluster.rebalance`). The map this follows is the one the manager
+pushed for good, never a staged one served for a handover (:mod:`dcpkv.server.handover`).
 
 A link is a thin asyncio shell around the sans-I/O :class:`~dcpkv.dcp.consumer.DcpConsumer`:
 connect, log in as the node's admin (SASL PLAIN), select the bucket, write the consumer's

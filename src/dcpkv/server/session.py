@@ -3,11 +3,12 @@
 Theory of operation
 -------------------
 A connection moves through three gates: Hello (optional, negotiates features: only those
-this server implements are acknowledged), SASL (PLAIN or SCRAM, :mod:`dcpkv.server.auth`),
-SelectBucket. The dispatcher enforces the gates (Eaccess before authentication, NoBucket
-before a bucket is selected); the handlers here move a connection through them, and answer
-the opcodes any client may send at any time (Noop, Version, Quit, GetErrorMap) or once in a
-bucket (GetClusterConfig).
+this server implements are acknowledged; ClustermapChangeNotification only with Duplex, and it
+subscribes the connection to the maps of its bucket), SASL (PLAIN or SCRAM,
+:mod:`dcpkv.server.auth`), SelectBucket. The dispatcher enforces the gates (Eaccess before
+authentication, NoBucket before a bucket is selected); the handlers here move a connection
+through them, and answer the opcodes any client may send at any time (Noop, Version, Quit,
+GetErrorMap) or once in a bucket (GetClusterConfig).
 """
 
 from __future__ import annotations
@@ -49,7 +50,13 @@ def quit_(conn: Connection, req: kv.Quit) -> None:
 def hello(conn: Connection, req: kv.Hello) -> kv.HelloResponse:
     conn.agent = req.agent[:_AGENT_MAX]
     conn.features = {HelloFeature(f) for f in req.features if f in SUPPORTED_FEATURES}
+    if HelloFeature.Duplex not in conn.features:  # a notification is a server request
+        conn.features.discard(HelloFeature.ClustermapChangeNotification)
     conn.datatype_mask = datatype.mask(conn.features)
+    if HelloFeature.ClustermapChangeNotification in conn.features:
+        conn.server.map_subscribers[id(conn)] = conn
+    else:
+        conn.server.map_subscribers.pop(id(conn), None)
     return kv.HelloResponse(opaque=req.opaque, features=tuple(sorted(conn.features)))
 
 

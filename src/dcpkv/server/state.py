@@ -1,9 +1,18 @@
-"""What every connection of one server shares: settings, users, buckets, the cluster map."""
+"""What every connection of one server shares: settings, users, buckets, the cluster map.
+
+The map a node *serves* (GetClusterConfig, NotMyVbucket answers, ClustermapChangeNotification)
+is the newest of the map the manager pushed for good and a staged map adopted at a handover
+(:mod:`dcpkv.server.handover`); replication follows the pushed one only. Connections that asked
+Hello for Duplex and ClustermapChangeNotification are sent every newer map of their bucket the
+moment it is served.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,9 +20,12 @@ from typing import Any
 from dcpkv.core.files import atomic_write
 from dcpkv.core.rbac import USERS_FILE
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.protocol import kv
+from dcpkv.protocol.constants import Datatype, HelloFeature
 from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
 from dcpkv.server.config import ServerConfig
+from dcpkv.server.handover import Handovers, StagedMap, parse_push
 from dcpkv.server.login_throttle import LoginThrottle
 
 CLUSTER_CONFIG_SUFFIX = ".cluster-config.json"  # <data dir>/<bucket><suffix>: the last map kept
@@ -36,6 +48,13 @@ class ServerState:
     dcp_producers: dict[tuple[str, str], Any] = field(default_factory=dict)
     # bucket -> the newest map a cluster manager pushed (SetClusterConfig)
     cluster_configs: dict[str, PushedConfig] = field(default_factory=dict)
+    # bucket -> the map served: the pushed one or a newer staged one adopted at a handover
+    served_configs: dict[str, PushedConfig] = field(default_factory=dict)
+    # bucket -> its staged maps and handover times (dcpkv.server.handover)
+    handovers: dict[str, Handovers] = field(default_factory=dict)
+    # id -> the connections to send every newer map (Hello ClustermapChangeNotification)
+    map_subscribers: dict[int, Any] = field(default_factory=dict)
+    _map_writer: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     # called with a bucket's name when a newer map was kept (the replicators follow it)
     config_listeners: list[Callable[[str], None]] = field(default_factory=list)
     # bucket -> its Replicator on a managed node (dcpkv.server.replication), for stats
@@ -53,19 +72,88 @@ class ServerState:
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;
         whether it was. ValueError when it is not a config (no integer ``rev``...). A kept map
-        is written beside the data, so a node restarted while the manager is away still
-        serves its cluster's map (and its replicas stream) instead of a map of "nobody"."""
-        pushed = PushedConfig.parse(config)
+        is served at once, then written beside the data, so a node restarted while the manager
+        is away still serves its cluster's map (and its replicas stream) instead of a map of
+        "nobody".
+        A staged map (``dcpkv.adoptWhen``) is only kept for its handover, if newer than the
+        map served; served at once if a vbucket it waits for changed hands already (a
+        handover that ended while the manager staged it again)."""
+        pushed, when = parse_push(config)
+        if when is not None:
+            return self._stage(bucket, pushed, when)
         held = self.cluster_configs.get(bucket)
         if held is not None and pushed.version <= held.version:
             return False
         self.cluster_configs[bucket] = pushed
-        path = self._config_path(bucket)
-        # A map push is rare (a state change of the cluster), so the durable write is cheap
-        atomic_write(path, pushed.raw, path.with_name(f".{path.name}.tmp"))
+        self._serve(bucket, pushed)
         for listener in list(self.config_listeners):
             listener(bucket)
+        self._keep(bucket, pushed.raw)
         return True
+
+    def _stage(self, bucket: str, staged: PushedConfig, when: dict[int, VBucketState]) -> bool:
+        served = self.served_configs.get(bucket)
+        if served is not None and staged.version <= served.version:
+            return False
+        self.handover(bucket).stage(StagedMap(staged, when))
+        vbuckets = self.buckets[bucket].vbuckets
+        if any(vb in vbuckets and vbuckets[vb].state is s for vb, s in when.items()):
+            self._serve(bucket, staged)
+        return True
+
+    def _keep(self, bucket: str, raw: bytes) -> None:
+        """Write a kept map beside the data, in a thread of its own: an fsync took up to 0.2 s
+        here under load, and a rebalance pushes maps back to back; nobody should wait for it
+        (the manager pushes again a node that restarted without it). One thread: in order."""
+        if self._map_writer is None:
+            self._map_writer = ThreadPoolExecutor(1, thread_name_prefix="dcpkv-map")
+        path = self._config_path(bucket)
+        done = self._map_writer.submit(atomic_write, path, raw, path.with_name(f".{path.name}.tmp"))
+        done.add_done_callback(self._kept)
+
+    def _kept(self, done: Future[None]) -> None:
+        if (exc := done.exception()) is not None:
+            self.log.warning("the cluster map could not be written: %s", exc)
+
+    def vbucket_state_changed(self, bucket: str, vb: int) -> None:
+        """A state listener of every bucket (on the loop): a handover may make a staged map
+        the one served (:mod:`dcpkv.server.handover`)."""
+        vbucket = self.buckets[bucket].vbuckets.get(vb)
+        state = vbucket.state if vbucket is not None else None
+        served = self.served_configs.get(bucket)
+        adopted = self.handover(bucket).state_changed(vb, state, served, time.monotonic())
+        if adopted is not None:
+            self._serve(bucket, adopted)
+
+    def handover(self, bucket: str) -> Handovers:
+        handovers = self.handovers.get(bucket)
+        if handovers is None:
+            handovers = self.handovers[bucket] = Handovers()
+        return handovers
+
+    def _serve(self, bucket: str, config: PushedConfig, *, notify: bool = True) -> None:
+        served = self.served_configs.get(bucket)
+        if served is not None and config.version <= served.version:
+            return
+        self.served_configs[bucket] = config
+        self.handover(bucket).serving(config, time.monotonic())
+        if notify:
+            self._notify(bucket, config)
+
+    def _notify(self, bucket: str, config: PushedConfig) -> None:
+        """ClustermapChangeNotification to every subscriber in ``bucket``."""
+        epoch, rev = config.version
+        frames: dict[bool, bytes] = {}
+        for conn in list(self.map_subscribers.values()):
+            if conn.bucket_name != bucket or conn.user is None:
+                continue
+            json_ok = HelloFeature.JSON in conn.features
+            if json_ok not in frames:
+                frames[json_ok] = kv.ClustermapChangeNotification(
+                    bucket=bucket, epoch=epoch, rev=rev, config=config.raw,
+                    datatype=Datatype.JSON if json_ok else Datatype.Raw,
+                ).encode()  # fmt: skip
+            conn.send(frames[json_ok])
 
     def load_cluster_configs(self) -> None:
         """The maps kept before a restart (a managed node): a file that does not parse is
@@ -78,6 +166,8 @@ class ServerState:
                 continue
             except (OSError, ValueError) as exc:
                 self.log.warning("%s: the last cluster map kept is unreadable (%s)", path, exc)
+                continue
+            self._serve(name, self.cluster_configs[name], notify=False)
 
     def _config_path(self, bucket: str) -> Path:
         return self.config.data_dir / f"{bucket}{CLUSTER_CONFIG_SUFFIX}"
@@ -88,9 +178,9 @@ class ServerState:
 
     def cluster_map(self, bucket: str | None) -> bytes:
         name = bucket or self.config.buckets[0].name
-        pushed = self.cluster_configs.get(name)
-        if pushed is not None:
-            return pushed.raw
+        served = self.served_configs.get(name)
+        if served is not None:
+            return served.raw
         bucket_config = self.config.bucket(name)
         num_vbuckets = bucket_config.vbuckets if bucket_config else 1024
         doc = cluster_map(

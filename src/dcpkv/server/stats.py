@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 The request's key names a group and, after a space, an argument (``vbucket-seqno 5``). Each
 group is a generator of (name, value) pairs over the selected bucket: the default group
-(process, memory, persistence), ``vbucket-seqno``, ``failovers``, ``vbucket`` (states) and
+(process, memory, persistence), ``vbucket-seqno``, ``failovers``, ``vbucket`` (states),
 ``dcp`` (every producer of the bucket, spec 002 naming: ``stat:name`` per connection and
-``stat:vbucket:name`` per stream, plus bucket totals). An unknown group answers KeyEnoent.
+``stat:vbucket:name`` per stream, plus bucket totals) and ``handover`` (when vbuckets changed
+hands and the map served named their new actives). An unknown group answers KeyEnoent.
 """
 
 from __future__ import annotations
@@ -120,10 +121,17 @@ def dcp_stats(conn: Connection, arg: str = "") -> Stats:
         yield from replicator.stats().items()
 
 
+def _handover(conn: Connection, arg: str) -> Stats:
+    """When vbuckets changed hands here and when the map served named their new actives
+    (:mod:`dcpkv.server.handover`; monotonic seconds, one clock for a host's processes)."""
+    yield from conn.server.handover(conn.bucket_name or "").stats()
+
+
 _GROUPS: dict[str, Callable[[Connection, str], Stats]] = {
     "": _general,
     "vbucket-seqno": _seqnos,
     "failovers": _failovers,
     "vbucket": _vbuckets,
     "dcp": dcp_stats,
+    "handover": _handover,
 }

@@ -6,7 +6,7 @@ Usage::
     dcpkv.spark.register(spark)
     changes = spark.readStream.format("dcpkv").option("port", 11210).load()
 
-See the README's Spark section for the options, the row schema and the sink.
+docs/spark.md gives the options, the row schema and the sink.
 """
 
 from __future__ import annotations

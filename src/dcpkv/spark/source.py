@@ -143,7 +143,7 @@ def _partitions(
 
 
 class DcpkvDataSource(DataSource):
-    """``format("dcpkv")``: see the module docstring and the README's Spark section."""
+    """``format("dcpkv")``: see the module docstring and docs/spark.md."""
 
     @classmethod
     def name(cls) -> str:
@@ -298,7 +298,7 @@ def _sink_setup(
 
 
 def row_op(row: Any, columns: tuple[str, ...]) -> WriteOp | None:
-    """The write for a row, or None for a rollback row (a target cannot undo; see README)."""
+    """The write for a row, or None for a rollback row (a target cannot undo; see docs/spark.md)."""
     from dcpkv.client.writer import WriteOp
 
     get = row.asDict() if hasattr(row, "asDict") else dict(zip(columns, row, strict=True))

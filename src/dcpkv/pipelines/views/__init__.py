@@ -18,7 +18,7 @@ The map runs once per change, in the Spark tasks (a Python UDF); reduce runs at 
 over the current emissions (count, sum, stats built in, or a custom ``module:function`` that
 gets the list of values), grouped by emit key with ``group``.
 
-Two sources. A :class:`~dcpkv.pipelines.mirror.SourceSettings` streams from the server (the
+Two sources. A :class:`~dcpkv.pipelines.source_node.SourceSettings` streams from the server (the
 same ``TableJob`` as the mirror). A mirror path follows the mirror's batches instead: a tiny
 streaming source (``dcpkvmirrorticks``) offers the mirror's batch ordinal as its offset, and
 each batch copies the mirror's rows with ``ord`` in (done, M] through the map, keeping their

@@ -16,10 +16,8 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from dcpkv.pipelines import decimal_files, vtable
 from dcpkv.pipelines.compactor import Compactor
-from dcpkv.pipelines.mirror import (
-    BatchStats,
-    mirror_schema,
-)
+from dcpkv.pipelines.mirror_schema import mirror_schema
+from dcpkv.pipelines.table_job import BatchStats
 from dcpkv.pipelines.views.definition import emission_table, view_rows, view_schema
 
 DRIVER_MAP_ROWS = 200_000  # more new rows than this: the map runs in Spark tasks

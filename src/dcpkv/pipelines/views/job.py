@@ -9,12 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dcpkv.pipelines.mirror import (
-    BatchStats,
-    SourceSettings,
-    TableJob,
-    start_stream,
-)
+from dcpkv.pipelines.source_node import SourceSettings
+from dcpkv.pipelines.table_job import BatchStats, TableJob, start_stream
 from dcpkv.pipelines.views.definition import (
     save_definition,
     view_definition,

@@ -11,11 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.pipelines import vtable
-from dcpkv.pipelines.mirror import (
-    SourceSettings,
-    caught_up,
-    server_seqnos,
-)
+from dcpkv.pipelines.source_node import SourceSettings, server_seqnos
+from dcpkv.pipelines.table_job import caught_up
 from dcpkv.pipelines.views.definition import ViewError, canonical, view_definition
 from dcpkv.pipelines.views.reduce import reduce_rows
 

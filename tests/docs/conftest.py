@@ -1,0 +1,9 @@
+"""The documentation tests run real ``dcpkv server`` processes (``tests/server``'s helpers),
+stopped by PID at the end of the session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
