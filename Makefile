@@ -1,26 +1,38 @@
 # Every target creates .venv/ in the repo root on first use and installs the project into it,
-# so a fresh clone needs nothing but Python 3.11+ (and Java 17 for the Spark parts).
+# so a fresh clone needs nothing but Python 3.11+ and pip (and Java 17 for the Spark parts).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
 
-.PHONY: run test test-fast lint bench clean venv fuzz chaos
+.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check
 
+## venv: a fresh .venv from the lock (tools/lock.py): every package pinned and hash-checked, the
+## project itself editable with the pinned build backend; made again whenever the lock changes
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(STAMP): pyproject.toml $(LOCK)
+	$(PYTHON) -m venv --clear $(VENV)
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+## lock: requirements.lock again from pyproject.toml's ranges, keeping its pins where they still
+## fit (UPGRADE=1: every package to the newest its range allows); needs PyPI, ~2 min
+lock:
+	$(PYTHON) tools/lock.py $(if $(UPGRADE),--upgrade)
+
+## lock-check: fails when pyproject.toml's dependency declarations changed since the lock
+lock-check:
+	$(PYTHON) tools/lock.py --check
 
 ## run: the main job on the embedded defaults
 run: $(STAMP)
 	$(BIN)/dcpkv demo
 
-## test: lint + the whole test suite
-test: $(STAMP)
+## test: the lock's freshness, lint, the whole test suite
+test: lock-check $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
@@ -45,7 +57,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(FAST_TESTS)
 
 ## lint: ruff, the layer contract (import-linter), mypy (see pyproject.toml for both)
-lint: $(STAMP)
+lint: lock-check $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
@@ -64,11 +76,16 @@ CHAOS_SEED ?=
 chaos: $(STAMP)
 	$(BIN)/python tests/chaos/chaos.py --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
-## bench: every benchmark under bench/, each writing its figures as JSON into bench/results/,
-## then the peers on PATH (shared/peerbench/, skipped when absent) and one summary table
+## bench: the peers (bench/install_peers.sh: Debian's memcached, Redis, PostgreSQL when missing
+## and run as root), the machine and every version it runs with, the yardstick, every benchmark
+## under bench/ (each between two timings of the yardstick, its figures as JSON in bench/results/),
+## the peers of shared/peerbench/, the yardstick again, one summary (bench/README.md)
 RESULTS := bench/results
 bench: $(STAMP)
+	PYTHON=$(PYTHON) bench/install_peers.sh
 	rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	$(BIN)/python bench/machine.py --json $(RESULTS)/machine.json
+	$(BIN)/python bench/yardstick.py --name yardstick_start --json $(RESULTS)/yardstick_start.json
 	$(BIN)/python bench/codec.py --json $(RESULTS)/codec.json
 	$(BIN)/python bench/engine.py --json $(RESULTS)/engine.json
 	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
@@ -84,7 +101,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/replication.py --json $(RESULTS)/replication.json
 	$(BIN)/python bench/rebalance.py --json $(RESULTS)/rebalance.json
 	$(BIN)/python bench/peers.py --results $(RESULTS)
-	$(BIN)/python bench/summary.py $(RESULTS)
+	$(BIN)/python bench/yardstick.py --name yardstick_end --json $(RESULTS)/yardstick_end.json
+	$(BIN)/python bench/summary.py $(RESULTS) --markdown $(RESULTS)/summary.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-peers .pytest_cache .hypothesis

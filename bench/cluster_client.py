@@ -27,7 +27,7 @@ from typing import Annotated
 
 import typer
 
-from _report import write_json
+from _report import bench_main, write_json
 from dcpkv.client import events
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
@@ -116,4 +116,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

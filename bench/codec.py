@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from _report import write_json
+from _report import bench_main, write_json
 from dcpkv.protocol import FrameParser
 from dcpkv.protocol.dcp import Mutation
 from dcpkv.protocol.fast_dcp import feed_mutations
@@ -124,4 +124,4 @@ def run(
 
 
 if __name__ == "__main__":
-    typer.run(run)
+    bench_main(run)

@@ -50,7 +50,7 @@ from typing import Annotated
 
 import typer
 
-from _report import write_json
+from _report import bench_main, write_json
 from _server import cpu_seconds
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.core.seqno import U64_MAX
@@ -344,4 +344,4 @@ def main(
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    typer.run(main)
+    bench_main(main)

@@ -42,7 +42,7 @@ from typing import Annotated
 import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_json
+from _report import bench_main, write_json
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -106,4 +106,4 @@ def summarize(batches: list[dict[str, float]], started_at: float) -> dict[str, f
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    typer.run(main)
+    bench_main(main)

@@ -39,7 +39,7 @@ from typing import Annotated
 
 import typer
 
-from _report import write_json
+from _report import bench_main, write_json
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket
 from dcpkv.engine.item import Item
@@ -303,4 +303,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

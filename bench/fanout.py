@@ -33,7 +33,6 @@ Targets: Sets/s with the streams >= 0.8x without, p99 with <= 2x without.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import socket
 import struct
@@ -45,6 +44,8 @@ from statistics import quantiles
 from typing import Annotated
 
 import typer
+
+from _report import bench_main, write_json
 
 # bench/ is on sys.path: the script's own folder
 from _server import bench_server, bench_server_proc
@@ -304,31 +305,30 @@ def main(
     rtt_p99 = rtt["streamed"]["p99_us"] / rtt["alone"]["p99_us"]
     print(f"  1024 streams / none: rate {rtt_rate:.2f}x (target >= 0.8x), "
           f"p99 {rtt_p99:.2f}x (target <= 2x)")  # fmt: skip
-    if json_out is not None:
-        summary = {
-            "bench": "fanout",
-            "figures": {
-                "set_rate_alone": alone["rate"],
-                "set_rate_streamed_1024": streamed["rate"],
-                "streamed_over_alone": ratio,
-                "persist_p50_s_streamed": streamed["persist_p50_s"],
-                "persist_max_s_streamed": streamed["persist_max_s"],
-                "persist_p50_s_loaded": results["loaded"]["persist_p50_s"],
-                "persist_max_s_loaded": results["loaded"]["persist_max_s"],
-                "rtt_sets_per_s_alone": rtt["alone"]["rate"],
-                "rtt_sets_per_s_streamed_1024": rtt["streamed"]["rate"],
-                "rtt_rate_streamed_over_alone": rtt_rate,
-                "rtt_p50_us_alone": rtt["alone"]["p50_us"],
-                "rtt_p50_us_streamed_1024": rtt["streamed"]["p50_us"],
-                "rtt_p99_us_alone": rtt["alone"]["p99_us"],
-                "rtt_p99_us_streamed_1024": rtt["streamed"]["p99_us"],
-                "rtt_p99_streamed_over_alone": rtt_p99,
-            },
-            "phases": results,
-            "round_trip": rtt,
-        }
-        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(
+        json_out,
+        "fanout",
+        {
+            "set_rate_alone": alone["rate"],
+            "set_rate_streamed_1024": streamed["rate"],
+            "streamed_over_alone": ratio,
+            "persist_p50_s_streamed": streamed["persist_p50_s"],
+            "persist_max_s_streamed": streamed["persist_max_s"],
+            "persist_p50_s_loaded": results["loaded"]["persist_p50_s"],
+            "persist_max_s_loaded": results["loaded"]["persist_max_s"],
+            "rtt_sets_per_s_alone": rtt["alone"]["rate"],
+            "rtt_sets_per_s_streamed_1024": rtt["streamed"]["rate"],
+            "rtt_rate_streamed_over_alone": rtt_rate,
+            "rtt_p50_us_alone": rtt["alone"]["p50_us"],
+            "rtt_p50_us_streamed_1024": rtt["streamed"]["p50_us"],
+            "rtt_p99_us_alone": rtt["alone"]["p99_us"],
+            "rtt_p99_us_streamed_1024": rtt["streamed"]["p99_us"],
+            "rtt_p99_streamed_over_alone": rtt_p99,
+        },
+        phases=results,
+        round_trip=rtt,
+    )
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

@@ -53,7 +53,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from _report import write_json
+from _report import bench_main, write_json
 from _server import cpu_seconds
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -387,4 +387,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

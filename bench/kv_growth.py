@@ -38,7 +38,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import kv
-from _report import write_json
+from _report import bench_main, write_json
 from _server import cpu_seconds
 from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
 from dcpkv.protocol.constants import Opcode
@@ -132,4 +132,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

@@ -55,7 +55,7 @@ from typing import Annotated
 import typer
 
 from _peers import PEERBENCH, peer_python
-from _report import write_json
+from _report import bench_main, write_json
 from _server import bench_server_proc, cpu_seconds, disk_bytes_written
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
@@ -353,4 +353,4 @@ def main(
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    typer.run(main)
+    bench_main(main)

@@ -35,7 +35,7 @@ from typing import Annotated
 
 import typer
 
-from _report import write_json
+from _report import bench_main, write_json
 from _server import bench_server
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -221,4 +221,4 @@ def main(
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    typer.run(main)
+    bench_main(main)

@@ -40,7 +40,7 @@ from typing import Annotated, Any
 
 import typer
 
-from _report import write_json
+from _report import bench_main, write_json
 from _server import bench_server
 from dcpkv.client.blocking import BlockingKV, KVRequest
 from dcpkv.cluster.admin_client import admin_request
@@ -296,4 +296,4 @@ def stale_map_windows(before: VBucketMap, after: VBucketMap, ports: list[int]) -
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

@@ -31,7 +31,7 @@ from typing import Annotated
 
 import typer
 
-from _report import write_json
+from _report import bench_main, write_json
 from _server import bench_server
 from dcp import load
 from dcpkv.client.blocking import BlockingKV
@@ -128,4 +128,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    bench_main(main)

@@ -50,7 +50,7 @@ import typer
 
 import dcpkv.spark
 from _cluster import same_data
-from _report import write_json
+from _report import bench_main, write_json
 from dcp import loaded_server  # bench/dcp.py (the script's folder is on sys.path)
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
@@ -205,4 +205,4 @@ def three_nodes(
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    typer.run(main)
+    bench_main(main)

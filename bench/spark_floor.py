@@ -30,7 +30,7 @@ from typing import Annotated, Any
 import typer
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from _report import write_json
+from _report import bench_main, write_json
 from dcpkv.spark.columns import SCHEMA_DDL
 from spark import query_rate_on, spark_session  # bench/spark.py
 
@@ -144,4 +144,4 @@ def main(
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    typer.run(main)
+    bench_main(main)

@@ -34,7 +34,7 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import same_data
-from _report import write_json
+from _report import bench_main, write_json
 from dcp import loaded_server
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
@@ -122,4 +122,4 @@ def three_nodes(count: int, vbuckets: int) -> dict[str, float]:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    typer.run(main)
+    bench_main(main)

@@ -1,14 +1,24 @@
-"""The one summary table that ends ``make bench``: issue 15's targets against this run's figures.
+"""The one summary that ends ``make bench``: ratios first, then issue 15's targets and the
+absolute figures with their yardstick, from this run's files only.
 
 Theory of operation
 -------------------
-Every benchmark of the run wrote ``RESULTS/NAME.json`` (``{"bench", "figures", ...}``, see
-``bench/_report.py``), and ``bench/peers.py`` wrote ``RESULTS/peer_NAME.json`` for each peer on
-PATH (the peer scripts' own shape: ``{"peer", "median", ...}``). A row of :data:`ROWS` names a
+Every benchmark of the run wrote ``RESULTS/NAME.json`` (``{"bench", "figures", "yardstick",
+...}``, see ``bench/_report.py``), and ``bench/peers.py`` wrote ``RESULTS/peer_NAME.json`` for
+each peer on PATH (the peer scripts' own shape: ``{"peer", "median", ...}``); ``make bench``
+also wrote ``machine.json`` (``bench/machine.py``) and the yardstick before and after
+everything (``yardstick_start.json``, ``yardstick_end.json``). A row of :data:`ROWS` names a
 figure, its target (at least / at most a bound; a bound may depend on another figure, as "4
-connections >= 1.5x one") and the peers' figures it compares with. The table shows the figure,
-the target, whether it is met, and per peer its figure and dcpkv / peer, all from the files of
-this run only; a figure whose benchmark did not run shows as "-", a missing peer is left out.
+connections >= 1.5x one") and the peers' figures it compares with.
+
+The summary opens with warnings when the run's two yardstick timings, or a benchmark's own
+two, differ by more than 20 % (the machine changed speed: those ratios are uncertain), then
+the machine and the versions it ran with. Then the table: per row its ratios first (a
+throughput over its benchmark's yardstick, the mean of the timings around that benchmark;
+dcpkv / each peer), then the target and whether it is met, then the absolute figures and the
+yardstick they go with. A figure whose benchmark did not run shows as "-", a missing peer is
+left out. ``--markdown PATH`` writes the same summary as Markdown and ``--readme PATH`` puts
+it between the markers of ``bench/README.md``.
 
 Figures are read by a ``(source, metric)`` pair: source ``"kv"`` is ``kv.json``'s
 ``figures``, ``"peer:redis"`` is ``peer_redis.json``'s ``median``, and ``"latency:redis"`` is
@@ -27,6 +37,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from _report import DRIFT_LIMIT, drift, is_throughput, unit_of
 
 Ref = tuple[str, str]  # (source, metric)
 Figures = dict[str, dict[str, float]]
@@ -190,18 +202,46 @@ ROWS: list[Row] = [
 ]  # fmt: skip
 
 
-def load(results: Path) -> Figures:
-    """Every figure of the run, by source (see the module docstring)."""
+RUN = "make bench"  # the yardstick timings around the whole run, beside each benchmark's own
+README_BEGIN = "<!-- make bench summary: bench/summary.py --readme bench/README.md -->"
+README_END = "<!-- end of the make bench summary -->"
+COLUMNS = ("metric", "dcpkv / yardstick", "peer", "dcpkv / peer", "target", "met", "dcpkv",
+           "peer figure", "yardstick, frames/s")  # fmt: skip
+# the packages named in the summary's header (machine.json lists every one)
+KEY_PACKAGES = ("pyspark", "pyarrow", "uvloop", "orjson", "cramjam", "aiohttp")
+
+
+@dataclass
+class Run:
+    """Everything one ``make bench`` left in its results folder."""
+
+    figures: Figures
+    yardsticks: dict[str, tuple[float, float]]  # bench (or RUN) -> (start, end), frames/s
+    machine: dict[str, dict[str, str]]
+
+
+def load(results: Path) -> Run:
+    """Every figure of the run, by source (see the module docstring), and its yardsticks."""
     figures: Figures = {}
+    yardsticks: dict[str, tuple[float, float]] = {}
+    machine: dict[str, dict[str, str]] = {}
     for path in sorted(results.glob("*.json")):
         body = json.loads(path.read_text())
-        if "bench" in body:
+        if path.name == "machine.json":
+            machine = body
+        elif "bench" in body:
             figures[body["bench"]] = body["figures"]
+            if "yardstick" in body:
+                yardsticks[body["bench"]] = (body["yardstick"]["start"], body["yardstick"]["end"])
             for peer, values in body.get("peer", {}).items():
                 figures[f"{body['bench']}:{peer}"] = values
         elif "peer" in body:
             figures[f"peer:{body['peer']}"] = body["median"]
-    return figures
+    start = figures.get("yardstick_start", {}).get("frames_per_s")
+    end = figures.get("yardstick_end", {}).get("frames_per_s")
+    if start and end:
+        yardsticks[RUN] = (start, end)
+    return Run(figures, yardsticks, machine)
 
 
 def _get(figures: Figures, ref: Ref) -> float | None:
@@ -217,38 +257,122 @@ def fmt(value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
 
 
-def table(figures: Figures) -> Table:
-    out = Table(title="make bench: issues 15 and 16 targets (dcpkv / peer from the same run)")
-    for col in ("metric", "dcpkv", "target", "met", "peer", "peer figure", "dcpkv / peer"):
-        out.add_column(col, justify="left" if col in ("metric", "target", "peer") else "right")
-    for row in ROWS:
-        value = _get(figures, row.figure)
-        met = None if value is None or row.target is None else row.target.met(value, figures)
-        cells = [
-            row.what,
-            fmt(value),
+def _yardstick(run: Run, bench: str) -> float | None:
+    """The yardstick a benchmark's figures go with: its own timings' mean, else the run's."""
+    timings = run.yardsticks.get(bench) or run.yardsticks.get(RUN)
+    return None if timings is None else sum(timings) / 2
+
+
+def row_lines(row: Row, run: Run) -> list[list[str]]:
+    """A row's table lines: one, or one per peer that ran (the first line carries the rest)."""
+    value = _get(run.figures, row.figure)
+    yardstick = _yardstick(run, row.figure[0])
+    throughput = is_throughput(unit_of(row.figure[1]))  # a latency over frames/s means nothing
+    per_yardstick = value / yardstick if throughput and value is not None and yardstick else None
+    met = None if value is None or row.target is None else row.target.met(value, run.figures)
+    peers = [(name, _get(run.figures, ref)) for name, ref in row.peers]
+    peers = [(name, p) for name, p in peers if p is not None] or [("", None)]
+    lines = []
+    for i, (name, peer) in enumerate(peers):
+        ratio = value / peer if value is not None and peer else None
+        mine = [row.what, fmt(per_yardstick) if throughput else ""] if i == 0 else ["", ""]
+        rest = [
             row.target.text if row.target else "",
             {True: "yes", False: "NO", None: "-" if row.target else ""}[met],
+            fmt(value),
         ]
-        peers = [(name, _get(figures, ref)) for name, ref in row.peers]
-        peers = [(name, p) for name, p in peers if p is not None]
-        if not peers:
-            out.add_row(*cells, "", "", "")
-        for i, (name, peer) in enumerate(peers):
-            ratio = value / peer if value is not None and peer else None
-            out.add_row(*(cells if i == 0 else [""] * 4), name, fmt(peer), fmt(ratio))
+        lines.append([*mine, name, fmt(ratio) if name else "", *(rest if i == 0 else [""] * 3),
+                      fmt(peer) if name else "", fmt(yardstick) if i == 0 else ""])  # fmt: skip
+    return lines
+
+
+def warnings(run: Run) -> list[str]:
+    """One line per yardstick pair more than DRIFT_LIMIT apart, the whole run's first."""
+    out = []
+    for bench in sorted(run.yardsticks, key=lambda b: b != RUN):
+        start, end = run.yardsticks[bench]
+        if drift(start, end) > DRIFT_LIMIT:
+            what = "the run" if bench == RUN else bench
+            out.append(f"WARNING: the yardstick moved {drift(start, end):.0%} during {what} "
+                       f"({start:,.0f} -> {end:,.0f} frames/s): the machine changed speed, "
+                       "its ratios are uncertain")  # fmt: skip
     return out
+
+
+def header(run: Run) -> list[str]:
+    """The lines above the table: warnings first, then what the run ran on."""
+    out = warnings(run)
+    machine = run.machine.get("machine", {})
+    if machine:
+        out.append(f"machine: {machine['name']} (host {machine['host']}, load average at the "
+                   f"start {machine['loadavg_at_start']}), {machine['python']}, dcpkv "
+                   f"{machine['commit']}")  # fmt: skip
+    packages = run.machine.get("packages", {})
+    if packages:
+        named = ", ".join(f"{n} {packages[n]}" for n in KEY_PACKAGES if n in packages)
+        out.append(f"dependencies: {len(packages)} packages (machine.json), {named}")
+    if run.machine.get("peers"):
+        out.append("peers: " + "; ".join(f"{n} {v}" for n, v in run.machine["peers"].items()))
+    if RUN in run.yardsticks:
+        start, end = run.yardsticks[RUN]
+        out.append(f"yardstick (bench/yardstick.py): {start:,.0f} frames/s at the start of the "
+                   f"run, {end:,.0f} at its end")  # fmt: skip
+    return out
+
+
+TITLE = "make bench: ratios to the yardstick and to the peers of the same run, then the targets"
+
+
+def table(run: Run) -> Table:
+    out = Table(title=TITLE)
+    for col in COLUMNS:
+        out.add_column(col, justify="left" if col in ("metric", "target", "peer") else "right")
+    for row in ROWS:
+        for line in row_lines(row, run):
+            out.add_row(*line)
+    return out
+
+
+def markdown(run: Run) -> str:
+    lines = [*(f"{line}  " for line in header(run)), "", f"| {' | '.join(COLUMNS)} |",
+             "|" + "|".join("---" if c in ("metric", "target", "peer") else "---:"
+                            for c in COLUMNS) + "|"]  # fmt: skip
+    for row in ROWS:
+        for line in row_lines(row, run):
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_section(text: str, section: str) -> str:
+    """``text`` with what lies between the README markers replaced by ``section``."""
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        raise SystemExit(f"no {README_BEGIN} ... {README_END} markers to write between")
+    return text[: begin + len(README_BEGIN)] + "\n" + section + text[end:]
 
 
 def main(
     results: Annotated[Path, typer.Argument(help="folder of this run's JSON files")] = Path(
         "bench/results"
     ),
+    markdown_out: Annotated[
+        Path | None, typer.Option("--markdown", help="also write the summary here, as Markdown")
+    ] = None,
+    readme: Annotated[
+        Path | None, typer.Option("--readme", help="put the Markdown between this file's markers")
+    ] = None,
 ) -> None:
-    figures = load(results)
-    if not figures:
+    run = load(results)
+    if not run.figures:
         raise SystemExit(f"no benchmark JSON in {results}")
-    Console(width=150).print(table(figures))
+    console = Console(width=170)
+    for line in header(run):
+        console.print(line, style="bold red" if line.startswith("WARNING") else None)
+    console.print(table(run))
+    if markdown_out is not None:
+        markdown_out.write_text(markdown(run))
+    if readme is not None:
+        readme.write_text(replace_section(readme.read_text(), markdown(run)))
 
 
 if __name__ == "__main__":

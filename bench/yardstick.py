@@ -1,0 +1,120 @@
+"""The machine yardstick: a fixed pure-Python workload that says how fast this machine is now.
+
+Theory of operation
+-------------------
+This host's speed swings 5-10x from hour to hour (other work shares its two cores), so a
+benchmark's absolute figure says as much about the machine as about the code. Every benchmark
+run times this workload at its start and at its end (``bench/_report.py`` runs it in a fresh
+process, so the benchmark's own heap and threads do not weigh on it) and reports each of its
+throughputs also as a ratio to the yardstick: a ratio travels between runs and machines where
+the absolute figure does not. Two timings that differ by more than 20 % say the machine
+changed speed during the run.
+
+The workload is the codec's floor, with no project code: the standard library's ``struct``
+encoding ``FRAMES`` memcached-binary DCP Mutation frames (24-byte header, 31 bytes of extras:
+by-seqno, rev-seqno, flags, expiry, lock time, metadata length, NRU; a 16-byte key and a
+100-byte value), ``BATCH`` at a time into one buffer as a producer's send would, then decoding
+that buffer frame by frame (header, extras, key and value copied out, one tuple per
+message, dropped) as a consumer would. One figure, frames/s, each frame encoded and decoded
+once: the median of ``ROUNDS`` rounds (short rounds: a burst of other work moves one round,
+not the median). The workload is fixed: changing it changes every ratio ever recorded.
+
+Run alone: ``python bench/yardstick.py`` prints ``yardstick.frames_per_s VALUE frames/s``
+(``--value`` just the number, ``--json PATH`` also writes it as a benchmark's JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+
+FRAMES = 20_000  # per round
+ROUNDS = 9
+BATCH = 500  # frames joined into one buffer, as one socket write
+UNIT = "frames/s"
+
+# magic, opcode, key length, extras length, datatype, vbucket, body length, opaque, CAS, then
+# the extras: by-seqno, rev-seqno, flags, expiry, lock time, metadata length, NRU
+_MUTATION = struct.Struct(">BBHBBHIIQQQIIIHB")
+_HEADER = struct.Struct(">BBHBBHIIQ")
+_EXTRAS = struct.Struct(">QQIIIHB")
+_REQUEST, _DCP_MUTATION = 0x80, 0x57
+_KEY_LEN, _VALUE = 16, b"\x5a" * 100
+_BODY = _EXTRAS.size + _KEY_LEN + len(_VALUE)
+
+
+def encode(keys: list[bytes]) -> list[bytes]:
+    """The frames of ``keys``, ``BATCH`` to a buffer."""
+    pack, out = _MUTATION.pack, []
+    for first in range(0, len(keys), BATCH):
+        frames = [
+            pack(_REQUEST, _DCP_MUTATION, _KEY_LEN, _EXTRAS.size, 0, i & 1023, _BODY, i, i << 16,
+                 i + 1, 1, 0, 0, 0, 0, 0) + keys[i] + _VALUE
+            for i in range(first, min(first + BATCH, len(keys)))
+        ]  # fmt: skip
+        out.append(b"".join(frames))
+    return out
+
+
+def decode(buffer: bytes) -> tuple[int, int]:
+    """(frames, sum of their by-seqnos) of a buffer of whole frames."""
+    header, extras = _HEADER.unpack_from, _EXTRAS.unpack_from
+    at, end, count, total = 0, len(buffer), 0, 0
+    while at < end:
+        _magic, _op, key_len, extras_len, _dt, vbucket, body, _opaque, cas = header(buffer, at)
+        by_seqno, _rev, flags, expiry, _lock, _nmeta, _nru = extras(buffer, at + 24)
+        key_at = at + 24 + extras_len
+        value_at = key_at + key_len
+        at += 24 + body
+        message = (vbucket, by_seqno, cas, flags, expiry, buffer[key_at:value_at],
+                   buffer[value_at:at])  # fmt: skip
+        count += 1
+        total += message[1]
+    return count, total
+
+
+def one_round(keys: list[bytes]) -> float:
+    """Seconds to encode and decode every key's frame once (checked)."""
+    start = time.perf_counter()
+    frames = seqnos = 0
+    for buffer in encode(keys):
+        n, s = decode(buffer)
+        frames, seqnos = frames + n, seqnos + s
+    seconds = time.perf_counter() - start
+    if frames != len(keys) or seqnos != len(keys) * (len(keys) + 1) // 2:
+        raise AssertionError("the yardstick decoded something else than it encoded")
+    return seconds
+
+
+def measure(frames: int = FRAMES, rounds: int = ROUNDS) -> float:
+    """frames/s: the median round's."""
+    keys = [b"yardstick-%06d" % (i % 1_000_000) for i in range(frames)]
+    return frames / statistics.median(one_round(keys) for _ in range(rounds))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="the machine yardstick (bench/README.md)")
+    parser.add_argument("--value", action="store_true", help="print the number only")
+    parser.add_argument("--json", type=Path, help="write it as a benchmark's JSON")
+    parser.add_argument("--name", default="yardstick", help="the figure's bench name")
+    args = parser.parse_args()
+    rate = measure()
+    if args.value:
+        print(f"{rate:.0f}")
+        return 0
+    print(f"{args.name}.frames_per_s {rate:.0f} {UNIT}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        body = {"bench": args.name, "figures": {"frames_per_s": rate},
+                "units": {"frames_per_s": UNIT}}  # fmt: skip
+        args.json.write_text(json.dumps(body, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

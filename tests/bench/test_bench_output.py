@@ -1,0 +1,162 @@
+"""The benchmarks' one output format (``bench/_report.py``), the yardstick, and the summary's
+yardstick warnings and README section (``bench/summary.py``). No benchmark is run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import _report  # noqa: E402  (bench/ is a folder of scripts, not a package)
+import summary  # noqa: E402
+import yardstick  # noqa: E402
+
+# every shape of metric name the benchmarks write, and the unit it says
+UNITS = [
+    ("set_ops_per_s_1conn", "ops/s"),
+    ("parse_decode_msgs_per_s", "msgs/s"),
+    ("backfill_mb_per_s", "MB/s"),
+    ("achieved_writes_per_s_10k", "writes/s"),
+    ("set_server_cpu_us_per_op_4conn", "us/op"),
+    ("disk_bytes_per_item", "B/item"),
+    ("server_disk_kb_per_write_50k", "kB/write"),
+    ("live_markers_per_item", "markers/item"),
+    ("ack_p99_ms_10k", "ms"),
+    ("persist_p50_s_streamed", "s"),
+    ("warmup_s", "s"),
+    ("disk_mb", "MB"),
+    ("quota_rss_peak_growth_mib_4096b", "MiB"),
+    ("streamed_over_alone", "x"),
+    ("cluster3_consumer_vs_single", "x"),
+    ("set_rate_alone", "ops/s"),
+    ("received_fraction_10k", "fraction"),
+    ("consumer_items_missing", "count"),
+    ("set_errors_1conn", "count"),
+]
+
+
+@pytest.mark.parametrize(("metric", "unit"), UNITS, ids=[m for m, _ in UNITS])
+def test_a_metric_name_says_its_unit(metric: str, unit: str) -> None:
+    assert _report.unit_of(metric) == unit
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1234567.8, "1234568"), (98.7654, "98.77"), (0.012345, "0.01235"), (3.0, "3"),
+     (float("nan"), "nan")],
+)  # fmt: skip
+def test_values_are_plain_decimals(value: float, text: str) -> None:
+    assert _report.fmt_value(value) == text
+
+
+def _parse(lines: list[str]) -> dict[str, tuple[float, str]]:
+    """The documented format: NAME VALUE UNIT, '#' lines are comments."""
+    out = {}
+    for line in lines:
+        if line.startswith("#"):
+            continue
+        name, value, unit = line.split(" ")
+        out[name] = (float(value), unit)
+    return out
+
+
+def test_every_figure_is_one_line_with_its_ratios_to_the_yardstick_and_the_peer() -> None:
+    figures = {"set_ops_per_s_1conn": 200_000.0, "memcached_set_ops_per_s_1conn": 400_000.0,
+               "ack_p50_ms_10k": 0.5}  # fmt: skip
+    out = _report.Figures("kv", figures, yardstick=(95_000.0, 105_000.0))
+    lines = _parse(out.lines())
+    assert lines["kv.yardstick_start"] == (95_000.0, "frames/s")
+    assert lines["kv.set_ops_per_s_1conn"] == (200_000.0, "ops/s")
+    assert lines["kv.set_ops_per_s_1conn/yardstick"] == (2.0, "x")  # over the timings' mean
+    assert lines["kv.set_ops_per_s_1conn/memcached"] == (0.5, "x")
+    assert lines["kv.ack_p50_ms_10k"] == (0.5, "ms")
+    assert "kv.ack_p50_ms_10k/yardstick" not in lines  # a latency has no throughput ratio
+    assert not any("WARNING" in line for line in out.lines())
+    body = out.json(phases={"a": 1})
+    assert body["figures"] == figures and body["phases"] == {"a": 1}
+    assert body["ratios"]["set_ops_per_s_1conn/memcached"] == 0.5
+    assert body["yardstick"] == {"start": 95_000.0, "end": 105_000.0, "unit": "frames/s"}
+
+
+@pytest.mark.parametrize(("start", "end", "warned"), [(100.0, 119.0, False), (100.0, 121.0, True),
+                                                      (121.0, 100.0, True)])  # fmt: skip
+def test_a_yardstick_that_moved_over_20_percent_heads_the_block(
+    start: float, end: float, warned: bool
+) -> None:
+    lines = _report.Figures("codec", {"encode_msgs_per_s": 1.0}, (start, end)).lines()
+    assert lines[0].startswith("# WARNING") == warned
+
+
+def test_the_yardstick_is_a_positive_rate_and_checks_its_own_round_trip() -> None:
+    keys = [b"yardstick-%06d" % i for i in range(1200)]
+    buffers = yardstick.encode(keys)
+    assert len(buffers) == 3  # BATCH frames to a buffer
+    assert yardstick.decode(b"".join(buffers)) == (1200, 1200 * 1201 // 2)
+    assert yardstick.one_round(keys) > 0
+    rate = subprocess.run([sys.executable, str(BENCH / "yardstick.py"), "--value"],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert float(rate) > 0
+
+
+def _results(tmp_path: Path, run: tuple[float, float], codec: tuple[float, float]) -> Path:
+    def write(name: str, body: dict[str, object]) -> None:
+        (tmp_path / f"{name}.json").write_text(json.dumps(body))
+
+    write("yardstick_start", {"bench": "yardstick_start", "figures": {"frames_per_s": run[0]}})
+    write("yardstick_end", {"bench": "yardstick_end", "figures": {"frames_per_s": run[1]}})
+    codec_figures = _report.Figures("codec", {"parse_decode_msgs_per_s": 150_000.0}, codec)
+    write("codec", codec_figures.json())
+    write("peer_python-floor", {"peer": "python-floor",
+                                "median": {"dcp_mutation.decode_full": 300_000.0}})  # fmt: skip
+    return tmp_path
+
+
+def test_the_summary_warns_of_each_moved_yardstick_the_runs_first(tmp_path: Path) -> None:
+    run = summary.load(_results(tmp_path, (100_000.0, 150_000.0), (100_000.0, 130_000.0)))
+    warnings = summary.warnings(run)
+    assert len(warnings) == 2
+    assert "during the run" in warnings[0] and "during codec" in warnings[1]
+    calm = summary.load(_results(tmp_path, (100_000.0, 110_000.0), (100_000.0, 101_000.0)))
+    assert summary.warnings(calm) == []
+
+
+def test_the_summary_puts_ratios_first_and_the_yardstick_beside_the_figure(tmp_path: Path) -> None:
+    run = summary.load(_results(tmp_path, (100_000.0, 100_000.0), (140_000.0, 160_000.0)))
+    row = next(r for r in summary.ROWS if r.figure == ("codec", "parse_decode_msgs_per_s"))
+    [line] = summary.row_lines(row, run)
+    cells = dict(zip(summary.COLUMNS, line, strict=True))
+    assert list(summary.COLUMNS)[:4] == ["metric", "dcpkv / yardstick", "peer", "dcpkv / peer"]
+    assert cells["dcpkv / yardstick"] == "1"  # 150k over its own yardstick's 150k, not the run's
+    assert cells["dcpkv / peer"] == "0.5"
+    assert cells["dcpkv"] == "150,000" and cells["yardstick, frames/s"] == "150,000"
+
+
+def test_the_readme_section_is_replaced_between_its_markers_only() -> None:
+    text = f"intro\n{summary.README_BEGIN}\nold table\n{summary.README_END}\nafter\n"
+    new = summary.replace_section(text, "new table\n")
+    assert new == f"intro\n{summary.README_BEGIN}\nnew table\n{summary.README_END}\nafter\n"
+    with pytest.raises(SystemExit):
+        summary.replace_section("no markers", "x")
+
+
+def test_compare_counts_the_ratios_of_two_runs_that_agree_within_20_percent(
+    tmp_path: Path,
+) -> None:
+    import compare
+
+    for run, (rate, start, end) in {"a": (100.0, 100.0, 100.0), "b": (330.0, 290.0, 310.0)}.items():
+        folder = tmp_path / run
+        folder.mkdir()
+        figures = {"encode_msgs_per_s": rate, "parse_msgs_per_s": 2 * rate if run == "a" else rate}
+        body = _report.Figures("codec", figures, (start, end)).json()
+        (folder / "codec.json").write_text(json.dumps(body))
+    lines, agree, total = compare.compare(tmp_path / "a", tmp_path / "b")
+    assert (agree, total) == (1, 2)  # encode: 1.0 -> 1.1; parse: 2.0 -> 1.1
+    assert lines[0].startswith("codec.encode_msgs_per_s/yardstick 1 1.100 1.100 100 330")
+    assert lines[0].endswith(" AGREE") and lines[1].endswith(" DIFFER")
