@@ -138,6 +138,10 @@ class Cursor:
         """The next snapshot, or None when the cursor has read everything queued so far."""
         return self._manager.read(self, max_items)
 
+    @property
+    def manager(self) -> CheckpointManager:
+        return self._manager
+
     def caught_up(self) -> bool:
         """Whether the cursor has read all that is queued (False may still find nothing new:
         a cheap test that spares a reader a :meth:`next_snapshot` call that returns None)."""
