@@ -100,6 +100,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -724,24 +725,24 @@ class DataServer:
         assert self._loop is not None  # buckets open once the loop runs
         self._loop.call_soon_threadsafe(deliver, outcomes)
 
-    async def _durability_ticker(self) -> None:
-        """Time SyncWrites out (their prepares abort; their clients get SyncWriteAmbiguous)."""
+    async def _every_bucket(
+        self, interval_s: float, chore: str, run: Callable[[Bucket], object]
+    ) -> None:
+        """Run ``chore`` on every bucket every ``interval_s``; a failure is logged, not fatal."""
         while True:
-            await asyncio.sleep(DURABILITY_TICK_S)
+            await asyncio.sleep(interval_s)
             for bucket in self.state.buckets.values():
                 try:
-                    bucket.durability_tick()
+                    run(bucket)
                 except Exception:
-                    log.exception("durability tick failed on bucket %s", bucket.name)
+                    log.exception("%s failed on bucket %s", chore, bucket.name)
 
-    async def _expiry_pager(self) -> None:
-        while True:
-            await asyncio.sleep(EXPIRY_PAGER_INTERVAL_S)
-            for bucket in self.state.buckets.values():
-                try:
-                    bucket.expiry_pager()
-                except Exception:
-                    log.exception("expiry pager failed on bucket %s", bucket.name)
+    def _durability_ticker(self) -> Coroutine[object, object, None]:
+        """Time SyncWrites out (their prepares abort; their clients get SyncWriteAmbiguous)."""
+        return self._every_bucket(DURABILITY_TICK_S, "durability tick", Bucket.durability_tick)
+
+    def _expiry_pager(self) -> Coroutine[object, object, None]:
+        return self._every_bucket(EXPIRY_PAGER_INTERVAL_S, "expiry pager", Bucket.expiry_pager)
 
     async def _compactor(self) -> None:
         """Purge old tombstones now and then; each purge raises the vbuckets' purge seqnos."""
