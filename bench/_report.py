@@ -173,6 +173,8 @@ def write_json(path: Path | None, bench: str, figures: dict[str, float], **extra
 def bench_main(main: Callable[..., Any]) -> None:
     """``typer.run(main)`` between two timings of the yardstick (module docstring)."""
     global _held
+    if "--help" in sys.argv[1:]:
+        typer.run(main)  # (exits: nothing to time)
     _held = []
     start = yardstick_rate()
     print(f"yardstick at start: {start:,.0f} {YARDSTICK_UNIT}", flush=True)
