@@ -70,12 +70,15 @@ def test_a_node_answers_seqno_persistence_once_it_persisted_the_write(
             session = await kv_client.session(node)
             nowhere = await session.conn.call(kv.SeqnoPersistence(vbucket=999, seqno=1))
             assert nowhere.status == Status.NotMyVbucket
-            # the server never acknowledges synchronous replication: it does not implement it
+            # synchronous replication is acknowledged (SyncWrites need a vbucket topology)
             hello = await session.conn.call(
                 kv.Hello(features=(HelloFeature.SyncReplication, HelloFeature.MutationSeqno))
             )
             assert isinstance(hello, kv.HelloResponse)
-            assert hello.features == (HelloFeature.MutationSeqno,)
+            assert set(hello.features) == {
+                HelloFeature.SyncReplication,
+                HelloFeature.MutationSeqno,
+            }
         finally:
             await kv_client.close()
 

@@ -72,7 +72,7 @@ from dcpkv.dcp.values import ValueShape
 from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
-from dcpkv.engine.item import Item
+from dcpkv.engine.item import Item, SyncWriteItem
 from dcpkv.engine.storage import StreamRow, item_from_row, row_of_stream_row
 from dcpkv.protocol import dcp
 from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason
@@ -365,12 +365,16 @@ class ActiveStream:
     def _queue_snapshot(self, snap: Snapshot) -> None:
         end = self.stream.end
         items = snap.items if snap.end <= end else [i for i in snap.items if i.by_seqno <= end]
+        marker_end = min(snap.end, end)
+        if items and self.cursor is not None and self.cursor.manager.sync_items:
+            items, marker_end = _committed_only(items, marker_end)
         if not items:
-            # Everything up to the end was deduplicated into later seqnos: nothing to send.
+            # Everything up to the end was deduplicated into later seqnos (or was prepares and
+            # aborts, which this consumer never sees): nothing to send.
             self._advance(min(snap.end, end))
             return
         flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
-        marker = self._marker_bytes(self.stream.marker_start(snap.start), min(snap.end, end), flags)
+        marker = self._marker_bytes(self.stream.marker_start(snap.start), marker_end, flags)
         encode, last = self.encode_item, items[-1].by_seqno
         if len(items) == 1 and not self.sid:  # a lone item (a live write): one entry, one visit
             self.pending.append((marker + encode(items[0]), last, last, 1))
@@ -521,6 +525,16 @@ class ActiveStream:
     def _encode_rows(self, rows: list[StreamRow]) -> Batch:
         """A backfill batch: rows straight to wire bytes (in the backfill's worker thread)."""
         return encode_rows(self, rows)
+
+
+def _committed_only(items: list[Item], marker_end: int) -> tuple[list[Item], int]:
+    """A snapshot's items as a consumer without SyncWrites sees them: no prepares, no aborts
+    (a commit is a plain mutation or deletion); its marker ends at the last item it gets (the
+    max visible seqno) when the snapshot ends with a prepare or an abort."""
+    visible = [i for i in items if not isinstance(i, SyncWriteItem)]
+    if visible and len(visible) < len(items) and isinstance(items[-1], SyncWriteItem):
+        marker_end = visible[-1].by_seqno
+    return visible, marker_end
 
 
 def encode_rows(stream: ActiveStream, rows: list[StreamRow]) -> Batch:

@@ -83,6 +83,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
+from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS
 from dcpkv.engine.flush_cadence import Backlog, due
 from dcpkv.engine.hash_table import HT_ENTRY_OVERHEAD
 from dcpkv.engine.hlc import Clock, SystemClock
@@ -98,7 +99,7 @@ from dcpkv.engine.storage import (
     item_from_row,
     storage_cache_bytes,
 )
-from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, VBucket
+from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, SyncOutcome, VBucket
 
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
@@ -180,8 +181,14 @@ class Bucket:
         synchronous: str = "FULL",
         compression_mode: CompressionMode = CompressionMode.PASSIVE,
         storage: str = DEFAULT_STORAGE,
+        durability_timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         self.name = name
+        # A SyncWrite's timeout when its request names none (the reference's 30 s).
+        self.durability_timeout_ms = durability_timeout_ms
+        # Called (under a vbucket's lock, from the loop or the flusher thread: it must only
+        # take note) with the answers SyncWrites get (VBucket.on_sync_outcomes).
+        self.sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
         self.compression_mode = compression_mode  # what values are kept and sent as (document)
         self.path = Path(path)
         self.num_vbuckets = num_vbuckets
@@ -308,9 +315,21 @@ class Bucket:
             admit=self._admit,
         )
         vbucket.on_queued = self._queued
+        vbucket.durability_timeout_ms = self.durability_timeout_ms
+        vbucket.on_sync_outcomes = self._sync_outcomes
         vbucket.on_dirty = self._state_dirty
         self._state_dirty(vb)  # a new VBucket starts with its state to write
         return vbucket
+
+    def _sync_outcomes(self, vb: int, outcomes: list[SyncOutcome]) -> None:
+        if self.sync_outcomes is not None:
+            self.sync_outcomes(vb, outcomes)
+
+    def durability_tick(self) -> None:
+        """Time passed: every active vbucket's SyncWrites past their timeout abort."""
+        for vbucket in list(self.vbuckets.values()):
+            if vbucket.durability is not None:
+                vbucket.durability_tick()
 
     def _state_dirty(self, vb: int) -> None:
         self._state_pending = True
@@ -332,6 +351,7 @@ class Bucket:
                     self.vbuckets[vb] = vbucket
                     with_values = self.memory_used < self.memory_quota * WARMUP_VALUE_FRACTION
                     vbucket.load(self.storage.load_items(vb, values=with_values))
+                    vbucket.load_prepares(self.storage.load_prepares(vb))
             self.storage.set_clean_shutdown(False)
             self.flush_once()  # the new failover entries must be durable before anyone sees them
             return clean

@@ -22,7 +22,9 @@ Invariants
     * a key has at most one live slot in the open checkpoint *at or after any cursor's
       position in it*: when a newer version arrives, the older slot is emptied unless some
       cursor has already read past it (that cursor must still see the newer one, so both stay).
-      Closed checkpoints never change: dedup happens only in the open one;
+      Closed checkpoints never change: dedup happens only in the open one. Prepares and
+      aborts (SyncWrites) are never deduplicated and deduplicate nothing: they are queued
+      beside their key's committed versions (:meth:`CheckpointManager.queue_sync`);
     * the persistence cursor (the flusher's) always exists and is never dropped, so an item is
       freed only after it is persisted;
     * the oldest checkpoints are freed as soon as they are closed and no cursor is in them
@@ -71,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dcpkv.core.errors import DcpkvError
-from dcpkv.engine.item import Item
+from dcpkv.engine.item import Item, SyncWriteItem
 
 PERSISTENCE_CURSOR = "persistence"
 DEFAULT_CHECKPOINT_MAX_ITEMS = 10_000
@@ -136,6 +138,10 @@ class Cursor:
         """The next snapshot, or None when the cursor has read everything queued so far."""
         return self._manager.read(self, max_items)
 
+    @property
+    def manager(self) -> CheckpointManager:
+        return self._manager
+
     def caught_up(self) -> bool:
         """Whether the cursor has read all that is queued (False may still find nothing new:
         a cheap test that spares a reader a :meth:`next_snapshot` call that returns None)."""
@@ -165,6 +171,8 @@ class CheckpointManager:
         self._lock = lock or threading.RLock()
         self.max_items = max_items
         self.memory_used = 0
+        # Prepares and aborts ever queued: until the first, a reader has none to skip.
+        self.sync_items = 0
         self._next_id = 1
         self._checkpoints: list[Checkpoint] = []
         self._cursors: dict[str, Cursor] = {}
@@ -224,6 +232,23 @@ class CheckpointManager:
         if seqno > ckpt.snap_end:
             ckpt.snap_end = seqno
         self.high_seqno = seqno
+
+    def queue_sync(self, item: SyncWriteItem) -> None:
+        """Queue a prepare or an abort (the caller holds the lock and gave it the next seqno).
+        Never deduplicated, and deduplicating nothing: a prepare must reach the flusher and
+        SyncWrite consumers beside its key's committed versions (reads keep them apart too,
+        :func:`_collect`)."""
+        ckpt = self._checkpoints[-1]
+        if len(ckpt.items) >= self.max_items:
+            ckpt = self._close_open()
+        size = item.size()
+        ckpt.items.append(item)
+        ckpt.seqnos.append(item.by_seqno)
+        ckpt.memory += size
+        self.memory_used += size
+        ckpt.snap_end = max(ckpt.snap_end, item.by_seqno)
+        self.high_seqno = item.by_seqno
+        self.sync_items += 1
 
     def _dedup(self, ckpt: Checkpoint, old: int) -> None:
         """Empty the slot ``old`` of the open checkpoint (a key's older version), unless a
@@ -388,7 +413,7 @@ class CheckpointManager:
                 return None
             at_start = cursor.pos == 0
             ckpt_snap_start = ckpt.snap_start
-            collected: dict[bytes, Item] = {}
+            collected: dict[object, Item] = {}
             while True:
                 _collect(collected, ckpt.items[cursor.pos :])
                 cursor.pos = len(ckpt)
@@ -419,7 +444,7 @@ class CheckpointManager:
         elif pos > ckpt.last_kept:
             items = [item for item in slots[pos:] if item is not None]
         else:
-            collected: dict[bytes, Item] = {}
+            collected: dict[object, Item] = {}
             _collect(collected, slots[pos:])
             items = list(collected.values())
         if not items:
@@ -447,12 +472,15 @@ class CheckpointManager:
         raise LookupError("cursor in a freed checkpoint")
 
 
-def _collect(into: dict[bytes, Item], slots: Iterable[Item | None]) -> None:
-    # Re-inserting a key moves it to the end: the dict stays in ascending seqno order.
+def _collect(into: dict[object, Item], slots: Iterable[Item | None]) -> None:
+    # Re-inserting a key moves it to the end: the dict stays in ascending seqno order. A
+    # prepare or an abort has a key of its own (its seqno): it neither replaces nor is
+    # replaced by its key's committed versions (CheckpointManager.queue_sync).
     for item in slots:
         if item is not None:
-            into.pop(item.key, None)
-            into[item.key] = item
+            key: object = item.by_seqno if isinstance(item, SyncWriteItem) else item.key
+            into.pop(key, None)
+            into[key] = item
 
 
 def _snapshot(

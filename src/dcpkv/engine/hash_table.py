@@ -32,19 +32,20 @@ table has no lock of its own: its vbucket's lock guards every change, and a look
 ``entries`` (the table's own dict, typed read-only; one lookup is atomic under the GIL) may be
 made without it.
 
-Committed and pending values: every entry today is a committed version. A synchronous write's
-*prepare* is a second stored value of its key, pending until the durability requirement is met,
-and is to be kept beside the committed one (in a map of its own), never in its place: reads go
-on seeing the committed version in ``entries``, while a vbucket's write path,
-which reads the key's entry in one place (``VBucket._live``), is where a pending prepare will
-refuse a second write.
+Committed and pending values: ``entries`` holds committed versions only. A synchronous write's
+*prepare* (:class:`~dcpkv.engine.item.PrepareItem`) is a second stored value of its key, pending
+until its durability requirement is met or it aborts, kept beside the committed one in
+``prepared`` (:meth:`HashTable.store_prepare`, :meth:`HashTable.pop_prepare`, counted in
+``memory``), never in its place: reads go on seeing the committed version in ``entries``, and
+a vbucket's one admission check of writes (``VBucket._check_write``) refuses a second write to a
+key with a prepare (SyncWriteInProgress).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dcpkv.engine.item import ITEM_OVERHEAD, Item
+from dcpkv.engine.item import ITEM_OVERHEAD, Item, PrepareItem
 
 # What a hash-table entry costs the process beyond Item.size() (ITEM_OVERHEAD + key + value),
 # measured with tracemalloc and RSS deltas on CPython 3.11 (16-byte keys; bench/memory.py):
@@ -67,7 +68,9 @@ class HashTable:
     """Key -> stored value, with the counts of the module docstring (not thread-safe: its
     vbucket's lock guards every change)."""
 
-    __slots__ = ("_entries", "entries", "live", "max_deleted_rev", "may_expire", "memory")
+    __slots__ = (
+        "_entries", "entries", "live", "max_deleted_rev", "may_expire", "memory", "prepared",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._entries: dict[bytes, StoredValue] = {}
@@ -80,6 +83,22 @@ class HashTable:
         self.live = 0
         self.max_deleted_rev = 0
         self.may_expire = False
+        # Key -> its pending prepare (empty unless SyncWrites are in flight: writes test it
+        # for truth only).
+        self.prepared: dict[bytes, PrepareItem] = {}
+
+    def store_prepare(self, prepare: PrepareItem) -> None:
+        """Keep ``prepare`` beside its key's committed entry (the key has no prepare yet)."""
+        assert prepare.key not in self.prepared, "one pending prepare per key"
+        self.prepared[prepare.key] = prepare
+        self.memory += prepare.size()
+
+    def pop_prepare(self, key: bytes) -> PrepareItem | None:
+        """Forget ``key``'s prepare (committed or aborted); returns it (None: none)."""
+        prepare = self.prepared.pop(key, None)
+        if prepare is not None:
+            self.memory -= prepare.size()
+        return prepare
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -125,6 +144,7 @@ class HashTable:
         """Forget every entry (a rollback reloads the table from storage). The counts restart;
         ``max_deleted_rev`` is kept: rev seqnos never go back."""
         self._entries.clear()
+        self.prepared.clear()
         self.memory = self.live = 0
 
     def eject(self, persisted_seqno: int, target_bytes: int | None = None) -> int:

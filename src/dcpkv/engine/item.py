@@ -67,6 +67,38 @@ class Item:
         return not self.deleted and self.expiry != 0 and self.expiry <= now
 
 
+@dataclass(slots=True)
+class SyncWriteItem(Item):
+    """An item of a synchronous write's own namespace (kv_engine's "prepared" namespace): it
+    is never a key's committed version, never deduplicates a committed item nor is deduplicated
+    by one, and a reader, a front-end request or a DCP consumer without SyncWrites never sees
+    it."""
+
+
+@dataclass(slots=True)
+class PrepareItem(SyncWriteItem):
+    """A durable write waiting for its durability requirement: the value (or, ``deleted``, the
+    deletion) it will commit, with its own seqno; ``level`` is its DurabilityLevel (1..3)."""
+
+    level: int = 1
+
+
+@dataclass(slots=True)
+class AbortItem(SyncWriteItem):
+    """The end of the prepare at ``prepared_seqno``, which never became visible."""
+
+    prepared_seqno: int = 0
+
+
+@dataclass(slots=True)
+class CommitItem(Item):
+    """The committed version a prepare became: a plain mutation or deletion of its key (what a
+    reader and a consumer without SyncWrites see), with its own seqno and CAS, and the
+    ``prepared_seqno`` it commits (what a DcpCommit carries)."""
+
+    prepared_seqno: int = 0
+
+
 class EngineError(DcpkvError):
     """An operation the engine refused; ``status`` is the memcached status to answer."""
 
@@ -109,6 +141,18 @@ class Einval(EngineError):
     status = Status.Einval
 
 
+class DurabilityImpossible(EngineError):
+    """A durable write the vbucket cannot satisfy: no topology set, or too few nodes in it."""
+
+    status = Status.DurabilityImpossible
+
+
+class SyncWriteInProgress(EngineError):
+    """A write to a key whose prepare is pending (the client retries later)."""
+
+    status = Status.SyncWriteInProgress
+
+
 ERRORS: tuple[type[EngineError], ...] = (
     KeyNotFound,
     KeyExists,
@@ -118,4 +162,6 @@ ERRORS: tuple[type[EngineError], ...] = (
     TempFail,
     TooBig,
     Einval,
+    DurabilityImpossible,
+    SyncWriteInProgress,
 )

@@ -1,4 +1,4 @@
-"""Embedded, crash-safe storage for a bucket on RocksDB: one database, five column families.
+"""Embedded, crash-safe storage for a bucket on RocksDB: one database, six column families.
 
 Theory of operation
 -------------------
@@ -25,6 +25,13 @@ Column families
                   vbucket's state (a vbucket's flush writes one entry, not a point and a
                   state: the flusher pays ~1 us per entry, per vbucket it touches).
     ``local``     the format version and the clean-shutdown flag.
+    ``prepares``  the pending SyncWrite prepares: key (vb, key), value the prepare's seqno, its
+                  durability level and its log record. A flushed prepare is written here,
+                  never to the log or the key index (a backfill never sees it); its commit (a
+                  committed version) or abort deletes it, in its vbucket's last write batch of
+                  the flush, the one with its state. Warm-up reads them back
+                  (:meth:`RocksStorage.load_prepares`). A database made before this family
+                  existed gets it, empty, at open.
 
 What is kept, trimmed, thinned and where a rollback lands is decided by
 :mod:`dcpkv.engine.retention`, exactly as for the SQLite engine (``storage.py``).
@@ -81,7 +88,7 @@ import rocksdict
 
 from dcpkv.core.files import fsync_dir
 from dcpkv.engine import retention
-from dcpkv.engine.item import Item
+from dcpkv.engine.item import Item, PrepareItem
 from dcpkv.engine.storage import (
     CompactResult,
     CorruptDatabaseError,
@@ -91,12 +98,14 @@ from dcpkv.engine.storage import (
     StorageReads,
     StreamRow,
     VBState,
+    has_sync_writes,
     row_of_stream_row,
+    split_sync_writes,
 )
 
 FORMAT_VERSION = b"1"
 GROUP_ITEMS = 1024  # items per write batch (whole vbuckets): the interpreter lock's longest hold
-_CFS = ("by_key", "by_seqno", "replaced", "flush_points", "local")
+_CFS = ("by_key", "by_seqno", "replaced", "flush_points", "local", "prepares")
 _VB = struct.Struct(">H")
 _VB_SEQNO = struct.Struct(">HQ")
 _U64 = struct.Struct(">Q")
@@ -106,6 +115,7 @@ _KEY_META = struct.Struct(">QQ")  # by_key value: seqno, packed (datatype | dele
 _RECORD_OUT = struct.Struct(">QQQQH")
 _RECORD_IN = struct.Struct(">qQqQH")
 _HEADER = _RECORD_OUT.size
+_PREPARE = struct.Struct(">QB")  # prepares value head: seqno, durability level
 _STATE = struct.Struct(">QQQQQQ")  # high, snap start, snap end, purge, max CAS, history start
 _U32 = 0xFFFFFFFF
 _U64_MAX = (1 << 64) - 1
@@ -115,6 +125,8 @@ _MEMTABLES_MIN, _MEMTABLES_MAX = 4 << 20, 32 << 20
 # Part of a flush's write batch: a vbucket, items of it in key order, and its state when the
 # batch ends that vbucket's part of the flush (None: more of its items follow).
 Chunk = tuple[int, list[tuple[bytes, Item]], VBState | None]
+# Per vbucket of a flush, each key's last SyncWrite word (storage.split_sync_writes).
+SyncWords = dict[int, dict[bytes, PrepareItem | None]]
 
 
 def _stream_row(seqno: int, record: bytes) -> StreamRow:
@@ -131,6 +143,32 @@ def _item(seqno: int, record: bytes, *, value: bool = True) -> Item:
         record[_HEADER:end], record[end:] if value else None, flags_expiry >> 32,
         flags_expiry & _U32, cas, rev, seqno, packed & 0xFF, bool(deleted), packed >> 10,
         deleted == _EXPIRED,
+    )  # fmt: skip
+
+
+def _record(item: Item, packed: int) -> bytes:
+    head = _RECORD_OUT.pack(item.cas, item.rev_seqno, item.flags << 32 | item.expiry, packed,
+                            len(item.key))  # fmt: skip
+    return b"".join((head, item.key, item.value or b""))
+
+
+def _packed(item: Item) -> int:
+    packed = item.datatype | item.delete_time << 10
+    if item.deleted:
+        packed |= (_EXPIRED if item.expired else _DELETED) << 8
+    return packed
+
+
+def _prepare_bytes(p: PrepareItem) -> bytes:
+    return _PREPARE.pack(p.by_seqno, p.level) + _record(p, _packed(p))
+
+
+def _prepare_of(data: bytes) -> PrepareItem:
+    seqno, level = _PREPARE.unpack_from(data)
+    i = _item(seqno, data[_PREPARE.size :])
+    return PrepareItem(
+        i.key, i.value, i.flags, i.expiry, i.cas, i.rev_seqno, seqno, i.datatype, i.deleted,
+        i.delete_time, False, level,
     )  # fmt: skip
 
 
@@ -170,7 +208,7 @@ class _Db:
     def __init__(self, path: Path, *, create: bool, cache_bytes: int) -> None:
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(create)
-        options.create_missing_column_families(create)
+        options.create_missing_column_families(True)  # (``prepares``, in an older database)
         options.set_paranoid_checks(True)
         # A torn last record (a crash mid-write) is dropped; damage anywhere else is an error.
         options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.tolerate_corrupted_tail_records())
@@ -591,7 +629,7 @@ class RocksStorage(StorageReads):
 
     def _wipe(self, batch: rocksdict.WriteBatch, vb: int) -> None:
         lower, upper = _vb_range(vb)
-        for name in ("by_key", "by_seqno", "replaced", "flush_points"):
+        for name in ("by_key", "by_seqno", "replaced", "flush_points", "prepares"):
             batch.delete_range(lower, upper, self._db.handle[name])
         self._trimmed_at.pop(vb, None)
         self._thinned_at.pop(vb, None)
@@ -630,20 +668,41 @@ class RocksStorage(StorageReads):
                     flags_expiry & _U32, cas & _U64_MAX, rev, seqno, packed & 0xFF,
                 )  # fmt: skip
 
+    def load_prepares(self, vb: int) -> list[PrepareItem]:
+        """The vbucket's persisted pending prepares, in seqno order (warm-up)."""
+        with self._write_lock:
+            prepares = [_prepare_of(v) for _, v in _scan(self._db.cf["prepares"], *_vb_range(vb))]
+        return sorted(prepares, key=lambda p: p.by_seqno)
+
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None:
         """Write the snapshots and states of several vbuckets, each vbucket's end state
         atomically, synced once (module docstring)."""
         per_vb: dict[int, tuple[dict[bytes, Item], VBState]] = {}
+        sync: SyncWords = {}
         for vb, items, vbstate in batches:
             latest = per_vb[vb][0] if vb in per_vb else {}
+            items = list(items)
+            if has_sync_writes(items):
+                items = split_sync_writes(items, sync.setdefault(vb, {}))
             for item in items:  # (one version per key: its latest)
                 latest[item.key] = item
             per_vb[vb] = (latest, vbstate)
         with self._writing():
             for chunk in _chunks(per_vb, split=self.history_window > 0):
-                self._write(self._flush_batch(chunk))
+                self._write(self._flush_batch(chunk, sync))
 
-    def _flush_batch(self, chunk: list[Chunk]) -> Any:
+    def _put_prepares(
+        self, batch: rocksdict.WriteBatch, vb: int, words: dict[bytes, PrepareItem | None]
+    ) -> None:
+        """A vbucket's pending prepares written, its completed ones deleted (module docstring)."""
+        handle, prefix = self._db.handle["prepares"], _VB.pack(vb)
+        for key, prepare in words.items():
+            if prepare is None:
+                batch.delete(prefix + key, handle)
+            else:
+                batch.put(prefix + key, _prepare_bytes(prepare), handle)
+
+    def _flush_batch(self, chunk: list[Chunk], sync: SyncWords) -> Any:
         """One write batch: items of some vbuckets, and the state of those it ends."""
         db = self._db
         keys = [_VB.pack(vb) + key for vb, items, _ in chunk for key, _ in items]
@@ -675,6 +734,8 @@ class RocksStorage(StorageReads):
                     else:
                         delete(prefix + old_tail, by_seqno)
             if vbstate is not None:
+                if vb in sync:
+                    self._put_prepares(batch, vb, sync[vb])
                 self._put_state(batch, vb, vbstate)
                 if history:
                     self._retain(batch, vb, vbstate.high_seqno)
@@ -782,12 +843,20 @@ class RocksStorage(StorageReads):
                 state.history_start = 0
             else:
                 self._restore(batch, vb, point)
+                self._drop_prepares_above(batch, vb, point)
             state.high_seqno = state.snap_start = state.snap_end = point
             state.failover_json = retention.prune_failover(state.failover_json, point)
             state.purge_seqno = min(state.purge_seqno, point)
             self._put_state(batch, vb, state, merge=False)
             self._write(batch)
             return point
+
+    def _drop_prepares_above(self, batch: rocksdict.WriteBatch, vb: int, point: int) -> None:
+        # (a prepare completed above the point is not brought back: its entry is gone)
+        handle = self._db.handle["prepares"]
+        for key, value in _scan(self._db.cf["prepares"], *_vb_range(vb)):
+            if _PREPARE.unpack_from(value)[0] > point:
+                batch.delete(key, handle)
 
     def _rollback_point(self, vb: int, seqno: int, state: VBState) -> int | None:
         return retention.rollback_point(

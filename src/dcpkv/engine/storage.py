@@ -25,6 +25,11 @@ Tables
                    persisted snapshot range, purge seqno, max CAS, and ``history_start``
                    (rollback to any flush point at or above it is exact).
     ``meta``       one row: format version and the ``clean_shutdown`` flag.
+    ``prepares``   the pending SyncWrite prepares, PK (vb, key), with their durability level:
+                   a flushed prepare is written here, never over its key's committed
+                   ``documents`` row; its commit (a committed document) or abort deletes it.
+                   Warm-up reads them back (:meth:`Storage.load_prepares`); a backfill never
+                   sees them.
 
 Durability. :meth:`Storage.persist` writes the items of one or more snapshots, the vbucket
 states and failover tables in ONE transaction, so the disk moves from one complete snapshot to
@@ -92,7 +97,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.engine import retention
-from dcpkv.engine.item import Item
+from dcpkv.engine.item import AbortItem, CommitItem, Item, PrepareItem, SyncWriteItem
 from dcpkv.engine.retention import DEFAULT_HISTORY_WINDOW
 
 FORMAT_VERSION = 1
@@ -121,6 +126,13 @@ CREATE INDEX IF NOT EXISTS history_replaced ON history (vb, replaced_by);
 CREATE TABLE IF NOT EXISTS flush_points (
     vb INTEGER NOT NULL, seqno INTEGER NOT NULL, PRIMARY KEY (vb, seqno)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS prepares (
+    vb INTEGER NOT NULL, key BLOB NOT NULL, by_seqno INTEGER NOT NULL, cas INTEGER NOT NULL,
+    rev_seqno INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL,
+    datatype INTEGER NOT NULL, deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL,
+    value BLOB NOT NULL, level INTEGER NOT NULL,
+    PRIMARY KEY (vb, key)
+);
 CREATE TABLE IF NOT EXISTS vbstate (
     vb INTEGER PRIMARY KEY, state TEXT NOT NULL, failover TEXT NOT NULL,
     high_seqno INTEGER NOT NULL, snap_start INTEGER NOT NULL, snap_end INTEGER NOT NULL,
@@ -256,6 +268,7 @@ class BucketStorage(Protocol):
     def delete_vbucket(self, vb: int) -> None: ...
     def get(self, vb: int, key: bytes) -> Item | None: ...
     def load_items(self, vb: int, *, values: bool = True) -> Iterator[Item]: ...
+    def load_prepares(self, vb: int) -> list[PrepareItem]: ...
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None: ...
     def persist_snapshot(self, vb: int, items: Iterable[Item], vbstate: VBState) -> None: ...
     def scan_by_seqno(
@@ -378,6 +391,36 @@ def _item(row: tuple) -> Item:
         key, bytes(value), flags, expiry, _u64(cas), rev, by_seqno, datatype,
         bool(deleted), delete_time, deleted == _EXPIRED,
     )  # fmt: skip
+
+
+def _prepare(row: tuple) -> PrepareItem:
+    key, by_seqno, cas, rev, flags, expiry, datatype, deleted, delete_time, value, level = row
+    return PrepareItem(
+        key, bytes(value), flags, expiry, _u64(cas), rev, by_seqno, datatype,
+        bool(deleted), delete_time, False, level,
+    )  # fmt: skip
+
+
+def split_sync_writes(items: Iterable[Item], last: dict[bytes, PrepareItem | None]) -> list[Item]:
+    """The committed items of a flush's batch (what the documents get), for both engines; each
+    key's last SyncWrite word goes to ``last`` (shared by a vbucket's batches of one flush, so
+    the flush's last word per key wins): its pending prepare, or None when its prepare
+    completed (a commit, an abort) and the stored prepare is to be deleted."""
+    committed: list[Item] = []
+    for item in items:
+        if isinstance(item, PrepareItem):
+            last[item.key] = item
+            continue
+        if isinstance(item, AbortItem | CommitItem):
+            last[item.key] = None
+        if not isinstance(item, SyncWriteItem):
+            committed.append(item)
+    return committed
+
+
+def has_sync_writes(items: Sequence[Item]) -> bool:
+    """Whether a batch holds any SyncWrite item (only then is it split)."""
+    return any(isinstance(i, SyncWriteItem | CommitItem) for i in items)
 
 
 def _vbstate_row(vb: int, s: VBState) -> tuple[object, ...]:
@@ -637,8 +680,8 @@ class Storage(StorageReads):
 
     def delete_vbucket(self, vb: int) -> None:
         with self._transaction() as db:
-            for table in ("documents", "history", "flush_points", "vbstate"):
-                db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
+            self._wipe(db, vb)
+            db.execute("DELETE FROM vbstate WHERE vb = ?", (vb,))
 
     # -- documents -------------------------------------------------------------------------
 
@@ -664,6 +707,15 @@ class Storage(StorageReads):
             yield Item(key, value, flags, expiry, cas if cas >= 0 else cas + _TWO_64, rev, seqno,
                        datatype)  # fmt: skip
 
+    def load_prepares(self, vb: int) -> list[PrepareItem]:
+        """The vbucket's persisted pending prepares, in seqno order (warm-up)."""
+        with self._write_lock:
+            rows = self._db.execute(
+                f"SELECT {_DOC_COLUMNS}, level FROM prepares WHERE vb = ? ORDER BY by_seqno",
+                (vb,),
+            ).fetchall()
+        return [_prepare(row) for row in rows]
+
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None:
         """Write the snapshots and states of several vbuckets in one transaction.
 
@@ -680,7 +732,11 @@ class Storage(StorageReads):
         trims: list[tuple[int, int]] = []
         thins: list[tuple[int, int]] = []
         history = self.history_window > 0
+        sync: dict[int, dict[bytes, PrepareItem | None]] = {}
         for vb, items, vbstate in batches:  # (per dirty vbucket: kept to few calls)
+            items = list(items)
+            if has_sync_writes(items):
+                items = split_sync_writes(items, sync.setdefault(vb, {}))
             # One row per key (its latest version): history copies each replaced row once.
             docs += [_row(vb, i) for i in {item.key: item for item in items}.values()]
             states.append(_vbstate_row(vb, vbstate))
@@ -694,8 +750,20 @@ class Storage(StorageReads):
         # (5-12 % less SQLite CPU for scattered keys). A vbucket listed twice keeps its rows in
         # seqno order (the tuples' third field): the newest is upserted last and wins.
         docs.sort()
+        prepares = [
+            (*_row(vb, p), p.level) for vb, last in sync.items() for p in last.values() if p
+        ]
+        done = [(vb, key) for vb, last in sync.items() for key, p in last.items() if p is None]
         with self._transaction() as db:
             _chunked(db, _DOCS_UPSERT, docs)  # (and the history, by the trigger)
+            if done:
+                db.executemany("DELETE FROM prepares WHERE vb = ? AND key = ?", done)
+            if prepares:
+                db.executemany(
+                    f"INSERT OR REPLACE INTO prepares (vb, {_DOC_COLUMNS}, level)"
+                    f" VALUES {_placeholders(12)}",
+                    prepares,
+                )
             _chunked(db, _VBSTATE_UPSERT, states)
             _chunked(db, _FLUSH_POINTS_INSERT, points)
             self._trim_history(db, trims)
@@ -801,6 +869,8 @@ class Storage(StorageReads):
                 self._wipe(db, vb)
             else:
                 self._restore(db, vb, point)
+            # (a prepare completed above the point is not brought back: its row is gone)
+            db.execute("DELETE FROM prepares WHERE vb = ? AND by_seqno > ?", (vb, point))
             db.execute(
                 "UPDATE vbstate SET high_seqno = ?, snap_start = ?, snap_end = ?, failover = ?,"
                 " purge_seqno = min(purge_seqno, ?) WHERE vb = ?",
@@ -809,7 +879,7 @@ class Storage(StorageReads):
             return point
 
     def _wipe(self, db: sqlite3.Connection, vb: int) -> None:
-        for table in ("documents", "history", "flush_points"):
+        for table in ("documents", "history", "flush_points", "prepares"):
             db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
         db.execute("UPDATE vbstate SET history_start = 0 WHERE vb = ?", (vb,))
 

@@ -43,6 +43,36 @@ an expiration is queued as a deletion, so DCP sends it) or when :meth:`VBucket.e
 walks the table. Only an active vbucket expires items: a replica waits for the active's
 expiration to arrive.
 
+SyncWrites (PROTOCOL.md, "SyncWrites"). A front-end write run through :meth:`VBucket.sync_write`
+takes the one write path as any other, but its new version becomes a *prepare*
+(:class:`~dcpkv.engine.item.PrepareItem`) with its own seqno, kept beside the key's committed
+entry (``hash_table.prepared``) and queued for the flusher, never seen by a reader. The
+vbucket's :class:`~dcpkv.engine.durability_monitor.ActiveDurabilityMonitor` decides when it
+commits or aborts, and the vbucket acts on each decision in order (:meth:`VBucket._resolve`):
+
+=============================== ===============================================================
+decision                        what the vbucket does
+=============================== ===============================================================
+Commit                          queues a :class:`~dcpkv.engine.item.CommitItem` (next seqno, a
+                                new CAS, the prepare's value or deletion): the key's committed
+                                entry; the client gets Success with it
+Abort (timeout, impossible)     queues an :class:`~dcpkv.engine.item.AbortItem` (next seqno);
+                                the committed entry is untouched; the client gets
+                                SyncWriteAmbiguous
+Ambiguous                       the client gets SyncWriteAmbiguous (its prepare waits its turn)
+=============================== ===============================================================
+
+Answers go to ``on_sync_outcomes`` (:class:`SyncOutcome`, a cookie the caller chose). The
+monitor exists once :meth:`VBucket.set_topology` gave the active vbucket a topology; without
+one (or with one that cannot reach a majority) a durable write is refused with
+DurabilityImpossible before anything is queued. Any write to a key with a pending prepare is
+refused with SyncWriteInProgress (in :meth:`VBucket._check_write`). The flusher's progress
+(:meth:`VBucket.mark_persisted`) and :meth:`VBucket.durability_tick` (the server calls it
+periodically: timeouts) feed the monitor. Leaving the active state answers every waiting client
+SyncWriteAmbiguous and keeps the prepares, with no timeout, in a passive monitor (as do
+prepares read back at warm-up): a later topology on an active vbucket re-commits them once
+satisfied.
+
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
 storage call is made under the lock: a value fetch for an ejected item happens between two
@@ -55,28 +85,37 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
+from dcpkv.core.replication_topology import ReplicationTopology
 from dcpkv.core.seqno import SEQNO_MAX
+from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine import document
+from dcpkv.engine import durability_monitor as dm
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager
 from dcpkv.engine.hash_table import HashTable
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
 from dcpkv.engine.item import (
     ITEM_OVERHEAD,
+    AbortItem,
+    CommitItem,
     DeltaBadval,
+    DurabilityImpossible,
     Einval,
     Item,
     KeyExists,
     KeyNotFound,
     NotMyVbucket,
     NotStored,
+    PrepareItem,
+    SyncWriteInProgress,
     TempFail,
     TooBig,
 )
 from dcpkv.engine.storage import VBState
+from dcpkv.protocol.constants import DurabilityLevel
 
 RELATIVE_EXPIRY_LIMIT = 30 * 24 * 3600
 NO_CREATE = 0xFFFFFFFF  # incr/decr expiry meaning "do not create a missing counter"
@@ -91,6 +130,24 @@ _XATTR = document.XATTR
 _ACTIVE = VBucketState.ACTIVE
 
 Fetcher = Callable[[int, bytes], Item | None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class SyncOutcome:
+    """The answer a client waiting on a SyncWrite gets: ``status`` Success with ``item`` (the
+    commit: its CAS and seqno), or SyncWriteAmbiguous (``item`` None)."""
+
+    cookie: object
+    status: Status
+    item: Item | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _SyncRequest:
+    level: DurabilityLevel
+    timeout_ms: int | None
+    cookie: object
 
 
 class Edit(Protocol):
@@ -182,6 +239,14 @@ class VBucket:
         # be written without any item queued: the flusher visits only vbuckets noted by one
         # of the two hooks (a new vbucket starts dirty: its creator notes it).
         self.on_dirty: Callable[[int], None] | None = None
+        # SyncWrites (module docstring): the active's monitor once a topology is set; the
+        # prepares kept while there is none (after a step-down, or read back at warm-up);
+        # the durable request being written (the one write path reads it); where answers go.
+        self.durability: dm.ActiveDurabilityMonitor | None = None
+        self.passive_durability: dm.PassiveDurabilityMonitor | None = None
+        self.durability_timeout_ms = dm.DEFAULT_TIMEOUT_MS
+        self._sync: _SyncRequest | None = None
+        self.on_sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
 
     # -- reading the state ----------------------------------------------------------------
 
@@ -485,6 +550,149 @@ class VBucket:
             self.hlc.observe(item.cas)
             return item
 
+    # -- SyncWrites (module docstring) ----------------------------------------------------------
+
+    def set_topology(self, topology: ReplicationTopology) -> None:
+        """The chains a SyncWrite of this active vbucket must reach; the first chain's active
+        names this node. Every pending prepare is judged again (it may commit or be doomed)."""
+        with self.lock:
+            self._require_active()
+            monitor = self.durability
+            if monitor is None:
+                monitor = self._new_monitor(topology.first.active)
+            decisions = monitor.set_topology(topology)  # raises before anything changed
+            self.durability = monitor
+            self._resolve(decisions)
+
+    @property
+    def topology(self) -> ReplicationTopology | None:
+        return None if self.durability is None else self.durability.topology
+
+    def sync_write(
+        self,
+        write: Callable[[], T],
+        level: DurabilityLevel,
+        *,
+        timeout_ms: int | None = None,
+        cookie: object = None,
+    ) -> T:
+        """Run ``write`` (one of this vbucket's front-end writes, e.g. ``lambda: vb.set(...)``)
+        as a SyncWrite: the version it makes becomes a prepare, and ``cookie`` is answered
+        through ``on_sync_outcomes`` when it commits (at once if the topology is satisfied
+        already) or its outcome becomes ambiguous. Returns what ``write`` returns (its item
+        is the prepare). DurabilityImpossible without a usable topology."""
+        with self.lock:
+            self._require_active()
+            monitor = self.durability
+            if monitor is None or not monitor.durability_possible:
+                topology = None if monitor is None else monitor.topology
+                raise DurabilityImpossible(
+                    f"vbucket {self.id}: no replication topology can satisfy a SyncWrite "
+                    f"(topology: {topology})"
+                )
+            self._sync = _SyncRequest(DurabilityLevel(level), timeout_ms, cookie)
+            try:
+                return write()
+            finally:
+                self._sync = None
+
+    def durability_tick(self) -> None:
+        """Time passed: prepares past their deadline abort or become ambiguous."""
+        with self.lock:
+            if self.durability is not None and self.durability.num_pending:
+                self._resolve(self.durability.tick(self.clock.time()))
+
+    def _new_monitor(self, node: str) -> dm.ActiveDurabilityMonitor:
+        passive, self.passive_durability = self.passive_durability, None
+        if passive is not None:
+            passive.persisted(self.persisted_seqno)
+            return passive.promote(node, default_timeout_ms=self.durability_timeout_ms)
+        return dm.ActiveDurabilityMonitor(
+            node,
+            default_timeout_ms=self.durability_timeout_ms,
+            persisted_seqno=self.persisted_seqno,
+        )
+
+    def _prepare(self, item: Item) -> PrepareItem:
+        """Make ``item``, the version a SyncWrite's write path built, a prepare."""
+        sync, monitor = self._sync, self.durability
+        assert sync is not None and monitor is not None
+        self._sync = None  # one prepare per request (a commit made at once is committed)
+        prepare = PrepareItem(
+            item.key, item.value, item.flags, item.expiry, item.cas, item.rev_seqno,
+            item.by_seqno, item.datatype, item.deleted, item.delete_time, False, sync.level,
+        )  # fmt: skip
+        self.hash_table.store_prepare(prepare)
+        self.checkpoints.queue_sync(prepare)
+        if self.on_queued is not None:
+            self.on_queued(self.id)
+        self._resolve(
+            monitor.add_prepare(
+                prepare.by_seqno,
+                prepare.key,
+                sync.level,
+                now=self.clock.time(),
+                timeout_ms=sync.timeout_ms,
+                cookie=sync.cookie,
+            )
+        )
+        return prepare
+
+    def _resolve(self, decisions: list[dm.Decision]) -> None:
+        """Act on the monitor's decisions in order (the module docstring's table)."""
+        outcomes: list[SyncOutcome] = []
+        for decision in decisions:
+            if isinstance(decision, dm.Commit):
+                commit = self._commit(decision.seqno, decision.key)
+                if decision.cookie is not None:
+                    outcomes.append(SyncOutcome(decision.cookie, Status.Success, commit))
+            elif isinstance(decision, dm.Abort):
+                self._abort(decision.seqno, decision.key)
+                if decision.cookie is not None:
+                    outcomes.append(SyncOutcome(decision.cookie, Status.SyncWriteAmbiguous))
+            elif isinstance(decision, dm.Ambiguous):
+                outcomes.append(SyncOutcome(decision.cookie, Status.SyncWriteAmbiguous))
+        if outcomes and self.on_sync_outcomes is not None:
+            self.on_sync_outcomes(self.id, outcomes)
+
+    def _take_prepare(self, seqno: int, key: bytes) -> PrepareItem:
+        prepare = self.hash_table.pop_prepare(key)
+        if prepare is None or prepare.by_seqno != seqno:
+            raise AssertionError(f"vbucket {self.id}: no prepare of {key!r} at {seqno}")
+        return prepare
+
+    def _commit(self, prepared_seqno: int, key: bytes) -> CommitItem:
+        p = self._take_prepare(prepared_seqno, key)
+        commit = CommitItem(
+            key, p.value, p.flags, p.expiry, self.hlc.next_cas(), p.rev_seqno,
+            self.checkpoints.high_seqno + 1, p.datatype, p.deleted,
+            int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
+        )  # fmt: skip
+        self.checkpoints.queue_next(
+            commit, self.hash_table.store(commit, self.hash_table.entries.get(key))
+        )
+        if self.on_queued is not None:
+            self.on_queued(self.id)
+        return commit
+
+    def _abort(self, prepared_seqno: int, key: bytes) -> None:
+        p = self._take_prepare(prepared_seqno, key)
+        abort = AbortItem(
+            key, b"", 0, 0, self.hlc.next_cas(), p.rev_seqno, self.checkpoints.high_seqno + 1,
+            prepared_seqno=prepared_seqno,
+        )  # fmt: skip
+        self.checkpoints.queue_sync(abort)
+        if self.on_queued is not None:
+            self.on_queued(self.id)
+
+    def _step_down(self) -> None:
+        """Leaving the active state: answer the waiting clients, keep the prepares."""
+        if self.durability is None:
+            return
+        decisions, self.passive_durability = self.durability.step_down()
+        self.durability = None
+        self._resolve(decisions)
+
     # -- state ------------------------------------------------------------------------------
 
     def set_state(self, state: VBucketState, *, transfer: bool = False) -> None:
@@ -496,6 +704,8 @@ class VBucket:
         with self.lock:
             if state == self.state:
                 return
+            if self.state is _ACTIVE:
+                self._step_down()
             if state == VBucketState.ACTIVE:
                 if not transfer:
                     self.failover.create_entry(self.branch_point())
@@ -574,6 +784,8 @@ class VBucket:
             for item in batch.items:
                 if item.deleted:
                     self.hash_table.discard(item)
+            if self.durability is not None:
+                self._resolve(self.durability.persisted(self.persisted_seqno))
 
     # -- memory -----------------------------------------------------------------------------
 
@@ -590,6 +802,21 @@ class VBucket:
             for item in items:
                 self.hash_table.replace(item)
                 self.hlc.observe(item.cas)
+
+    def load_prepares(self, prepares: Iterable[PrepareItem]) -> None:
+        """Take back the prepares storage holds (warm-up, in seqno order): pending, with no
+        client and no timeout ("maybe visible"), until a topology lets them commit."""
+        with self.lock:
+            writes = []
+            for prepare in prepares:
+                self.hash_table.store_prepare(prepare)
+                self.hlc.observe(prepare.cas)
+                level = DurabilityLevel(prepare.level)
+                writes.append(dm.SyncWrite(prepare.by_seqno, prepare.key, level))
+            if writes:
+                self.passive_durability = dm.PassiveDurabilityMonitor(
+                    persisted_seqno=self.persisted_seqno, prepares=writes
+                )
 
     def reset(self, vbstate: VBState, failover: FailoverTable, items: Iterable[Item]) -> None:
         """Replace the whole in-memory state by what storage holds (after a rollback)."""
@@ -638,6 +865,11 @@ class VBucket:
             raise NotMyVbucket(f"vbucket {self.id} is {self.state}")
         if not 0 < len(key) <= MAX_KEY_LENGTH or len(value) > self.max_item_size:
             self._check_size(key, value)  # raises the refusal
+        prepared = self.hash_table.prepared
+        if prepared and key in prepared:
+            raise SyncWriteInProgress(
+                f"key {key!r} has a pending SyncWrite (prepare at {prepared[key].by_seqno})"
+            )
         if self._admit is not None:
             # Charge what the write will add to memory_used: the item is accounted in the hash
             # table and again in the checkpoint until persisted. Charging only key + value let
@@ -715,6 +947,8 @@ class VBucket:
         # Positional: keyword parsing costs ~0.3 us here. Order: key, value, flags, expiry,
         # cas, rev_seqno, by_seqno, datatype.
         item = Item(key, value, flags, expiry, self.hlc.next_cas(), rev, seqno, datatype)
+        if self._sync is not None:
+            return self._prepare(item)
         checkpoints.queue_next(item, table.store(item, current))
         if self.on_queued is not None:
             self.on_queued(self.id)
@@ -722,7 +956,10 @@ class VBucket:
 
     def _queue(self, item: Item, current: Item | None) -> Item:
         """Store ``item``, a version with its seqno (above the high seqno) already given, over
-        ``current``, the key's entry, and queue it for the flusher and DCP."""
+        ``current``, the key's entry, and queue it for the flusher and DCP (a SyncWrite's
+        version becomes a prepare; an expiry never does)."""
+        if self._sync is not None and not item.expired:
+            return self._prepare(item)
         self.checkpoints.queue_next(item, self.hash_table.store(item, current))
         if self.on_queued is not None:
             self.on_queued(self.id)

@@ -99,6 +99,8 @@ import ssl
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -114,6 +116,7 @@ from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.storage import BucketLock
+from dcpkv.engine.vbucket import SyncOutcome
 from dcpkv.protocol.constants import HEADER_LEN, Magic
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import FrameParser, encode_frame
@@ -127,6 +130,7 @@ from dcpkv.server.push_cadence import delay
 from dcpkv.server.replication import Credentials, Replicator
 from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
+from dcpkv.server.sync_writes import PendingAnswer, deliver
 
 log = logging.getLogger("dcpkv.server")
 
@@ -137,6 +141,8 @@ PREAUTH_MAX_VALUE = 16 * 1024
 # a length beyond this slack is treated as garbage and closes the connection.
 VALUE_SLACK = 1024 * 1024
 EXPIRY_PAGER_INTERVAL_S = 10.0
+# How often SyncWrites past their timeout are aborted (a timeout is answered up to this late).
+DURABILITY_TICK_S = 0.05
 FLUSH_RETRY_S = 0.25  # between flush attempts while they fail (a full disk, an I/O error)
 PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yielding the loop
 # Stream visits per pump before yielding the loop: the bound of a turn of live items, each its
@@ -186,6 +192,10 @@ class KVProtocol(asyncio.Protocol):
         # the precise liveness timer (arm_liveness) and the producer-clock time it is set for
         self._liveness_timer: asyncio.TimerHandle | None = None
         self._liveness_at = math.inf
+        # SyncWrites (server/sync_writes.py): the pending answers of the chunk being served
+        # (their place in its answers), and what waits behind an undecided one, in order.
+        self._deferred: list[tuple[int, PendingAnswer]] = []
+        self._held: deque[bytes | PendingAnswer] = deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -250,6 +260,10 @@ class KVProtocol(asyncio.Protocol):
         except CodecError as exc:
             out.append(self._codec_error_answer(exc))
             self.closing = True
+        if self._deferred or self._held:
+            self._hold(out)
+            out = []
+            self._release_answers()
         if out and self.transport is not None:
             self.transport.write(b"".join(out))
         if self.closing and self.transport is not None:
@@ -283,11 +297,40 @@ class KVProtocol(asyncio.Protocol):
             except Exception:
                 log.exception("handler for opcode 0x%02x failed", frame.opcode)
                 answer = error_answer(frame, Status.Einternal)
-            if answer:
+            if isinstance(answer, PendingAnswer):
+                answer.on_ready = self._release_answers
+                self._deferred.append((len(out), answer))
+            elif answer:
                 out.append(answer)
             if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
                 parser.max_value_len = self.server.max_value_len  # logged in: the item limit
         return True
+
+    def _hold(self, out: list[bytes]) -> None:
+        """Queue a chunk's answers behind the undecided SyncWrites (request order kept)."""
+        last = 0
+        for at, pending in self._deferred:
+            if at > last:
+                self._held.append(b"".join(out[last:at]))
+            self._held.append(pending)
+            last = at
+        if len(out) > last:
+            self._held.append(b"".join(out[last:]))
+        self._deferred.clear()
+
+    def _release_answers(self) -> None:
+        """Write the held answers up to the first undecided SyncWrite."""
+        held, ready = self._held, []
+        while held:
+            head = held[0]
+            if isinstance(head, PendingAnswer):
+                if head.answer is None:
+                    break
+                head = head.answer
+            ready.append(head)
+            held.popleft()
+        if ready:
+            self._send_later(b"".join(ready))
 
     def _send_later(self, data: bytes) -> None:
         if self.transport is not None and not self.closing and not self.transport.is_closing():
@@ -478,6 +521,7 @@ class DataServer:
         self.monotonic = time.monotonic  # the push cadence's clock (tests set their own)
         self._locks: list[BucketLock] = []
         self.collector = CollectorPolicy()
+        self._loop: asyncio.AbstractEventLoop | None = None  # (set by start: SyncWrite answers)
 
     # -- start -------------------------------------------------------------------------------
 
@@ -494,6 +538,7 @@ class DataServer:
                 compression_mode=CompressionMode(bc.compression_mode),
                 storage=bc.storage,
             )
+            bucket.sync_outcomes = self._sync_outcomes
             if not bucket.vbuckets and not self.config.managed:
                 for vb in range(bc.vbuckets):
                     bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
@@ -510,7 +555,7 @@ class DataServer:
             self.state.load_cluster_configs()
 
     async def start(self, port_file: Path | None = None) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         tls = self._tls_context()  # before anything else: a bad certificate fails at once
         await loop.run_in_executor(self.executor, self.open_buckets)
         self.collector.settle()  # the items warm-up loaded are never scanned again
@@ -538,6 +583,7 @@ class DataServer:
         self._tasks = [
             asyncio.create_task(self._flusher()),
             asyncio.create_task(self._expiry_pager()),
+            asyncio.create_task(self._durability_ticker()),
             asyncio.create_task(self._compactor()),
             asyncio.create_task(self._pump_ticker()),
             asyncio.create_task(self._liveness_ticker()),
@@ -674,14 +720,29 @@ class DataServer:
                 log.info("full garbage collection: %.3f s, %d unreachable objects in all",
                          policy.last_full_pause_s, policy.freed_by_full)  # fmt: skip
 
-    async def _expiry_pager(self) -> None:
+    def _sync_outcomes(self, vb: int, outcomes: list[SyncOutcome]) -> None:
+        # From the loop or the flusher thread, under the vbucket's lock: only hand over.
+        assert self._loop is not None  # buckets open once the loop runs
+        self._loop.call_soon_threadsafe(deliver, outcomes)
+
+    async def _every_bucket(
+        self, interval_s: float, chore: str, run: Callable[[Bucket], object]
+    ) -> None:
+        """Run ``chore`` on every bucket every ``interval_s``; a failure is logged, not fatal."""
         while True:
-            await asyncio.sleep(EXPIRY_PAGER_INTERVAL_S)
+            await asyncio.sleep(interval_s)
             for bucket in self.state.buckets.values():
                 try:
-                    bucket.expiry_pager()
+                    run(bucket)
                 except Exception:
-                    log.exception("expiry pager failed on bucket %s", bucket.name)
+                    log.exception("%s failed on bucket %s", chore, bucket.name)
+
+    def _durability_ticker(self) -> Coroutine[object, object, None]:
+        """Time SyncWrites out (their prepares abort; their clients get SyncWriteAmbiguous)."""
+        return self._every_bucket(DURABILITY_TICK_S, "durability tick", Bucket.durability_tick)
+
+    def _expiry_pager(self) -> Coroutine[object, object, None]:
+        return self._every_bucket(EXPIRY_PAGER_INTERVAL_S, "expiry pager", Bucket.expiry_pager)
 
     async def _compactor(self) -> None:
         """Purge old tombstones now and then; each purge raises the vbuckets' purge seqnos."""

@@ -42,6 +42,7 @@ SUPPORTED_FEATURES = frozenset(
         HelloFeature.Duplex,
         # only with Duplex (server requests); the map pushes: dcpkv.server.state
         HelloFeature.ClustermapChangeNotification,
+        HelloFeature.SyncReplication,
     }
 )
 

@@ -19,11 +19,13 @@ and the privileges of :mod:`dcpkv.core.rbac` the user's roles must grant on that
    already required one. :func:`closed_gate` is that check alone, and the request fast path
    (:mod:`dcpkv.server.fast_path`) asks it too before it answers an opcode of this table
    itself: a gate changed here holds on both paths;
-3. a durability requirement in the framing extras (a SyncWrite) is refused, never ignored:
-   DurabilityImpossible on the routes that take one (the mutations), Einval elsewhere, the
-   codec's status when the item is malformed (:mod:`dcpkv.protocol.durability`). Answering
-   such a write Success from memory would acknowledge a durability that does not hold (the
-   fast path takes no frame with framing extras: they all come here);
+3. a durability requirement in the framing extras (a SyncWrite) is never ignored: the codec's
+   status when the item is malformed (:mod:`dcpkv.protocol.durability`); otherwise
+   :mod:`dcpkv.server.sync_writes` refuses it (Einval on a route that takes none,
+   DurabilityImpossible where it cannot be met) or runs the request as a SyncWrite, answered
+   when it commits (a :class:`~dcpkv.server.sync_writes.PendingAnswer`). Answering such a
+   write Success from memory would acknowledge a durability that does not hold (the fast path
+   takes no frame with framing extras: they all come here);
 4. the codec decodes the request: a malformed one is answered with the codec's status and
    message (the frame boundaries are intact, so the connection goes on). What "malformed"
    means is the codec's alone: no handler looks at raw bytes;
@@ -60,6 +62,7 @@ from dcpkv.server import (
     session,
     stats,
     subdoc_handlers,
+    sync_writes,
     vbucket_handlers,
 )
 from dcpkv.server.connection import Connection, Reply
@@ -200,8 +203,13 @@ def closed_gate(conn: Connection, route: Route) -> ClosedGate | None:
     return None
 
 
-def handle(conn: Connection, frame: Frame) -> bytes | None:
-    """The bytes answering ``frame`` (None: no answer); see the module docstring."""
+# A request's answer: bytes (None: no answer), or a SyncWrite's answer to come.
+Reaction = bytes | sync_writes.PendingAnswer
+
+
+def handle(conn: Connection, frame: Frame) -> Reaction | None:
+    """The bytes answering ``frame`` (None: no answer; a PendingAnswer: decided later); see
+    the module docstring."""
     if not frame.is_request:
         return _response(conn, frame)
     route = ROUTES.get(frame.opcode)
@@ -212,9 +220,9 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
         conn.server.eaccess += closed.rbac
         return error_answer(frame, closed.status, closed.message)
     if frame.framing_extras:
-        refused = _durability_refusal(frame, route)
-        if refused is not None:
-            return refused
+        durable = _with_durability(conn, frame, route)
+        if durable is not None:
+            return durable
     try:
         answer = route.handler(conn, route.decode(frame))
     except Reply as reply:
@@ -228,15 +236,9 @@ def handle(conn: Connection, frame: Frame) -> bytes | None:
     return b"".join([m.encode() for m in answer])
 
 
-# Until the server runs synchronous replication, it cannot meet any durability requirement.
-_NO_SYNC_WRITES = (
-    b"durability requirements (synchronous replication) are not supported by this server; "
-    b"use ObserveSeqno-based durability (replicate_to / persist_to)"
-)
-
-
-def _durability_refusal(frame: Frame, route: Route) -> bytes | None:
-    """The answer refusing a request's durability requirement; None when it carries none."""
+def _with_durability(conn: Connection, frame: Frame, route: Route) -> Reaction | None:
+    """The answer of a request with a durability requirement (step 3); None when it carries
+    none."""
     try:
         requirement = durability_requirement(frame.framing_extras)
     except CodecError as exc:
@@ -245,7 +247,16 @@ def _durability_refusal(frame: Frame, route: Route) -> bytes | None:
         return None
     if not route.durable:
         return error_answer(frame, Status.Einval, b"this command takes no durability requirement")
-    return error_answer(frame, Status.DurabilityImpossible, _NO_SYNC_WRITES)
+    if frame.opcode not in sync_writes.SYNC_WRITE_OPS:
+        return error_answer(frame, Status.DurabilityImpossible, sync_writes.NOT_YET)
+    if not sync_writes.usable_topology(conn, frame.vbucket):
+        return error_answer(frame, Status.DurabilityImpossible, sync_writes.NO_TOPOLOGY)
+    try:
+        return sync_writes.sync_write(conn, route.decode(frame), route.handler, requirement)
+    except Reply as reply:
+        return error_answer(frame, reply.status, reply.value, cas=reply.cas)
+    except CodecError as exc:
+        return error_answer(frame, exc.status, exc.message.encode()[:1024])
 
 
 def _granted(conn: Connection, needs: Needs) -> bool:

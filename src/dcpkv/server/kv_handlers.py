@@ -90,7 +90,7 @@ def _incoming(conn: Connection, req: kv.Set | kv.Append) -> tuple[bytes, int]:
     return value, dt
 
 
-def _mutated(
+def mutated(
     conn: Connection, req: kv.Request, vbucket: VBucket, item: Item
 ) -> kv.MutationResponse | None:
     if req.opcode in _QUIET:
@@ -151,7 +151,7 @@ def store(conn: Connection, req: kv.Set) -> kv.MutationResponse | None:
                                    cas=req.cas, datatype=dt)  # fmt: skip
     except EngineError as exc:
         raise refusal(conn, exc) from None
-    return _mutated(conn, req, vbucket, item)
+    return mutated(conn, req, vbucket, item)
 
 
 def delete(conn: Connection, req: kv.Delete) -> kv.MutationResponse | None:
@@ -160,7 +160,7 @@ def delete(conn: Connection, req: kv.Delete) -> kv.MutationResponse | None:
         item = vbucket.delete(bytes(req.key), cas=req.cas)
     except EngineError as exc:
         raise refusal(conn, exc) from None
-    return _mutated(conn, req, vbucket, item)
+    return mutated(conn, req, vbucket, item)
 
 
 def concat(conn: Connection, req: kv.Append) -> kv.MutationResponse | None:
@@ -175,7 +175,7 @@ def concat(conn: Connection, req: kv.Append) -> kv.MutationResponse | None:
         item = op(bytes(req.key), value, cas=req.cas)
     except EngineError as exc:
         raise refusal(conn, exc) from None
-    return _mutated(conn, req, vbucket, item)
+    return mutated(conn, req, vbucket, item)
 
 
 def arith(conn: Connection, req: kv.Increment) -> kv.IncrementResponse:

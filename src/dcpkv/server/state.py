@@ -69,6 +69,12 @@ class ServerState:
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users), path=self.config.data_dir / USERS_FILE)
 
+    @property
+    def node_name(self) -> str:
+        """This node's name in a vbucket's replication topology: ``host:port`` as configured
+        and bound, the name a cluster map's serverList gives it (server/sync_writes.py)."""
+        return f"{self.config.host}:{self.port}"
+
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;
         whether it was. ValueError when it is not a config (no integer ``rev``...). A kept map

@@ -10,12 +10,17 @@ current CAS too (in its NotMyVbucket answer as well), which is how a manager dis
 SetVbucket creates a vbucket or changes its state (the DCP producers of the bucket hear of it
 through the bucket's state listeners and end the streams that must end); GetVbucket reads a
 state; DelVbucket drops a vbucket and its data; GetAllVbSeqnos lists high seqnos, optionally of
-one state only (dead vbuckets are left out unless asked for). On a cluster, the manager is the
+one state only (dead vbuckets are left out unless asked for). SetVbucket's optional JSON value
+``{"topology": [[...], [...]]}`` gives an active vbucket the chains its SyncWrites must reach
+(:mod:`dcpkv.core.replication_topology`; the first chain's active is this node, named as
+:attr:`~dcpkv.server.state.ServerState.node_name` says); a malformed one is refused with Einval
+and changes nothing. On a cluster, the manager is the
 one client of these opcodes.
 """
 
 from __future__ import annotations
 
+from dcpkv.core.replication_topology import ReplicationTopology, TopologyError, parse_topology
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import EngineError
@@ -30,11 +35,30 @@ def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
     if not 0 <= req.vbucket < bucket.num_vbuckets:
         raise Reply(Status.Einval, b"vbucket id out of range")
     state = VBucketState(req.state)
+    topology = _topology(conn, req, state)
     try:
-        bucket.set_vbucket_state(req.vbucket, state, cas=req.cas)
+        vbucket = bucket.set_vbucket_state(req.vbucket, state, cas=req.cas)
+        if topology is not None:
+            vbucket.set_topology(topology)
     except EngineError as exc:
         raise refusal(conn, exc) from None
     return GenericResponse(opcode=req.opcode, opaque=req.opaque, cas=bucket.state_cas)
+
+
+def _topology(
+    conn: Connection, req: kv.SetVbucket, state: VBucketState
+) -> ReplicationTopology | None:
+    """The replication topology SetVbucket's value carries (None: none); Einval when it is
+    malformed, names another node as the first chain's active, or the state is not active.
+    Checked before the state changes, so a refused request changes nothing."""
+    if not req.meta:
+        return None
+    if state != VBucketState.ACTIVE:
+        raise Reply(Status.Einval, b"a replication topology is for an active vbucket only")
+    try:
+        return parse_topology(bytes(req.meta), conn.server.node_name)
+    except TopologyError as exc:
+        raise Reply(Status.Einval, str(exc).encode()[:1024]) from None
 
 
 def get_vbucket(conn: Connection, req: kv.GetVbucket) -> kv.GetVbucketResponse:

@@ -1,0 +1,240 @@
+"""SyncWrites in the engine: prepares beside committed values, commits and aborts as items,
+the vbucket acting on its durability monitor's decisions (engine/vbucket.py, "SyncWrites")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dcpkv.core.replication_topology import parse_topology
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState
+from dcpkv.engine.bucket import Bucket, open_storage
+from dcpkv.engine.checkpoint import CheckpointManager
+from dcpkv.engine.hlc import ManualClock
+from dcpkv.engine.item import (
+    AbortItem,
+    CommitItem,
+    DurabilityImpossible,
+    Item,
+    KeyNotFound,
+    PrepareItem,
+    SyncWriteInProgress,
+    SyncWriteItem,
+)
+from dcpkv.engine.storage import VBState
+from dcpkv.engine.vbucket import SyncOutcome, VBucket
+from dcpkv.protocol.constants import DurabilityLevel
+
+ME = "node-a:11210"
+ALONE = parse_topology(b'{"topology": [["node-a:11210"]]}')
+WITH_ABSENT_REPLICA = parse_topology(b'{"topology": [["node-a:11210", "replica1"]]}')
+
+MAJORITY = DurabilityLevel.Majority
+PERSIST = DurabilityLevel.PersistToMajority
+
+
+def _answers(vb: VBucket) -> list[SyncOutcome]:
+    got: list[SyncOutcome] = []
+    vb.on_sync_outcomes = lambda _vb, outcomes: got.extend(outcomes)
+    return got
+
+
+def _queued(vb: VBucket) -> list[Item]:
+    cursor = vb.checkpoints.register_cursor("test", 0)
+    assert cursor is not None
+    snap = cursor.next_snapshot(1000)
+    return [] if snap is None else snap.items
+
+
+def test_no_topology_no_sync_write(vbucket: VBucket) -> None:
+    with pytest.raises(DurabilityImpossible):
+        vbucket.sync_write(lambda: vbucket.set(b"k", b"v"), MAJORITY)
+    assert vbucket.high_seqno == 0  # nothing queued
+
+
+def test_majority_alone_commits_at_once(vbucket: VBucket) -> None:
+    vbucket.set(b"k", b"old")
+    vbucket.set_topology(ALONE)
+    got = _answers(vbucket)
+    prepare = vbucket.sync_write(lambda: vbucket.set(b"k", b"new"), MAJORITY, cookie="c1")
+    assert isinstance(prepare, PrepareItem) and prepare.by_seqno == 2
+    assert [(o.cookie, o.status) for o in got] == [("c1", Status.Success)]
+    commit = got[0].item
+    assert isinstance(commit, CommitItem)
+    assert (commit.by_seqno, commit.prepared_seqno, commit.value) == (3, 2, b"new")
+    assert commit.cas != prepare.cas
+    assert vbucket.get(b"k") is commit
+    assert not vbucket.hash_table.prepared
+    # the commit deduplicates the key's older committed version, never the prepare
+    assert [type(i) for i in _queued(vbucket)] == [PrepareItem, CommitItem]
+
+
+def test_persist_level_waits_for_the_flusher_and_hides_the_prepare(
+    vbucket: VBucket,
+) -> None:
+    vbucket.set(b"k", b"old")
+    vbucket.set_topology(ALONE)
+    got = _answers(vbucket)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"new"), PERSIST, cookie="c1")
+    assert got == []
+    assert vbucket.get(b"k").value == b"old"  # no dirty read
+    with pytest.raises(SyncWriteInProgress):
+        vbucket.set(b"k", b"other")
+    with pytest.raises(SyncWriteInProgress):
+        vbucket.sync_write(lambda: vbucket.delete(b"k"), MAJORITY)
+    batch = vbucket.take_flush_batch()
+    assert batch is not None
+    vbucket.mark_persisted(batch)
+    assert [o.status for o in got] == [Status.Success]
+    assert vbucket.get(b"k").value == b"new"
+    vbucket.set(b"k", b"after")  # the key is free again
+
+
+def test_timeout_aborts_and_answers_ambiguous(vbucket: VBucket, clock: ManualClock) -> None:
+    vbucket.set(b"k", b"old")
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    got = _answers(vbucket)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"new"), MAJORITY, timeout_ms=500, cookie="c")
+    vbucket.durability_tick()
+    assert got == []
+    clock.advance(0.5)
+    vbucket.durability_tick()
+    assert [(o.cookie, o.status) for o in got] == [("c", Status.SyncWriteAmbiguous)]
+    assert vbucket.get(b"k").value == b"old"
+    items = _queued(vbucket)
+    assert [type(i) for i in items] == [Item, PrepareItem, AbortItem]
+    abort = items[-1]
+    assert isinstance(abort, AbortItem) and abort.prepared_seqno == 2
+    vbucket.set(b"k", b"free")
+
+
+def test_leaving_active_answers_ambiguous_and_keeps_the_prepare(vbucket: VBucket) -> None:
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    got = _answers(vbucket)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"new"), MAJORITY, cookie="c")
+    vbucket.set_state(VBucketState.REPLICA)
+    assert [o.status for o in got] == [Status.SyncWriteAmbiguous]
+    assert vbucket.durability is None and b"k" in vbucket.hash_table.prepared
+    vbucket.set_state(VBucketState.ACTIVE)
+    with pytest.raises(DurabilityImpossible):  # no topology yet
+        vbucket.sync_write(lambda: vbucket.set(b"j", b"v"), MAJORITY)
+    vbucket.set_topology(ALONE)  # the kept prepare is re-committed
+    assert vbucket.get(b"k").value == b"new"
+
+
+WRITES: dict[str, Callable[[VBucket], object]] = {
+    "add": lambda vb: vb.add(b"new", b"v"),
+    "replace": lambda vb: vb.replace(b"k", b"v2"),
+    "delete": lambda vb: vb.delete(b"k"),
+    "append": lambda vb: vb.append(b"k", b"+"),
+    "incr": lambda vb: vb.incr(b"n", 1),
+    "touch": lambda vb: vb.touch(b"k", 100),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+def test_every_write_takes_the_one_path(vbucket: VBucket, name: str) -> None:
+    vbucket.set(b"k", b"v")
+    vbucket.set(b"n", b"1")
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    before = {k: vbucket.peek(k) for k in (b"k", b"n", b"new")}
+    vbucket.sync_write(lambda: WRITES[name](vbucket), MAJORITY)
+    assert {k: vbucket.peek(k) for k in (b"k", b"n", b"new")} == before  # nothing visible
+    assert len(vbucket.hash_table.prepared) == 1
+
+
+def test_durable_delete_commits_a_tombstone(vbucket: VBucket) -> None:
+    vbucket.set(b"k", b"v")
+    vbucket.set_topology(ALONE)
+    vbucket.sync_write(lambda: vbucket.delete(b"k"), MAJORITY)
+    with pytest.raises(KeyNotFound):
+        vbucket.get(b"k")
+
+
+def test_checkpoint_never_dedups_sync_writes() -> None:
+    cm = CheckpointManager(0)
+    cm.queue(Item(b"k", b"1", by_seqno=1))
+    cm.queue_sync(PrepareItem(b"k", b"2", by_seqno=2))
+    cm.queue_sync(AbortItem(b"k", b"", by_seqno=3, prepared_seqno=2))
+    cm.queue(Item(b"x", b"", by_seqno=4))
+    snap = cm.persistence_cursor.next_snapshot(100)
+    assert snap is not None
+    assert [i.by_seqno for i in snap.items] == [1, 2, 3, 4]
+    assert cm.sync_items == 2
+
+
+def test_prepares_persist_apart_and_come_back_at_warmup(
+    open_bucket: Callable[..., Bucket],
+) -> None:
+    bucket = open_bucket()
+    vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    vb.set(b"k", b"committed")
+    vb.set_topology(WITH_ABSENT_REPLICA)
+    vb.sync_write(lambda: vb.set(b"k", b"prepared"), PERSIST)
+    bucket.flush_once()
+    assert bucket.storage.get(0, b"k").value == b"committed"  # type: ignore[union-attr]
+    assert [p.value for p in bucket.storage.load_prepares(0)] == [b"prepared"]
+    bucket.shutdown()
+
+    again = open_bucket()
+    vb = again.get_vbucket(0)
+    assert vb.get(b"k").value == b"committed"
+    assert vb.hash_table.prepared[b"k"].value == b"prepared"
+    vb.set_topology(ALONE)  # maybe visible: committed once satisfied
+    assert vb.get(b"k").value == b"prepared"
+    again.flush_once()
+    assert again.storage.load_prepares(0) == []
+    assert again.storage.get(0, b"k").value == b"prepared"  # type: ignore[union-attr]
+
+
+def test_sync_write_items_are_their_own_namespace() -> None:
+    assert issubclass(PrepareItem, SyncWriteItem) and issubclass(AbortItem, SyncWriteItem)
+    assert not issubclass(CommitItem, SyncWriteItem)
+
+
+def _prepare(seqno: int, key: bytes, value: bytes) -> PrepareItem:
+    return PrepareItem(key, value, by_seqno=seqno, cas=seqno, rev_seqno=seqno, level=2)
+
+
+def _state(high: int) -> VBState:
+    return VBState("active", '[{"id":7,"seq":0}]', high, high, high)
+
+
+@pytest.mark.parametrize(
+    ("batches", "pending"),
+    [
+        # one flush, two batches of a vbucket: the last word per key wins
+        ([[_prepare(1, b"k", b"p")], [CommitItem(b"k", b"p", by_seqno=2, prepared_seqno=1)]], []),
+        ([[_prepare(1, b"k", b"p")], [AbortItem(b"k", b"", by_seqno=2, prepared_seqno=1)]], []),
+        ([[AbortItem(b"k", b"", by_seqno=2, prepared_seqno=1)], [_prepare(3, b"k", b"q")]], [3]),
+        ([[_prepare(1, b"a", b"p"), _prepare(2, b"b", b"p")]], [1, 2]),
+    ],
+)
+def test_storage_keeps_the_last_sync_write_word_per_key(
+    tmp_path: Path, engine: str, batches: list[list[Item]], pending: list[int]
+) -> None:
+    storage = open_storage(engine, tmp_path, "b", history_window=10, cache_bytes=0)
+    try:
+        storage.persist((0, items, _state(items[-1].by_seqno)) for items in batches)
+        assert [p.by_seqno for p in storage.load_prepares(0)] == pending
+        committed = [i.key for i in storage.scan_by_seqno(0, 0)]
+        assert committed == [b"k"] * any(isinstance(i, CommitItem) for b in batches for i in b)
+    finally:
+        storage.close()
+
+
+def test_storage_rollback_and_deletion_drop_prepares(tmp_path: Path, engine: str) -> None:
+    storage = open_storage(engine, tmp_path, "b", history_window=10, cache_bytes=0)
+    try:
+        storage.persist_snapshot(0, [Item(b"x", b"1", by_seqno=1, cas=1)], _state(1))
+        storage.persist_snapshot(0, [_prepare(2, b"a", b"p")], _state(2))
+        storage.persist_snapshot(0, [_prepare(3, b"b", b"p")], _state(3))
+        assert storage.rollback(0, 2) == 2
+        assert [p.key for p in storage.load_prepares(0)] == [b"a"]
+        storage.delete_vbucket(0)
+        assert storage.load_prepares(0) == []
+    finally:
+        storage.close()
