@@ -15,9 +15,13 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from couchbase.durability import DurabilityLevel, ServerDurability
+from couchbase.options import UpsertOptions
 from managerproc import Cluster, ManagerProcess, start_cluster, wait_for
 from rawclient import DCP_MUTATION, Packet, RawClient
+from sdkhelp import connect
 from serverproc import ServerProcess
 
 GET, SET, SET_VBUCKET, OBSERVE_SEQNO, GET_CLUSTER_CONFIG = 0x00, 0x01, 0x3D, 0x91, 0xB5
@@ -175,3 +179,32 @@ def test_a_durable_write_commits_on_the_replicas_ack_and_replica_readers_see_no_
     # from memory the prepare and its abort; from disk nothing (neither is kept once aborted)
     ops = [op for op, _ in seen(stream(replica, vb, sync_writes=True), b"a")]
     assert ops in ([DCP_PREPARE, DCP_ABORT], [])
+
+
+def test_the_official_sdk_writes_durably_through_the_replica(
+    server_factory: type[ServerProcess],
+    manager_factory: type[ManagerProcess],
+    tmp_path: Path,
+    sdk: list[Any],
+) -> None:
+    """ServerDurability at Majority and PersistToMajority succeeds once every active vbucket
+    has its topology (set by hand), and the replica holds what was acknowledged."""
+    cluster = start_cluster(server_factory, manager_factory, tmp_path, nodes=2, replicas=1)
+    a_replicated_vbucket(cluster)  # the map is built and replication runs
+    servers, rows = chains(cluster.nodes[0])
+    for vb, (active, replica) in enumerate(rows):
+        set_topology(cluster.node(servers[active]), vb, [servers[active], servers[replica]])
+    coll = connect(cluster.nodes[0], sdk, kv_timeout_s=10)
+    levels = (DurabilityLevel.MAJORITY, DurabilityLevel.PERSIST_TO_MAJORITY)
+    written = {}
+    for i in range(32):
+        key, level = f"durable-{i}", levels[i % 2]
+        token = coll.upsert(key, {"i": i}, UpsertOptions(durability=ServerDurability(level)))
+        written[key] = token.mutation_token()
+    for key, token in written.items():
+        assert coll.get(key).content_as[dict] == {"i": int(key.split("-")[1])}
+        vb = token.partition_id
+        replica = cluster.node(servers[rows[vb][1]])
+        with connected(replica) as raw:  # acknowledged: the replica had its prepare (the
+            # seqno before its commit's: one writer), while the commit may still be on its way
+            assert raw.high_seqno(vb) >= token.sequence_number - 1
