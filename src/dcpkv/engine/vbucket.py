@@ -71,7 +71,16 @@ refused with SyncWriteInProgress (in :meth:`VBucket._check_write`). The flusher'
 periodically: timeouts) feed the monitor. Leaving the active state answers every waiting client
 SyncWriteAmbiguous and keeps the prepares, with no timeout, in a passive monitor (as do
 prepares read back at warm-up): a later topology on an active vbucket re-commits them once
-satisfied.
+satisfied. :meth:`VBucket.seqno_acknowledged` feeds a replica's acknowledgement (its DCP
+consumer_name and high prepared seqno) to the monitor.
+
+On a replica, a SyncWrite DCP stream's prepares, commits and aborts arrive through
+:meth:`VBucket.replica_prepare`, :meth:`VBucket.replica_commit` and
+:meth:`VBucket.replica_abort` (the active's seqnos and CAS kept), tracked by the passive
+monitor; :meth:`VBucket.replica_snapshot_end` and the flusher's progress move the replica's
+high prepared seqno, and :meth:`VBucket.take_seqno_ack` hands the acknowledgement due to the
+consumer (``on_seqno_ack`` says one is). In a disk snapshot, a committed version of a key whose
+prepare the replica holds completes that prepare (its commit was deduplicated into it).
 
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
