@@ -164,6 +164,11 @@ def test_a_prepare_only_snapshot_keeps_the_last_max_visible_seqno(buckets: Bucke
         ("marker2", 2, 2, 1),
         ("prepare", 2, b"b", 1),
     ]
+    vb.set(b"c", b"3")  # plain items after SyncWrites: the ordinary path, visible to its end
+    assert summary(decode(producer.next_messages())) == [
+        ("marker2", 3, 3, 3),
+        ("mutation", 3, b"c"),
+    ]
 
 
 def test_sync_write_controls(buckets: Buckets) -> None:

@@ -94,6 +94,8 @@ _DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
 _MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
 _XATTR, _SHAPED = document.XATTR, document.SHAPED
 
+_SYNC_ITEMS = (SyncWriteItem, CommitItem)  # sent as their own messages to SyncWrite streams
+
 # (message or run, last item seqno or 0, consistent-at seqno, items in it)
 Pending = tuple[bytes, int, int, int]
 
@@ -386,10 +388,12 @@ class ActiveStream:
         items = snap.items if snap.end <= end else [i for i in snap.items if i.by_seqno <= end]
         marker_end = min(snap.end, end)
         if items and self.cursor is not None and self.cursor.manager.sync_items:
-            if self.owner.sync_writes:
+            if not self.owner.sync_writes:
+                items, marker_end = _committed_only(items, marker_end)
+            elif any(isinstance(i, _SYNC_ITEMS) for i in items):
                 self._queue_sync_snapshot(snap, items, marker_end)
                 return
-            items, marker_end = _committed_only(items, marker_end)
+            # (else plain items: the ordinary path, runs and all)
         if not items:
             # Everything up to the end was deduplicated into later seqnos (or was prepares and
             # aborts, which this consumer never sees): nothing to send.
