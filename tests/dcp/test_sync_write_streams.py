@@ -391,3 +391,74 @@ def test_a_replica_built_from_disk_takes_the_prepares_and_acknowledges_them(
     assert [(o.cookie, o.status) for o in got] == [(b"k", Status.Success), (b"j", Status.Success)]
     link.pump()
     assert (value(rvb, b"k"), value(rvb, b"j")) == (b"v", b"w") and not rvb.hash_table.prepared
+
+
+def reopened(bucket: Bucket) -> Bucket:
+    bucket.flush_once()
+    bucket.shutdown()
+    return Bucket(
+        "default", bucket.path, num_vbuckets=VBS, synchronous="NORMAL", clock=bucket.clock
+    )
+
+
+def away(link: Link) -> None:
+    """The replica's connection is gone (its stream's cursor with it)."""
+    assert link.producer is not None
+    link.producer.disconnect()
+
+
+def test_a_prepare_aborted_while_its_replica_was_away_is_dropped_from_disk(
+    buckets: Buckets,
+) -> None:
+    active, replica, link = replica_pair(buckets)
+    got = answers(active)
+    avb = active.vbuckets[0]
+    durable_set(avb, b"k", b"v", PERSIST, timeout_ms=10)
+    link.pump()  # the replica holds it, unpersisted: no ack
+    away(link)
+    assert isinstance(active.clock, ManualClock)
+    active.clock.advance(1)
+    avb.durability_tick()  # aborted while the replica's connection is gone
+    on_disk_only(active)
+    assert summary(stream(active, {"enable_sync_writes": "true"}))[1:] == [("abort", 1, 2, b"k")]
+    again = Link(active, replica, consumer_name=REPLICA)
+    again.connect()
+    again.pump()
+    rvb = replica.vbuckets[0]
+    assert not rvb.hash_table.prepared and rvb.high_seqno == 2
+    durable_set(avb, b"j", b"w", MAJORITY)  # the next SyncWrite replicates and commits
+    again.pump()
+    replica.flush_once()  # (once the disk snapshot before it is persisted: P3, P5)
+    again.to_producer(again.consumer.seqno_acks())
+    again.pump()
+    assert [o.status for o in got] == [Status.SyncWriteAmbiguous, Status.Success]
+    assert value(rvb, b"j") == b"w"
+    restarted = reopened(replica)
+    try:  # and it stays dropped: warm-up brings back no aborted prepare
+        assert not restarted.vbuckets[0].hash_table.prepared
+    finally:
+        restarted.storage.close()
+
+
+def test_a_prepare_committed_while_its_replica_was_away_completes_from_disk(
+    buckets: Buckets,
+) -> None:
+    active, replica, link = replica_pair(buckets)
+    avb = active.vbuckets[0]
+    durable_set(avb, b"k", b"v", PERSIST)
+    link.pump()  # the replica holds it, unpersisted: no ack
+    replica.flush_once()  # persisted there (the ack due is never delivered)
+    away(link)
+    active.flush_once()
+    avb.set_topology(parse_topology(f'{{"topology": [["{ACTIVE}"]]}}'))  # commits alone
+    on_disk_only(active)
+    again = Link(active, replica, consumer_name=REPLICA)
+    again.connect()
+    again.pump()
+    rvb = replica.vbuckets[0]
+    assert not rvb.hash_table.prepared and value(rvb, b"k") == b"v"
+    restarted = reopened(replica)
+    try:
+        assert not restarted.vbuckets[0].hash_table.prepared
+    finally:
+        restarted.storage.close()

@@ -165,7 +165,8 @@ class ActiveStream:
         self.emitted_seqno = stream.start  # the last seqno the consumer is consistent at
         self.backfill_remaining = 0
         self.max_visible_seqno = stream.start  # the last V2 marker's (SyncWrites)
-        self.disk_prepares: deque[PrepareItem] = deque()  # the backfill's, not sent yet
+        # the backfill's pending prepares and aborts, not sent yet
+        self.disk_prepares: deque[PrepareItem | AbortItem] = deque()
         # the state the handoff sends next
         self.takeover_state: VBucketState | None = VBucketState.PENDING if takeover else None
         self.generation = generation  # the vbucket's ``rollbacks`` when the stream opened
@@ -298,7 +299,8 @@ class ActiveStream:
 
     def _with_prepares(self, scan: BackfillScan[StreamRow]) -> BackfillScan[StreamRow]:
         """(The backfill's thread, before its first batch is encoded.) The disk snapshot's
-        pending prepares, which :func:`encode_rows` slots in between its rows by seqno."""
+        pending prepares and aborts, which :func:`encode_rows` slots in between its rows by
+        seqno."""
         self.disk_prepares = deque(scan.prepares)
         return scan
 

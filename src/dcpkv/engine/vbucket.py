@@ -566,7 +566,7 @@ class VBucket:
             self._check_size(item.key, item.value or b"")
             prepared = self.hash_table.prepared
             if prepared and self._replica_disk and item.key in prepared:
-                self._completed_on_disk(item.key)
+                item = self._committed_on_disk(item)
             self._queue(item, self.hash_table.entries.get(item.key))
             self.hlc.observe(item.cas)
             return item
@@ -760,12 +760,18 @@ class VBucket:
             return commit
 
     def replica_abort(self, key: bytes, prepared_seqno: int, seqno: int, cas: int) -> None:
-        """The active aborted the prepare at ``prepared_seqno`` as ``seqno``."""
+        """The active aborted the prepare at ``prepared_seqno`` as ``seqno``. In a disk
+        snapshot its prepare may be one we never got (P7), and an older prepare of the key we
+        hold completed too (a later prepare of a key comes only after the earlier completed)."""
         with self.lock:
-            p = self._replica_completion(key, prepared_seqno, seqno, "abort")
-            abort = AbortItem(
-                key, b"", 0, 0, cas or p.cas, p.rev_seqno, seqno, prepared_seqno=prepared_seqno
-            )
+            held = self.hash_table.prepared.get(key)
+            if self._replica_disk and (held is None or held.by_seqno != prepared_seqno):
+                self._check_replica_seqno(seqno, 0)
+                if held is not None:
+                    self._drop_held(held, "abort")
+            else:
+                self._replica_completion(key, prepared_seqno, seqno, "abort")
+            abort = AbortItem(key, b"", 0, 0, cas, 0, seqno, prepared_seqno=prepared_seqno)
             self.checkpoints.queue_sync(abort)
             if self.on_queued is not None:
                 self.on_queued(self.id)
@@ -810,12 +816,26 @@ class VBucket:
             raise Einval(f"vbucket {self.id}: {exc}") from None
         return self._take_prepare(prepared, key)
 
-    def _completed_on_disk(self, key: bytes) -> None:
+    def _committed_on_disk(self, item: Item) -> CommitItem:
         """A disk snapshot brings a committed version of a key whose prepare we hold: that
-        prepare completed (its commit or abort was deduplicated into what the disk has)."""
-        p = self.hash_table.pop_prepare(key)
-        if p is not None and self.passive_durability is not None:
-            self.passive_durability.commit(p.by_seqno, key, disk=True)
+        prepare completed (its commit was deduplicated into what the disk has). The version is
+        kept as its commit, so the flusher deletes the prepare's stored row too."""
+        p = self.hash_table.prepared[item.key]
+        self._drop_held(p, "commit")
+        self.checkpoints.sync_items += 1
+        return CommitItem(
+            item.key, item.value, item.flags, item.expiry, item.cas, item.rev_seqno,
+            item.by_seqno, item.datatype, item.deleted, item.delete_time, item.expired,
+            p.by_seqno,
+        )  # fmt: skip
+
+    def _drop_held(self, p: PrepareItem, what: str) -> None:
+        """Forget a held prepare a disk snapshot shows completed (P7)."""
+        self.hash_table.pop_prepare(p.key)
+        monitor = self.passive_durability
+        if monitor is not None:
+            complete = monitor.commit if what == "commit" else monitor.abort
+            complete(p.by_seqno, p.key, disk=True)
 
     def _note_acks(self, decisions: list[dm.Decision]) -> None:
         for decision in decisions:
