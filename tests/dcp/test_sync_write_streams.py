@@ -462,3 +462,27 @@ def test_a_prepare_committed_while_its_replica_was_away_completes_from_disk(
         assert not restarted.vbuckets[0].hash_table.prepared
     finally:
         restarted.storage.close()
+
+
+def test_a_commit_overwritten_before_a_reader_got_it_still_reaches_sync_write_readers(
+    buckets: Buckets,
+) -> None:
+    """A checkpoint never deduplicates a commit away: a SyncWrite reader (a replica) must see
+    it to complete its prepare; a plain reader still gets each key once per snapshot."""
+    active, replica, link = replica_pair(buckets)
+    avb = active.vbuckets[0]
+    durable_set(avb, b"k", b"v", MAJORITY)
+    avb.seqno_acknowledged(REPLICA, 1)  # committed at 2 before the replica read anything
+    avb.set(b"k", b"later")  # 3, over the commit
+    assert summary(stream(active, {"enable_sync_writes": "true"})) == [
+        ("marker2", 0, 3, 3), ("prepare", 1, b"k", 1), ("commit", 1, 2, b"k"),
+        ("mutation", 3, b"k"),
+    ]  # fmt: skip
+    assert summary(stream(active, {})) == [("marker", 0, 3), ("mutation", 3, b"k")]
+    link.pump()
+    rvb = replica.vbuckets[0]
+    assert value(rvb, b"k") == b"later" and not rvb.hash_table.prepared
+    got = answers(active)
+    durable_set(avb, b"j", b"w", MAJORITY)  # the replica's monitor is in order: it acks
+    link.pump()
+    assert [o.status for o in got] == [Status.Success]

@@ -616,9 +616,16 @@ class ActiveStream:
 
 def _committed_only(items: list[Item], marker_end: int) -> tuple[list[Item], int]:
     """A snapshot's items as a consumer without SyncWrites sees them: no prepares, no aborts
-    (a commit is a plain mutation or deletion); its marker ends at the last item it gets (the
-    max visible seqno) when the snapshot ends with a prepare or an abort."""
-    visible = [i for i in items if not isinstance(i, SyncWriteItem)]
+    (a commit is a plain mutation or deletion, left out when a later version of its key is in
+    the snapshot: checkpoints keep commits for SyncWrite readers); its marker ends at the last
+    item it gets (the max visible seqno) when the snapshot ends with a prepare or an abort."""
+    latest = {i.key: i.by_seqno for i in items if not isinstance(i, SyncWriteItem)}
+    visible = [
+        i
+        for i in items
+        if not isinstance(i, SyncWriteItem)
+        and (i.__class__ is not CommitItem or latest[i.key] == i.by_seqno)
+    ]
     if visible and len(visible) < len(items) and isinstance(items[-1], SyncWriteItem):
         marker_end = visible[-1].by_seqno
     return visible, marker_end
