@@ -320,3 +320,69 @@ def test_markers_a_sync_write_replica_gets_are_v2(buckets: Buckets) -> None:
     markers = [m for m in got if isinstance(m, dcp.SnapshotMarker)]
     assert markers and all(isinstance(m, dcp.SnapshotMarkerV2_0) for m in markers)
     assert all(m.flags & SnapshotFlag.Memory for m in markers)
+
+
+# -- from disk ---------------------------------------------------------------------------------
+
+
+def on_disk_only(bucket: Bucket) -> None:
+    """Persist vb 0 and free its checkpoints: a new stream from 0 backfills from disk."""
+    bucket.vbuckets[0].checkpoints.close_open_checkpoint()
+    bucket.flush_once()
+    assert bucket.vbuckets[0].checkpoints.register_cursor("probe", 0) is None
+
+
+def pending_on_disk(buckets: Buckets) -> Bucket:
+    """vb 0: a 1, prepare of k 2, b 3, prepare of j 4 (both pending), all on disk only."""
+    bucket = active_bucket(buckets)
+    vb = bucket.vbuckets[0]
+    vb.set(b"a", b"1")
+    durable_set(vb, b"k", b"v", MAJORITY)
+    vb.set(b"b", b"2")
+    durable_set(vb, b"j", b"w", PERSIST)
+    on_disk_only(bucket)
+    return bucket
+
+
+DISK_SEES = [
+    ("plain", {}, [("marker", 0, 4), ("mutation", 1, b"a"), ("mutation", 3, b"b")]),
+    (
+        "sync writes",
+        {"enable_sync_writes": "true"},
+        [
+            ("marker2", 0, 4, 4), ("mutation", 1, b"a"), ("prepare", 2, b"k", 1),
+            ("mutation", 3, b"b"), ("prepare", 4, b"j", 3),
+        ],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("controls", "expected"), [s[1:] for s in DISK_SEES], ids=[s[0] for s in DISK_SEES]
+)
+def test_a_disk_backfill_brings_the_pending_prepares_to_sync_write_connections_only(
+    buckets: Buckets, controls: dict[str, str], expected: list[tuple[Any, ...]]
+) -> None:
+    got = stream(pending_on_disk(buckets), controls)
+    assert all(m.flags & SnapshotFlag.Disk for m in got if isinstance(m, dcp.SnapshotMarker))
+    assert summary(got) == expected
+
+
+def test_a_replica_built_from_disk_takes_the_prepares_and_acknowledges_them(
+    buckets: Buckets,
+) -> None:
+    active = pending_on_disk(buckets)
+    got = answers(active)
+    replica = buckets("replica", VBucketState.REPLICA)
+    link = Link(active, replica, consumer_name=REPLICA)
+    link.connect()
+    link.pump()
+    rvb = replica.vbuckets[0]
+    assert sorted(rvb.hash_table.prepared) == [b"j", b"k"]
+    assert value(rvb, b"k") is None  # never a dirty read
+    assert got == []  # a disk snapshot is acknowledged once persisted
+    replica.flush_once()
+    link.to_producer(link.consumer.seqno_acks())
+    assert [(o.cookie, o.status) for o in got] == [(b"k", Status.Success), (b"j", Status.Success)]
+    link.pump()
+    assert (value(rvb, b"k"), value(rvb, b"j")) == (b"v", b"w") and not rvb.hash_table.prepared

@@ -73,7 +73,7 @@ from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
 from dcpkv.engine.item import AbortItem, CommitItem, Item, PrepareItem, SyncWriteItem
-from dcpkv.engine.storage import StreamRow, item_from_row, row_of_stream_row
+from dcpkv.engine.storage import BackfillScan, StreamRow, item_from_row, row_of_stream_row
 from dcpkv.protocol import dcp
 from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason
 from dcpkv.protocol.frame import HEADER
@@ -131,7 +131,8 @@ class ActiveStream:
 
     __slots__ = (
         "_vbuckets", "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
-        "emitted_seqno", "generation", "key", "max_visible_seqno", "owner", "pending",
+        "disk_prepares", "emitted_seqno", "generation", "key", "max_visible_seqno", "owner",
+        "pending",
         "queued_seqno", "sid", "stream", "takeover_state", "was_active",
     )  # fmt: skip
 
@@ -162,6 +163,7 @@ class ActiveStream:
         self.emitted_seqno = stream.start  # the last seqno the consumer is consistent at
         self.backfill_remaining = 0
         self.max_visible_seqno = stream.start  # the last V2 marker's (SyncWrites)
+        self.disk_prepares: deque[PrepareItem] = deque()  # the backfill's, not sent yet
         # the state the handoff sends next
         self.takeover_state: VBucketState | None = VBucketState.PENDING if takeover else None
         self.generation = generation  # the vbucket's ``rollbacks`` when the stream opened
@@ -279,14 +281,24 @@ class ActiveStream:
             stream.end,
         )
         key = self.key
+        self.disk_prepares = deque()
+        if self.owner.sync_writes:  # with the pending prepares the disk snapshot holds
+            opener = lambda: self._with_prepares(  # noqa: E731
+                storage.open_stream_backfill(vbid, start, end, prepares=True)
+            )
+        else:
+            opener = lambda: storage.open_stream_backfill(vbid, start, end)  # noqa: E731
         self.backfill = DiskBackfill(
-            self.owner.backfills,
-            lambda: storage.open_stream_backfill(vbid, start, end),
-            self._encode_rows,
-            lambda: self.owner.notify(key),
+            self.owner.backfills, opener, self._encode_rows, lambda: self.owner.notify(key)
         )
         self.backfill_first = True
         self.cursor = None
+
+    def _with_prepares(self, scan: BackfillScan[StreamRow]) -> BackfillScan[StreamRow]:
+        """(The backfill's thread, before its first batch is encoded.) The disk snapshot's
+        pending prepares, which :func:`encode_rows` slots in between its rows by seqno."""
+        self.disk_prepares = deque(scan.prepares)
+        return scan
 
     def _backfill_opened(self, bf: DiskBackfill) -> None:
         """The disk snapshot is open: send its marker, pin memory right after its end."""
@@ -315,7 +327,13 @@ class ActiveStream:
             # More to come: in the buffer, or being read (its landing notifies us).
             self.backfill_remaining = max(0, bf.end - self.queued_seqno)
             return
-        # The disk snapshot is complete: the consumer is consistent at its end.
+        # The disk snapshot is complete: the consumer is consistent at its end. (Prepares
+        # after its last row are sent first: no batch is being encoded any more.)
+        rest, self.disk_prepares = self.disk_prepares, deque()
+        if rest:
+            encode = self.encode_sync_item
+            self.pending.extend((encode(p), p.by_seqno, p.by_seqno, 1) for p in rest)
+            self.queued_seqno = max(self.queued_seqno, rest[-1].by_seqno)
         self._advance(bf.end)
         self._close_backfill()
         self.backfill_remaining = 0
@@ -608,11 +626,27 @@ def encode_rows(stream: ActiveStream, rows: list[StreamRow]) -> Batch:
     per_run = 1 if stream.sid else BATCH_ITEMS
     runs: list[Run] = []
     start = 0
+    prepares = stream.disk_prepares  # (a SyncWrite stream's: slotted in by seqno)
     while start < len(rows):
-        parts, stop = _row_run(stream, rows, start, min(len(rows), start + per_run))
+        if prepares and prepares[0].by_seqno < rows[start][1]:
+            p = prepares.popleft()
+            runs.append((stream.encode_sync_item(p), p.by_seqno, 1))
+            continue
+        stop = min(len(rows), start + per_run)
+        if prepares:  # the run stops before the next prepare's seqno
+            stop = start + 1 + _below(rows, start + 1, stop, prepares[0].by_seqno)
+        parts, stop = _row_run(stream, rows, start, stop)
         runs.append((b"".join(parts), rows[stop - 1][1], stop - start))
         start = stop
     return Batch(runs, sum(len(r[0]) for r in runs))
+
+
+def _below(rows: list[StreamRow], start: int, stop: int, seqno: int) -> int:
+    """How many of ``rows[start:stop]`` (in seqno order) are below ``seqno``."""
+    n = 0
+    while start + n < stop and rows[start + n][1] < seqno:
+        n += 1
+    return n
 
 
 def _row_run(
