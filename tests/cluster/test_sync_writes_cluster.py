@@ -6,7 +6,9 @@ that loses none of them (PROTOCOL.md, "SyncWrites"). Three nodes, one replica, t
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from couchbase.durability import DurabilityLevel, ServerDurability
 from couchbase.exceptions import CouchbaseException
 from couchbase.options import UpsertOptions
 from managerproc import Cluster, ManagerProcess, client, start_cluster, wait_for
+from rebalancecheck import rebalance
 from sdkhelp import connect
 from serverproc import ServerProcess
 
@@ -75,19 +78,45 @@ def test_every_active_gets_its_topology_and_a_restarted_node_gets_it_back(
     assert counters["topologiesSent"] == VBUCKETS + actives  # the restarted node's only
 
 
-def durable_writes(coll: Collection, prefix: str, count: int) -> tuple[dict[str, int], int]:
-    """Upsert ``count`` keys at Majority: the keys acknowledged Success, and the failures."""
-    acked: dict[str, int] = {}
-    failures = 0
-    for i in range(count):
-        key = f"{prefix}{i}"
-        try:
-            coll.upsert(key, {"i": i}, MAJORITY)
-        except CouchbaseException:
-            failures += 1
-        else:
-            acked[key] = i
-    return acked, failures
+class DurableWriter:
+    """Threads upserting distinct keys at Majority until stopped: the keys acknowledged
+    Success (with their value), and how many writes failed (ambiguous, timed out, refused)."""
+
+    def __init__(self, coll: Collection, prefix: str, threads: int) -> None:
+        self.coll, self.prefix = coll, prefix
+        self.acked: dict[str, int] = {}
+        self.failed = 0
+        self._stop = threading.Event()
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def __enter__(self) -> DurableWriter:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            i = next(self._next)
+            key = f"{self.prefix}{i}"
+            try:
+                self.coll.upsert(key, {"i": i}, MAJORITY)
+            except CouchbaseException:
+                with self._lock:
+                    self.failed += 1
+            else:
+                with self._lock:
+                    self.acked[key] = i
+
+
+def active_of(vb_map: VBucketMap, key: str) -> str:
+    return vb_map.servers[vb_map.chains[vbucket_for_key(key.encode(), VBUCKETS)][0]]
 
 
 def test_majority_writes_succeed_and_survive_a_kill9_and_failover_of_their_active(
@@ -96,24 +125,35 @@ def test_majority_writes_succeed_and_survive_a_kill9_and_failover_of_their_activ
     tmp_path: Path,
     sdk: list[Any],
 ) -> None:
+    """Writes in flight while an active is killed -9 and failed over: each one acknowledged
+    Success at Majority is readable afterwards, on the promoted replica, once a rebalance gave
+    the vbuckets a replica again (a prepare whose commit never left the old active waits for a
+    chain with a majority to be re-committed; reads of its key answer 0xa4 meanwhile)."""
     cluster = three_nodes(server_factory, manager_factory, tmp_path)
     coll = connect(cluster.nodes[0], sdk, kv_timeout_s=10)
-    acked, failures = durable_writes(coll, "sw", 300)
-    assert failures == 0 and len(acked) == 300
     victim = cluster.nodes[2]
-    vb_map = served_map(victim)
     name = cluster.name(victim)
-    on_victim = [
-        k
-        for k in acked
-        if vb_map.servers[vb_map.chains[vbucket_for_key(k.encode(), VBUCKETS)][0]] == name
-    ]
-    assert on_victim
-    victim.kill9()
-    cluster.manager.api("POST", "/controller/failOver", otpNode=name)
+    vb_map = served_map(victim)
+    with DurableWriter(coll, "before", 1) as quiet:
+        wait_for(lambda: len(quiet.acked) >= 200, "durable writes")
+    assert quiet.failed == 0  # nothing fails on a healthy cluster
+    with DurableWriter(coll, "during", 8) as load:
+        wait_for(lambda: sum(active_of(vb_map, k) == name for k in load.acked) >= 50, "writes")
+        victim.kill9()
+        cluster.manager.api("POST", "/controller/failOver", otpNode=name)
     survivors = [n for n in cluster.nodes if n is not victim]
     wait_for(lambda: topologies_match(cluster, survivors), "the promoted actives' topologies", 60)
-    # every write acknowledged Success at Majority is on its new active (a prepare the old
-    # active committed but whose commit never left it is re-committed first: reads retry)
-    for key in acked:
-        assert coll.get(key).content_as[dict] == {"i": acked[key]}, key
+    done = rebalance(cluster.manager)
+    assert done["state"] == "idle", done
+    wait_for(lambda: topologies_match(cluster, survivors), "the rebalanced topologies", 60)
+    acked = {**quiet.acked, **load.acked}
+    on_victim = [k for k in acked if active_of(vb_map, k) == name]
+    assert len(on_victim) >= 50
+    for key, i in acked.items():
+        assert coll.get(key).content_as[dict] == {"i": i}, key
+    # nothing is left to re-commit: every promoted prepare found its majority
+    for node in survivors:
+        with client(node) as kv:
+            rows = kv.stats(b"vbucket-details")
+        pending = {k: v for k, v in rows.items() if k.endswith(":sync_write_pending") and v != "0"}
+        assert pending == {}
