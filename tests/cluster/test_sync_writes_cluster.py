@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ class DurableWriter:
         self.coll, self.prefix = coll, prefix
         self.acked: dict[str, int] = {}
         self.failed = 0
+        self.kinds: Counter[str] = Counter()  # the failures by exception
         self._stop = threading.Event()
         self._next = itertools.count()
         self._lock = threading.Lock()
@@ -107,12 +109,17 @@ class DurableWriter:
             key = f"{self.prefix}{i}"
             try:
                 self.coll.upsert(key, {"i": i}, MAJORITY)
-            except CouchbaseException:
+            except CouchbaseException as exc:
                 with self._lock:
                     self.failed += 1
+                    self.kinds[type(exc).__name__] += 1
             else:
                 with self._lock:
                     self.acked[key] = i
+
+
+def rebalance_state(cluster: Cluster) -> str:
+    return str(cluster.manager.api("GET", "/pools/default/rebalanceProgress")["state"])
 
 
 def active_of(vb_map: VBucketMap, key: str) -> str:
@@ -157,3 +164,40 @@ def test_majority_writes_succeed_and_survive_a_kill9_and_failover_of_their_activ
             rows = kv.stats(b"vbucket-details")
         pending = {k: v for k, v in rows.items() if k.endswith(":sync_write_pending") and v != "0"}
         assert pending == {}
+
+
+def test_majority_writes_go_on_through_a_rebalance_in_and_every_acknowledged_one_stays(
+    server_factory: type[ServerProcess],
+    manager_factory: type[ManagerProcess],
+    tmp_path: Path,
+    sdk: list[Any],
+) -> None:
+    """Two nodes, a third added and rebalanced in under Majority writes: each move's active
+    gets its new chain (both chains during a takeover's last stage), every write acknowledged
+    Success is read back after, and every active ends with the chain the final map gives it."""
+    cluster = start_cluster(
+        server_factory, manager_factory, tmp_path, nodes=2, replicas=1, vbuckets=VBUCKETS
+    )
+    wait_for(lambda: topologies_match(cluster, cluster.nodes), "every active's topology", 60)
+    coll = connect(cluster.nodes[0], sdk, kv_timeout_s=10)
+    with DurableWriter(coll, "moving", 2) as load:
+        wait_for(lambda: len(load.acked) >= 100, "durable writes")
+        newcomer = server_factory(
+            tmp_path / "n2", tmp_path / "n2.log", "--managed", "--vbuckets", str(VBUCKETS)
+        )
+        newcomer.start()
+        cluster.nodes.append(newcomer)
+        cluster.manager.api("POST", "/controller/addNode", hostname=cluster.name(newcomer))
+        cluster.manager.api("POST", "/controller/rebalance")
+        # 683 moves with the writes on: minutes on a busy two-core machine
+        wait_for(lambda: rebalance_state(cluster) != "running", "the rebalance to end", 900)
+        assert rebalance_state(cluster) == "idle"
+        acked_during = len(load.acked)
+    # every new active had its chain from its first moment (it went pending with it): none
+    # refused; an ambiguous answer (an old active stepping down) is allowed, never counted
+    assert load.kinds["DurabilityImpossibleException"] == 0, load.kinds
+    wait_for(lambda: topologies_match(cluster, cluster.nodes), "the final topologies", 60)
+    assert topologies(newcomer)  # it took actives over, each with its chain
+    assert acked_during > 100
+    for key, i in load.acked.items():
+        assert coll.get(key).content_as[dict] == {"i": i}, key

@@ -18,6 +18,7 @@ from dcpkv.engine.item import (
     AbortItem,
     CommitItem,
     DurabilityImpossible,
+    Einval,
     Item,
     KeyNotFound,
     PrepareItem,
@@ -155,6 +156,27 @@ def test_a_promoted_copy_re_commits_its_prepares_and_hides_them_meanwhile(
     vbucket.set_topology(ALONE)
     assert vbucket.get(b"k").value == b"new"
     assert not vbucket.hash_table.prepared
+
+
+def test_a_pending_copy_takes_its_takeover_topology_when_it_becomes_active(
+    vbucket: VBucket,
+) -> None:
+    vbucket.set_state(VBucketState.PENDING)
+    vbucket.set_takeover_topology(ALONE)
+    assert vbucket.topology is None
+    vbucket.set_state(VBucketState.ACTIVE, transfer=True)  # the takeover
+    assert vbucket.topology == ALONE
+    got = _answers(vbucket)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"v"), MAJORITY, cookie="c")
+    assert [o.status for o in got] == [Status.Success]
+    # forgotten when the copy goes any other way; refused on a copy that is not pending
+    vbucket.set_state(VBucketState.PENDING)
+    vbucket.set_takeover_topology(ALONE)
+    vbucket.set_state(VBucketState.DEAD)
+    vbucket.set_state(VBucketState.ACTIVE)
+    assert vbucket.topology is None
+    with pytest.raises(Einval):
+        vbucket.set_takeover_topology(ALONE)
 
 
 WRITES: dict[str, Callable[[VBucket], object]] = {

@@ -64,6 +64,23 @@ def test_bad_topologies_are_refused(raw: RawClient, node: ServerProcess) -> None
     for value in (b"{}", b'{"topology": [["someone-else"]]}', b"not json"):
         answer = raw.call(SET_VBUCKET, value=value, extras=bytes((ACTIVE,)), vbucket=9)
         assert answer.status == EINVAL, (value, answer)
+    me = json.dumps({"topology": [[f"127.0.0.1:{node.port}"]]}).encode()
+    for state in (2, 4):  # replica, dead: a topology is for an active or a pending copy
+        answer = raw.call(SET_VBUCKET, value=me, extras=bytes((state,)), vbucket=9)
+        assert answer.status == EINVAL, (state, answer)
+
+
+def test_a_pending_copy_serves_durable_writes_from_the_moment_it_is_active(
+    raw: RawClient, node: ServerProcess
+) -> None:
+    """A rebalance's new copy goes pending with its chain (the manager's takeover), and takes
+    it when it becomes active: no DurabilityImpossible window until the manager hears of it."""
+    vb = 13
+    set_state(raw, vb, 3, [[f"127.0.0.1:{node.port}"]])  # pending
+    assert stat_group(raw, b"vbucket-topology %d" % vb) == {}  # not active yet
+    set_state(raw, vb, ACTIVE)
+    answer = raw.call(SET, b"taken", b"v", SET_EXTRAS, vbucket=vb, framing=durability(1))
+    assert answer.status == SUCCESS, answer
 
 
 def test_no_topology_still_refuses(raw: RawClient) -> None:

@@ -88,6 +88,8 @@ from dcpkv.cluster.vbucket_move import (
     Views,
 )
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.replication_topology import topology_value
+from dcpkv.core.vbucket import VBucketState
 
 if TYPE_CHECKING:
     from dcpkv.cluster.manager import Manager
@@ -536,7 +538,10 @@ class Rebalancer:
         for move, action in todo:
             try:
                 if isinstance(action, SetState):
-                    await link.set_state(bucket, action.vbucket, action.state, {})
+                    # a takeover's new copy goes pending with the chain it serves as active
+                    pending = action.state == VBucketState.PENDING
+                    topology = topology_value(move.new) if pending else b""
+                    await link.set_state(bucket, action.vbucket, action.state, {}, topology)
                 else:
                     await link.delete_vbucket(bucket, action.vbucket)
             except NodeError as exc:  # the move sees the state unchanged and asks again

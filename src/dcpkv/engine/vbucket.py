@@ -74,7 +74,9 @@ prepares read back at warm-up): a later topology on an active vbucket re-commits
 satisfied. Until then such a prepare is *maybe visible* (the old active may have committed it):
 a read of its key (Get, a sub-document lookup) answers SyncWriteReCommitInProgress, a write
 SyncWriteInProgress. A client's own pending prepare hides nothing: readers see the committed
-value. :attr:`VBucket.high_prepared_seqno` is what a failover compares.
+value. :attr:`VBucket.high_prepared_seqno` is what a failover compares. A *pending* vbucket
+(a rebalance's new copy) may be given the topology it takes when a takeover makes it active
+(:meth:`VBucket.set_takeover_topology`).
 
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
@@ -250,6 +252,7 @@ class VBucket:
         self.passive_durability: dm.PassiveDurabilityMonitor | None = None
         self.durability_timeout_ms = dm.DEFAULT_TIMEOUT_MS
         self._sync: _SyncRequest | None = None
+        self._takeover_topology: ReplicationTopology | None = None
         self.on_sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
         # A replica's side (replica_prepare ...): whether the snapshot being received is a
         # disk one, the last snapshot end told to the passive monitor, the high prepared seqno
@@ -584,6 +587,16 @@ class VBucket:
             self.durability = monitor
             self._resolve(decisions)
 
+    def set_takeover_topology(self, topology: ReplicationTopology) -> None:
+        """The chains this *pending* copy takes when a takeover makes it active (so durable
+        writes are served from its first moment as the active, not refused until the manager
+        hears of the handover); forgotten if it goes any other way."""
+        with self.lock:
+            if self.state != VBucketState.PENDING:
+                raise Einval(f"vbucket {self.id} is {self.state}: a takeover topology is for a "
+                             "pending vbucket")  # fmt: skip
+            self._takeover_topology = topology
+
     @property
     def topology(self) -> ReplicationTopology | None:
         return None if self.durability is None else self.durability.topology
@@ -878,6 +891,9 @@ class VBucket:
                 self.replica_snapshot = (self.high_seqno, self.high_seqno)
             self.state = state
             self._dirty_state()
+            waiting, self._takeover_topology = self._takeover_topology, None
+            if waiting is not None and state == VBucketState.ACTIVE:
+                self.set_topology(waiting)
 
     def branch_point(self) -> int:
         """Where a new failover entry starts when this vbucket becomes active.
