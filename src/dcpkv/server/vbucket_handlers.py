@@ -13,8 +13,9 @@ state; DelVbucket drops a vbucket and its data; GetAllVbSeqnos lists high seqnos
 one state only (dead vbuckets are left out unless asked for). SetVbucket's optional JSON value
 ``{"topology": [[...], [...]]}`` gives an active vbucket the chains its SyncWrites must reach
 (:mod:`dcpkv.core.replication_topology`; the first chain's active is this node, named as
-:attr:`~dcpkv.server.state.ServerState.node_name` says); a malformed one is refused with Einval
-and changes nothing. On a cluster, the manager is the
+:attr:`~dcpkv.server.state.ServerState.node_name` says); given with the pending state (a
+rebalance's new copy), it is the topology the copy takes when its takeover makes it active. A
+malformed one is refused with Einval and changes nothing. On a cluster, the manager is the
 one client of these opcodes.
 """
 
@@ -38,7 +39,9 @@ def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
     topology = _topology(conn, req, state)
     try:
         vbucket = bucket.set_vbucket_state(req.vbucket, state, cas=req.cas)
-        if topology is not None:
+        if topology is not None and state == VBucketState.PENDING:
+            vbucket.set_takeover_topology(topology)
+        elif topology is not None:
             vbucket.set_topology(topology)
     except EngineError as exc:
         raise refusal(conn, exc) from None
@@ -53,8 +56,10 @@ def _topology(
     Checked before the state changes, so a refused request changes nothing."""
     if not req.meta:
         return None
-    if state != VBucketState.ACTIVE:
-        raise Reply(Status.Einval, b"a replication topology is for an active vbucket only")
+    if state not in (VBucketState.ACTIVE, VBucketState.PENDING):
+        raise Reply(
+            Status.Einval, b"a replication topology is for an active or pending vbucket only"
+        )
     try:
         return parse_topology(bytes(req.meta), conn.server.node_name)
     except TopologyError as exc:
