@@ -15,6 +15,8 @@ from sdk_cluster import module_server
 from serverproc import ServerProcess
 
 from dcpkv.engine.bucket import STORAGE_ENGINES
+from dcpkv.server.dispatch import ROUTES
+from dcpkv.server.sync_writes import SYNC_WRITE_OPS
 
 GET, SET, DELETE, SET_VBUCKET = 0x00, 0x01, 0x04, 0x3D
 SUCCESS, KEY_EEXISTS, EINVAL = 0x00, 0x02, 0x04
@@ -154,3 +156,70 @@ def test_a_persisted_durable_set_survives_kill9(
     set_topology(raw, ALONE_VB, [f"127.0.0.1:{srv.port}"])
     assert raw.call(GET, b"k", vbucket=ALONE_VB).value == b"new"
     raw.close()
+
+
+APPEND, PREPEND, INCREMENT, DECREMENT = 0x0E, 0x0F, 0x05, 0x06
+SUBDOC_DICT_UPSERT, SUBDOC_MULTI_MUTATION = 0xC8, 0xD1
+
+
+def subdoc_extras(path: bytes) -> bytes:
+    return struct.pack(">HB", len(path), 0)
+
+
+def counter_extras(delta: int) -> bytes:
+    return struct.pack(">QQI", delta, 0, 0)
+
+
+def multi_upsert(path: bytes, value: bytes) -> bytes:
+    return struct.pack(">BBHI", SUBDOC_DICT_UPSERT, 0, len(path), len(value)) + path + value
+
+
+# Every mutation of the edit path, from '{"n":1}' (or, for the counters, "7"), and what its
+# commit holds.
+EDIT_PATH = [
+    ("append", APPEND, b"", b"x", b'{"n":1}x'),
+    ("prepend", PREPEND, b"", b"x", b'x{"n":1}'),
+    ("incr", INCREMENT, counter_extras(2), b"", b"9"),
+    ("decr", DECREMENT, counter_extras(2), b"", b"5"),
+    ("subdoc", SUBDOC_DICT_UPSERT, subdoc_extras(b"m"), b"m2", b'{"n":1,"m":2}'),
+    ("multi", SUBDOC_MULTI_MUTATION, b"", multi_upsert(b"m", b"3"), b'{"n":1,"m":3}'),
+]
+
+
+@pytest.mark.parametrize(("name", "opcode", "extras", "value", "committed"), EDIT_PATH)
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_every_mutation_is_a_sync_write_answered_with_its_commit(
+    raw: RawClient, name: str, opcode: int, extras: bytes, value: bytes, committed: bytes,
+    level: int,
+) -> None:  # fmt: skip
+    key = b"edit-%s-%d" % (name.encode(), level)
+    start = b"7" if opcode in (INCREMENT, DECREMENT) else b'{"n":1}'
+    assert raw.call(SET, key, start, SET_EXTRAS, vbucket=ALONE_VB).status == SUCCESS
+    answer = raw.call(
+        opcode, key, value, extras, vbucket=ALONE_VB, framing=durability(level, 10_000)
+    )
+    assert answer.status == SUCCESS, answer
+    read = raw.call(GET, key, vbucket=ALONE_VB)
+    assert (read.status, read.value, read.cas) == (SUCCESS, committed, answer.cas)
+    if opcode in (INCREMENT, DECREMENT):  # the counter answered is the committed one
+        assert struct.unpack(">Q", answer.value)[0] == int(committed)
+    if opcode in (INCREMENT, DECREMENT, SUBDOC_DICT_UPSERT, SUBDOC_MULTI_MUTATION):
+        seqno = struct.unpack(">QQ", answer.extras)[1]
+        assert seqno == raw.high_seqno(ALONE_VB)  # the commit's seqno, not the prepare's
+
+
+@pytest.mark.parametrize(("name", "opcode", "extras", "value", "committed"), EDIT_PATH)
+def test_an_edit_without_its_majority_changes_nothing_and_is_ambiguous(
+    raw: RawClient, name: str, opcode: int, extras: bytes, value: bytes, committed: bytes
+) -> None:
+    key = b"edit-waiting-" + name.encode()
+    start = b"7" if opcode in (INCREMENT, DECREMENT) else b'{"n":1}'
+    assert raw.call(SET, key, start, SET_EXTRAS, vbucket=WAITING_VB).status == SUCCESS
+    answer = raw.call(opcode, key, value, extras, vbucket=WAITING_VB, framing=durability(1, 200))
+    assert answer.status == AMBIGUOUS, answer
+    assert raw.call(GET, key, vbucket=WAITING_VB).value == start
+
+
+def test_every_route_that_takes_durability_is_a_sync_write() -> None:
+    durable = {op for op, route in ROUTES.items() if route.durable}
+    assert durable == SYNC_WRITE_OPS

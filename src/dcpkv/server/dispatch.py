@@ -247,8 +247,6 @@ def _with_durability(conn: Connection, frame: Frame, route: Route) -> Reaction |
         return None
     if not route.durable:
         return error_answer(frame, Status.Einval, b"this command takes no durability requirement")
-    if frame.opcode not in sync_writes.SYNC_WRITE_OPS:
-        return error_answer(frame, Status.DurabilityImpossible, sync_writes.NOT_YET)
     if not sync_writes.usable_topology(conn, frame.vbucket):
         return error_answer(frame, Status.DurabilityImpossible, sync_writes.NO_TOPOLOGY)
     try:
