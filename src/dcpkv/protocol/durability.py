@@ -55,6 +55,12 @@ def durability_requirement(framing: Bytes) -> DurabilityRequirement | None:
     return None
 
 
+def frame_durability(framing: Bytes) -> DurabilityRequirement | None:
+    """:func:`durability_requirement`, with no work for a frame without framing extras (the
+    decoders' hot path)."""
+    return durability_requirement(framing) if framing else None
+
+
 def _decode(data: memoryview) -> DurabilityRequirement:
     if len(data) not in (1, 3):
         raise CodecError(Status.Einval, f"durability requirement of {len(data)} bytes")
