@@ -223,3 +223,44 @@ def test_an_edit_without_its_majority_changes_nothing_and_is_ambiguous(
 def test_every_route_that_takes_durability_is_a_sync_write() -> None:
     durable = {op for op, route in ROUTES.items() if route.durable}
     assert durable == SYNC_WRITE_OPS
+
+
+def test_a_bucket_minimum_level_makes_every_write_a_sync_write(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """``--durability-min-level persistToMajority`` with a flusher that never runs: a plain
+    Set and a Majority Set both wait for a persistence that never comes (their own short
+    timeout, or the bucket's default one), are ambiguous and change nothing; where there is no
+    topology every write is refused DurabilityImpossible."""
+    srv = server_factory(
+        tmp_path / "data", tmp_path / "server.log", "--flush-interval", "3600",
+        "--durability-min-level", "persistToMajority", "--durability-timeout-ms", "300",
+    )  # fmt: skip
+    srv.start()
+    raw = client(srv)
+    set_topology(raw, ALONE_VB, [f"127.0.0.1:{srv.port}"])
+    plain = raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=ALONE_VB)  # the bucket's 300 ms
+    assert plain.status == AMBIGUOUS, plain
+    majority = raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=ALONE_VB, framing=durability(1, 200))
+    assert majority.status == AMBIGUOUS, majority
+    assert raw.call(GET, b"k", vbucket=ALONE_VB).status == 0x01  # never committed
+    bare = raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=BARE_VB)
+    assert bare.status == DURABILITY_IMPOSSIBLE
+    assert raw.call(GET, b"k", vbucket=BARE_VB).status == 0x01
+    raw.close()
+
+
+def test_without_a_minimum_a_majority_write_commits_before_persistence(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """The control of the test above: the same server without the minimum level commits a
+    Majority write from memory and answers a plain Set at once."""
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--flush-interval", "3600")
+    srv.start()
+    raw = client(srv)
+    set_topology(raw, ALONE_VB, [f"127.0.0.1:{srv.port}"])
+    assert raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=ALONE_VB).status == SUCCESS
+    answer = raw.call(SET, b"k", b"w", SET_EXTRAS, vbucket=ALONE_VB, framing=durability(1))
+    assert answer.status == SUCCESS
+    assert raw.call(GET, b"k", vbucket=ALONE_VB).value == b"w"
+    raw.close()

@@ -44,7 +44,7 @@ from enum import IntEnum
 from dcpkv.core.durability import DurabilityError, DurabilityImpossibleError
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import DurabilityLevel
-from dcpkv.protocol.durability import DurabilityRequirement
+from dcpkv.protocol.durability import DurabilityRequirement, level_named
 
 MAX_TIMEOUT_S = 65.534  # the wire's u16 of milliseconds (0 and 0xffff are reserved)
 
@@ -58,25 +58,11 @@ class Durability(IntEnum):
     PERSIST_TO_MAJORITY = DurabilityLevel.PersistToMajority
 
 
-# The names the bucket setting and the commands' options take (the reference's), and ours.
-_NAMES: dict[str, Durability] = {
-    "none": Durability.NONE,
-    "majority": Durability.MAJORITY,
-    "majorityandpersistactive": Durability.MAJORITY_AND_PERSIST_TO_ACTIVE,
-    "majority_and_persist_to_active": Durability.MAJORITY_AND_PERSIST_TO_ACTIVE,
-    "persisttomajority": Durability.PERSIST_TO_MAJORITY,
-    "persist_to_majority": Durability.PERSIST_TO_MAJORITY,
-}
-LEVEL_NAMES = ("none", "majority", "majorityAndPersistActive", "persistToMajority")
-
-
 def parse_durability(text: str) -> Durability:
     """``majority``, ``majorityAndPersistActive``, ``persistToMajority`` or ``none`` (any case;
     the SDK's upper-case names too); ValueError otherwise."""
-    level = _NAMES.get(text.strip().lower())
-    if level is None:
-        raise ValueError(f"durability {text!r}: use one of {', '.join(LEVEL_NAMES)}")
-    return level
+    level = level_named(text)
+    return Durability.NONE if level is None else Durability(level)
 
 
 @dataclass(frozen=True, slots=True)
