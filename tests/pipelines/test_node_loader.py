@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+from topology import alone, set_topologies
+
 from dcpkv.app.node import LocalNode, NodeError
+from dcpkv.client.durability import Durability, ServerDurability, SyncWriteImpossibleError
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.loader import (
     MARKER_KEY,
@@ -106,3 +110,25 @@ def test_generator_writes_until_stopped(node: LocalNode) -> None:
     generator.stop()
     assert not generator.is_alive()
     assert generator.error is None and generator.written >= 300
+
+
+def test_a_durable_load_and_generator_on_a_single_node_topology(node: LocalNode) -> None:
+    """``durability``: the load and the generator write SyncWrites (committed at
+    persistToMajority on vbuckets with a single-node topology); without a topology the load
+    is refused at once, nothing written."""
+    ep = endpoint(node)
+    with pytest.raises(SyncWriteImpossibleError):
+        load_sample(ep, VBUCKETS, 100, durability=Durability.MAJORITY)
+    assert bucket_vbuckets(ep) == (VBUCKETS, 0)
+    set_topologies(node.port, alone(node.port, range(VBUCKETS)))
+    level = ServerDurability(Durability.PERSIST_TO_MAJORITY, 10.0)
+    assert load_sample(ep, VBUCKETS, 300, seed=3, durability=level)
+    assert bucket_vbuckets(ep) == (VBUCKETS, 301)
+    generator = ChangeGenerator(ep, VBUCKETS, 300, rate=2000, seed=1, durability=level)
+    generator.start()
+    for _ in range(300):  # bounded: about 30 s at most
+        if generator.written >= 100:
+            break
+        generator.join(0.1)
+    generator.stop()
+    assert generator.error is None and generator.written >= 100
