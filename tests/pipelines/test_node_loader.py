@@ -102,14 +102,19 @@ def test_generator_writes_until_stopped(node: LocalNode) -> None:
     ep = endpoint(node)
     load_sample(ep, VBUCKETS, 500)
     generator = ChangeGenerator(ep, VBUCKETS, 500, rate=2000, seed=1)
+    run_until(generator, 300)
+    assert not generator.is_alive()
+    assert generator.error is None and generator.written >= 300
+
+
+def run_until(generator: ChangeGenerator, written: int) -> None:
+    """Run ``generator`` until it wrote ``written`` changes (30 s at most), then stop it."""
     generator.start()
-    for _ in range(200):  # bounded: about 20 s at most
-        if generator.written >= 300:
+    for _ in range(300):
+        if generator.written >= written:
             break
         generator.join(0.1)
     generator.stop()
-    assert not generator.is_alive()
-    assert generator.error is None and generator.written >= 300
 
 
 def test_a_durable_load_and_generator_on_a_single_node_topology(node: LocalNode) -> None:
@@ -125,10 +130,5 @@ def test_a_durable_load_and_generator_on_a_single_node_topology(node: LocalNode)
     assert load_sample(ep, VBUCKETS, 300, seed=3, durability=level)
     assert bucket_vbuckets(ep) == (VBUCKETS, 301)
     generator = ChangeGenerator(ep, VBUCKETS, 300, rate=2000, seed=1, durability=level)
-    generator.start()
-    for _ in range(300):  # bounded: about 30 s at most
-        if generator.written >= 100:
-            break
-        generator.join(0.1)
-    generator.stop()
+    run_until(generator, 100)
     assert generator.error is None and generator.written >= 100
