@@ -16,6 +16,12 @@ Opaques: a stream's opaque is ``OPAQUE_BASE + vbucket``, so the answer to its re
 message of the stream find it; the connection's own requests (Open, Controls, CloseStream) use
 opaques below that and their answers need nothing.
 
+SyncWrites: given a ``consumer_name`` (the node's name in the active's replication topology)
+the consumer enables them on its connection and names itself, so prepares, commits and aborts
+arrive (:mod:`dcpkv.dcp.passive_stream` applies them) and the replica acknowledges its high
+prepared seqno (DcpSeqnoAcknowledged): at a snapshot's end, with the answers :meth:`handle`
+returns, or once persisted, from :meth:`seqno_acks` when the shell is told one is due.
+
 Flow control: the consumer asks for a ``connection_buffer_size`` window and acknowledges what it
 has applied once half a window is used, so a slow replica slows its producer instead of
 growing its memory. Noops: the producer sends one when idle; the consumer answers it.
@@ -55,9 +61,18 @@ class Rollback:
 
 
 class DcpConsumer:
-    def __init__(self, bucket: Bucket, name: str, vbuckets: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        bucket: Bucket,
+        name: str,
+        vbuckets: Iterable[int] = (),
+        *,
+        consumer_name: str | None = None,
+    ) -> None:
         self.bucket = bucket
         self.name = name
+        # SyncWrites: this node's name in the active's topology; None: committed items only
+        self.consumer_name = consumer_name
         self.streams: dict[int, PassiveStream] = {}
         self.unacked_bytes = 0
         self.items_received = 0
@@ -72,11 +87,14 @@ class DcpConsumer:
         # IncludeXattrs: a replica keeps a document's xattrs (and a tombstone's system ones)
         flags = OpenFlag.Producer | OpenFlag.IncludeXattrs
         out = [dcp.DcpOpen(opaque=self._next(), name=self.name, flags=flags).encode()]
-        for key, value in (
+        controls = [
             ("connection_buffer_size", str(BUFFER_SIZE)),
             ("enable_noop", "true"),
             ("set_noop_interval", str(NOOP_INTERVAL_S)),
-        ):
+        ]
+        if self.consumer_name is not None:
+            controls += [("enable_sync_writes", "true"), ("consumer_name", self.consumer_name)]
+        for key, value in controls:
             out.append(dcp.DcpControl(opaque=self._next(), key=key, value=value).encode())
         for stream in self.streams.values():
             if stream.state is not PassiveState.ROLLING_BACK:
@@ -130,7 +148,16 @@ class DcpConsumer:
             return [self._takeover_state(stream, msg), *self._ack(size)], []
         if stream is not None and stream.state is PassiveState.READING:
             self._apply(stream, msg, now)
+            ack = stream.seqno_ack()
+            if ack is not None:
+                return [ack.encode(), *self._ack(size)], []
         return self._ack(size), []
+
+    def seqno_acks(self) -> list[bytes]:
+        """The DcpSeqnoAcknowledged due now (a replica persisted a PersistToMajority prepare:
+        the shell asks when the bucket's ``seqno_ack_listeners`` say so)."""
+        acks = (s.seqno_ack() for s in self.streams.values())
+        return [a.encode() for a in acks if a is not None]
 
     def _takeover_state(self, stream: PassiveStream | None, msg: dcp.SetVbucketState) -> bytes:
         """Answer one step of a takeover handshake (module docstring of passive_stream)."""
@@ -176,6 +203,19 @@ class DcpConsumer:
         elif isinstance(msg, dcp.Deletion | dcp.DeletionV2 | dcp.Expiration):
             stream.deletion(msg)
             self.items_received += 1
+        elif isinstance(msg, dcp.Prepare | dcp.Commit | dcp.Abort):
+            self._apply_sync_write(stream, msg)
+
+    def _apply_sync_write(
+        self, stream: PassiveStream, msg: dcp.Prepare | dcp.Commit | dcp.Abort
+    ) -> None:
+        if isinstance(msg, dcp.Prepare):
+            stream.prepare(msg)
+        elif isinstance(msg, dcp.Commit):
+            stream.commit(msg)
+        else:
+            stream.abort(msg)
+        self.items_received += 1
 
     def _ack(self, size: int) -> list[bytes]:
         self.unacked_bytes += size

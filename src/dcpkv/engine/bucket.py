@@ -61,7 +61,9 @@ move the CAS on too, so a manager that did not see them must re-read before its 
 Listeners (for the server's DCP push path; the engine itself never waits on anything):
 ``seqno_listeners`` are called with a vbucket id after every item that vbucket queues (under
 the vbucket's lock, from whichever thread wrote: a listener must only take note and return);
-``state_listeners`` after a vbucket changes state or is deleted. A listener must not raise.
+``state_listeners`` after a vbucket changes state or is deleted; ``seqno_ack_listeners`` when a
+replica vbucket has a high prepared seqno to acknowledge (SyncWrites; the DCP consumer takes it
+with ``VBucket.take_seqno_ack``). A listener must not raise.
 
 Threads: the storage connection for writes belongs to whoever calls :meth:`flush_once`,
 :meth:`compact`, :meth:`rollback`, :meth:`delete_vbucket` and :meth:`shutdown`; a lock
@@ -221,6 +223,9 @@ class Bucket:
         self._dirty_since: float | None = None
         self._inflight_since: float | None = None
         self.state_listeners: list[Callable[[int], None]] = []
+        # Called (under a vbucket's lock, any thread: take note only) when a replica vbucket
+        # has a high prepared seqno to acknowledge to its active (VBucket.take_seqno_ack).
+        self.seqno_ack_listeners: list[Callable[[int], None]] = []
         # The flush queue: ids of the vbuckets with something to persist (module docstring).
         self._flush_queue: set[int] = set()
         # The backlog's shape since the last flush took its batches (flush_cadence.Backlog).
@@ -321,6 +326,7 @@ class Bucket:
         vbucket.on_queued = self._queued
         vbucket.durability_timeout_ms = self.durability_timeout_ms
         vbucket.on_sync_outcomes = self._sync_outcomes
+        vbucket.on_seqno_ack = self._seqno_ack_due
         vbucket.on_dirty = self._state_dirty
         self._state_dirty(vb)  # a new VBucket starts with its state to write
         return vbucket
@@ -328,6 +334,10 @@ class Bucket:
     def _sync_outcomes(self, vb: int, outcomes: list[SyncOutcome]) -> None:
         if self.sync_outcomes is not None:
             self.sync_outcomes(vb, outcomes)
+
+    def _seqno_ack_due(self, vb: int) -> None:
+        for listener in self.seqno_ack_listeners:
+            listener(vb)
 
     def durability_tick(self) -> None:
         """Time passed: every active vbucket's SyncWrites past their timeout abort."""
@@ -471,6 +481,7 @@ class Bucket:
             assert s is not None
             failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
             vbucket.reset(s, failover, self.storage.load_items(vb))
+            vbucket.load_prepares(self.storage.load_prepares(vb))
             self.flush_once()
         # Wake the DCP streams of this vbucket (as a queued item would): each sees the new
         # generation on its next refill and ends with Rollback, even one idle in memory.

@@ -171,7 +171,8 @@ class CheckpointManager:
         self._lock = lock or threading.RLock()
         self.max_items = max_items
         self.memory_used = 0
-        # Prepares and aborts ever queued: until the first, a reader has none to skip.
+        # Prepares, aborts and commits ever queued: until the first, a reader has none to skip
+        # (and a SyncWrite one none to send as its own message).
         self.sync_items = 0
         self._next_id = 1
         self._checkpoints: list[Checkpoint] = []

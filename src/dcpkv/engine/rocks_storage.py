@@ -273,6 +273,7 @@ class RocksScan(Generic[R]):
     def __init__(self, db: _Db, vb: int, start: int, end: int, purge: int, *, stream: bool) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
         self.exhausted = False
+        self.prepares: list[PrepareItem] = []
         self._stream = stream
         self._lock = threading.Lock()
         self._error: str | None = None
@@ -808,18 +809,32 @@ class RocksStorage(StorageReads):
         return self._open_scan(vb, start_exclusive, end_inclusive, stream=False)
 
     def open_stream_backfill(
-        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+        self,
+        vb: int,
+        start_exclusive: int,
+        end_inclusive: int | None = None,
+        *,
+        prepares: bool = False,
     ) -> RocksScan[StreamRow]:
-        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill)."""
-        return self._open_scan(vb, start_exclusive, end_inclusive, stream=True)
+        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill);
+        ``prepares``: with the pending prepares of the range, read with the iterators."""
+        return self._open_scan(vb, start_exclusive, end_inclusive, stream=True, prepares=prepares)
 
-    def _open_scan(self, vb: int, start: int, end: int | None, *, stream: bool) -> RocksScan[Any]:
+    def _open_scan(
+        self, vb: int, start: int, end: int | None, *, stream: bool, prepares: bool = False
+    ) -> RocksScan[Any]:
         with self._write_lock:  # (no write between the two iterators: one consistent view)
             s = self._states.get(vb)
             high, purge = (s.high_seqno, s.purge_seqno) if s else (0, 0)
             end = high if end is None else min(end, high)
             try:
                 scan: RocksScan[Any] = RocksScan(self._db, vb, start, end, purge, stream=stream)
+                if prepares:
+                    cf = self._db.cf["prepares"]
+                    held = (_prepare_of(v) for _, v in _scan(cf, *_vb_range(vb)))
+                    scan.prepares = sorted(
+                        (p for p in held if start < p.by_seqno <= end), key=lambda p: p.by_seqno
+                    )
             except Exception as exc:
                 raise StorageError(f"{self.path}: {exc}") from exc
             self._scans.add(scan)

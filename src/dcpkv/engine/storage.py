@@ -239,6 +239,9 @@ class BackfillScan(Protocol[R]):
     end: int
     purge_seqno: int
     exhausted: bool  # read to its end (and then closed)
+    # the pending prepares in the range, in seqno order, read with the snapshot (asked for:
+    # a SyncWrite consumer's backfill; else empty)
+    prepares: list[PrepareItem]
 
     @property
     def closed(self) -> bool:
@@ -281,7 +284,12 @@ class BucketStorage(Protocol):
         self, vb: int, start_exclusive: int, end_inclusive: int | None = None
     ) -> BackfillScan[Row]: ...
     def open_stream_backfill(
-        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+        self,
+        vb: int,
+        start_exclusive: int,
+        end_inclusive: int | None = None,
+        *,
+        prepares: bool = False,
     ) -> BackfillScan[StreamRow]: ...
     def rollback(self, vb: int, seqno: int) -> int: ...
     def flush_points(self, vb: int) -> list[int]: ...
@@ -314,12 +322,13 @@ class SqliteScan(Generic[R]):
     reading to the end closes it too, so a finished scan pins no WAL frames.
     """
 
-    __slots__ = ("_conn", "_cursor", "end", "exhausted", "purge_seqno", "start")
+    __slots__ = ("_conn", "_cursor", "end", "exhausted", "prepares", "purge_seqno", "start")
 
     def __init__(
         self, conn: sqlite3.Connection, columns: str, vb: int, start: int, end: int, purge: int
     ) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
+        self.prepares: list[PrepareItem] = []
         self._conn: sqlite3.Connection | None = conn
         self._cursor = conn.execute(
             f"SELECT {columns} FROM documents WHERE vb = ? AND by_seqno > ?"
@@ -829,10 +838,26 @@ class Storage(StorageReads):
         return self._open_scan(_DOC_COLUMNS, vb, start_exclusive, end_inclusive)
 
     def open_stream_backfill(
-        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+        self,
+        vb: int,
+        start_exclusive: int,
+        end_inclusive: int | None = None,
+        *,
+        prepares: bool = False,
     ) -> SqliteScan[StreamRow]:
-        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill)."""
-        return self._open_scan(_STREAM_COLUMNS, vb, start_exclusive, end_inclusive)
+        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill);
+        ``prepares``: with the pending prepares of the range, read in the same transaction."""
+        scan: SqliteScan[StreamRow] = self._open_scan(
+            _STREAM_COLUMNS, vb, start_exclusive, end_inclusive
+        )
+        if prepares and scan._conn is not None:
+            rows = scan._conn.execute(
+                f"SELECT {_DOC_COLUMNS}, level FROM prepares WHERE vb = ? AND by_seqno > ?"
+                " AND by_seqno <= ? ORDER BY by_seqno",
+                (vb, scan.start, scan.end),
+            ).fetchall()
+            scan.prepares = [_prepare(row) for row in rows]
+        return scan
 
     def _open_scan(
         self, columns: str, vb: int, start_exclusive: int, end_inclusive: int | None

@@ -71,7 +71,16 @@ refused with SyncWriteInProgress (in :meth:`VBucket._check_write`). The flusher'
 periodically: timeouts) feed the monitor. Leaving the active state answers every waiting client
 SyncWriteAmbiguous and keeps the prepares, with no timeout, in a passive monitor (as do
 prepares read back at warm-up): a later topology on an active vbucket re-commits them once
-satisfied.
+satisfied. :meth:`VBucket.seqno_acknowledged` feeds a replica's acknowledgement (its DCP
+consumer_name and high prepared seqno) to the monitor.
+
+On a replica, a SyncWrite DCP stream's prepares, commits and aborts arrive through
+:meth:`VBucket.replica_prepare`, :meth:`VBucket.replica_commit` and
+:meth:`VBucket.replica_abort` (the active's seqnos and CAS kept), tracked by the passive
+monitor; :meth:`VBucket.replica_snapshot_end` and the flusher's progress move the replica's
+high prepared seqno, and :meth:`VBucket.take_seqno_ack` hands the acknowledgement due to the
+consumer (``on_seqno_ack`` says one is). In a disk snapshot, a committed version of a key whose
+prepare the replica holds completes that prepare (its commit was deduplicated into it).
 
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
@@ -247,6 +256,14 @@ class VBucket:
         self.durability_timeout_ms = dm.DEFAULT_TIMEOUT_MS
         self._sync: _SyncRequest | None = None
         self.on_sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
+        # A replica's side (replica_prepare ...): whether the snapshot being received is a
+        # disk one, the last snapshot end told to the passive monitor, the high prepared seqno
+        # to acknowledge to the active (taken by the DCP consumer), and the hook that tells it
+        # one is due (under the lock, from the loop or the flusher thread: take note only).
+        self._replica_disk = False
+        self._replica_snapshot_ended = 0
+        self._seqno_ack_due: int | None = None
+        self.on_seqno_ack: Callable[[int], None] | None = None
 
     # -- reading the state ----------------------------------------------------------------
 
@@ -508,7 +525,7 @@ class VBucket:
 
     # -- replica operations -----------------------------------------------------------------
 
-    def replica_snapshot_marker(self, start: int, end: int) -> None:
+    def replica_snapshot_marker(self, start: int, end: int, *, disk: bool = False) -> None:
         with self.lock:
             self._require_replica_path()
             if not start <= end or end < self.high_seqno:
@@ -517,6 +534,7 @@ class VBucket:
                 raise self._beyond_seqno_max(end, 0)
             self.checkpoints.snapshot_marker(start, end)
             self.replica_snapshot = (start, end)
+            self._replica_disk = disk
 
     def adopt_failover_log(self, entries: Iterable[FailoverEntry]) -> None:
         """A replica's history is its active's: take the producer's log (spec 002); the next
@@ -546,6 +564,9 @@ class VBucket:
             if item.by_seqno > SEQNO_MAX or item.rev_seqno > SEQNO_MAX:
                 raise self._beyond_seqno_max(item.by_seqno, item.rev_seqno)
             self._check_size(item.key, item.value or b"")
+            prepared = self.hash_table.prepared
+            if prepared and self._replica_disk and item.key in prepared:
+                self._completed_on_disk(item.key)
             self._queue(item, self.hash_table.entries.get(item.key))
             self.hlc.observe(item.cas)
             return item
@@ -671,6 +692,7 @@ class VBucket:
         self.checkpoints.queue_next(
             commit, self.hash_table.store(commit, self.hash_table.entries.get(key))
         )
+        self.checkpoints.sync_items += 1  # (a warmed-up prepare's commit: its first)
         if self.on_queued is not None:
             self.on_queued(self.id)
         return commit
@@ -692,6 +714,129 @@ class VBucket:
         decisions, self.passive_durability = self.durability.step_down()
         self.durability = None
         self._resolve(decisions)
+
+    # -- SyncWrites on a replica: what a SyncWrite-enabled DCP stream brings -------------------
+
+    def replica_prepare(self, prepare: PrepareItem) -> None:
+        """Keep a prepare the active sent (its seqno, CAS and level): beside the key's committed
+        entry, persisted, tracked by the passive monitor. In a disk snapshot it replaces the
+        key's older prepare (whose completion was deduplicated away)."""
+        with self.lock:
+            self._check_replica_seqno(prepare.by_seqno, prepare.rev_seqno)
+            self._check_size(prepare.key, prepare.value or b"")
+            monitor = self.passive_durability
+            if monitor is None:
+                monitor = self.passive_durability = dm.PassiveDurabilityMonitor(
+                    persisted_seqno=self.persisted_seqno
+                )
+            level = DurabilityLevel(prepare.level)
+            try:
+                monitor.prepare(prepare.by_seqno, prepare.key, level, disk=self._replica_disk)
+            except dm.DurabilityMonitorError as exc:
+                raise Einval(f"vbucket {self.id}: {exc}") from None
+            self.hash_table.pop_prepare(prepare.key)
+            self.hash_table.store_prepare(prepare)
+            self.checkpoints.queue_sync(prepare)
+            self.hlc.observe(prepare.cas)
+            if self.on_queued is not None:
+                self.on_queued(self.id)
+
+    def replica_commit(self, key: bytes, prepared_seqno: int, seqno: int, cas: int) -> CommitItem:
+        """The active committed the prepare at ``prepared_seqno`` as ``seqno`` (``cas`` its
+        CAS, 0: the prepare's): the prepare becomes the key's committed entry."""
+        with self.lock:
+            p = self._replica_completion(key, prepared_seqno, seqno, "commit")
+            commit = CommitItem(
+                key, p.value, p.flags, p.expiry, cas or p.cas, p.rev_seqno, seqno, p.datatype,
+                p.deleted, int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
+            )  # fmt: skip
+            self.checkpoints.queue_next(
+                commit, self.hash_table.store(commit, self.hash_table.entries.get(key))
+            )
+            self.checkpoints.sync_items += 1
+            self.hlc.observe(commit.cas)
+            if self.on_queued is not None:
+                self.on_queued(self.id)
+            return commit
+
+    def replica_abort(self, key: bytes, prepared_seqno: int, seqno: int, cas: int) -> None:
+        """The active aborted the prepare at ``prepared_seqno`` as ``seqno``."""
+        with self.lock:
+            p = self._replica_completion(key, prepared_seqno, seqno, "abort")
+            abort = AbortItem(
+                key, b"", 0, 0, cas or p.cas, p.rev_seqno, seqno, prepared_seqno=prepared_seqno
+            )
+            self.checkpoints.queue_sync(abort)
+            if self.on_queued is not None:
+                self.on_queued(self.id)
+
+    def replica_snapshot_end(self, seqno: int) -> None:
+        """The snapshot ending at ``seqno`` arrived whole: the passive monitor may move the
+        high prepared seqno (an acknowledgement becomes due, :meth:`take_seqno_ack`)."""
+        with self.lock:
+            monitor = self.passive_durability
+            if monitor is None or seqno <= self._replica_snapshot_ended:
+                return
+            self._replica_snapshot_ended = seqno
+            self._note_acks(monitor.snapshot_end(seqno, disk=self._replica_disk))
+
+    def take_seqno_ack(self) -> int | None:
+        """The high prepared seqno to acknowledge to the active now, if one is due."""
+        with self.lock:
+            seqno, self._seqno_ack_due = self._seqno_ack_due, None
+            return seqno
+
+    def _check_replica_seqno(self, seqno: int, rev: int) -> None:
+        self._require_replica_path()
+        if seqno <= self.high_seqno:
+            raise Einval(f"seqno {seqno} is not above {self.high_seqno}")
+        if seqno > SEQNO_MAX or rev > SEQNO_MAX:
+            raise self._beyond_seqno_max(seqno, rev)
+
+    def _replica_completion(self, key: bytes, prepared: int, seqno: int, what: str) -> PrepareItem:
+        """The prepare a replicated commit or abort completes, taken (refused: Einval)."""
+        self._check_replica_seqno(seqno, 0)
+        p = self.hash_table.prepared.get(key)
+        monitor = self.passive_durability
+        if p is None or p.by_seqno != prepared or monitor is None:
+            held = "none" if p is None else str(p.by_seqno)
+            raise Einval(f"vbucket {self.id}: {what} of {key!r} at {prepared}, held: {held}")
+        try:
+            if what == "commit":
+                monitor.commit(prepared, key, disk=self._replica_disk)
+            else:
+                monitor.abort(prepared, key, disk=self._replica_disk)
+        except dm.DurabilityMonitorError as exc:
+            raise Einval(f"vbucket {self.id}: {exc}") from None
+        return self._take_prepare(prepared, key)
+
+    def _completed_on_disk(self, key: bytes) -> None:
+        """A disk snapshot brings a committed version of a key whose prepare we hold: that
+        prepare completed (its commit or abort was deduplicated into what the disk has)."""
+        p = self.hash_table.pop_prepare(key)
+        if p is not None and self.passive_durability is not None:
+            self.passive_durability.commit(p.by_seqno, key, disk=True)
+
+    def _note_acks(self, decisions: list[dm.Decision]) -> None:
+        for decision in decisions:
+            if isinstance(decision, dm.SeqnoAck):
+                self._seqno_ack_due = decision.seqno
+        if self._seqno_ack_due is not None and self.on_seqno_ack is not None:
+            self.on_seqno_ack(self.id)
+
+    def seqno_acknowledged(self, node: str, seqno: int) -> None:
+        """A replica (``node``, its DCP consumer_name) acknowledged its high prepared seqno:
+        prepares it satisfies may commit (NotMyVbucket unless active; Einval when ``node``
+        names this node)."""
+        with self.lock:
+            self._require_active()
+            if self.durability is None:
+                return  # no topology: no prepare waits for anyone's ack
+            try:
+                decisions = self.durability.seqno_ack(node, seqno)
+            except dm.DurabilityMonitorError as exc:
+                raise Einval(f"vbucket {self.id}: {exc}") from None
+            self._resolve(decisions)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -786,6 +931,8 @@ class VBucket:
                     self.hash_table.discard(item)
             if self.durability is not None:
                 self._resolve(self.durability.persisted(self.persisted_seqno))
+            elif self.passive_durability is not None and self.state in _REPLICA_PATH:
+                self._note_acks(self.passive_durability.persisted(self.persisted_seqno))
 
     # -- memory -----------------------------------------------------------------------------
 
@@ -829,6 +976,9 @@ class VBucket:
             self.replica_snapshot = self.persisted_snapshot
             self.purge_seqno = vbstate.purge_seqno
             self.failover = failover
+            self.passive_durability = None  # the caller loads the prepares storage kept
+            self._replica_snapshot_ended = 0
+            self._seqno_ack_due = None
             self._dirty_state()
             self.rollbacks += 1
             self.load(items)
