@@ -23,6 +23,7 @@ from dcpkv.engine.item import (
     PrepareItem,
     SyncWriteInProgress,
     SyncWriteItem,
+    SyncWriteReCommitInProgress,
 )
 from dcpkv.engine.storage import VBState
 from dcpkv.engine.subdoc import Mutated
@@ -126,6 +127,37 @@ def test_leaving_active_answers_ambiguous_and_keeps_the_prepare(vbucket: VBucket
     assert vbucket.get(b"k").value == b"new"
 
 
+def test_a_promoted_copy_re_commits_its_prepares_and_hides_them_meanwhile(
+    vbucket: VBucket,
+) -> None:
+    """Failover (PROTOCOL.md, "SyncWrites"): the prepare may have been committed by the old
+    active, so until the new chain satisfies it a read of its key answers
+    SyncWriteReCommitInProgress (neither version may be served) and a write
+    SyncWriteInProgress; other keys are served; the high prepared seqno stays reported."""
+    vbucket.set(b"k", b"old")
+    vbucket.set(b"other", b"v")
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"new"), MAJORITY, cookie="c")
+    assert vbucket.get(b"k").value == b"old"  # its own client's prepare: no dirty read
+    assert vbucket.high_prepared_seqno == 3
+    vbucket.set_state(VBucketState.REPLICA)
+    assert vbucket.high_prepared_seqno == 3  # what a failover compares
+    vbucket.set_state(VBucketState.ACTIVE)  # promoted, no topology yet
+    for read in (lambda: vbucket.get(b"k"), lambda: vbucket.read_any(b"k")):
+        with pytest.raises(SyncWriteReCommitInProgress):
+            read()
+    assert vbucket.get_resident(b"k") is None  # the fast path leaves it to get()
+    with pytest.raises(SyncWriteInProgress):
+        vbucket.set(b"k", b"mine")
+    assert vbucket.get(b"other").value == b"v"
+    vbucket.set_topology(parse_topology(b'{"topology": [["node-a:11210", null]]}'))
+    with pytest.raises(SyncWriteReCommitInProgress):  # a chain without a majority
+        vbucket.get(b"k")
+    vbucket.set_topology(ALONE)
+    assert vbucket.get(b"k").value == b"new"
+    assert not vbucket.hash_table.prepared
+
+
 WRITES: dict[str, Callable[[VBucket], object]] = {
     "add": lambda vb: vb.add(b"new", b"v"),
     "replace": lambda vb: vb.replace(b"k", b"v2"),
@@ -222,7 +254,9 @@ def test_prepares_persist_apart_and_come_back_at_warmup(
 
     again = open_bucket()
     vb = again.get_vbucket(0)
-    assert vb.get(b"k").value == b"committed"
+    with pytest.raises(SyncWriteReCommitInProgress):  # maybe visible: neither is served yet
+        vb.get(b"k")
+    assert vb.hash_table.entries[b"k"].value == b"committed"
     assert vb.hash_table.prepared[b"k"].value == b"prepared"
     vb.set_topology(ALONE)  # maybe visible: committed once satisfied
     assert vb.get(b"k").value == b"prepared"

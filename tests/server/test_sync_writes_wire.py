@@ -21,6 +21,7 @@ from dcpkv.server.sync_writes import SYNC_WRITE_OPS
 GET, SET, DELETE, SET_VBUCKET = 0x00, 0x01, 0x04, 0x3D
 SUCCESS, KEY_EEXISTS, EINVAL = 0x00, 0x02, 0x04
 DURABILITY_IMPOSSIBLE, IN_PROGRESS, AMBIGUOUS = 0xA1, 0xA2, 0xA3
+RECOMMIT_IN_PROGRESS = 0xA4
 DCP_PREPARE, DCP_COMMIT, DCP_ABORT = 0x60, 0x62, 0x63
 ALT_REQUEST, MUTATION_SEQNO, SYNC_REPLICATION = 0x10, 0x04, 0x11
 SET_EXTRAS = struct.pack(">II", 0, 0)
@@ -109,6 +110,57 @@ def test_a_prepare_without_its_majority_times_out_ambiguous(node: ServerProcess)
     assert other.call(SET, key, b"free", SET_EXTRAS, vbucket=WAITING_VB).status == SUCCESS
     writer.close()
     other.close()
+
+
+def stat_group(raw: RawClient, group: bytes) -> dict[bytes, bytes]:
+    answer, out = raw.call(0x10, group), {}
+    while answer.key:
+        out[answer.key] = answer.value
+        answer = raw.recv()
+    return out
+
+
+def set_state(raw: RawClient, vb: int, state: int, topology: list[object] | None = None) -> None:
+    value = b"" if topology is None else json.dumps({"topology": topology}).encode()
+    answer = raw.call(SET_VBUCKET, value=value, extras=bytes((state,)), vbucket=vb)
+    assert answer.status == SUCCESS, answer
+
+
+def test_leaving_active_answers_ambiguous_and_a_promoted_copy_re_commits(
+    node: ServerProcess,
+) -> None:
+    """A client waiting on a durable write gets SyncWriteAmbiguous when its vbucket leaves
+    the active state; made active again (a promotion), the vbucket keeps the prepare: a read of
+    its key answers SyncWriteReCommitInProgress and a write SyncWriteInProgress until a
+    topology with a majority lets it commit (PROTOCOL.md, "SyncWrites": Failover)."""
+    vb, replica, key = 11, 2, b"promoted"
+    writer, admin = client(node), client(node)
+    me = f"127.0.0.1:{node.port}"
+    set_state(admin, vb, ACTIVE, [[me, "replica1"]])
+    assert writer.call(SET, key, b"old", SET_EXTRAS, vbucket=vb).status == SUCCESS
+    durable = writer.send(SET, key, b"new", SET_EXTRAS, vbucket=vb, framing=durability(1))
+    while admin.call(SET, key, b"x", SET_EXTRAS, vbucket=vb).status != IN_PROGRESS:
+        pass  # until the prepare is there
+    details = stat_group(admin, b"vbucket-details %d" % vb)
+    prefix = b"vb_%d:" % vb
+    assert details[prefix + b"sync_write_pending"] == b"1"
+    assert json.loads(details[prefix + b"topology"]) == {"topology": [[me, "replica1"]]}
+    set_state(admin, vb, replica)
+    answer = writer.recv()
+    assert (answer.opaque, answer.status) == (durable, AMBIGUOUS)
+    set_state(admin, vb, ACTIVE)  # promoted: no topology yet
+    assert stat_group(admin, b"vbucket-topology %d" % vb) == {b"vb_%d" % vb: b""}
+    high_prepared = stat_group(admin, b"vbucket-details %d" % vb)[prefix + b"high_prepared_seqno"]
+    assert int(high_prepared) == admin.high_seqno(vb)  # the prepare is the last item
+    assert admin.call(GET, key, vbucket=vb).status == RECOMMIT_IN_PROGRESS
+    assert admin.call(SET, key, b"x", SET_EXTRAS, vbucket=vb).status == IN_PROGRESS
+    set_state(admin, vb, ACTIVE, [[me, None]])  # no majority: still waiting
+    assert admin.call(GET, key, vbucket=vb).status == RECOMMIT_IN_PROGRESS
+    set_state(admin, vb, ACTIVE, [[me]])
+    read = admin.call(GET, key, vbucket=vb)
+    assert (read.status, read.value) == (SUCCESS, b"new")
+    writer.close()
+    admin.close()
 
 
 def test_a_consumer_without_sync_writes_sees_committed_items_only(raw: RawClient) -> None:

@@ -236,7 +236,8 @@ def failover(
 ) -> None:
     """Fail a node over: its vbuckets become active on their replicas.
 
-    For each vbucket the node held active, the replica that persisted the most is promoted;
+    For each vbucket the node held active, the replica furthest ahead is promoted (highest
+    high prepared seqno, then high seqno, then persisted seqno);
     the node leaves the map and every remaining node gets the new map. Refused (nothing
     changes) for the last node, or when a vbucket it holds active has no replica. Writes the
     failed node acknowledged only from memory can be lost.

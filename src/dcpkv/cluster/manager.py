@@ -51,8 +51,14 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.cluster import config as cfg
+from dcpkv.cluster import topology_sync
 from dcpkv.cluster.auto_failover import Policy, decide
-from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
+from dcpkv.cluster.failover import (
+    FailoverRefused,
+    ReplicaSeqnos,
+    plan_failover,
+    vbuckets_to_promote,
+)
 from dcpkv.cluster.health import HealthWatcher
 from dcpkv.cluster.node_link import Counters, LinkTls, NodeError, NodeLink
 from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefused
@@ -168,6 +174,7 @@ class Manager:
     async def _sync_node(self, name: str) -> bool:
         """Drive one node to the configuration; False (and out of sync) when unreachable."""
         link = self._link(name)
+        link.reconnected = False  # this sync covers a restart the link noticed
         try:
             if self.users.rev:
                 await link.push_users(self.config.buckets[0].name, self.users.encode())
@@ -198,20 +205,34 @@ class Manager:
         return doc
 
     async def _sync_states(self, link: NodeLink, bucket: str, vb_map: VBucketMap) -> None:
+        """The map's states, then the replication topology of each vbucket active on the node
+        (:mod:`~dcpkv.cluster.topology_sync`): a vbucket made active takes it in the same
+        SetVbucket; the others that lack it or hold another get it in one pipelined batch."""
         held = await link.states(bucket)
         wanted = vb_map.states_of(link.name)
         moving = self.rebalancer.held(link.name, bucket)  # a vbucket move drives these
+        topologies = topology_sync.to_send(
+            topology_sync.wanted(vb_map, link.name, skip=moving),
+            {vb: topology_sync.held_chains(v) for vb, v in (await link.topologies(bucket)).items()},
+        )
         for vb in sorted((set(held) | set(wanted)) - moving):
             state = wanted.get(vb, VBucketState.DEAD)
             if held.get(vb, VBucketState.DEAD) != state:
-                await link.set_state(bucket, vb, state, held)
+                await link.set_state(bucket, vb, state, held, topologies.pop(vb, b""))
                 held[vb] = state
+        await link.set_topologies(bucket, topologies, held)
 
     async def _on_beat(self, name: str, healthy: bool) -> None:
         if not healthy:
             self.out_of_sync.add(name)
-        elif name in self.out_of_sync and name not in self._syncing:
+        elif name not in self._syncing and (name in self.out_of_sync or self._reconnected(name)):
+            # a node back, or one that may have restarted between two beats (a new session):
+            # it may have lost its map's states' topologies (durable writes refused)
             self._spawn(self._resync(name))
+
+    def _reconnected(self, name: str) -> bool:
+        link = self.links.get(name)
+        return link is not None and link.reconnected
 
     async def _resync(self, name: str) -> None:
         self._syncing.add(name)
@@ -349,9 +370,9 @@ class Manager:
         for bucket in self.config.buckets:
             if bucket.map is None or name not in bucket.map.servers:
                 continue
-            persisted = await self._persisted(bucket, name)
+            reported = await self._replica_seqnos(bucket, name)
             try:
-                plan = plan_failover(bucket.map, name, persisted)
+                plan = plan_failover(bucket.map, name, reported)
             except FailoverRefused as exc:
                 raise Refused(str(exc)) from None
             config = config.with_bucket(replace(bucket, map=plan.new_map))
@@ -409,25 +430,27 @@ class Manager:
         log.info("the auto-failover count was reset")
         return settings.to_json()
 
-    async def _persisted(self, bucket: cfg.BucketConfig, failed: str) -> dict[int, dict[str, int]]:
-        """vbucket -> {replica: persisted seqno} for the vbuckets ``failed`` holds active;
-        a replica that cannot be asked is left out (it cannot be promoted)."""
+    async def _replica_seqnos(
+        self, bucket: cfg.BucketConfig, failed: str
+    ) -> dict[int, dict[str, ReplicaSeqnos]]:
+        """vbucket -> {replica: its seqnos} for the vbuckets ``failed`` holds active; a
+        replica that cannot be asked is left out (it cannot be promoted)."""
         assert bucket.map is not None
         wanted = vbuckets_to_promote(bucket.map, failed)
         by_replica: dict[str, list[int]] = {}
         for vb, replicas in wanted.items():
             for server in replicas:
                 by_replica.setdefault(server, []).append(vb)
-        persisted: dict[int, dict[str, int]] = {vb: {} for vb in wanted}
+        reported: dict[int, dict[str, ReplicaSeqnos]] = {vb: {} for vb in wanted}
         for server, vbs in by_replica.items():
             try:
-                seqnos = await self._link(server).persisted_seqnos(bucket.name, vbs)
+                seqnos = await self._link(server).replica_seqnos(bucket.name, vbs)
             except NodeError as exc:
-                log.warning("cannot ask %s for its persisted seqnos: %s", server, exc)
+                log.warning("cannot ask %s for its seqnos: %s", server, exc)
                 continue
             for vb, seqno in seqnos.items():
-                persisted[vb][server] = seqno
-        return persisted
+                reported[vb][server] = seqno
+        return reported
 
     def _rev(self) -> int | None:
         maps = [b.map for b in self.config.buckets if b.map is not None]

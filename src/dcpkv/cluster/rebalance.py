@@ -61,11 +61,12 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from dcpkv.cluster import config as cfg
+from dcpkv.cluster import topology_sync
 from dcpkv.cluster.handover import Handover
 from dcpkv.cluster.node_link import NodeError, NodeLink
 from dcpkv.cluster.rebalance_plan import (
@@ -345,6 +346,8 @@ class Rebalancer:
         record = replace(self.m.config.rebalance, handover=first)
         await self.m.commit(replace(self.m.config, rebalance=record))
         await asyncio.gather(*(self._stage(node, first) for node in first.instructions()))
+        # the takeovers' last stage: a prepare needs a majority of both chains
+        await self._set_topologies(run.name, {m.vbucket: (m.old, m.new) for m in ready})
         group: Handover | None = first
         now = time.monotonic()
         await self._carry_out(run.name, [(m, m.hand_over(now)) for m in ready])
@@ -391,7 +394,12 @@ class Rebalancer:
         now = time.monotonic()
         for move in done:
             move.committed(now)
-        pushes = [self._send(node, bucket.name, sent) for node, sent in docs.items()]
+        pushes: list[Awaitable[None]] = [
+            self._send(node, bucket.name, sent) for node, sent in docs.items()
+        ]
+        # the new actives' chains; a reverted move's old active is back to its one chain
+        chains = {m.vbucket: (m.new if m in done else m.old,) for m in ended}
+        pushes.append(self._set_topologies(bucket.name, chains))
         record = replace(config.rebalance, handover=rest)
         return rest, self.m.commit_while(replace(config, rebalance=record), pushes)
 
@@ -544,6 +552,23 @@ class Rebalancer:
         for move in done:
             move.committed(now)
         await self._push_map(run.name)
+        await self._set_topologies(run.name, {m.vbucket: (m.new,) for m in done})
+
+    async def _set_topologies(
+        self, bucket: str, chains: Mapping[int, topology_sync.Chains]
+    ) -> None:
+        """Each vbucket's replication topology to its first chain's active, the nodes at once
+        (:mod:`.topology_sync`). A node that does not take it keeps its old one until the
+        manager's next sync of it (the rebalance's end syncs every node)."""
+
+        async def send(node: str, values: dict[int, bytes]) -> None:
+            try:
+                await self.m.link(node).set_topologies(bucket, values, {})
+            except NodeError as exc:
+                log.info("rebalance: %s did not take %d topologies: %s", node, len(values), exc)
+
+        todo = topology_sync.by_active(chains)
+        await asyncio.gather(*(send(node, values) for node, values in todo.items()))
 
     async def _push_map(self, name: str) -> None:
         """The bucket's map to every node at once."""

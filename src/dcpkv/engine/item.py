@@ -153,6 +153,13 @@ class SyncWriteInProgress(EngineError):
     status = Status.SyncWriteInProgress
 
 
+class SyncWriteReCommitInProgress(EngineError):
+    """A read of a key whose prepare a newly promoted active is re-committing: the prepare may
+    have been committed by the old active, so neither version may be served yet."""
+
+    status = Status.SyncWriteReCommitInProgress
+
+
 ERRORS: tuple[type[EngineError], ...] = (
     KeyNotFound,
     KeyExists,
@@ -164,4 +171,5 @@ ERRORS: tuple[type[EngineError], ...] = (
     Einval,
     DurabilityImpossible,
     SyncWriteInProgress,
+    SyncWriteReCommitInProgress,
 )

@@ -71,8 +71,12 @@ refused with SyncWriteInProgress (in :meth:`VBucket._check_write`). The flusher'
 periodically: timeouts) feed the monitor. Leaving the active state answers every waiting client
 SyncWriteAmbiguous and keeps the prepares, with no timeout, in a passive monitor (as do
 prepares read back at warm-up): a later topology on an active vbucket re-commits them once
-satisfied. :meth:`VBucket.seqno_acknowledged` feeds a replica's acknowledgement (its DCP
-consumer_name and high prepared seqno) to the monitor.
+satisfied. Until then such a prepare is *maybe visible* (the old active may have committed it):
+a read of its key (Get, a sub-document lookup) answers SyncWriteReCommitInProgress, a write
+SyncWriteInProgress. A client's own pending prepare hides nothing: readers see the committed
+value. :attr:`VBucket.high_prepared_seqno` is what a failover compares.
+:meth:`VBucket.seqno_acknowledged` feeds a replica's acknowledgement (its DCP consumer_name and
+high prepared seqno) to the monitor.
 
 On a replica, a SyncWrite DCP stream's prepares, commits and aborts arrive through
 :meth:`VBucket.replica_prepare`, :meth:`VBucket.replica_commit` and
@@ -120,6 +124,7 @@ from dcpkv.engine.item import (
     NotStored,
     PrepareItem,
     SyncWriteInProgress,
+    SyncWriteReCommitInProgress,
     TempFail,
     TooBig,
 )
@@ -318,6 +323,7 @@ class VBucket:
         self._ensure_resident(key)
         with self.lock:
             self._require_active()
+            self._check_re_commit(key)
             return self._resident_or_fail(self._live_or_fail(key))
 
     def get_resident(self, key: bytes) -> Item | None:
@@ -328,6 +334,8 @@ class VBucket:
         table (atomic under the GIL) of an item that is never changed in place."""
         if self.state is not _ACTIVE:
             return None
+        if self.hash_table.prepared and key in self.hash_table.prepared:
+            return None  # maybe being re-committed: :meth:`get` asks under the lock
         item = self.hash_table.entries.get(key)
         if item is None or item.deleted:
             raise KeyNotFound("no such key")
@@ -395,6 +403,7 @@ class VBucket:
         stored = self._stored_for_edit(key)
         with self.lock:
             self._require_active()
+            self._check_re_commit(key)
             return self._current_for_edit(key, stored)
 
     def edit(self, key: bytes, change: Editor, *, expiry: int = 0) -> Item:
@@ -588,6 +597,26 @@ class VBucket:
     @property
     def topology(self) -> ReplicationTopology | None:
         return None if self.durability is None else self.durability.topology
+
+    @property
+    def high_prepared_seqno(self) -> int:
+        """The highest prepare this copy has locally satisfied (its monitor's HPS; 0 with no
+        monitor): what a failover compares, with the high seqno, to pick the replica to
+        promote (PROTOCOL.md, "SyncWrites": Failover)."""
+        monitor = self.durability or self.passive_durability
+        return 0 if monitor is None else monitor.high_prepared_seqno
+
+    def _check_re_commit(self, key: bytes) -> None:
+        """A read of a key whose maybe visible prepare a promoted active has not re-committed
+        yet: the old active may have committed it, so neither version may be served."""
+        if key not in self.hash_table.prepared:
+            return
+        monitor = self.durability or self.passive_durability
+        if monitor is not None and monitor.re_committing(key):
+            raise SyncWriteReCommitInProgress(
+                f"vbucket {self.id}: key {key!r} has a prepare being re-committed (seqno "
+                f"{self.hash_table.prepared[key].by_seqno}); retry"
+            )
 
     def sync_write(
         self,
