@@ -313,3 +313,34 @@ def test_storage_rollback_and_deletion_drop_prepares(tmp_path: Path, engine: str
         assert storage.load_prepares(0) == []
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize(
+    ("level", "wanted"),
+    [
+        (DurabilityLevel.Majority, False),  # acknowledged from memory
+        (DurabilityLevel.MajorityAndPersistToActive, True),  # a fence until persisted here
+        (DurabilityLevel.PersistToMajority, True),
+    ],
+)
+def test_a_prepare_to_persist_asks_for_the_next_flush(
+    vbucket: VBucket, level: DurabilityLevel, wanted: bool
+) -> None:
+    asked: list[bool] = []
+    vbucket.on_persistence_wanted = lambda: asked.append(True)
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"v"), level)
+    assert bool(asked) is wanted
+
+
+@pytest.mark.parametrize(("level", "wanted"), [(1, False), (2, False), (3, True)])
+def test_a_replica_prepare_to_persist_asks_for_the_next_flush(
+    vbucket: VBucket, level: int, wanted: bool
+) -> None:
+    """A replica acknowledges a PersistToMajority prepare only once it persisted it."""
+    asked: list[bool] = []
+    vbucket.on_persistence_wanted = lambda: asked.append(True)
+    vbucket.set_state(VBucketState.REPLICA)
+    vbucket.replica_snapshot_marker(1, 1)
+    vbucket.replica_prepare(PrepareItem(b"k", b"v", cas=5, by_seqno=1, level=level))
+    assert bool(asked) is wanted

@@ -324,6 +324,7 @@ class Bucket:
             admit=self._admit,
         )
         vbucket.on_queued = self._queued
+        vbucket.on_persistence_wanted = self.want_persistence
         vbucket.durability_timeout_ms = self.durability_timeout_ms
         vbucket.on_sync_outcomes = self._sync_outcomes
         vbucket.on_seqno_ack = self._seqno_ack_due
@@ -448,8 +449,9 @@ class Bucket:
         )
 
     def want_persistence(self) -> None:
-        """A client asked whether a write is on disk and it is not yet: the next flusher tick
-        writes the backlog, sparse or not (``flush_cadence``, case W)."""
+        """A client asked whether a write is on disk and it is not yet, or a SyncWrite's
+        prepare waits to be persisted: the next flusher tick writes the backlog, sparse or not
+        (``flush_cadence``, case W)."""
         self._persistence_wanted = True
 
     def flush_if_due(self, interval_s: float, *, waiting: bool = False) -> int:

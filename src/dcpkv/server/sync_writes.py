@@ -49,7 +49,7 @@ from dcpkv.engine.item import EngineError, Item
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
 from dcpkv.protocol import kv, subdoc
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import DurabilityLevel, Opcode
+from dcpkv.protocol.constants import Opcode
 from dcpkv.protocol.durability import DurabilityRequirement
 from dcpkv.server.connection import Connection
 from dcpkv.server.kv_handlers import active, refusal
@@ -125,10 +125,6 @@ def sync_write(
     if answer is not None and not isinstance(answer, Message):
         raise AssertionError(f"a mutation's handler answered {type(answer).__name__}")
     pending.prepared = answer
-    if requirement.level != DurabilityLevel.Majority:
-        # The client waits on this node's disk (its prepare is a fence until persisted): the
-        # next flusher tick writes the backlog rather than letting a sparse one gather.
-        conn.bucket.want_persistence()
     return pending
 
 
