@@ -79,8 +79,9 @@ class ServerDurability:
 
     @property
     def wait_s(self) -> float:
-        """How long the answer may take at most (the server's default when none is given)."""
-        return 30.0 if self.timeout is None else self.timeout
+        """How long the answer may take at most: the timeout, or without one the longest a
+        bucket's default may be (the client must not give up before the server decides)."""
+        return MAX_TIMEOUT_S if self.timeout is None else self.timeout
 
 
 DurabilityOption = ServerDurability | Durability | None
