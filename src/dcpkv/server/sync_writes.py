@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 The dispatcher (:mod:`dcpkv.server.dispatch`, step 3) hands a request whose framing extras
-carry a durability requirement here, after its gates:
+carry a durability requirement here, after its gates (and a mutation without one on a bucket
+with a ``durability_min_level``, given that level):
 
 ============================================ ==================================================
 request                                      answer
@@ -19,7 +20,7 @@ anything else                                the handler runs as a SyncWrite
 ============================================ ==================================================
 
 Every mutation route (:data:`SYNC_WRITE_OPS`: Set, Add, Replace, Delete, Append, Prepend,
-Incr, Decr and the sub-document mutations, quiet forms included) takes the one write path: the
+Incr, Decr and the sub-document mutations, and the quiet forms) takes the one write path: the
 handler runs as it always does, and the version it makes becomes the prepare. Its answer, built
 from the prepare (Incr's counter, a sub-document mutation's results), is kept and sent once the
 prepare commits, re-stamped with the commit's CAS (and, with MutationSeqno, the commit's seqno:
@@ -27,11 +28,10 @@ prepare commits, re-stamped with the commit's CAS (and, with MutationSeqno, the 
 
 The later answer is a :class:`PendingAnswer`, the cookie the vbucket hands back with the
 outcome: the kept answer once the prepare commits; SyncWriteAmbiguous when it times out or the
-vbucket leaves the active state.
-Outcomes arrive from the loop or the flusher thread; the shell delivers them on the loop
-(:func:`deliver`). Answers keep the request order: the shell holds every answer of a later
-request on the connection until the pending one before it is decided (the server does not
-offer UnorderedExecution).
+vbucket leaves the active state. Outcomes arrive from the loop or the flusher thread; the
+shell delivers them on the loop (:func:`deliver`). Answers keep the request order: the shell
+holds every answer of a later request on the connection until the pending one before it is
+decided (the server does not offer UnorderedExecution).
 
 A node's name in a topology is ``host:port`` as its config and bound port say
 (:attr:`ServerState.node_name`), the name a cluster map's ``serverList`` gives it: the first
