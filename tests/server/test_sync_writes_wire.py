@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from dcpkv.engine.bucket import STORAGE_ENGINES
+from dcpkv.server.dispatch import ROUTES
+from dcpkv.server.sync_writes import SYNC_WRITE_OPS
 from support.rawclient import DCP_MARKER, DCP_MUTATION, RawClient
 from support.sdk_cluster import module_server
 from support.serverproc import ServerProcess
@@ -222,4 +224,112 @@ def test_a_persisted_durable_set_survives_kill9(
     raw = client(srv)
     set_topology(raw, ALONE_VB, [f"127.0.0.1:{srv.port}"])
     assert raw.call(GET, b"k", vbucket=ALONE_VB).value == b"new"
+    raw.close()
+
+
+APPEND, PREPEND, INCREMENT, DECREMENT = 0x0E, 0x0F, 0x05, 0x06
+SUBDOC_DICT_UPSERT, SUBDOC_MULTI_MUTATION = 0xC8, 0xD1
+
+
+def subdoc_extras(path: bytes) -> bytes:
+    return struct.pack(">HB", len(path), 0)
+
+
+def counter_extras(delta: int) -> bytes:
+    return struct.pack(">QQI", delta, 0, 0)
+
+
+def multi_upsert(path: bytes, value: bytes) -> bytes:
+    return struct.pack(">BBHI", SUBDOC_DICT_UPSERT, 0, len(path), len(value)) + path + value
+
+
+# Every mutation of the edit path, from '{"n":1}' (or, for the counters, "7"), and what its
+# commit holds.
+EDIT_PATH = [
+    ("append", APPEND, b"", b"x", b'{"n":1}x'),
+    ("prepend", PREPEND, b"", b"x", b'x{"n":1}'),
+    ("incr", INCREMENT, counter_extras(2), b"", b"9"),
+    ("decr", DECREMENT, counter_extras(2), b"", b"5"),
+    ("subdoc", SUBDOC_DICT_UPSERT, subdoc_extras(b"m"), b"m2", b'{"n":1,"m":2}'),
+    ("multi", SUBDOC_MULTI_MUTATION, b"", multi_upsert(b"m", b"3"), b'{"n":1,"m":3}'),
+]
+
+
+@pytest.mark.parametrize(("name", "opcode", "extras", "value", "committed"), EDIT_PATH)
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_every_mutation_is_a_sync_write_answered_with_its_commit(
+    raw: RawClient, name: str, opcode: int, extras: bytes, value: bytes, committed: bytes,
+    level: int,
+) -> None:  # fmt: skip
+    key = b"edit-%s-%d" % (name.encode(), level)
+    start = b"7" if opcode in (INCREMENT, DECREMENT) else b'{"n":1}'
+    assert raw.call(SET, key, start, SET_EXTRAS, vbucket=ALONE_VB).status == SUCCESS
+    answer = raw.call(
+        opcode, key, value, extras, vbucket=ALONE_VB, framing=durability(level, 10_000)
+    )
+    assert answer.status == SUCCESS, answer
+    read = raw.call(GET, key, vbucket=ALONE_VB)
+    assert (read.status, read.value, read.cas) == (SUCCESS, committed, answer.cas)
+    if opcode in (INCREMENT, DECREMENT):  # the counter answered is the committed one
+        assert struct.unpack(">Q", answer.value)[0] == int(committed)
+    if opcode in (INCREMENT, DECREMENT, SUBDOC_DICT_UPSERT, SUBDOC_MULTI_MUTATION):
+        seqno = struct.unpack(">QQ", answer.extras)[1]
+        assert seqno == raw.high_seqno(ALONE_VB)  # the commit's seqno, not the prepare's
+
+
+@pytest.mark.parametrize(("name", "opcode", "extras", "value", "committed"), EDIT_PATH)
+def test_an_edit_without_its_majority_changes_nothing_and_is_ambiguous(
+    raw: RawClient, name: str, opcode: int, extras: bytes, value: bytes, committed: bytes
+) -> None:
+    key = b"edit-waiting-" + name.encode()
+    start = b"7" if opcode in (INCREMENT, DECREMENT) else b'{"n":1}'
+    assert raw.call(SET, key, start, SET_EXTRAS, vbucket=WAITING_VB).status == SUCCESS
+    answer = raw.call(opcode, key, value, extras, vbucket=WAITING_VB, framing=durability(1, 200))
+    assert answer.status == AMBIGUOUS, answer
+    assert raw.call(GET, key, vbucket=WAITING_VB).value == start
+
+
+def test_every_route_that_takes_durability_is_a_sync_write() -> None:
+    durable = {op for op, route in ROUTES.items() if route.durable}
+    assert durable == SYNC_WRITE_OPS
+
+
+def test_a_bucket_minimum_level_makes_every_write_a_sync_write(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """``--durability-min-level persistToMajority`` with a flusher that never runs: a plain
+    Set and a Majority Set both wait for a persistence that never comes (their own short
+    timeout, or the bucket's default one), are ambiguous and change nothing; where there is no
+    topology every write is refused DurabilityImpossible."""
+    srv = server_factory(
+        tmp_path / "data", tmp_path / "server.log", "--flush-interval", "3600",
+        "--durability-min-level", "persistToMajority", "--durability-timeout-ms", "300",
+    )  # fmt: skip
+    srv.start()
+    raw = client(srv)
+    set_topology(raw, ALONE_VB, [f"127.0.0.1:{srv.port}"])
+    plain = raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=ALONE_VB)  # the bucket's 300 ms
+    assert plain.status == AMBIGUOUS, plain
+    majority = raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=ALONE_VB, framing=durability(1, 200))
+    assert majority.status == AMBIGUOUS, majority
+    assert raw.call(GET, b"k", vbucket=ALONE_VB).status == 0x01  # never committed
+    bare = raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=BARE_VB)
+    assert bare.status == DURABILITY_IMPOSSIBLE
+    assert raw.call(GET, b"k", vbucket=BARE_VB).status == 0x01
+    raw.close()
+
+
+def test_without_a_minimum_a_majority_write_commits_before_persistence(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """The control of the test above: the same server without the minimum level commits a
+    Majority write from memory and answers a plain Set at once."""
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--flush-interval", "3600")
+    srv.start()
+    raw = client(srv)
+    set_topology(raw, ALONE_VB, [f"127.0.0.1:{srv.port}"])
+    assert raw.call(SET, b"k", b"v", SET_EXTRAS, vbucket=ALONE_VB).status == SUCCESS
+    answer = raw.call(SET, b"k", b"w", SET_EXTRAS, vbucket=ALONE_VB, framing=durability(1))
+    assert answer.status == SUCCESS
+    assert raw.call(GET, b"k", vbucket=ALONE_VB).value == b"w"
     raw.close()

@@ -433,6 +433,18 @@ def up(
     manager_port: Annotated[
         int, typer.Option(help="The manager's HTTP port; 0 picks a free one.")
     ] = 0,
+    durability_min_level: Annotated[
+        str | None,
+        typer.Option(
+            help="The bucket's minimum durability level on every node (none, majority, "
+            "majorityAndPersistActive, persistToMajority): every write a SyncWrite of at "
+            "least that level."
+        ),
+    ] = None,
+    durability_timeout_ms: Annotated[
+        int | None,
+        typer.Option(help="The bucket's timeout of durable writes that name none [30000]."),
+    ] = None,
 ) -> None:
     """Start a development cluster on this machine: N managed data nodes and a manager.
 
@@ -446,7 +458,14 @@ def up(
     if nodes < 1:
         typer.echo("dcpkv cluster up: --nodes must be at least 1", err=True)
         raise typer.Exit(2)
-    cluster = LocalCluster(data_dir, nodes, replicas, vbuckets, manager_port)
+    node_flags: list[str] = []
+    if durability_min_level is not None:
+        node_flags += ["--durability-min-level", durability_min_level]
+    if durability_timeout_ms is not None:
+        node_flags += ["--durability-timeout-ms", str(durability_timeout_ms)]
+    cluster = LocalCluster(
+        data_dir, nodes, replicas, vbuckets, manager_port, node_flags=tuple(node_flags)
+    )
     code = 0
     try:
         cluster.start()

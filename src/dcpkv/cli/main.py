@@ -77,6 +77,18 @@ def server(
         str | None,
         typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
     ] = None,
+    durability_min_level: Annotated[
+        str | None,
+        typer.Option(
+            help="Its minimum durability level: none, majority, majorityAndPersistActive or "
+            "persistToMajority; every write becomes a SyncWrite of at least that level "
+            "[default: none]."
+        ),
+    ] = None,
+    durability_timeout_ms: Annotated[
+        int | None,
+        typer.Option(help="Its durable writes' timeout when they name none [default: 30000]."),
+    ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
     port_file: Annotated[
@@ -134,6 +146,8 @@ def server(
             memory_quota_mb=memory_quota_mb,
             compression_mode=compression_mode,
             storage=storage,
+            durability_min_level=durability_min_level,
+            durability_timeout_ms=durability_timeout_ms,
             user=user,
             password=password,
             flush_interval_s=flush_interval,

@@ -113,6 +113,9 @@ class LocalCluster:
     manager_port: int = 0
     host: str = "127.0.0.1"
     children: list[Child] = field(default_factory=list)
+    # More `dcpkv server` flags for every data node (bucket settings such as
+    # --durability-min-level: a node's bucket settings are its own).
+    node_flags: tuple[str, ...] = ()
 
     def _previous_port(self, name: str) -> int:
         try:
@@ -142,6 +145,7 @@ class LocalCluster:
                 str(self.data_dir / name),
                 "--vbuckets",
                 str(self.vbuckets),
+                *self.node_flags,
             )
             node_children.append(self._child(name, argv))
         for child in node_children:

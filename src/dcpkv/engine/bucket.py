@@ -102,6 +102,7 @@ from dcpkv.engine.storage import (
     storage_cache_bytes,
 )
 from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, SyncOutcome, VBucket
+from dcpkv.protocol.constants import DurabilityLevel
 
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
@@ -184,10 +185,13 @@ class Bucket:
         compression_mode: CompressionMode = CompressionMode.PASSIVE,
         storage: str = DEFAULT_STORAGE,
         durability_timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        durability_min_level: DurabilityLevel | None = None,
     ) -> None:
         self.name = name
         # A SyncWrite's timeout when its request names none (the reference's 30 s).
         self.durability_timeout_ms = durability_timeout_ms
+        # Every front-end write at least this level (a write with none becomes a SyncWrite).
+        self.durability_min_level = durability_min_level
         # Called (under a vbucket's lock, from the loop or the flusher thread: it must only
         # take note) with the answers SyncWrites get (VBucket.on_sync_outcomes).
         self.sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
@@ -320,6 +324,7 @@ class Bucket:
             admit=self._admit,
         )
         vbucket.on_queued = self._queued
+        vbucket.on_persistence_wanted = self.want_persistence
         vbucket.durability_timeout_ms = self.durability_timeout_ms
         vbucket.on_sync_outcomes = self._sync_outcomes
         vbucket.on_seqno_ack = self._seqno_ack_due
@@ -444,8 +449,9 @@ class Bucket:
         )
 
     def want_persistence(self) -> None:
-        """A client asked whether a write is on disk and it is not yet: the next flusher tick
-        writes the backlog, sparse or not (``flush_cadence``, case W)."""
+        """A client asked whether a write is on disk and it is not yet, or a SyncWrite's
+        prepare waits to be persisted: the next flusher tick writes the backlog, sparse or not
+        (``flush_cadence``, case W)."""
         self._persistence_wanted = True
 
     def flush_if_due(self, interval_s: float, *, waiting: bool = False) -> int:

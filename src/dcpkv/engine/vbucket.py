@@ -250,6 +250,10 @@ class VBucket:
         # item queued for DCP; the bucket fans it out to its listeners and notes the vbucket
         # for its flusher.
         self.on_queued: Callable[[int], None] | None = None
+        # Someone waits on this vbucket's disk: a prepare that must be persisted before it can
+        # be acknowledged (levels 2 and 3 on the active, level 3 on a replica). The bucket
+        # flushes at its flusher's next tick rather than letting a sparse backlog gather.
+        self.on_persistence_wanted: Callable[[], None] | None = None
         # Called (under the lock) with the vbucket id when the state or failover table must
         # be written without any item queued: the flusher visits only vbuckets noted by one
         # of the two hooks (a new vbucket starts dirty: its creator notes it).
@@ -688,6 +692,8 @@ class VBucket:
         self.checkpoints.queue_sync(prepare)
         if self.on_queued is not None:
             self.on_queued(self.id)
+        if sync.level != DurabilityLevel.Majority:
+            self._persistence_wanted()
         self._resolve(
             monitor.add_prepare(
                 prepare.by_seqno,
@@ -699,6 +705,10 @@ class VBucket:
             )
         )
         return prepare
+
+    def _persistence_wanted(self) -> None:
+        if self.on_persistence_wanted is not None:
+            self.on_persistence_wanted()
 
     def _resolve(self, decisions: list[dm.Decision]) -> None:
         """Act on the monitor's decisions in order (the module docstring's table)."""
@@ -781,6 +791,8 @@ class VBucket:
             self.hlc.observe(prepare.cas)
             if self.on_queued is not None:
                 self.on_queued(self.id)
+            if level == DurabilityLevel.PersistToMajority:  # acknowledged once persisted
+                self._persistence_wanted()
 
     def replica_commit(self, key: bytes, prepared_seqno: int, seqno: int, cas: int) -> CommitItem:
         """The active committed the prepare at ``prepared_seqno`` as ``seqno`` (``cas`` its

@@ -537,6 +537,8 @@ class DataServer:
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 compression_mode=CompressionMode(bc.compression_mode),
                 storage=bc.storage,
+                durability_timeout_ms=bc.durability_timeout_ms,
+                durability_min_level=bc.min_level,
             )
             bucket.sync_outcomes = self._sync_outcomes
             if not bucket.vbuckets and not self.config.managed:

@@ -14,6 +14,8 @@ looks like::
     vbuckets = 1024
     memory_quota_mb = 256
     storage = "sqlite"    # or "rocksdb" (docs/storage.md)
+    durability_min_level = "none"   # or majority, majorityAndPersistActive, persistToMajority
+    durability_timeout_ms = 30000   # a durable write's timeout when it names none
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from dcpkv.core.defaults import (
 )
 from dcpkv.core.errors import DcpkvError
 from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
+from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS as DEFAULT_DURABILITY_TIMEOUT_MS
+from dcpkv.protocol.constants import DurabilityLevel
+from dcpkv.protocol.durability import level_named
 
 DEFAULT_VBUCKETS = 1024
 
@@ -47,8 +52,26 @@ class BucketConfig:
     memory_quota_mb: int = 256
     compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
     storage: str = DEFAULT_STORAGE  # the storage engine (dcpkv.engine.bucket.STORAGE_ENGINES)
+    # SyncWrites (docs/server.md): every write at least this level (none, majority,
+    # majorityAndPersistActive, persistToMajority), and the timeout of a durable write that
+    # names none.
+    durability_min_level: str = "none"
+    durability_timeout_ms: int = DEFAULT_DURABILITY_TIMEOUT_MS
+
+    @property
+    def min_level(self) -> DurabilityLevel | None:
+        return level_named(self.durability_min_level)
 
     def __post_init__(self) -> None:
+        try:
+            level_named(self.durability_min_level)
+        except ValueError as exc:
+            raise ConfigError(f"bucket {self.name!r}: {exc}") from None
+        if not 1 <= self.durability_timeout_ms <= 0xFFFE:
+            raise ConfigError(
+                f"bucket {self.name!r}: durability_timeout_ms must be 1..65534, "
+                f"not {self.durability_timeout_ms}"
+            )
         if self.storage not in STORAGE_ENGINES:
             raise ConfigError(
                 f"bucket {self.name!r}: storage must be {' or '.join(STORAGE_ENGINES)}, "
@@ -176,6 +199,8 @@ def with_cli_flags(
     memory_quota_mb: int | None = None,
     compression_mode: str | None = None,
     storage: str | None = None,
+    durability_min_level: str | None = None,
+    durability_timeout_ms: int | None = None,
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
@@ -186,6 +211,8 @@ def with_cli_flags(
     given: dict[str, Any] = {
         "name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
         "compression_mode": compression_mode, "storage": storage,
+        "durability_min_level": durability_min_level,
+        "durability_timeout_ms": durability_timeout_ms,
     }  # fmt: skip
     if any(value is not None for value in given.values()):
         changed = replace(first, **{k: v for k, v in given.items() if v is not None})
