@@ -152,8 +152,10 @@ class DurableLoad:
                 with self.lock:
                     self.maybe.append((key, n))
                 continue
-            except CouchbaseException:
+            except CouchbaseException as exc:
                 self.report.refused += 1
+                if self.report.refused % 100 == 1:  # the first, then one in a hundred
+                    self.world.log(f"durable write refused: {exc!r}"[:300])
                 time.sleep(0.01)
                 continue
             name = level.name

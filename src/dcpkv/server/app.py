@@ -613,7 +613,7 @@ class DataServer:
         for name, bucket in self.state.buckets.items():
             replicator = Replicator(
                 bucket,
-                me=lambda: f"{self.config.host}:{self.state.port}",
+                me=lambda: self.state.node_name,
                 config=partial(self.state.pushed_config, name),
                 credentials=Credentials(user, password),
                 executor=self.executor,

@@ -70,10 +70,20 @@ class ServerState:
         self.users = UserStore(dict(self.config.users), path=self.config.data_dir / USERS_FILE)
 
     @property
+    def cluster_name(self) -> str | None:
+        """The name the manager's map gives this node (``thisNode``), once one was pushed:
+        what topologies and replicas call it, which may differ from the address it binds (a
+        proxy, NAT or ``0.0.0.0`` in front of it)."""
+        for pushed in self.cluster_configs.values():
+            if pushed.this_node is not None:
+                return pushed.this_node
+        return None
+
+    @property
     def node_name(self) -> str:
-        """This node's name in a vbucket's replication topology: ``host:port`` as configured
-        and bound, the name a cluster map's serverList gives it (server/sync_writes.py)."""
-        return f"{self.config.host}:{self.port}"
+        """This node's name as a replica's DCP ``consumer_name`` (server/sync_writes.py): its
+        :attr:`cluster_name`, else ``host:port`` as configured and bound."""
+        return self.cluster_name or f"{self.config.host}:{self.port}"
 
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;

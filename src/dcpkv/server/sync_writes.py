@@ -33,9 +33,9 @@ shell delivers them on the loop (:func:`deliver`). Answers keep the request orde
 holds every answer of a later request on the connection until the pending one before it is
 decided (the server does not offer UnorderedExecution).
 
-A node's name in a topology is ``host:port`` as its config and bound port say
-(:attr:`ServerState.node_name`), the name a cluster map's ``serverList`` gives it: the first
-chain of a SetVbucket topology must name this node.
+A node's name in a topology is the name the manager's map gives it (``thisNode``,
+:attr:`ServerState.cluster_name`): the first chain of a SetVbucket topology must name this node
+once a map did; a replica's DCP connection names itself so too (``consumer_name``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ state; DelVbucket drops a vbucket and its data; GetAllVbSeqnos lists high seqnos
 one state only (dead vbuckets are left out unless asked for). SetVbucket's optional JSON value
 ``{"topology": [[...], [...]]}`` gives an active vbucket the chains its SyncWrites must reach
 (:mod:`dcpkv.core.replication_topology`; the first chain's active is this node, named as
-:attr:`~dcpkv.server.state.ServerState.node_name` says); given with the pending state (a
+:attr:`~dcpkv.server.state.ServerState.cluster_name` says); given with the pending state (a
 rebalance's new copy), it is the topology the copy takes when its takeover makes it active. A
 malformed one is refused with Einval and changes nothing. On a cluster, the manager is the
 one client of these opcodes.
@@ -53,7 +53,9 @@ def _topology(
 ) -> ReplicationTopology | None:
     """The replication topology SetVbucket's value carries (None: none); Einval when it is
     malformed, names another node as the first chain's active, or the state is not active.
-    Checked before the state changes, so a refused request changes nothing."""
+    Checked before the state changes, so a refused request changes nothing. The active's name
+    is checked against the one the manager's map gives this node; before a map names it (a
+    bucket's first states come before its first map), the manager's word is taken."""
     if not req.meta:
         return None
     if state not in (VBucketState.ACTIVE, VBucketState.PENDING):
@@ -61,7 +63,7 @@ def _topology(
             Status.Einval, b"a replication topology is for an active or pending vbucket only"
         )
     try:
-        return parse_topology(bytes(req.meta), conn.server.node_name)
+        return parse_topology(bytes(req.meta), conn.server.cluster_name)
     except TopologyError as exc:
         raise Reply(Status.Einval, str(exc).encode()[:1024]) from None
 
