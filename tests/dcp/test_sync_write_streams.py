@@ -18,7 +18,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
-from dcpkv.engine.item import PrepareItem
+from dcpkv.engine.item import Einval, PrepareItem
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
@@ -163,6 +163,11 @@ def test_a_prepare_only_snapshot_keeps_the_last_max_visible_seqno(buckets: Bucke
     assert summary(decode(producer.next_messages())) == [
         ("marker2", 2, 2, 1),
         ("prepare", 2, b"b", 1),
+    ]
+    vb.set(b"c", b"3")  # plain items after SyncWrites: the ordinary path, visible to its end
+    assert summary(decode(producer.next_messages())) == [
+        ("marker2", 3, 3, 3),
+        ("mutation", 3, b"c"),
     ]
 
 
@@ -386,3 +391,105 @@ def test_a_replica_built_from_disk_takes_the_prepares_and_acknowledges_them(
     assert [(o.cookie, o.status) for o in got] == [(b"k", Status.Success), (b"j", Status.Success)]
     link.pump()
     assert (value(rvb, b"k"), value(rvb, b"j")) == (b"v", b"w") and not rvb.hash_table.prepared
+
+
+def reopened(bucket: Bucket) -> Bucket:
+    bucket.flush_once()
+    bucket.shutdown()
+    return Bucket(
+        "default", bucket.path, num_vbuckets=VBS, synchronous="NORMAL", clock=bucket.clock
+    )
+
+
+def away(link: Link) -> None:
+    """The replica's connection is gone (its stream's cursor with it)."""
+    assert link.producer is not None
+    link.producer.disconnect()
+
+
+def test_a_prepare_aborted_while_its_replica_was_away_is_dropped_from_disk(
+    buckets: Buckets,
+) -> None:
+    active, replica, link = replica_pair(buckets)
+    got = answers(active)
+    avb = active.vbuckets[0]
+    durable_set(avb, b"k", b"v", PERSIST, timeout_ms=10)
+    link.pump()  # the replica holds it, unpersisted: no ack
+    away(link)
+    assert isinstance(active.clock, ManualClock)
+    active.clock.advance(1)
+    avb.durability_tick()  # aborted while the replica's connection is gone
+    on_disk_only(active)
+    assert summary(stream(active, {"enable_sync_writes": "true"}))[1:] == [("abort", 1, 2, b"k")]
+    again = Link(active, replica, consumer_name=REPLICA)
+    again.connect()
+    again.pump()
+    rvb = replica.vbuckets[0]
+    assert not rvb.hash_table.prepared and rvb.high_seqno == 2
+    durable_set(avb, b"j", b"w", MAJORITY)  # the next SyncWrite replicates and commits
+    again.pump()
+    replica.flush_once()  # (once the disk snapshot before it is persisted: P3, P5)
+    again.to_producer(again.consumer.seqno_acks())
+    again.pump()
+    assert [o.status for o in got] == [Status.SyncWriteAmbiguous, Status.Success]
+    assert value(rvb, b"j") == b"w"
+    restarted = reopened(replica)
+    try:  # and it stays dropped: warm-up brings back no aborted prepare
+        assert not restarted.vbuckets[0].hash_table.prepared
+    finally:
+        restarted.storage.close()
+
+
+def test_a_prepare_committed_while_its_replica_was_away_completes_from_disk(
+    buckets: Buckets,
+) -> None:
+    active, replica, link = replica_pair(buckets)
+    avb = active.vbuckets[0]
+    durable_set(avb, b"k", b"v", PERSIST)
+    link.pump()  # the replica holds it, unpersisted: no ack
+    replica.flush_once()  # persisted there (the ack due is never delivered)
+    away(link)
+    active.flush_once()
+    avb.set_topology(parse_topology(f'{{"topology": [["{ACTIVE}"]]}}'))  # commits alone
+    on_disk_only(active)
+    again = Link(active, replica, consumer_name=REPLICA)
+    again.connect()
+    again.pump()
+    rvb = replica.vbuckets[0]
+    assert not rvb.hash_table.prepared and value(rvb, b"k") == b"v"
+    restarted = reopened(replica)
+    try:
+        assert not restarted.vbuckets[0].hash_table.prepared
+    finally:
+        restarted.storage.close()
+
+
+def test_a_commit_overwritten_before_a_reader_got_it_still_reaches_sync_write_readers(
+    buckets: Buckets,
+) -> None:
+    """A checkpoint never deduplicates a commit away: a SyncWrite reader (a replica) must see
+    it to complete its prepare; a plain reader still gets each key once per snapshot."""
+    active, replica, link = replica_pair(buckets)
+    avb = active.vbuckets[0]
+    durable_set(avb, b"k", b"v", MAJORITY)
+    avb.seqno_acknowledged(REPLICA, 1)  # committed at 2 before the replica read anything
+    avb.set(b"k", b"later")  # 3, over the commit
+    assert summary(stream(active, {"enable_sync_writes": "true"})) == [
+        ("marker2", 0, 3, 3), ("prepare", 1, b"k", 1), ("commit", 1, 2, b"k"),
+        ("mutation", 3, b"k"),
+    ]  # fmt: skip
+    assert summary(stream(active, {})) == [("marker", 0, 3), ("mutation", 3, b"k")]
+    link.pump()
+    rvb = replica.vbuckets[0]
+    assert value(rvb, b"k") == b"later" and not rvb.hash_table.prepared
+    got = answers(active)
+    durable_set(avb, b"j", b"w", MAJORITY)  # the replica's monitor is in order: it acks
+    link.pump()
+    assert [o.status for o in got] == [Status.Success]
+
+
+def test_a_replica_refuses_a_prepare_without_a_valid_level(buckets: Buckets) -> None:
+    rvb = buckets("replica", VBucketState.REPLICA).vbuckets[0]
+    with pytest.raises(Einval):
+        rvb.replica_prepare(PrepareItem(b"k", b"v", by_seqno=1, level=0))
+    assert rvb.high_seqno == 0 and not rvb.hash_table.prepared

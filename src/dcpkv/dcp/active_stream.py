@@ -94,6 +94,8 @@ _DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
 _MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
 _XATTR, _SHAPED = document.XATTR, document.SHAPED
 
+_SYNC_ITEMS = (SyncWriteItem, CommitItem)  # sent as their own messages to SyncWrite streams
+
 # (message or run, last item seqno or 0, consistent-at seqno, items in it)
 Pending = tuple[bytes, int, int, int]
 
@@ -163,7 +165,8 @@ class ActiveStream:
         self.emitted_seqno = stream.start  # the last seqno the consumer is consistent at
         self.backfill_remaining = 0
         self.max_visible_seqno = stream.start  # the last V2 marker's (SyncWrites)
-        self.disk_prepares: deque[PrepareItem] = deque()  # the backfill's, not sent yet
+        # the backfill's pending prepares and aborts, not sent yet
+        self.disk_prepares: deque[PrepareItem | AbortItem] = deque()
         # the state the handoff sends next
         self.takeover_state: VBucketState | None = VBucketState.PENDING if takeover else None
         self.generation = generation  # the vbucket's ``rollbacks`` when the stream opened
@@ -296,7 +299,8 @@ class ActiveStream:
 
     def _with_prepares(self, scan: BackfillScan[StreamRow]) -> BackfillScan[StreamRow]:
         """(The backfill's thread, before its first batch is encoded.) The disk snapshot's
-        pending prepares, which :func:`encode_rows` slots in between its rows by seqno."""
+        pending prepares and aborts, which :func:`encode_rows` slots in between its rows by
+        seqno."""
         self.disk_prepares = deque(scan.prepares)
         return scan
 
@@ -386,10 +390,12 @@ class ActiveStream:
         items = snap.items if snap.end <= end else [i for i in snap.items if i.by_seqno <= end]
         marker_end = min(snap.end, end)
         if items and self.cursor is not None and self.cursor.manager.sync_items:
-            if self.owner.sync_writes:
+            if not self.owner.sync_writes:
+                items, marker_end = _committed_only(items, marker_end)
+            elif any(isinstance(i, _SYNC_ITEMS) for i in items):
                 self._queue_sync_snapshot(snap, items, marker_end)
                 return
-            items, marker_end = _committed_only(items, marker_end)
+            # (else plain items: the ordinary path, runs and all)
         if not items:
             # Everything up to the end was deduplicated into later seqnos (or was prepares and
             # aborts, which this consumer never sees): nothing to send.
@@ -610,9 +616,16 @@ class ActiveStream:
 
 def _committed_only(items: list[Item], marker_end: int) -> tuple[list[Item], int]:
     """A snapshot's items as a consumer without SyncWrites sees them: no prepares, no aborts
-    (a commit is a plain mutation or deletion); its marker ends at the last item it gets (the
-    max visible seqno) when the snapshot ends with a prepare or an abort."""
-    visible = [i for i in items if not isinstance(i, SyncWriteItem)]
+    (a commit is a plain mutation or deletion, left out when a later version of its key is in
+    the snapshot: checkpoints keep commits for SyncWrite readers); its marker ends at the last
+    item it gets (the max visible seqno) when the snapshot ends with a prepare or an abort."""
+    latest = {i.key: i.by_seqno for i in items if not isinstance(i, SyncWriteItem)}
+    visible = [
+        i
+        for i in items
+        if not isinstance(i, SyncWriteItem)
+        and (i.__class__ is not CommitItem or latest[i.key] == i.by_seqno)
+    ]
     if visible and len(visible) < len(items) and isinstance(items[-1], SyncWriteItem):
         marker_end = visible[-1].by_seqno
     return visible, marker_end

@@ -27,9 +27,11 @@ Column families
     ``local``     the format version and the clean-shutdown flag.
     ``prepares``  the pending SyncWrite prepares: key (vb, key), value the prepare's seqno, its
                   durability level and its log record. A flushed prepare is written here,
-                  never to the log or the key index (a backfill never sees it); its commit (a
-                  committed version) or abort deletes it, in its vbucket's last write batch of
-                  the flush, the one with its state. Warm-up reads them back
+                  never to the log or the key index (a plain backfill never sees it); its
+                  commit (a committed version) deletes it and its abort replaces it (level 0,
+                  ``storage.abort_row``: a SyncWrite consumer's backfill sends it), in its
+                  vbucket's last write batch of the flush, the one with its state. Warm-up
+                  reads the prepares back
                   (:meth:`RocksStorage.load_prepares`). A database made before this family
                   existed gets it, empty, at open.
 
@@ -88,7 +90,7 @@ import rocksdict
 
 from dcpkv.core.files import fsync_dir
 from dcpkv.engine import retention
-from dcpkv.engine.item import Item, PrepareItem
+from dcpkv.engine.item import AbortItem, Item, PrepareItem
 from dcpkv.engine.storage import (
     CompactResult,
     CorruptDatabaseError,
@@ -98,6 +100,7 @@ from dcpkv.engine.storage import (
     StorageReads,
     StreamRow,
     VBState,
+    completion,
     has_sync_writes,
     row_of_stream_row,
     split_sync_writes,
@@ -273,7 +276,7 @@ class RocksScan(Generic[R]):
     def __init__(self, db: _Db, vb: int, start: int, end: int, purge: int, *, stream: bool) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
         self.exhausted = False
-        self.prepares: list[PrepareItem] = []
+        self.prepares: list[PrepareItem | AbortItem] = []
         self._stream = stream
         self._lock = threading.Lock()
         self._error: str | None = None
@@ -673,7 +676,7 @@ class RocksStorage(StorageReads):
         """The vbucket's persisted pending prepares, in seqno order (warm-up)."""
         with self._write_lock:
             prepares = [_prepare_of(v) for _, v in _scan(self._db.cf["prepares"], *_vb_range(vb))]
-        return sorted(prepares, key=lambda p: p.by_seqno)
+        return sorted((p for p in prepares if p.level), key=lambda p: p.by_seqno)  # no aborts
 
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None:
         """Write the snapshots and states of several vbuckets, each vbucket's end state
@@ -832,9 +835,11 @@ class RocksStorage(StorageReads):
                 if prepares:
                     cf = self._db.cf["prepares"]
                     held = (_prepare_of(v) for _, v in _scan(cf, *_vb_range(vb)))
-                    scan.prepares = sorted(
-                        (p for p in held if start < p.by_seqno <= end), key=lambda p: p.by_seqno
-                    )
+                    scan.prepares = [
+                        completion(p)
+                        for p in sorted(held, key=lambda p: p.by_seqno)
+                        if start < p.by_seqno <= end
+                    ]
             except Exception as exc:
                 raise StorageError(f"{self.path}: {exc}") from exc
             self._scans.add(scan)

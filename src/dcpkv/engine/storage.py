@@ -27,9 +27,10 @@ Tables
     ``meta``       one row: format version and the ``clean_shutdown`` flag.
     ``prepares``   the pending SyncWrite prepares, PK (vb, key), with their durability level:
                    a flushed prepare is written here, never over its key's committed
-                   ``documents`` row; its commit (a committed document) or abort deletes it.
-                   Warm-up reads them back (:meth:`Storage.load_prepares`); a backfill never
-                   sees them.
+                   ``documents`` row; its commit (a committed document) deletes it, its abort
+                   replaces it (level 0, :func:`abort_row`). Warm-up reads the prepares back
+                   (:meth:`Storage.load_prepares`); a SyncWrite consumer's backfill reads both
+                   (``open_stream_backfill(prepares=True)``), a plain one neither.
 
 Durability. :meth:`Storage.persist` writes the items of one or more snapshots, the vbucket
 states and failover tables in ONE transaction, so the disk moves from one complete snapshot to
@@ -239,9 +240,9 @@ class BackfillScan(Protocol[R]):
     end: int
     purge_seqno: int
     exhausted: bool  # read to its end (and then closed)
-    # the pending prepares in the range, in seqno order, read with the snapshot (asked for:
-    # a SyncWrite consumer's backfill; else empty)
-    prepares: list[PrepareItem]
+    # the pending prepares and the aborts in the range, in seqno order, read with the snapshot
+    # (asked for: a SyncWrite consumer's backfill; else empty)
+    prepares: list[PrepareItem | AbortItem]
 
     @property
     def closed(self) -> bool:
@@ -328,7 +329,7 @@ class SqliteScan(Generic[R]):
         self, conn: sqlite3.Connection, columns: str, vb: int, start: int, end: int, purge: int
     ) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
-        self.prepares: list[PrepareItem] = []
+        self.prepares: list[PrepareItem | AbortItem] = []
         self._conn: sqlite3.Connection | None = conn
         self._cursor = conn.execute(
             f"SELECT {columns} FROM documents WHERE vb = ? AND by_seqno > ?"
@@ -420,11 +421,30 @@ def split_sync_writes(items: Iterable[Item], last: dict[bytes, PrepareItem | Non
         if isinstance(item, PrepareItem):
             last[item.key] = item
             continue
-        if isinstance(item, AbortItem | CommitItem):
+        if isinstance(item, AbortItem):
+            last[item.key] = abort_row(item)
+        elif isinstance(item, CommitItem):
             last[item.key] = None
         if not isinstance(item, SyncWriteItem):
             committed.append(item)
     return committed
+
+
+def abort_row(abort: AbortItem) -> PrepareItem:
+    """An abort as the prepares table keeps it (both engines): level 0, its seqno, CAS and
+    key, the aborted prepare's seqno in the rev seqno's place. It replaces its prepare's row, so
+    a SyncWrite consumer's disk backfill can send it (a replica that held the prepare must
+    drop it); a later prepare of the key replaces it in turn, a commit deletes it."""
+    return PrepareItem(
+        abort.key, b"", 0, 0, abort.cas, abort.prepared_seqno, abort.by_seqno, level=0
+    )
+
+
+def completion(row: PrepareItem) -> PrepareItem | AbortItem:
+    """A prepares-table row as its item: a pending prepare, or an abort (:func:`abort_row`)."""
+    if row.level:
+        return row
+    return AbortItem(row.key, b"", 0, 0, row.cas, 0, row.by_seqno, prepared_seqno=row.rev_seqno)
 
 
 def has_sync_writes(items: Sequence[Item]) -> bool:
@@ -720,7 +740,8 @@ class Storage(StorageReads):
         """The vbucket's persisted pending prepares, in seqno order (warm-up)."""
         with self._write_lock:
             rows = self._db.execute(
-                f"SELECT {_DOC_COLUMNS}, level FROM prepares WHERE vb = ? ORDER BY by_seqno",
+                f"SELECT {_DOC_COLUMNS}, level FROM prepares WHERE vb = ? AND level > 0"
+                " ORDER BY by_seqno",
                 (vb,),
             ).fetchall()
         return [_prepare(row) for row in rows]
@@ -856,7 +877,7 @@ class Storage(StorageReads):
                 " AND by_seqno <= ? ORDER BY by_seqno",
                 (vb, scan.start, scan.end),
             ).fetchall()
-            scan.prepares = [_prepare(row) for row in rows]
+            scan.prepares = [completion(_prepare(row)) for row in rows]
         return scan
 
     def _open_scan(

@@ -76,7 +76,16 @@ a read of its key (Get, a sub-document lookup) answers SyncWriteReCommitInProgre
 SyncWriteInProgress. A client's own pending prepare hides nothing: readers see the committed
 value. :attr:`VBucket.high_prepared_seqno` is what a failover compares. A *pending* vbucket
 (a rebalance's new copy) may be given the topology it takes when a takeover makes it active
-(:meth:`VBucket.set_takeover_topology`).
+(:meth:`VBucket.set_takeover_topology`). :meth:`VBucket.seqno_acknowledged` feeds a replica's
+acknowledgement (its DCP consumer_name and high prepared seqno) to the monitor.
+
+On a replica, a SyncWrite DCP stream's prepares, commits and aborts arrive through
+:meth:`VBucket.replica_prepare`, :meth:`VBucket.replica_commit` and
+:meth:`VBucket.replica_abort` (the active's seqnos and CAS kept), tracked by the passive
+monitor; :meth:`VBucket.replica_snapshot_end` and the flusher's progress move the replica's
+high prepared seqno, and :meth:`VBucket.take_seqno_ack` hands the acknowledgement due to the
+consumer (``on_seqno_ack`` says one is). In a disk snapshot, a committed version of a key whose
+prepare the replica holds completes that prepare (its commit was deduplicated into it).
 
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
@@ -568,7 +577,7 @@ class VBucket:
             self._check_size(item.key, item.value or b"")
             prepared = self.hash_table.prepared
             if prepared and self._replica_disk and item.key in prepared:
-                self._completed_on_disk(item.key)
+                item = self._committed_on_disk(item)
             self._queue(item, self.hash_table.entries.get(item.key))
             self.hlc.observe(item.cas)
             return item
@@ -761,10 +770,10 @@ class VBucket:
                 monitor = self.passive_durability = dm.PassiveDurabilityMonitor(
                     persisted_seqno=self.persisted_seqno
                 )
-            level = DurabilityLevel(prepare.level)
             try:
+                level = DurabilityLevel(prepare.level)
                 monitor.prepare(prepare.by_seqno, prepare.key, level, disk=self._replica_disk)
-            except dm.DurabilityMonitorError as exc:
+            except ValueError as exc:  # (DurabilityMonitorError is one, as is a bad level)
                 raise Einval(f"vbucket {self.id}: {exc}") from None
             self.hash_table.pop_prepare(prepare.key)
             self.hash_table.store_prepare(prepare)
@@ -792,12 +801,18 @@ class VBucket:
             return commit
 
     def replica_abort(self, key: bytes, prepared_seqno: int, seqno: int, cas: int) -> None:
-        """The active aborted the prepare at ``prepared_seqno`` as ``seqno``."""
+        """The active aborted the prepare at ``prepared_seqno`` as ``seqno``. In a disk
+        snapshot its prepare may be one we never got (P7), and an older prepare of the key we
+        hold completed too (a later prepare of a key comes only after the earlier completed)."""
         with self.lock:
-            p = self._replica_completion(key, prepared_seqno, seqno, "abort")
-            abort = AbortItem(
-                key, b"", 0, 0, cas or p.cas, p.rev_seqno, seqno, prepared_seqno=prepared_seqno
-            )
+            held = self.hash_table.prepared.get(key)
+            if self._replica_disk and (held is None or held.by_seqno != prepared_seqno):
+                self._check_replica_seqno(seqno, 0)
+                if held is not None:
+                    self._drop_held(held, "abort")
+            else:
+                self._replica_completion(key, prepared_seqno, seqno, "abort")
+            abort = AbortItem(key, b"", 0, 0, cas, 0, seqno, prepared_seqno=prepared_seqno)
             self.checkpoints.queue_sync(abort)
             if self.on_queued is not None:
                 self.on_queued(self.id)
@@ -842,12 +857,26 @@ class VBucket:
             raise Einval(f"vbucket {self.id}: {exc}") from None
         return self._take_prepare(prepared, key)
 
-    def _completed_on_disk(self, key: bytes) -> None:
+    def _committed_on_disk(self, item: Item) -> CommitItem:
         """A disk snapshot brings a committed version of a key whose prepare we hold: that
-        prepare completed (its commit or abort was deduplicated into what the disk has)."""
-        p = self.hash_table.pop_prepare(key)
-        if p is not None and self.passive_durability is not None:
-            self.passive_durability.commit(p.by_seqno, key, disk=True)
+        prepare completed (its commit was deduplicated into what the disk has). The version is
+        kept as its commit, so the flusher deletes the prepare's stored row too."""
+        p = self.hash_table.prepared[item.key]
+        self._drop_held(p, "commit")
+        self.checkpoints.sync_items += 1
+        return CommitItem(
+            item.key, item.value, item.flags, item.expiry, item.cas, item.rev_seqno,
+            item.by_seqno, item.datatype, item.deleted, item.delete_time, item.expired,
+            p.by_seqno,
+        )  # fmt: skip
+
+    def _drop_held(self, p: PrepareItem, what: str) -> None:
+        """Forget a held prepare a disk snapshot shows completed (P7)."""
+        self.hash_table.pop_prepare(p.key)
+        monitor = self.passive_durability
+        if monitor is not None:
+            complete = monitor.commit if what == "commit" else monitor.abort
+            complete(p.by_seqno, p.key, disk=True)
 
     def _note_acks(self, decisions: list[dm.Decision]) -> None:
         for decision in decisions:
