@@ -18,7 +18,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
-from dcpkv.engine.item import PrepareItem
+from dcpkv.engine.item import Einval, PrepareItem
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
@@ -486,3 +486,10 @@ def test_a_commit_overwritten_before_a_reader_got_it_still_reaches_sync_write_re
     durable_set(avb, b"j", b"w", MAJORITY)  # the replica's monitor is in order: it acks
     link.pump()
     assert [o.status for o in got] == [Status.Success]
+
+
+def test_a_replica_refuses_a_prepare_without_a_valid_level(buckets: Buckets) -> None:
+    rvb = buckets("replica", VBucketState.REPLICA).vbuckets[0]
+    with pytest.raises(Einval):
+        rvb.replica_prepare(PrepareItem(b"k", b"v", by_seqno=1, level=0))
+    assert rvb.high_seqno == 0 and not rvb.hash_table.prepared

@@ -780,10 +780,10 @@ class VBucket:
                 monitor = self.passive_durability = dm.PassiveDurabilityMonitor(
                     persisted_seqno=self.persisted_seqno
                 )
-            level = DurabilityLevel(prepare.level)
             try:
+                level = DurabilityLevel(prepare.level)
                 monitor.prepare(prepare.by_seqno, prepare.key, level, disk=self._replica_disk)
-            except dm.DurabilityMonitorError as exc:
+            except ValueError as exc:  # (DurabilityMonitorError is one, as is a bad level)
                 raise Einval(f"vbucket {self.id}: {exc}") from None
             self.hash_table.pop_prepare(prepare.key)
             self.hash_table.store_prepare(prepare)
