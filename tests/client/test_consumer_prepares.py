@@ -10,8 +10,6 @@ import json
 import struct
 
 import pytest
-from rawclient import RawClient
-from serverproc import ServerProcess
 
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
@@ -19,6 +17,8 @@ from dcpkv.client.consumer import Consumer
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.spark.options import parse_options
+from support.rawclient import RawClient
+from support.serverproc import ServerProcess
 
 SET, SET_VBUCKET = 0x01, 0x3D
 SUCCESS, AMBIGUOUS = 0x00, 0xA3

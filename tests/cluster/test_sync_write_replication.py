@@ -19,10 +19,11 @@ from typing import Any
 
 from couchbase.durability import DurabilityLevel, ServerDurability
 from couchbase.options import UpsertOptions
-from managerproc import Cluster, ManagerProcess, start_cluster, wait_for
-from rawclient import DCP_MUTATION, Packet, RawClient
-from sdkhelp import connect
-from serverproc import ServerProcess
+
+from support.managerproc import Cluster, ManagerProcess, start_cluster, wait_for
+from support.rawclient import DCP_MUTATION, Packet, RawClient
+from support.sdkhelp import connect
+from support.serverproc import ServerProcess
 
 GET, SET, SET_VBUCKET, OBSERVE_SEQNO, GET_CLUSTER_CONFIG = 0x00, 0x01, 0x3D, 0x91, 0xB5
 SUCCESS, KEY_ENOENT, AMBIGUOUS = 0x00, 0x01, 0xA3

@@ -1,9 +1,9 @@
 """Two buckets joined by DCP without sockets: a DcpProducer on one feeds a DcpConsumer on the
-other through the codec's bytes, as two nodes would (tests/dcp's shared helper)."""
+other through the codec's bytes, as two nodes would (the DCP tests' shared helper)."""
 
 from __future__ import annotations
 
-from dcpkv.dcp.consumer import DcpConsumer, Rollback
+from dcpkv.dcp.consumer import DcpConsumer, RollbackOrder
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.protocol import dcp
@@ -24,7 +24,7 @@ class Link:
             replica, "Replica:test", range(VBS), consumer_name=consumer_name
         )
         self.producer: DcpProducer | None = None
-        self.rollbacks: list[Rollback] = []
+        self.rollbacks: list[RollbackOrder] = []
         self.now = 0.0
 
     def connect(self) -> None:
