@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from dcplink import VBS
 
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
+from support.dcplink import VBS
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import random
 from collections.abc import Callable
 
 import pytest
-from dcplink import VBS, Link, _decode
 
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.consumer import OPAQUE_BASE, RETRY_S, DcpConsumer
@@ -15,6 +14,7 @@ from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
 from dcpkv.engine.bucket import Bucket
 from dcpkv.protocol import dcp, snappy, xattr
 from dcpkv.protocol.base import GenericResponse
+from support.dcplink import VBS, Link, _decode
 
 
 def state_of(bucket: Bucket) -> dict[int, dict[bytes, tuple[int, int, bytes, bool]]]:

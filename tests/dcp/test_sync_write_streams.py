@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from dcplink import VBS, Link
 
 from dcpkv.core.replication_topology import parse_topology
 from dcpkv.core.status import Status
@@ -25,6 +24,7 @@ from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import DurabilityLevel, OpenFlag, SnapshotFlag
 from dcpkv.protocol.frame import FrameParser
 from dcpkv.protocol.messages import decode_message
+from support.dcplink import VBS, Link
 
 ACTIVE, REPLICA = "node-a:11210", "node-b:11210"
 TOPOLOGY = parse_topology(f'{{"topology": [["{ACTIVE}", "{REPLICA}"]]}}')

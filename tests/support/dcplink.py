@@ -1,5 +1,5 @@
 """Two buckets joined by DCP without sockets: a DcpProducer on one feeds a DcpConsumer on the
-other through the codec's bytes, as two nodes would (tests/dcp's shared helper)."""
+other through the codec's bytes, as two nodes would (the DCP tests' shared helper)."""
 
 from __future__ import annotations
 
