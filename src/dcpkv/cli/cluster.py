@@ -437,8 +437,10 @@ def up(
 
     Every process is a child of this command, on free ports, with its data and log under
     --data-dir (node0/, node0.log, ..., manager/, manager.log); it prints where each listens
-    and waits. Ctrl-C or SIGTERM stops the manager and the nodes cleanly, by PID. Run it again
-    on the same folder to get the same cluster back, on the same ports.
+    and waits. The processes are siblings: a crashed one is reported and takes no other with
+    it, and a crashed manager is started again. Ctrl-C or SIGTERM stops the manager and the
+    nodes cleanly, by PID. Run it again on the same folder to get the same cluster back, on
+    the same ports.
     """
     from dcpkv.cluster.local import LocalCluster, LocalClusterError
 
@@ -451,10 +453,6 @@ def up(
         cluster.start()
         cluster.describe(sys.stdout)
         code = cluster.wait()
-        if code:
-            typer.echo(
-                f"dcpkv cluster up: the manager exited; see {cluster.manager.log_path}", err=True
-            )
     except LocalClusterError as exc:
         typer.echo(f"dcpkv cluster up: {exc}", err=True)
         code = 1

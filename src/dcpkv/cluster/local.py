@@ -5,18 +5,22 @@ Theory of operation
 Like Couchbase's ``cluster_run``: N ``dcpkv server --managed`` processes and one
 ``dcpkv manager`` over them, each a child process of this one, every file under one folder::
 
-    D/node0/  D/node0.log  D/node0.port     (the data node's folder, log, bound port)
+    D/node0/  D/node0.log  D/node0.port  D/node0.pid  (the data node's folder, log, port, PID)
     ...
-    D/manager/cluster.json  D/manager.log  D/manager.port
+    D/manager/cluster.json  D/manager.log  D/manager.port  D/manager.pid
 
 Ports are free ones picked by the kernel (``--port 0`` and a port file); a second ``up`` on
 the same folder reuses the ports the files name, so the saved configuration still addresses
 its nodes. The nodes start first; the manager gets them as seeds (it ignores them when its
 folder already holds a configuration). ``up`` then prints where everything is and waits.
 SIGINT or SIGTERM stops the manager, then the nodes, each by its PID: SIGTERM, and SIGKILL
-after a grace period; if the manager exits by itself, the nodes are stopped too. The children
-run in their own process group (a terminal's Ctrl-C reaches only the parent, which stops them
-in that order) and get SIGTERM if the parent dies (:func:`~dcpkv.core.children.die_with_parent`).
+after a grace period. The children are siblings: each runs in its own process group (a
+terminal's Ctrl-C reaches only the parent, which stops them in that order), none is tied to
+another, so a crashed manager takes no node with it. ``up`` watches them: a child that exits
+by itself is reported on stderr once; a manager is started again on its port (the nodes keep
+serving meanwhile, and the restarted manager reads the configuration from its folder). Only
+the parent's own death stops them: they get SIGTERM if ``up`` dies
+(:func:`~dcpkv.core.children.die_with_parent`).
 
 A job that injects faults (``dcpkv demo --chaos``) kills one child with :meth:`Child.kill9`
 and brings it back on the same port with :meth:`Child.restart`.
@@ -51,14 +55,18 @@ class Child:
     port_file: Path
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
+    restartable: bool = False  # managers: started again when they exit by themselves
+    reported: bool = False  # its exit was reported (cleared by a new start)
 
     def start(self) -> None:
         self.port_file.unlink(missing_ok=True)
+        self.reported = False
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, process_group=0,
                 preexec_fn=die_with_parent,
             )  # fmt: skip
+        self.log_path.with_suffix(".pid").write_text(f"{self.proc.pid}\n")
 
     @property
     def running(self) -> bool:
@@ -163,10 +171,12 @@ class LocalCluster:
             str(self.vbuckets),
             *seeds,
         )
-        self._child("manager", argv).wait_port(deadline)
+        manager = self._child("manager", argv, restartable=True)
+        manager.wait_port(deadline)
 
-    def _child(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, argv, self.data_dir / f"{name}.log", self.data_dir / f"{name}.port")
+    def _child(self, name: str, argv: list[str], restartable: bool = False) -> Child:
+        log, port_file = self.data_dir / f"{name}.log", self.data_dir / f"{name}.port"
+        child = Child(name, argv, log, port_file, restartable=restartable)
         self.children.append(child)
         child.start()
         return child
@@ -197,8 +207,8 @@ class LocalCluster:
         out.write(f"pid {os.getpid()}: Ctrl-C or SIGTERM stops every process\n")
         out.flush()
 
-    def wait(self) -> int:
-        """Until a signal or the manager's exit: 0 on a signal, 1 if the manager died."""
+    def wait(self, err: IO[str] | None = None) -> int:
+        """Until SIGINT or SIGTERM (then 0), watching the children meanwhile (:meth:`watch`)."""
         stopping = False
 
         def on_signal(signum: int, frame: object) -> None:
@@ -208,13 +218,31 @@ class LocalCluster:
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             while not stopping:
-                if self.manager.proc is not None and self.manager.proc.poll() is not None:
-                    return 1
+                self.watch(err or sys.stderr)
                 time.sleep(0.2)
             return 0
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def watch(self, err: IO[str]) -> None:
+        """One look at the children: report each that exited by itself, restart managers."""
+        for child in self.children:
+            if child.proc is None or child.proc.poll() is None or child.reported:
+                continue
+            child.reported = True
+            code = child.proc.returncode
+            if not child.restartable:
+                err.write(f"dcpkv cluster up: {child.name} exited ({code}); see {child.log_path}\n")
+                err.flush()
+                continue
+            err.write(f"dcpkv cluster up: {child.name} exited ({code}); starting it again\n")
+            err.flush()
+            try:
+                child.restart(time.monotonic() + START_TIMEOUT_S)
+            except LocalClusterError as exc:  # reported; the next look tries again
+                err.write(f"dcpkv cluster up: {exc}\n")
+                err.flush()
 
     def stop(self) -> None:
         """The manager first (it must not see the nodes go and react), then the nodes."""
