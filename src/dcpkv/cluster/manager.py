@@ -45,7 +45,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,8 +53,10 @@ from dcpkv.cluster import config as cfg
 from dcpkv.cluster.auto_failover import Policy, decide
 from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
 from dcpkv.cluster.health import HealthWatcher
+from dcpkv.cluster.leadership import stamped
 from dcpkv.cluster.node_link import Counters, LinkTls, NodeError, NodeLink
 from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefused
+from dcpkv.cluster.store import ClusterStore, FileStore, StoreConflict
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.rbac import (
@@ -85,8 +86,15 @@ class Manager:
         *,
         heartbeat_s: float = 1.0,
         link_tls: LinkTls | None = None,
+        store: ClusterStore | None = None,
+        rev_epoch: int = 0,
     ) -> None:
         self.data_dir = data_dir
+        # where the configuration lives (cluster/store.py): cluster.json, or etcd for one of
+        # several managers, whose leadership term is the revEpoch of every map it writes
+        self.store: ClusterStore = store or FileStore(data_dir)
+        self.rev_epoch = rev_epoch
+        self.on_store_conflict: Any = None  # called when a write is fenced off (deposed)
         self.link_tls = link_tls
         self.user, self.password = user, password
         self.config = cfg.ClusterConfig()
@@ -101,7 +109,6 @@ class Manager:
         self.auto_held: dict[str, str] = {}  # unresponsive node -> why it is not failed over
         self.users = UsersDoc()
         self.rebalancer = Rebalancer(self)
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="dcpkv-config")
 
     # -- life -------------------------------------------------------------------------------
 
@@ -112,7 +119,7 @@ class Manager:
             self.users = load_users(self.data_dir / USERS_FILE)
         except RbacError as exc:
             raise Refused(str(exc)) from None
-        loaded = cfg.load(self.data_dir)
+        loaded = await self.store.load()
         if loaded is None:
             try:
                 check_placeable(max(replicas + 1, 1), replicas, vbuckets)
@@ -128,6 +135,8 @@ class Manager:
             # a record still running: this manager died mid-rebalance (a re-run finishes it)
             self.rebalancer.interrupted = loaded.rebalance.state == cfg.RebalanceState.RUNNING
             async with self._lock:
+                if stamped(loaded, self.rev_epoch) != loaded:  # a new leader's term
+                    await self._commit(loaded)
                 # before the sync, which would drive a vbucket handed over back to the old map
                 await self.rebalancer.finish_handover()
                 await self._sync_all()
@@ -150,6 +159,18 @@ class Manager:
                 await task
         for link in self.links.values():
             await link.close()
+
+    async def resign(self) -> None:
+        """Stop acting at once (a leader whose lease is gone): everything :meth:`stop`
+        stops, and a running rebalance; the run-time state goes, so a later :meth:`start`
+        begins as a new process would, from the store."""
+        self.rebalancer.abandon()
+        await self.stop()
+        self.links.clear()
+        self.out_of_sync.clear()
+        self.health = None
+        self.auto_held = {}
+        self.rebalancer = Rebalancer(self)
 
     def _link(self, name: str) -> NodeLink:
         link = self.links.get(name)
@@ -225,7 +246,13 @@ class Manager:
             self._syncing.discard(name)
 
     async def _commit(self, config: cfg.ClusterConfig) -> None:
-        cfg.save(self.data_dir, config)
+        config = stamped(config, self.rev_epoch)
+        try:
+            await self.store.save(config)
+        except StoreConflict as exc:
+            if self.on_store_conflict is not None:
+                self.on_store_conflict()
+            raise Refused(str(exc)) from None
         self.config = config
 
     # -- users ------------------------------------------------------------------------------
@@ -593,9 +620,7 @@ class Manager:
         handover's map only, whose group record, written before, covers a crash in between
         (rebalance.py). Writes go in order, in one thread of their own."""
         self.config = config
-        loop = asyncio.get_running_loop()
-        written = loop.run_in_executor(self._writer, cfg.save, self.data_dir, config)
-        return asyncio.gather(written, *pushes)
+        return asyncio.gather(self.store.save(config), *pushes)
 
     async def sync_all(self) -> None:
         await self._sync_all()
