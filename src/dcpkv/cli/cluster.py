@@ -79,6 +79,22 @@ def manager(
     node_tls_port_offset: Annotated[
         int, typer.Option(help="A node's TLS port minus its data port (11207 - 11210).")
     ] = -3,
+    etcd: Annotated[
+        str | None,
+        typer.Option(
+            help="etcd client endpoints (host:port,...): the configuration lives there and "
+            "the managers elect one leader that acts (see docs/cluster.md)."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="This manager's name among several [default: host:port].")
+    ] = None,
+    lease_ttl: Annotated[
+        int,
+        typer.Option(
+            min=2, help="Seconds a leader acts without etcd's keep-alive answer (--etcd)."
+        ),
+    ] = 10,
 ) -> None:
     """Run the cluster manager: it owns the cluster configuration and drives the data nodes.
 
@@ -109,6 +125,9 @@ def manager(
         tls_cert=tls_cert,
         tls_key=tls_key,
         link_tls=_link_tls(node_tls_ca, node_tls_port_offset),
+        etcd=etcd,
+        name=name,
+        lease_ttl_s=lease_ttl,
     )
     if (tls_cert is None) != (tls_key is None):
         typer.echo("dcpkv manager: give both --tls-cert and --tls-key", err=True)

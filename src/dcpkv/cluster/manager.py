@@ -131,7 +131,7 @@ class Manager:
         else:
             self.config = loaded
             if seeds:
-                log.info("%s exists: the --node seeds are ignored", cfg.FILE_NAME)
+                log.info("a configuration exists: the --node seeds are ignored")
             # a record still running: this manager died mid-rebalance (a re-run finishes it)
             self.rebalancer.interrupted = loaded.rebalance.state == cfg.RebalanceState.RUNNING
             async with self._lock:

@@ -89,6 +89,11 @@ class ServerState:
             return self._stage(bucket, pushed, when)
         held = self.cluster_configs.get(bucket)
         if held is not None and pushed.version <= held.version:
+            if pushed.version[0] < held.version[0]:  # a deposed manager's late command
+                self.log.warning(
+                    "bucket %s: refused a map of an older manager term (revEpoch %d, rev %d; "
+                    "holding revEpoch %d, rev %d)", bucket, *pushed.version, *held.version,
+                )  # fmt: skip
             return False
         self.cluster_configs[bucket] = pushed
         self._serve(bucket, pushed)
