@@ -6,84 +6,27 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kvclient import KVClient
+from upproc import cluster_up, pid_of, port_of, status, wait_until, write_and_read
 
-from dcpkv.cluster.admin_client import AdminError, admin_request
-from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
 from dcpkv.core.status import Status
-from dcpkv.core.vbucket import vbucket_for_key
-
-VBUCKETS = 16
 
 
 @pytest.fixture
-def cluster_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """``cluster up --nodes 2`` in ``tmp_path/cluster``; its stderr goes to ``up.err``."""
-    data = tmp_path / "cluster"
-    argv = [
-        sys.executable, "-m", "dcpkv.cli.main", "cluster", "up", "--nodes", "2",
-        "--replicas", "1", "--vbuckets", str(VBUCKETS), "--data-dir", str(data),
-    ]  # fmt: skip
-    with open(tmp_path / "up.err", "w") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True)
-    try:
-        wait_until(lambda: (data / "manager.port").exists(), proc, "the manager's port")
-        yield proc, data
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-
-
-def wait_until(
-    condition: object, proc: subprocess.Popen[str], what: str, timeout_s: float = 60.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert proc.poll() is None, f"cluster up exited ({proc.returncode}) waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def pid_of(data: Path, name: str) -> int:
-    return int((data / f"{name}.pid").read_text())
-
-
-def status(data: Path) -> dict[str, object] | None:
-    """The manager's status; None while it does not answer."""
-    try:
-        url = f"http://127.0.0.1:{(data / 'manager.port').read_text()}"
-        return admin_request(
-            url, "GET", "/pools/default", user=DEFAULT_USER, password=DEFAULT_PASSWORD
-        )
-    except (OSError, ValueError, AdminError):
-        return None
-
-
-def write_and_read(ports: list[int], key: bytes, value: bytes) -> None:
-    """Write ``key`` on the node holding its vbucket active (the other refuses), read it back."""
-    vb = vbucket_for_key(key, VBUCKETS)
-    written = []
-    for port in ports:
-        with KVClient(port) as kv:
-            assert kv.login().status == Status.Success
-            if kv.set(key, value, vbucket=vb).status == Status.Success:
-                assert bytes(kv.get(key, vbucket=vb).value) == value
-                written.append(port)
-    assert len(written) == 1, f"{key!r} (vb {vb}) written on {written}"
+def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    with cluster_up(tmp_path, "--nodes", "2", "--replicas", "1") as started:
+        yield started
 
 
 def test_a_killed_manager_takes_no_node_down_and_comes_back(
-    cluster_up: tuple[subprocess.Popen[str], Path], tmp_path: Path
+    up: tuple[subprocess.Popen[str], Path], tmp_path: Path
 ) -> None:
-    proc, data = cluster_up
-    ports = [int((data / f"node{i}.port").read_text()) for i in range(2)]
+    proc, data = up
+    ports = [port_of(data, f"node{i}") for i in range(2)]
     wait_until(lambda: status(data) is not None, proc, "the manager's status")
     write_and_read(ports, b"before", b"1")
     killed = pid_of(data, "manager")
@@ -95,9 +38,9 @@ def test_a_killed_manager_takes_no_node_down_and_comes_back(
     doc = status(data)
     assert doc is not None
     nodes = doc["nodes"]
-    assert isinstance(nodes, list) and len(nodes) == 2
+    assert len(nodes) == 2
     assert {n["clusterMembership"] for n in nodes} == {"active"}
-    assert doc["buckets"][0]["rev"] == 1  # type: ignore[index]
+    assert doc["buckets"][0]["rev"] == 1
     write_and_read(ports, b"after", b"3")
     assert proc.poll() is None
     assert "manager exited (-9); starting it again" in (tmp_path / "up.err").read_text()
@@ -109,13 +52,13 @@ def test_a_killed_manager_takes_no_node_down_and_comes_back(
 
 
 def test_a_dead_node_is_reported_and_the_rest_keeps_running(
-    cluster_up: tuple[subprocess.Popen[str], Path], tmp_path: Path
+    up: tuple[subprocess.Popen[str], Path], tmp_path: Path
 ) -> None:
-    proc, data = cluster_up
+    proc, data = up
     wait_until(lambda: status(data) is not None, proc, "the manager's status")
     os.kill(pid_of(data, "node1"), signal.SIGKILL)
     err = tmp_path / "up.err"
     wait_until(lambda: "node1 exited (-9)" in err.read_text(), proc, "the report")
     assert status(data) is not None  # the manager stays
-    with KVClient(int((data / "node0.port").read_text())) as kv:
+    with KVClient(port_of(data, "node0")) as kv:
         assert kv.login().status == Status.Success

@@ -173,9 +173,14 @@ def status(
     Lag is the number of items a node's replica vbuckets are behind their actives.
     """
     doc = _call(url, "GET", "/pools/default", user, password)
+    managers = _managers(url, user, password)
+    if managers is not None:
+        doc["managers"] = managers
     if json_:
         typer.echo(json.dumps(doc, indent=1))
         return
+    if managers is not None:
+        _echo_managers(managers)
     for bucket in doc["buckets"]:
         placed = f"map rev {bucket['rev']}" if bucket["placed"] else "map not placed yet"
         typer.echo(
@@ -194,6 +199,28 @@ def status(
     _echo_auto_failover(doc["autoFailover"])
     if "rebalance" in doc:
         _echo_rebalance(doc["rebalance"])
+
+
+def _managers(url: str, user: str, password: str) -> dict[str, Any] | None:
+    """The managers over etcd (None: one manager, no etcd)."""
+    from dcpkv.cluster.admin_client import AdminError, admin_request
+
+    try:
+        return admin_request(url, "GET", "/pools/default/managers", user=user, password=password)
+    except AdminError:
+        return None
+
+
+def _echo_managers(doc: dict[str, Any]) -> None:
+    leader = doc["leader"] or "none (no lease held: see etcd below)"
+    typer.echo(f"managers: leader {leader}, term {doc['term']}, lease TTL {doc['leaseTtl']} s")
+    for name, url in doc["managers"]:
+        typer.echo(f"  {name:<20} {url}{'  (leader)' if name == doc['leader'] else ''}")
+    etcd = doc["etcd"]
+    if etcd["healthy"]:
+        typer.echo(f"etcd {etcd['version']}: healthy, raft term {etcd['raftTerm']}")
+    else:
+        typer.echo(f"etcd: UNHEALTHY ({etcd.get('error', '?')}): no failover can run")
 
 
 def _echo_rebalance(rebalance: dict[str, Any]) -> None:
@@ -440,6 +467,22 @@ def settings(
     typer.echo(f"repair on rollback: {'on' if repair['repairOnRollback'] else 'off'}")
 
 
+def _etcd_members(nodes: int, wanted: bool | None) -> int:
+    """How many etcd members ``up`` starts (0: one manager on cluster.json)."""
+    import shutil
+
+    if wanted is False or (wanted is None and nodes < 3):
+        return 0
+    if shutil.which("etcd") is None:
+        line = "etcd is not installed (Debian: apt-get install etcd-server)"
+        if wanted:
+            typer.echo(f"dcpkv cluster up: {line}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"dcpkv cluster up: {line}: one manager, no etcd", err=True)
+        return 0
+    return 3 if nodes >= 3 else 1
+
+
 @cluster_app.command()
 def up(
     nodes: Annotated[int, typer.Option(help="Data nodes to start.")] = 3,
@@ -451,6 +494,14 @@ def up(
     manager_port: Annotated[
         int, typer.Option(help="The manager's HTTP port; 0 picks a free one.")
     ] = 0,
+    etcd: Annotated[
+        bool | None,
+        typer.Option(
+            "--etcd/--no-etcd",
+            help="A manager per node over an etcd cluster (3 members; 1 below 3 nodes) "
+            "[default: with 3 nodes or more, when etcd is installed].",
+        ),
+    ] = None,
 ) -> None:
     """Start a development cluster on this machine: N managed data nodes and a manager.
 
@@ -466,7 +517,8 @@ def up(
     if nodes < 1:
         typer.echo("dcpkv cluster up: --nodes must be at least 1", err=True)
         raise typer.Exit(2)
-    cluster = LocalCluster(data_dir, nodes, replicas, vbuckets, manager_port)
+    members = _etcd_members(nodes, etcd)
+    cluster = LocalCluster(data_dir, nodes, replicas, vbuckets, manager_port, etcd_members=members)
     code = 0
     try:
         cluster.start()

@@ -58,8 +58,10 @@ from dcpkv.cluster.store import FileStore
 
 log = logging.getLogger("dcpkv.cluster")
 
-FORWARD_TIMEOUT_S = 60.0
+FORWARD_TIMEOUT_S = 60.0  # a write (a rebalance start syncs every node first)
+READ_TIMEOUT_S = 5.0  # a read: past it, answered from etcd
 HOP_HEADER = "X-Dcpkv-Forwarded"  # a forwarded request is never forwarded again
+MANAGERS_PATH = "/pools/default/managers"
 
 
 class LeaderService:
@@ -120,20 +122,25 @@ class LeaderService:
 
     @web.middleware
     async def route(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """A follower reads from etcd and forwards writes; the leader answers all."""
+        """The leader answers all; a follower forwards to it, and answers reads from etcd
+        while none answers."""
         if self.elector is not None and self.elector.leading:
             return await handler(request)
-        if request.method in ("GET", "HEAD"):
-            try:
-                loaded = await EtcdStore(self.client).load()
-            except EtcdUnavailable as exc:
-                return error(503, str(exc))
-            if loaded is not None:
-                self.manager.config = loaded
-            return await handler(request)
-        return await self._forward(request)
+        if request.method not in ("GET", "HEAD"):
+            return await self._forward(request, FORWARD_TIMEOUT_S)
+        if request.path != MANAGERS_PATH:  # the leader knows the nodes' health
+            answer = await self._forward(request, READ_TIMEOUT_S)
+            if answer.status != 503:
+                return answer
+        try:
+            loaded = await EtcdStore(self.client).load()
+        except EtcdUnavailable as exc:
+            return error(503, str(exc))
+        if loaded is not None:
+            self.manager.config = loaded
+        return await handler(request)
 
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, timeout_s: float) -> web.StreamResponse:
         leader = self.elector.leader_url if self.elector is not None else None
         if leader is None or HOP_HEADER in request.headers:
             return error(503, "no manager leads right now (etcd unreachable or without a quorum?)")
@@ -141,7 +148,7 @@ class LeaderService:
             k: v for k, v in request.headers.items() if k in ("Authorization", "Content-Type")
         }
         headers[HOP_HEADER] = self.elector_name
-        timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
@@ -197,7 +204,7 @@ async def serve_on_etcd(options: ManagerOptions) -> None:
     service = LeaderService(options, client)
     app = make_app(service.manager)
     app.middlewares.insert(0, service.route)
-    app.router.add_get("/pools/default/managers", service.managers)
+    app.router.add_get(MANAGERS_PATH, service.managers)
     runner = web.AppRunner(app, access_log=None)
     elector_task = None
     try:

@@ -1,0 +1,115 @@
+"""Several managers over etcd, as ``dcpkv cluster up --nodes 3`` runs them (real etcd
+members, managers and nodes on free ports): one leads; kill -9 of the leader and, 2 s later,
+of a data node: a manager takes the lead in a newer term and fails the node over; nothing written is
+lost. The times are printed (``-s``), never asserted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from etcdproc import require_etcd
+from upproc import api, cluster_up, pid_of, port_of, read, status, wait_until, write_and_read
+
+MANAGERS = ["manager0", "manager1", "manager2"]
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    require_etcd()
+    args = ("--nodes", "3", "--replicas", "1")
+    with cluster_up(tmp_path, *args, ready="manager2") as started:
+        yield started
+
+
+def view(data: Path, managers: list[str]) -> dict[str, Any] | None:
+    """The managers' view from the first of ``managers`` that answers."""
+    for name in managers:
+        doc = api(data, name, "/pools/default/managers")
+        if doc is not None:
+            return dict(doc)
+    return None
+
+
+def led(data: Path, managers: list[str], after: int = 0) -> bool:
+    """Some manager leads, in a term after ``after``."""
+    doc = view(data, managers)
+    return doc is not None and doc["leader"] is not None and doc["term"] > after
+
+
+def listed(data: Path, managers: list[str]) -> int:
+    doc = view(data, managers)
+    return 0 if doc is None else len(doc["managers"])
+
+
+def failed_over(data: Path, managers: list[str], node: str) -> bool:
+    for name in managers:
+        doc = status(data, name)
+        if doc is not None:
+            return any(
+                n["hostname"] == node and n["clusterMembership"] == "failed" for n in doc["nodes"]
+            )
+    return False
+
+
+def test_a_new_leader_fails_over_a_node_killed_after_the_old_leader(
+    up: tuple[subprocess.Popen[str], Path],
+) -> None:
+    proc, data = up
+    wait_until(lambda: led(data, MANAGERS) and listed(data, MANAGERS) == 3, proc, "a leader")
+    first = view(data, MANAGERS)
+    assert first is not None and first["etcd"]["healthy"]
+    assert sorted(m[0] for m in first["managers"]) == MANAGERS
+    leader, term = first["leader"], first["term"]
+    follower = next(m for m in MANAGERS if m != leader)
+    # a write to a follower is forwarded to the leader; every manager reads it back
+    answer = api(data, follower, "/settings/autoFailover", "POST", enabled="true", timeout="5")
+    assert answer == {"enabled": True, "timeout": 5, "count": 0, "maxCount": 1}
+    for name in MANAGERS:
+        assert api(data, name, "/settings/autoFailover")["enabled"] is True
+    ports = [port_of(data, f"node{i}") for i in range(3)]
+    keys = [f"k{i}".encode() for i in range(32)]
+    for key in keys:
+        write_and_read(ports, key, key)
+    wait_until(lambda: lag_is_zero(data, follower), proc, "the replicas to catch up")
+
+    killed_node = "node2"
+    node_name = f"127.0.0.1:{port_of(data, killed_node)}"
+    start = time.monotonic()
+    os.kill(pid_of(data, leader), signal.SIGKILL)
+    time.sleep(2)
+    os.kill(pid_of(data, killed_node), signal.SIGKILL)
+    node_killed = time.monotonic()
+    others = [m for m in MANAGERS if m != leader]
+    # (the new leader is a survivor, or the killed one that cluster up started again)
+    wait_until(lambda: led(data, others, after=term), proc, "a new leader", 120)
+    new_lead = time.monotonic()
+    wait_until(lambda: failed_over(data, others, node_name), proc, "the failover", 120)
+    done = time.monotonic()
+    print(
+        f"\nleader {leader} killed; new leader after {new_lead - start:.1f} s; {node_name} "
+        f"failed over {done - start:.1f} s after the leader's kill, "
+        f"{done - node_killed:.1f} s after its own"
+    )
+    second = view(data, others)
+    assert second is not None and second["term"] > term
+    survivors = ports[:2]
+    for key in keys:  # nothing acknowledged is lost: the replicas were promoted
+        assert read(survivors, key) == key
+    doc = status(data, second["leader"])
+    assert doc is not None and doc["buckets"][0]["placed"]
+    # cluster up started the killed manager again: one leader among three
+    wait_until(lambda: listed(data, others) == 3, proc, "the manager back")
+    roles = [api(data, name, "/pools/default/managers")["role"] for name in MANAGERS]
+    assert sorted(roles) == ["follower", "follower", "leader"]
+
+
+def lag_is_zero(data: Path, manager: str) -> bool:
+    doc = status(data, manager)
+    return doc is not None and all(n["replicationLag"] == 0 for n in doc["nodes"])
