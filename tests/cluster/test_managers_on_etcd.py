@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,3 +114,37 @@ def test_a_new_leader_fails_over_a_node_killed_after_the_old_leader(
 def lag_is_zero(data: Path, manager: str) -> bool:
     doc = status(data, manager)
     return doc is not None and all(n["replicationLag"] == 0 for n in doc["nodes"])
+
+
+def test_without_an_etcd_quorum_no_manager_leads_and_no_failover_runs(
+    up: tuple[subprocess.Popen[str], Path],
+) -> None:
+    proc, data = up
+    wait_until(lambda: led(data, MANAGERS) and listed(data, MANAGERS) == 3, proc, "a leader")
+    answer = api(data, "manager0", "/settings/autoFailover", "POST", enabled="true", timeout="5")
+    assert answer is not None and answer["enabled"] is True
+    ttl = view(data, MANAGERS)["leaseTtl"]  # type: ignore[index]
+    for member in ("etcd1", "etcd2"):  # two of three: no quorum
+        os.kill(pid_of(data, member), signal.SIGKILL)
+    os.kill(pid_of(data, "node2"), signal.SIGKILL)
+    followers = ["follower"] * 3
+    wait_until(lambda: [role(data, m) for m in MANAGERS] == followers, proc, "no leader", 120)
+    # one lease TTL and the failover timeout later, still no manager led, none failed over
+    time.sleep(ttl + 5 + 2)
+    assert [role(data, m) for m in MANAGERS] == followers
+    for name in MANAGERS:
+        assert "failed over" not in (data / f"{name}.log").read_text()
+    said = subprocess.run(
+        [sys.executable, "-m", "dcpkv.cli.main", "cluster", "status", "--url",
+         f"http://127.0.0.1:{port_of(data, 'manager0')}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert said.returncode == 1  # the status needs a leader or etcd
+    assert "leader none (no lease held" in said.stdout
+    assert "etcd: UNHEALTHY" in said.stdout
+    assert "no manager leads and etcd did not answer" in said.stderr
+
+
+def role(data: Path, manager: str) -> str | None:
+    doc = api(data, manager, "/pools/default/managers")
+    return None if doc is None else str(doc["role"])

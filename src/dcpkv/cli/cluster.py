@@ -172,15 +172,15 @@ def status(
 
     Lag is the number of items a node's replica vbuckets are behind their actives.
     """
-    doc = _call(url, "GET", "/pools/default", user, password)
     managers = _managers(url, user, password)
+    if managers is not None and not json_:  # first: it says why nothing else may answer
+        _echo_managers(managers)
+    doc = _call(url, "GET", "/pools/default", user, password)
     if managers is not None:
         doc["managers"] = managers
     if json_:
         typer.echo(json.dumps(doc, indent=1))
         return
-    if managers is not None:
-        _echo_managers(managers)
     for bucket in doc["buckets"]:
         placed = f"map rev {bucket['rev']}" if bucket["placed"] else "map not placed yet"
         typer.echo(

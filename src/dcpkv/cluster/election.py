@@ -66,6 +66,9 @@ class Elector:
                     await self._session()
                 except EtcdUnavailable as exc:
                     log.warning("manager %s: %s; trying again", self.name, exc)
+                    if self.state.role == "follower":  # who leads is unknown now
+                        self.state = self.state.lost()
+                        self.leader_url = None
                     await asyncio.sleep(RETRY_S)
         finally:
             watchdog.cancel()

@@ -11,9 +11,10 @@ role          what it does
 ============  =================================================================================
 leader        a :class:`~dcpkv.cluster.manager.Manager` started as a restarted one would be:
               it loads the configuration from etcd (raising every map's ``revEpoch`` to its
-              term), finishes a handover group left half done, marks a running rebalance
-              ``interrupted`` (a re-run finishes it), syncs every node, watches their health
-              and runs automatic failover. Every write is fenced on its term.
+              term), finishes a handover group left half done, syncs every node, runs a
+              rebalance the last leader left running again (it finishes the job), watches
+              the nodes' health and runs automatic failover. Every write is fenced on its
+              term.
 follower      reads (GET) are answered from the configuration in etcd, read again for each
               request; writes are forwarded to the leader's URL (503 while none leads: no
               lease is held, e.g. etcd lost its quorum, so no failover runs either)
@@ -98,6 +99,13 @@ class LeaderService:
         except (Refused, cfg.ClusterConfigError, EtcdUnavailable) as exc:
             log.error("manager %s cannot act in term %d: %s", self.elector_name, term, exc)
             self._fenced()
+            return
+        if self.manager.rebalancer.interrupted:  # the last leader died mid-rebalance
+            try:
+                await self.manager.rebalance([])
+                log.info("the interrupted rebalance runs again to finish the job")
+            except Refused as exc:
+                log.warning("the interrupted rebalance cannot run again: %s", exc)
 
     async def _migrate(self, store: EtcdStore) -> None:
         local = await FileStore(self.options.data_dir).load()
@@ -124,18 +132,18 @@ class LeaderService:
     async def route(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The leader answers all; a follower forwards to it, and answers reads from etcd
         while none answers."""
-        if self.elector is not None and self.elector.leading:
+        leading = self.elector is not None and self.elector.leading
+        if leading or request.path == MANAGERS_PATH:  # (this manager's own view)
             return await handler(request)
         if request.method not in ("GET", "HEAD"):
             return await self._forward(request, FORWARD_TIMEOUT_S)
-        if request.path != MANAGERS_PATH:  # the leader knows the nodes' health
-            answer = await self._forward(request, READ_TIMEOUT_S)
-            if answer.status != 503:
-                return answer
+        answer = await self._forward(request, READ_TIMEOUT_S)  # it knows the nodes' health
+        if answer.status != 503:
+            return answer
         try:
             loaded = await EtcdStore(self.client).load()
         except EtcdUnavailable as exc:
-            return error(503, str(exc))
+            return error(503, f"no manager leads and {exc} (no quorum, or unreachable)")
         if loaded is not None:
             self.manager.config = loaded
         return await handler(request)

@@ -24,8 +24,8 @@ event               from         result
 ``won``             follower     leader of ``term``, acting until ``sent + ttl - margin``
 ``refreshed``       leader       the deadline moves to ``sent + ttl - margin`` (never back)
 ``refreshed``       follower     nothing (a keep-alive of a lease that leads nothing)
-``lost``            any          follower (keep-alive refused, the key gone or another's,
-                                 a store write fenced off)
+``lost``            any          follower, leader unknown (keep-alive refused, the key gone
+                                 or another's, a store write fenced off, etcd unreachable)
 ``observed``        any          the leader seen in the store (name, term) is noted
 ``verdict(now)``    leader       ``act`` while ``now`` < deadline, else ``stop``: the shell
                                  stops everything at once and becomes a follower
@@ -104,7 +104,8 @@ class Leadership:
         return replace(self, deadline=max(self.deadline, sent + ttl_s - self.margin_s))
 
     def lost(self) -> Leadership:
-        return replace(self, role=Role.FOLLOWER, term=0, deadline=0.0)
+        """A follower that does not know who leads (until it reads the store again)."""
+        return replace(self, role=Role.FOLLOWER, term=0, deadline=0.0, leader=None, leader_term=0)
 
     def observed(self, leader: str | None, term: int) -> Leadership:
         return replace(self, leader=leader, leader_term=term)
