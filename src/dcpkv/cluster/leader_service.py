@@ -83,6 +83,9 @@ class LeaderService:
     async def elected(self, term: int) -> None:
         """Act for ``term``: the manager starts from what etcd holds (migrated if empty)."""
         store = EtcdStore(self.client, term=term)
+        for link in self.manager.links.values():  # a follower's links named no term
+            await link.close()
+        self.manager.links.clear()
         self.manager.store = store
         self.manager.rev_epoch = rev_epoch_for(term)
         self.manager.on_store_conflict = self._fenced

@@ -176,7 +176,7 @@ class Manager:
         link = self.links.get(name)
         if link is None:
             link = self.links[name] = NodeLink(
-                name, self.user, self.password, self.counters, self.link_tls
+                name, self.user, self.password, self.counters, self.link_tls, self.rev_epoch
             )
         return link
 
