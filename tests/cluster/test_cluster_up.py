@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient
-from upproc import cluster_up, pid_of, port_of, status, wait_until, write_and_read
 
 from dcpkv.core.status import Status
+from support.kvclient import KVClient
+from support.upproc import cluster_up, pid_of, port_of, status, wait_until, write_and_read
 
 
 @pytest.fixture

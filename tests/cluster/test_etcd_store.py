@@ -10,11 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from etcdproc import EtcdCluster, etcd_cluster
 
 from dcpkv.cluster import config as cfg
 from dcpkv.cluster.etcd_store import LEADER_KEY, EtcdStore, connect, parse_endpoints
 from dcpkv.cluster.store import FileStore, StoreConflict
+from support.etcdproc import EtcdCluster, etcd_cluster
 
 
 @pytest.fixture(scope="module")

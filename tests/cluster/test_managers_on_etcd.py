@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etcdproc import require_etcd
-from upproc import api, cluster_up, pid_of, port_of, read, status, wait_until, write_and_read
+
+from support.etcdproc import require_etcd
+from support.upproc import (
+    api,
+    cluster_up,
+    pid_of,
+    port_of,
+    read,
+    status,
+    wait_until,
+    write_and_read,
+)
 
 MANAGERS = ["manager0", "manager1", "manager2"]
 

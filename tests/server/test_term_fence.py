@@ -9,13 +9,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient
-from serverproc import ServerProcess
 
 from dcpkv.core.manager_term import agent_for
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Datatype, Opcode
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess
 
 ACTIVE = struct.pack(">I", VBucketState.ACTIVE)
 

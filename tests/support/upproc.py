@@ -12,12 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kvclient import KVClient
-
 from dcpkv.cluster.admin_client import AdminError, admin_request
 from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
+from support.kvclient import KVClient
 
 VBUCKETS = 16
 
