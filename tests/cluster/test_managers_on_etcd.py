@@ -158,3 +158,30 @@ def test_without_an_etcd_quorum_no_manager_leads_and_no_failover_runs(
 def role(data: Path, manager: str) -> str | None:
     doc = api(data, manager, "/pools/default/managers")
     return None if doc is None else str(doc["role"])
+
+
+def test_a_leader_stopped_past_its_lease_wakes_up_deposed(
+    up: tuple[subprocess.Popen[str], Path],
+) -> None:
+    """SIGSTOP of the leader: another leads once its lease expires; SIGCONT: the old one
+    finds its lease gone and stops acting at once: one leader, in the newer term."""
+    proc, data = up
+    wait_until(lambda: led(data, MANAGERS) and listed(data, MANAGERS) == 3, proc, "a leader")
+    first = view(data, MANAGERS)
+    assert first is not None
+    leader, term = first["leader"], first["term"]
+    others = [m for m in MANAGERS if m != leader]
+    os.kill(pid_of(data, leader), signal.SIGSTOP)
+    try:
+        wait_until(lambda: led(data, others, after=term), proc, "a new leader", 120)
+    finally:
+        os.kill(pid_of(data, leader), signal.SIGCONT)
+    one_leader = ["follower", "follower", "leader"]
+    wait_until(lambda: sorted(map(str, roles(data))) == one_leader, proc, "one leader", 60)
+    second = view(data, others)
+    assert second is not None and second["term"] > term and second["leader"] in others
+    assert f"manager {leader} stops leading (term {term})" in (data / f"{leader}.log").read_text()
+
+
+def roles(data: Path) -> list[str | None]:
+    return [role(data, m) for m in MANAGERS]
