@@ -185,3 +185,41 @@ def test_a_leader_stopped_past_its_lease_wakes_up_deposed(
 
 def roles(data: Path) -> list[str | None]:
     return [role(data, m) for m in MANAGERS]
+
+
+def test_a_new_leader_finishes_a_rebalance_its_predecessor_left_running(
+    tmp_path: Path,
+) -> None:
+    """Fail node2 over, take it back in by a rebalance of one move at a time, kill -9 the
+    leader meanwhile: the next leader runs the rebalance again from etcd's record, to its
+    end (node2 active, the record idle)."""
+    require_etcd()
+    args = ("--nodes", "3", "--replicas", "1", "--vbuckets", "128")
+    with cluster_up(tmp_path, *args, ready="manager2") as (proc, data):
+        wait_until(lambda: led(data, MANAGERS) and listed(data, MANAGERS) == 3, proc, "leader")
+        first = view(data, MANAGERS)
+        assert first is not None
+        leader, term = first["leader"], first["term"]
+        others = [m for m in MANAGERS if m != leader]
+        node2 = f"127.0.0.1:{port_of(data, 'node2')}"
+        assert api(data, others[0], "/controller/failOver", "POST", otpNode=node2) is not None
+        assert api(data, others[0], "/settings/rebalance", "POST", movesAtOnce="1") is not None
+        recovery = {"otpNode": node2, "recoveryType": "delta"}
+        assert api(data, others[0], "/controller/setRecoveryType", "POST", **recovery)
+        assert api(data, others[0], "/controller/rebalance", "POST") is not None
+        os.kill(pid_of(data, leader), signal.SIGKILL)
+        progress = "/pools/default/rebalanceProgress"
+        # with no leader answering, a follower reads the record from etcd
+        record = api(data, others[0], progress)
+        assert record is not None
+        wait_until(lambda: led(data, others, after=term), proc, "a new leader", 120)
+        wait_until(
+            lambda: (api(data, others[0], progress) or {}).get("state") == "idle"
+            and not failed_over(data, others, node2),
+            proc, "the rebalance's end", 180,
+        )  # fmt: skip
+        second = view(data, others)
+        assert second is not None
+        if record["state"] == "running":  # (it may have ended before the kill)
+            log = (data / f"{second['leader']}.log").read_text()
+            assert "the interrupted rebalance runs again" in log

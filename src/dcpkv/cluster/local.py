@@ -120,6 +120,11 @@ class Child:
         except (OSError, ValueError):
             return False
 
+    def terminate(self) -> None:
+        """SIGTERM by PID, without waiting."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after the grace period; by PID, this child only."""
         if self.proc is None or self.proc.poll() is not None:
@@ -306,6 +311,10 @@ class LocalCluster:
 
     def stop(self) -> None:
         """The managers first (they must not see the nodes go and react), then the nodes,
-        then etcd (which the managers needed to step down)."""
-        for child in self.managers + self.data_nodes + self.etcd:
-            child.stop()
+        then etcd (which the managers needed to step down). A group is signalled at once, so
+        no manager takes over the lead from another that is stopping."""
+        for group in (self.managers, self.data_nodes, self.etcd):
+            for child in group:
+                child.terminate()
+            for child in group:
+                child.stop()
