@@ -55,6 +55,7 @@ FAST_TESTS := tests/core tests/protocol tests/engine tests/dcp \
 	tests/client/test_session_policy.py tests/client/test_sync_decisions.py \
 	tests/cluster/test_auto_failover_decision.py tests/cluster/test_failover_plan.py \
 	tests/cluster/test_placement.py tests/cluster/test_rebalance_plan.py \
+	tests/cluster/test_leadership.py \
 	tests/cluster/test_vbucket_move.py tests/pipelines/test_compaction_due.py \
 	tests/pipelines/test_mirror_floors.py tests/pipelines/test_report.py \
 	tests/pipelines/test_resync_plan.py tests/pipelines/test_rewrite_swap.py \
