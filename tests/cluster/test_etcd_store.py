@@ -14,6 +14,7 @@ import pytest
 from dcpkv.cluster import config as cfg
 from dcpkv.cluster.etcd_store import LEADER_KEY, EtcdStore, connect, parse_endpoints
 from dcpkv.cluster.store import FileStore, StoreConflict
+from dcpkv.core.rbac import Role, UserRecord, UsersDoc
 from support.etcdproc import EtcdCluster, etcd_cluster
 
 
@@ -97,3 +98,20 @@ def test_endpoints(given: str, parsed: list[tuple[str, int]]) -> None:
 def test_bad_endpoints_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="not an etcd endpoint"):
         parse_endpoints(bad)
+
+
+def test_users_are_written_as_the_configuration_is(etcd: EtcdCluster) -> None:
+    async def run() -> None:
+        client = connect(parse_endpoints(etcd.endpoints))
+        await client.delete_prefix(b"/dcpkv")
+        one, two = EtcdStore(client), EtcdStore(client)
+        assert (await one.load_users()).rev == 0 and (await two.load_users()).rev == 0
+        reader = (Role.parse("data_reader[default]"),)
+        ann = UsersDoc().with_user(UserRecord.create("ann", "pw", reader, 4096))
+        await one.save_users(ann)
+        with pytest.raises(StoreConflict):
+            await two.save_users(UsersDoc().with_user(ann.users["ann"]))
+        assert (await EtcdStore(client).load_users()).encode() == ann.encode()
+        await client.close()
+
+    asyncio.run(run())

@@ -84,6 +84,8 @@ def test_a_new_leader_fails_over_a_node_killed_after_the_old_leader(
     assert answer == {"enabled": True, "timeout": 5, "count": 0, "maxCount": 1}
     for name in MANAGERS:
         assert api(data, name, "/settings/autoFailover")["enabled"] is True
+    user = {"password": "secret1", "roles": "data_reader[default]"}
+    assert api(data, follower, "/settings/rbac/users/local/ann", "PUT", **user) is not None
     ports = [port_of(data, f"node{i}") for i in range(3)]
     keys = [f"k{i}".encode() for i in range(32)]
     for key in keys:
@@ -115,6 +117,8 @@ def test_a_new_leader_fails_over_a_node_killed_after_the_old_leader(
         assert read(survivors, key) == key
     doc = status(data, second["leader"])
     assert doc is not None and doc["buckets"][0]["placed"]
+    users = api(data, second["leader"], "/settings/rbac/users")  # kept in etcd too
+    assert [u["id"] for u in users] == ["ann"]
     # cluster up started the killed manager again: one leader among three
     wait_until(lambda: listed(data, others) == 3, proc, "the manager back")
     roles = [api(data, name, "/pools/default/managers")["role"] for name in MANAGERS]

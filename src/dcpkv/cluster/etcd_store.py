@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 The configuration is one JSON document (:func:`~dcpkv.cluster.config.to_json`, the format of
-``cluster.json``) under ``PREFIX/config``. :meth:`EtcdStore.load` reads it and remembers its
+``cluster.json``) under ``PREFIX/config``, the users and roles another (``users.json``'s)
+under ``PREFIX/users``. :meth:`EtcdStore.load` reads it and remembers its
 mod revision; :meth:`EtcdStore.save` writes in one transaction whose conditions are
 
 1. the key's mod revision is still the one read or last written (no lost update), and
@@ -33,9 +34,11 @@ from dcpkv.cluster import config as cfg
 from dcpkv.cluster.store import StoreConflict
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.rbac import UsersDoc
 
 PREFIX = b"/dcpkv"
 CONFIG_KEY = PREFIX + b"/config"
+USERS_KEY = PREFIX + b"/users"  # the users document (verifiers only), as users.json
 LEADER_KEY = PREFIX + b"/leader"
 MANAGERS_PREFIX = PREFIX + b"/managers/"
 CALL_TIMEOUT_S = 3
@@ -83,6 +86,7 @@ class EtcdStore:
         self.client = client
         self.term = term
         self.revision = 0  # the config key's mod revision read or written (0: absent)
+        self.users_revision = 0  # the same for the users key
         self._lock = asyncio.Lock()
 
     async def load(self) -> cfg.ClusterConfig | None:
@@ -99,22 +103,37 @@ class EtcdStore:
 
     async def save(self, config: cfg.ClusterConfig) -> None:
         raw = json.dumps(cfg.to_json(config)).encode()
-        tx = self.client.transactions
         async with self._lock:
-            compare = [tx.mod(CONFIG_KEY) == self.revision]
-            if self.term:
-                compare.append(tx.create(LEADER_KEY) == self.term)
-            ok, answers = await call(
-                self.client.transaction(
-                    compare=compare, success=[tx.put(CONFIG_KEY, raw)], failure=[]
-                )
+            self.revision = await self._put(CONFIG_KEY, raw, self.revision, "configuration")
+
+    async def load_users(self) -> UsersDoc:
+        got = await call(self.client.get(USERS_KEY))
+        self.users_revision = 0 if got is None else got.mod_revision
+        return UsersDoc() if got is None else UsersDoc.decode(got.value, "etcd's users")
+
+    async def save_users(self, doc: UsersDoc) -> None:
+        async with self._lock:
+            self.users_revision = await self._put(
+                USERS_KEY, doc.encode(), self.users_revision, "users"
             )
-            if not ok:
-                raise StoreConflict(
-                    "the configuration in etcd changed since it was read, or this manager "
-                    f"no longer leads (term {self.term}): nothing written"
-                )
-            self.revision = answers[0].response_put.header.revision
+
+    async def _put(self, key: bytes, raw: bytes, revision: int, what: str) -> int:
+        """Put ``key`` if its mod revision is still ``revision`` (and, fenced, the leader
+        key still ours); the new revision, else :class:`StoreConflict`."""
+        tx = self.client.transactions
+        compare = [tx.mod(key) == revision]
+        if self.term:
+            compare.append(tx.create(LEADER_KEY) == self.term)
+        ok, answers = await call(
+            self.client.transaction(compare=compare, success=[tx.put(key, raw)], failure=[])
+        )
+        if not ok:
+            raise StoreConflict(
+                f"the {what} in etcd changed since it was read, or this manager no longer "
+                f"leads (term {self.term}): nothing written"
+            )
+        new: int = answers[0].response_put.header.revision
+        return new
 
     async def close(self) -> None:
         """The client belongs to whoever made it (several stores may share one)."""

@@ -111,9 +111,15 @@ class LeaderService:
                 log.warning("the interrupted rebalance cannot run again: %s", exc)
 
     async def _migrate(self, store: EtcdStore) -> None:
-        local = await FileStore(self.options.data_dir).load()
+        """An empty etcd takes this manager's files (a one-manager cluster moving over)."""
+        files = FileStore(self.options.data_dir)
+        local = await files.load()
         if local is not None:
             log.info("etcd holds no configuration: moving %s into it", cfg.FILE_NAME)
+            users = await files.load_users()
+            await store.load_users()
+            if users.rev and not store.users_revision:
+                await store.save_users(users)
             await store.save(local)
 
     def _fenced(self) -> None:

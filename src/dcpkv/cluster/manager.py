@@ -29,13 +29,13 @@ count grows in the same configuration write (a manager restart never grants a se
 What it did (node, reason, time; kept in the configuration file) and why it holds any other
 unresponsive node are logged and shown in ``status``.
 
-Users and roles (:mod:`dcpkv.core.rbac`): the manager keeps the users document in its dir
-(``users.json``, verifiers only) and pushes it whole to every node with RbacRefresh, kv_engine's
-"reload the RBAC database" opcode, carrying the document since the nodes are remote: after each
-change, and in every sync (a node that was down, or added later, gets it on its next sync; a
-node keeps a document only when its revision is newer, so re-sending is harmless). A dedicated
-admin-only opcode rather than a key in the pushed map: the map goes to clients byte for byte,
-and verifiers must not.
+Users and roles (:mod:`dcpkv.core.rbac`): the manager keeps the users document in its store
+(``users.json`` in its dir, or etcd; verifiers only) and pushes it whole to every node with
+RbacRefresh, kv_engine's "reload the RBAC database" opcode, carrying the document since the
+nodes are remote: after each change, and in every sync (a node that was down, or added later,
+gets it on its next sync; a node keeps a document only when its revision is newer, so
+re-sending is harmless). A dedicated admin-only opcode rather than a key in the pushed map:
+the map goes to clients byte for byte, and verifiers must not.
 """
 
 from __future__ import annotations
@@ -59,15 +59,7 @@ from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefu
 from dcpkv.cluster.store import ClusterStore, FileStore, StoreConflict
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
 from dcpkv.core.errors import DcpkvError
-from dcpkv.core.rbac import (
-    USERS_FILE,
-    RbacError,
-    Role,
-    UserRecord,
-    UsersDoc,
-    load_users,
-    save_users,
-)
+from dcpkv.core.rbac import RbacError, Role, UserRecord, UsersDoc
 from dcpkv.core.vbucket import VBucketState
 
 log = logging.getLogger("dcpkv.cluster")
@@ -116,7 +108,7 @@ class Manager:
         """Load the configuration (or make a new one from the seeds), sync every node, watch
         their health. Raises :class:`Refused` or a config error when it cannot start."""
         try:
-            self.users = load_users(self.data_dir / USERS_FILE)
+            self.users = await self.store.load_users()
         except RbacError as exc:
             raise Refused(str(exc)) from None
         loaded = await self.store.load()
@@ -284,7 +276,12 @@ class Manager:
         return {"removed": name, "rev": self.users.rev}
 
     async def _commit_users(self, doc: UsersDoc) -> None:
-        save_users(self.data_dir / USERS_FILE, doc)
+        try:
+            await self.store.save_users(doc)
+        except StoreConflict as exc:
+            if self.on_store_conflict is not None:
+                self.on_store_conflict()
+            raise Refused(str(exc)) from None
         self.users = doc
         for name in self.config.active_nodes():
             try:

@@ -8,7 +8,7 @@ tells any node (:mod:`~dcpkv.cluster.config`). A :class:`ClusterStore` is that s
 =====================  =======================================================================
 store                  what a write is
 =====================  =======================================================================
-:class:`FileStore`     ``cluster.json`` in the manager's folder, written atomically: one
+:class:`FileStore`     ``cluster.json`` (and ``users.json``) in the manager's folder: one
                        manager, one writer (``dcpkv manager`` without ``--etcd``)
 ``EtcdStore``          one etcd key, written in a transaction conditioned on the revision
                        this manager read or last wrote *and* on its leadership key still
@@ -31,6 +31,7 @@ from typing import Protocol
 
 from dcpkv.cluster import config as cfg
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.rbac import USERS_FILE, UsersDoc, load_users, save_users
 
 
 class StoreConflict(DcpkvError):
@@ -46,6 +47,14 @@ class ClusterStore(Protocol):
     async def save(self, config: cfg.ClusterConfig) -> None:
         """Write ``config`` if the store still holds what was read or last written; else
         :class:`StoreConflict`."""
+        ...
+
+    async def load_users(self) -> UsersDoc:
+        """The users and roles (an empty document when none); RbacError when unreadable."""
+        ...
+
+    async def save_users(self, doc: UsersDoc) -> None:
+        """Write the users document, conditioned as :meth:`save` is."""
         ...
 
     async def close(self) -> None: ...
@@ -64,6 +73,12 @@ class FileStore:
     async def save(self, config: cfg.ClusterConfig) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer, cfg.save, self.data_dir, config)
+
+    async def load_users(self) -> UsersDoc:
+        return load_users(self.data_dir / USERS_FILE)
+
+    async def save_users(self, doc: UsersDoc) -> None:
+        save_users(self.data_dir / USERS_FILE, doc)
 
     async def close(self) -> None:
         self._writer.shutdown(wait=True)
