@@ -5,6 +5,8 @@ leader writes nothing."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -115,3 +117,11 @@ def test_users_are_written_as_the_configuration_is(etcd: EtcdCluster) -> None:
         await client.close()
 
     asyncio.run(run())
+
+
+def test_the_manager_refuses_a_bad_etcd_endpoint_in_one_line(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "dcpkv.cli.main", "manager", "--etcd", "nohost",
+            "--port", "0", "--data-dir", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("'nohost' is not an etcd endpoint (host:port)")

@@ -132,6 +132,14 @@ def manager(
     if (tls_cert is None) != (tls_key is None):
         typer.echo("dcpkv manager: give both --tls-cert and --tls-key", err=True)
         raise typer.Exit(2)
+    if etcd is not None:
+        from dcpkv.cluster.etcd_store import parse_endpoints
+
+        try:
+            parse_endpoints(etcd)
+        except ValueError as exc:
+            typer.echo(f"dcpkv manager: --etcd: {exc}", err=True)
+            raise typer.Exit(2) from None
     try:
         run(options)
     except (Refused, ClusterConfigError, TlsError) as exc:
