@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.manager_term import agent_for
 from dcpkv.core.status import Status, status_name
 from dcpkv.core.tls import TlsError, TlsOptions
 from dcpkv.core.vbucket import VBucketState
@@ -75,9 +76,16 @@ class LinkTls:
 
 class NodeLink:
     def __init__(
-        self, name: str, user: str, password: str, counters: Counters, tls: LinkTls | None = None
+        self,
+        name: str,
+        user: str,
+        password: str,
+        counters: Counters,
+        tls: LinkTls | None = None,
+        term: int = 0,
     ) -> None:
         self.name = name
+        self.term = term  # the leader's term over etcd (0: none), named in each Hello
         host, _, port = name.rpartition(":")
         self.host, self.port = host, int(port)
         # The node keeps its name (its data address, what clients see in the map); the link
@@ -113,6 +121,12 @@ class NodeLink:
         except (OSError, TimeoutError, ClientError) as exc:
             await conn.close()
             raise NodeLinkError(f"cannot log in to {self.name}: {exc}") from None
+        if self.term:  # a manager over etcd names its term: nodes fence older ones
+            try:
+                await within(conn.call(kv.Hello(agent=agent_for(self.term))), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError, ClientError) as exc:
+                await conn.close()
+                raise NodeLinkError(f"cannot say hello to {self.name}: {exc}") from None
         self._sessions[bucket] = conn
         return conn
 

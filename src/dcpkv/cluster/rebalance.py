@@ -151,6 +151,12 @@ class Rebalancer:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    def abandon(self) -> None:
+        """Cancel the run where it is, writing nothing (its manager lost the lead: the next
+        leader finds the record still running and finishes it)."""
+        if self._task is not None:
+            self._task.cancel()
+
     def held(self, node: str, bucket: str) -> set[int]:
         """The vbuckets of ``bucket`` on ``node`` the sync must leave alone."""
         out: set[int] = set()

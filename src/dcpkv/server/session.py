@@ -17,6 +17,7 @@ import time
 from typing import NoReturn
 
 from dcpkv import __version__
+from dcpkv.core.manager_term import term_of
 from dcpkv.core.rbac import RbacError, UsersDoc
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
@@ -24,7 +25,13 @@ from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import Datatype, HelloFeature
 from dcpkv.server import datatype
 from dcpkv.server.auth import AuthFailed, SaslSession
-from dcpkv.server.connection import SUPPORTED_FEATURES, CloseConnection, Connection, Reply
+from dcpkv.server.connection import (
+    SUPPORTED_FEATURES,
+    CloseConnection,
+    Connection,
+    Reply,
+    check_term,
+)
 from dcpkv.server.error_map import error_map_json
 
 _AGENT_MAX = 200  # characters of a Hello agent kept for logs and stats
@@ -49,6 +56,8 @@ def quit_(conn: Connection, req: kv.Quit) -> None:
 
 def hello(conn: Connection, req: kv.Hello) -> kv.HelloResponse:
     conn.agent = req.agent[:_AGENT_MAX]
+    conn.manager_term = term_of(conn.agent)
+    conn.server.term_fence.saw(conn.manager_term)
     conn.features = {HelloFeature(f) for f in req.features if f in SUPPORTED_FEATURES}
     if HelloFeature.Duplex not in conn.features:  # a notification is a server request
         conn.features.discard(HelloFeature.ClustermapChangeNotification)
@@ -126,6 +135,7 @@ def set_cluster_config(conn: Connection, req: kv.SetClusterConfig) -> GenericRes
     name = req.bucket or conn.bucket_name
     if name is None or name not in conn.server.buckets:
         raise Reply(Status.KeyEnoent, f"no bucket named {name!r}".encode())
+    check_term(conn, f"SetClusterConfig {name}")
     try:
         conn.server.set_cluster_config(name, bytes(req.config))
     except ValueError as exc:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.core.files import atomic_write
+from dcpkv.core.manager_term import TermFence
 from dcpkv.core.rbac import USERS_FILE
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import kv
@@ -48,6 +49,8 @@ class ServerState:
     dcp_producers: dict[tuple[str, str], Any] = field(default_factory=dict)
     # bucket -> the newest map a cluster manager pushed (SetClusterConfig)
     cluster_configs: dict[str, PushedConfig] = field(default_factory=dict)
+    # the newest manager term a connection named (dcpkv.core.manager_term)
+    term_fence: TermFence = field(default_factory=TermFence)
     # bucket -> the map served: the pushed one or a newer staged one adopted at a handover
     served_configs: dict[str, PushedConfig] = field(default_factory=dict)
     # bucket -> its staged maps and handover times (dcpkv.server.handover)
@@ -89,6 +92,11 @@ class ServerState:
             return self._stage(bucket, pushed, when)
         held = self.cluster_configs.get(bucket)
         if held is not None and pushed.version <= held.version:
+            if pushed.version[0] < held.version[0]:  # a deposed manager's late command
+                self.log.warning(
+                    "bucket %s: refused a map of an older manager term (revEpoch %d, rev %d; "
+                    "holding revEpoch %d, rev %d)", bucket, *pushed.version, *held.version,
+                )  # fmt: skip
             return False
         self.cluster_configs[bucket] = pushed
         self._serve(bucket, pushed)
