@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.cli.options import LogFormat, LogLevel
 from dcpkv.core.defaults import DEFAULT_BUCKET, DEFAULT_HOST, DEFAULT_PASSWORD, DEFAULT_USER
 
 DEFAULT_MANAGER_PORT = 8091  # Couchbase's REST port
@@ -79,6 +80,8 @@ def manager(
     node_tls_port_offset: Annotated[
         int, typer.Option(help="A node's TLS port minus its data port (11207 - 11210).")
     ] = -3,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the cluster manager: it owns the cluster configuration and drives the data nodes.
 
@@ -109,10 +112,19 @@ def manager(
         tls_cert=tls_cert,
         tls_key=tls_key,
         link_tls=_link_tls(node_tls_ca, node_tls_port_offset),
+        log_level=log_level,
+        log_format=log_format,
     )
     if (tls_cert is None) != (tls_key is None):
         typer.echo("dcpkv manager: give both --tls-cert and --tls-key", err=True)
         raise typer.Exit(2)
+    from dcpkv.core.logs import ConfigError, check
+
+    try:
+        check(log_level, log_format)
+    except ConfigError as exc:
+        typer.echo(f"dcpkv manager: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         run(options)
     except (Refused, ClusterConfigError, TlsError) as exc:

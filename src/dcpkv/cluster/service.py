@@ -24,6 +24,7 @@ from aiohttp import web
 from dcpkv.cluster.http_api import make_app
 from dcpkv.cluster.manager import Manager
 from dcpkv.cluster.node_link import LinkTls
+from dcpkv.core import logs
 from dcpkv.core.files import atomic_write
 from dcpkv.core.tls import server_context
 
@@ -46,6 +47,8 @@ class ManagerOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     link_tls: LinkTls | None = None  # the links to the nodes over TLS
+    log_level: str = "info"  # (dcpkv.core.logs)
+    log_format: str = "text"
 
 
 async def serve(options: ManagerOptions) -> None:
@@ -90,5 +93,5 @@ async def _until_signalled() -> None:
 
 
 def run(options: ManagerOptions) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logs.configure(options.log_level, options.log_format)
     asyncio.run(serve(options))

@@ -117,6 +117,7 @@ def sync_write(
         )
     except EngineError as exc:
         raise refusal(conn, exc) from None
+    conn.server.sync_counts(conn.bucket_name or "")[0] += 1
     return pending
 
 
@@ -125,4 +126,6 @@ def deliver(outcomes: list[SyncOutcome]) -> None:
     for outcome in outcomes:
         cookie = outcome.cookie
         if isinstance(cookie, PendingAnswer):
+            counts = cookie.conn.server.sync_counts(cookie.conn.bucket_name or "")
+            counts[1 if outcome.status == Status.Success else 2] += 1
             cookie.resolve(outcome.status, outcome.item)
