@@ -31,8 +31,10 @@ lock-check:
 run: $(STAMP)
 	$(BIN)/dcpkv demo
 
-## test: the lock's freshness, lint, the whole test suite
+## test: the lock's freshness, the Debian packages tests use (tools/install_test_packages.sh:
+## prometheus, when missing and run as root), lint, the whole test suite
 test: lock-check $(STAMP)
+	tools/install_test_packages.sh
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports

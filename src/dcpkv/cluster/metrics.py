@@ -17,14 +17,14 @@ cm_node_vbuckets                    node, state      active and replica vbuckets
 cm_rebalance_running                                 1 while a rebalance runs
 cm_rebalance_progress                                vbuckets moved / total of the last run
 cm_rebalance_vbuckets_moved                          moves done of the last run
-cm_rebalance_vbuckets_total                          moves planned of the last run
+cm_rebalance_vbuckets_planned                        moves planned of the last run
 cm_rebalance_items_transferred                       items the new copies received
 cm_rebalance_eta_seconds                             the estimate of the time left (running)
 cm_rebalance_started_count                           rebalances started by this process
 cm_rebalance_steps_count                             vbucket moves ended
 cm_rebalance_ended_count            result           rebalances ended: done, stopped, failed
 cm_failover_count                                    failovers (by hand or automatic)
-cm_auto_failover_count                               automatic failovers not acknowledged
+cm_auto_failovers_unacknowledged                     automatic failovers not acknowledged
 cm_auth_failures                                     HTTP requests refused for credentials
 cm_maps_pushed, cm_set_vbucket_sent                  what the links to the nodes did
 ==================================  ===============  =======================================
@@ -110,7 +110,7 @@ def _rebalance(manager: Manager, now: float | None) -> Iterator[Metric]:
         moved / total if total else 1.0,
     )
     yield _gauge("cm_rebalance_vbuckets_moved", "vbucket moves done, last rebalance", moved)
-    yield _gauge("cm_rebalance_vbuckets_total", "vbucket moves planned, last rebalance", total)
+    yield _gauge("cm_rebalance_vbuckets_planned", "vbucket moves planned, last rebalance", total)
     yield _gauge(
         "cm_rebalance_items_transferred",
         "Items the new copies received, last rebalance",
@@ -140,7 +140,7 @@ def _counts(manager: Manager) -> Iterator[Metric]:
         "cm_failover_count", "Failovers, by hand or automatic", events.get("failover", 0)
     )
     yield _gauge(
-        "cm_auto_failover_count",
+        "cm_auto_failovers_unacknowledged",
         "Automatic failovers an operator has not acknowledged",
         manager.config.settings.auto_failover_count,
     )
