@@ -54,6 +54,7 @@ FAST_TESTS := tests/core tests/protocol tests/engine tests/dcp \
 	tests/pipelines/test_mirror_floors.py tests/pipelines/test_report.py \
 	tests/pipelines/test_resync_plan.py tests/pipelines/test_rewrite_swap.py \
 	tests/pipelines/test_sample_data.py tests/pipelines/test_vtable_entries.py \
+	tests/pipelines/test_pipeline_metrics.py \
 	tests/docs/test_docblocks.py tests/tools/test_lock.py
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(FAST_TESTS)

@@ -9,6 +9,9 @@ Like Couchbase's ``cluster_run``: N ``dcpkv server --managed`` processes and one
     ...
     D/manager/cluster.json  D/manager.log  D/manager.port
 
+Each node serves Prometheus metrics on a free loopback port (``--metrics-port 0``); the
+manager's ``/prometheus_sd_config`` lists them.
+
 Ports are free ones picked by the kernel (``--port 0`` and a port file); a second ``up`` on
 the same folder reuses the ports the files name, so the saved configuration still addresses
 its nodes. The nodes start first; the manager gets them as seeds (it ignores them when its
@@ -141,6 +144,8 @@ class LocalCluster:
                 str(self.data_dir / name),
                 "--vbuckets",
                 str(self.vbuckets),
+                "--metrics-port",  # a free loopback port: the manager's /prometheus_sd_config
+                "0",
             )
             node_children.append(self._child(name, argv))
         for child in node_children:
