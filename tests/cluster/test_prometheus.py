@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -222,6 +223,25 @@ def test_prometheus_scrapes_the_cluster_through_the_manager_during_a_rebalance_a
     assert {r["metric"]["dcpkv_node"] for r in remaining} == {cluster.name(n) for n in nodes[1:]}
     progress = prometheus.query("cm_rebalance_progress")
     assert _value(progress) == 1.0
+    dashboard_queries_run(prometheus)
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "dcpkv.json"
+
+
+def dashboard_queries_run(prometheus: Prometheus) -> None:
+    """Every query of the Grafana dashboard parses and runs, and every kv_ and cm_ metric it
+    names is one Prometheus scraped (the pipelines' are not: no Spark job runs here)."""
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    assert len(exprs) > 20
+    status, body = get(f"http://127.0.0.1:{prometheus.port}/api/v1/label/__name__/values")
+    assert status == 200
+    scraped = set(json.loads(body)["data"])
+    for expr in exprs:
+        prometheus.query(expr.replace("$bucket", ".*").replace("$op", ".*"))
+        for name in re.findall(r"\b(?:kv|cm)_[a-z_]+", expr):
+            assert name in scraped or f"{name.removesuffix('_bucket')}_count" in scraped, name
 
 
 def _value(result: list[dict[str, Any]]) -> float:
