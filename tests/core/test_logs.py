@@ -47,7 +47,8 @@ def test_a_text_line_ends_with_the_fields(captured: tuple[io.StringIO, object, i
     out = captured[0]
     logs.configure("debug", "text", out)
     logs.event(logging.getLogger("x"), "disk_fault", "flush failed", error="EIO", vbucket=3)
-    assert out.getvalue().rstrip().endswith("INFO flush failed error=EIO vbucket=3")
+    line = out.getvalue().rstrip()
+    assert line.endswith("INFO flush failed event=disk_fault error=EIO vbucket=3")
 
 
 @pytest.mark.parametrize(

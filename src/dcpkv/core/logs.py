@@ -6,16 +6,16 @@ Data nodes (``dcpkv server``) and managers (``dcpkv manager``) log to stderr thr
 :func:`configure`, at the level the user gives (``--log-level``: debug, info, warning,
 error) and in one of two formats (``--log-format``):
 
-``text``  ``2026-11-27 10:15:02,117 INFO failed over 127.0.0.1:40001 ... node=127.0.0.1:40001``
+``text``  ``2026-11-27 10:15:02,117 WARNING failed over ... event=failover node=127.0.0.1:40001``
 ``json``  ``{"time": "2026-11-27T10:15:02.117Z", "level": "info", "logger": "dcpkv.cluster",
           "event": "failover", "message": "failed over ...", "node": "127.0.0.1:40001", ...}``
 
 An event that matters to an operator is logged with :func:`event`: a name from
 :data:`EVENTS` and its fields (plain values), so a JSON line carries them as keys of its own
-and a text line ends with ``key=value`` pairs. Any other line has no ``event`` key. Events are
-counted (:func:`event_counts`) whether or not their level is shown. A JSON
-line is one object on one line whatever the message holds (newlines are escaped), so a line
-reader never splits one.
+and a text line ends with ``event=NAME`` and ``key=value`` pairs. Any other line has no
+``event`` key. Events are counted (:func:`event_counts`) whether or not their level is shown.
+A JSON line is one object on one line whatever the message holds (newlines are escaped), so a
+line reader never splits one.
 """
 
 from __future__ import annotations
@@ -92,17 +92,18 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """The classic line, then the event's fields as ``key=value``."""
+    """The classic line, then the event's name and fields as ``key=value``."""
 
     def __init__(self) -> None:
         super().__init__(_TEXT)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        fields = getattr(record, _FIELDS, None)
-        if not fields:
+        name = getattr(record, _EVENT, None)
+        if name is None:
             return line
         head, sep, rest = line.partition("\n")  # (a traceback stays below the line)
+        fields = {"event": name, **getattr(record, _FIELDS, {})}
         pairs = " ".join(f"{k}={v}" for k, v in fields.items())
         return f"{head} {pairs}{sep}{rest}"
 
