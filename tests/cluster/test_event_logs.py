@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvclient import KVClient
-from managerproc import ManagerProcess, start_cluster, wait_for
-from rebalancecheck import rebalance
-from serverproc import ServerProcess
 
 from dcpkv.cluster.admin_client import AdminError, admin_request
 from dcpkv.core.status import Status
+from support.kvclient import KVClient
+from support.managerproc import ManagerProcess, start_cluster, wait_for
+from support.rebalancecheck import rebalance
+from support.serverproc import ServerProcess
 
 JSON_LOGS = ("--log-format", "json")
 

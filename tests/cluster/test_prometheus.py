@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from managerproc import Cluster, ManagerProcess, client, start_cluster, wait_for
-from promcheck import promtool_check, samples
-from rebalancecheck import Load, rebalance
-from serverproc import ServerProcess
 
 from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
+from support.managerproc import Cluster, ManagerProcess, client, start_cluster, wait_for
+from support.promcheck import promtool_check, samples
+from support.rebalancecheck import Load, rebalance
+from support.serverproc import ServerProcess
 
 READER, READER_PASSWORD = "prometheus", "scrape-secret"
 

@@ -3,19 +3,14 @@ served on a real loopback port and checked by ``promtool check metrics``."""
 
 from __future__ import annotations
 
-import sys
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-
-from promcheck import promtool_check, samples
-
 from dcpkv.pipelines.metrics import PipelineMetrics
 from dcpkv.pipelines.table_job import BatchStats
+from support.promcheck import promtool_check, samples
 
 
 @pytest.fixture

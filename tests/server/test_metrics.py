@@ -7,13 +7,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient, Writer
-from promcheck import promtool_check, samples
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.server.latency import BOUNDS_S, LatencyHistogram
 from dcpkv.server.metrics import connection_type, op_name
+from support.kvclient import KVClient, Writer
+from support.promcheck import promtool_check, samples
+from support.serverproc import ServerProcess
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from dcpkv.cluster.node_link import NodeError
+from dcpkv.cluster.node_link import NodeLinkError
 from dcpkv.core.deadline import within
 from dcpkv.core.logs import event_counts
 
@@ -190,5 +190,5 @@ async def sd_targets(manager: Manager, manager_address: str) -> list[dict[str, A
 async def _metrics_port(manager: Manager, name: str, bucket: str) -> int:
     try:
         return await within(manager.links[name].metrics_port(bucket), SD_TIMEOUT_S)
-    except (NodeError, OSError, TimeoutError):
+    except (NodeLinkError, OSError, TimeoutError):
         return 0
