@@ -3,6 +3,8 @@ rules, the histogram, and a real node's port scraped and checked by ``promtool``
 
 from __future__ import annotations
 
+import json
+import struct
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from dcpkv.server.latency import BOUNDS_S, LatencyHistogram
 from dcpkv.server.metrics import connection_type, op_name
 from support.kvclient import KVClient, Writer
 from support.promcheck import promtool_check, samples
+from support.rawclient import RawClient
 from support.serverproc import ServerProcess
 
 
@@ -98,3 +101,36 @@ def test_a_node_serves_its_metrics_on_loopback_and_promtool_accepts_them(
 
 def test_metrics_are_off_unless_asked_for(server: ServerProcess) -> None:
     assert metrics_port(server.port) == 0
+
+
+def test_sync_writes_are_counted_and_their_commits_timed(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    node = server_factory(tmp_path / "data", tmp_path / "server.log", "--metrics-port", "0")
+    node.start()
+    raw = RawClient(node.port)
+    assert 0x11 in raw.hello(0x10, 0x11)  # AltRequest, SyncReplication
+    raw.login()
+    me = f"127.0.0.1:{node.port}"
+    for vb, chain in ((3, [me]), (5, [me, "absent-replica"])):
+        value = json.dumps({"topology": [chain]}).encode()
+        assert raw.call(0x3D, value=value, extras=b"\x01", vbucket=vb).status == 0  # active
+    extras = struct.pack(">II", 0, 0)
+    for level in (1, 3, 3):  # Majority, PersistToMajority: committed alone
+        framing = bytes((0x11, level))
+        assert raw.call(0x01, b"k%d" % level, b"v", extras, vbucket=3, framing=framing).status == 0
+    timeout = bytes((0x13, 1)) + struct.pack(">H", 300)  # the replica never acknowledges
+    answer = raw.call(0x01, b"waits", b"v", extras, vbucket=5, framing=timeout)
+    assert answer.status == 0xA3  # SyncWriteAmbiguous
+    raw.close()
+    text = scrape(metrics_port(node.port))
+    promtool_check(text)
+    got = samples(text)
+    b = '{bucket="default"}'
+    assert got[f"kv_vb_sync_write_accepted_count{b}"] == 4
+    assert got[f"kv_vb_sync_write_committed_count{b}"] == 3
+    assert got[f"kv_vb_sync_write_aborted_count{b}"] == 1
+    count = "kv_sync_write_commit_duration_seconds_count"
+    assert got[f'{count}{{level="majority"}}'] == 1
+    assert got[f'{count}{{level="persist_to_majority"}}'] == 2
+    assert f'{count}{{level="majority_and_persist_on_master"}}' not in got

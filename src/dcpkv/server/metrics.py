@@ -45,6 +45,8 @@ kv_dcp_rollback_count                bucket,    stream requests answered Rollbac
 kv_vb_sync_write_accepted_count      bucket     SyncWrites accepted as prepares
 kv_vb_sync_write_committed_count     bucket     ... committed
 kv_vb_sync_write_aborted_count       bucket     ... aborted or ambiguous (timeout, failover)
+kv_sync_write_commit_duration_       level      histogram: prepare to commit, by durability
+seconds                                         level (``majority``...)
 kv_curr_connections                             open client connections
 kv_auth_errors                                  failed logins
 kv_rejected_conns                               connections refused (max_connections)
@@ -150,6 +152,7 @@ def _server(state: ServerState) -> Iterator[Metric]:
         yield metric
     if state.latency is not None:
         yield _histogram(state.latency)
+    yield _sync_write_durations(state.sync_write_durations)
 
 
 def _histogram(latency: LatencyHistogram) -> Metric:
@@ -161,6 +164,18 @@ def _histogram(latency: LatencyHistogram) -> Metric:
         buckets=buckets,
         sum_value=total,
     )
+
+
+def _sync_write_durations(by_level: dict[str, LatencyHistogram]) -> Metric:
+    family = HistogramMetricFamily(
+        "kv_sync_write_commit_duration_seconds",
+        "Time from a SyncWrite's prepare to its commit, by durability level",
+        labels=["level"],
+    )
+    for level, histogram in sorted(by_level.items()):
+        buckets, total = histogram.cumulative()
+        family.add_metric([level], buckets, total)
+    return family
 
 
 def _bucket(name: str, bucket: Any) -> Iterator[Metric]:

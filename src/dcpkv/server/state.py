@@ -73,6 +73,14 @@ class ServerState:
     metrics_port: int | None = None  # the Prometheus port bound (--metrics-port), when on
     # bucket -> its SyncWrites [accepted as prepares, committed, aborted or ambiguous]
     sync_writes: dict[str, list[int]] = field(default_factory=dict)
+    # durability level -> the time from prepare to commit of the SyncWrites that committed
+    sync_write_durations: dict[str, LatencyHistogram] = field(default_factory=dict)
+
+    def sync_duration(self, level: str) -> LatencyHistogram:
+        histogram = self.sync_write_durations.get(level)
+        if histogram is None:
+            histogram = self.sync_write_durations[level] = LatencyHistogram()
+        return histogram
 
     def sync_counts(self, bucket: str) -> list[int]:
         counts = self.sync_writes.get(bucket)
