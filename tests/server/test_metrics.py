@@ -67,11 +67,17 @@ def metrics_port(port: int) -> int:
         return int(kv.stats()["metrics_port"])
 
 
+@pytest.fixture
+def node(server_factory: type[ServerProcess], tmp_path: Path) -> ServerProcess:
+    """A node serving metrics on a free loopback port."""
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--metrics-port", "0")
+    srv.start()
+    return srv
+
+
 def test_a_node_serves_its_metrics_on_loopback_and_promtool_accepts_them(
-    server_factory: type[ServerProcess], tmp_path: Path
+    node: ServerProcess,
 ) -> None:
-    node = server_factory(tmp_path / "data", tmp_path / "server.log", "--metrics-port", "0")
-    node.start()
     port = metrics_port(node.port)
     assert port > 0
     with Writer(node.port) as writer:
@@ -103,11 +109,7 @@ def test_metrics_are_off_unless_asked_for(server: ServerProcess) -> None:
     assert metrics_port(server.port) == 0
 
 
-def test_sync_writes_are_counted_and_their_commits_timed(
-    server_factory: type[ServerProcess], tmp_path: Path
-) -> None:
-    node = server_factory(tmp_path / "data", tmp_path / "server.log", "--metrics-port", "0")
-    node.start()
+def test_sync_writes_are_counted_and_their_commits_timed(node: ServerProcess) -> None:
     raw = RawClient(node.port)
     assert 0x11 in raw.hello(0x10, 0x11)  # AltRequest, SyncReplication
     raw.login()
