@@ -31,15 +31,10 @@ lock-check:
 run: $(STAMP)
 	$(BIN)/dcpkv demo
 
-## etcd: Debian's etcd-server (the managers' shared store: the etcd tests, cluster up --nodes 3),
-## installed when missing and run as root; else one line saying what to install (those tests skip)
-etcd:
-	@command -v etcd >/dev/null || if [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; \
-	else echo "etcd is missing: install Debian's etcd-server (apt-get install etcd-server); the etcd tests skip"; fi
-
-## test: the lock's freshness, etcd, lint, the whole test suite
-test: lock-check etcd $(STAMP)
+## test: the lock's freshness, the Debian packages tests use (tools/install_test_packages.sh:
+## etcd-server, prometheus, chromium; when missing and run as root), lint, the whole test suite
+test: lock-check $(STAMP)
+	tools/install_test_packages.sh
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
@@ -60,6 +55,7 @@ FAST_TESTS := tests/core tests/protocol tests/engine tests/dcp \
 	tests/pipelines/test_mirror_floors.py tests/pipelines/test_report.py \
 	tests/pipelines/test_resync_plan.py tests/pipelines/test_rewrite_swap.py \
 	tests/pipelines/test_sample_data.py tests/pipelines/test_vtable_entries.py \
+	tests/pipelines/test_pipeline_metrics.py \
 	tests/docs/test_docblocks.py tests/tools/test_lock.py
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(FAST_TESTS)

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.cli.options import LogFormat, LogLevel
 from dcpkv.core.defaults import DEFAULT_BUCKET, DEFAULT_HOST, DEFAULT_PASSWORD, DEFAULT_USER
 
 DEFAULT_MANAGER_PORT = 8091  # Couchbase's REST port
@@ -95,6 +96,8 @@ def manager(
             min=2, help="Seconds a leader acts without etcd's keep-alive answer (--etcd)."
         ),
     ] = 10,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the cluster manager: it owns the cluster configuration and drives the data nodes.
 
@@ -128,6 +131,8 @@ def manager(
         etcd=etcd,
         name=name,
         lease_ttl_s=lease_ttl,
+        log_level=log_level,
+        log_format=log_format,
     )
     if (tls_cert is None) != (tls_key is None):
         typer.echo("dcpkv manager: give both --tls-cert and --tls-key", err=True)
@@ -140,6 +145,13 @@ def manager(
         except ValueError as exc:
             typer.echo(f"dcpkv manager: --etcd: {exc}", err=True)
             raise typer.Exit(2) from None
+    from dcpkv.core.logs import ConfigError, check
+
+    try:
+        check(log_level, log_format)
+    except ConfigError as exc:
+        typer.echo(f"dcpkv manager: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         run(options)
     except (Refused, ClusterConfigError, TlsError) as exc:

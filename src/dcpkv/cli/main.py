@@ -14,6 +14,8 @@ from dcpkv.cli.demo import report as report_command
 from dcpkv.cli.options import (
     Bucket,
     Host,
+    LogFormat,
+    LogLevel,
     Password,
     Port,
     Tls,
@@ -118,12 +120,27 @@ def server(
         float | None,
         typer.Option(help="Seconds a connection may stay without logging in [default: 30]."),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve Prometheus metrics over HTTP on this port (0 picks a free one) "
+            "[default: not served]."
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str | None,
+        typer.Option(help="The metrics port's address [default: 127.0.0.1, loopback only]."),
+    ] = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the key-value data server until SIGINT/SIGTERM."""
+    from dcpkv.core import logs
     from dcpkv.server.app import run
     from dcpkv.server.config import ConfigError, load_config, with_cli_flags
 
     try:
+        logs.check(log_level, log_format)
         settings = with_cli_flags(
             load_config(config),
             host=host,
@@ -144,15 +161,17 @@ def server(
             tls_ca=tls_ca,
             max_connections=max_connections,
             unauth_idle_timeout_s=unauth_timeout,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
-    except ConfigError as exc:
+    except (ConfigError, logs.ConfigError) as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
     from dcpkv.core.tls import TlsError
     from dcpkv.engine.storage import StorageError
 
     try:
-        run(settings, port_file)
+        run(settings, port_file, log_level=log_level, log_format=log_format)
     except (OSError, StorageError, TlsError) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None

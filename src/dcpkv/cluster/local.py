@@ -15,6 +15,9 @@ loopback (``D/etcd0/`` its data, ``D/etcd0.log``, ``D/etcd0.ports`` its client a
 ports); the managers elect one leader (:mod:`~dcpkv.cluster.leader_service`), any of them
 answers the API.
 
+Each node serves Prometheus metrics on a free loopback port (``--metrics-port 0``); the
+manager's ``/prometheus_sd_config`` lists them.
+
 Ports are free ones picked by the kernel (``--port 0`` and a port file); a second ``up`` on
 the same folder reuses the ports the files name, so the saved configuration still addresses
 its nodes. The nodes start first; the manager gets them as seeds (it ignores them when its
@@ -178,6 +181,8 @@ class LocalCluster:
                 str(self.data_dir / name),
                 "--vbuckets",
                 str(self.vbuckets),
+                "--metrics-port",  # a free loopback port: the manager's /prometheus_sd_config
+                "0",
             )
             node_children.append(self._child(name, argv))
         for child in members + node_children:

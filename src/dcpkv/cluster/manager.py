@@ -58,6 +58,7 @@ from dcpkv.cluster.node_link import Counters, LinkTls, NodeLink, NodeLinkError
 from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefused
 from dcpkv.cluster.store import ClusterStore, FileStore, StoreConflict
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
+from dcpkv.core import logs
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.rbac import RbacError, Role, UserRecord, UsersDoc
 from dcpkv.core.vbucket import VBucketState
@@ -389,7 +390,9 @@ class Manager:
         await self.forget(name)
         await self._sync_all()
         how = "manually" if auto_reason is None else f"automatically ({auto_reason})"
-        log.info("failed over %s %s: %d vbucket(s) promoted", name, how, promoted)
+        logs.event(log, "failover", "failed over %s %s: %d vbucket(s) promoted", name, how,
+                   promoted, level=logging.WARNING, node=name, automatic=auto_reason is not None,
+                   reason=auto_reason, promoted=promoted)  # fmt: skip
         return {"failedOver": name, "promoted": promoted, "rev": self._rev()}
 
     # -- automatic failover -----------------------------------------------------------------

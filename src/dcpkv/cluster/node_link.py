@@ -150,6 +150,15 @@ class NodeLink:
             raise NodeLinkError(f"{self.name}: stat vbucket failed: {exc}") from None
         return {int(name[3:]): VBucketState.of(value) for name, value in rows if name[:3] == "vb_"}
 
+    async def metrics_port(self, bucket: str) -> int:
+        """The node's Prometheus port (``stat`` metrics_port; 0: it serves none)."""
+        conn = await self._session(bucket)
+        try:
+            rows = dict(await within(conn.stats(""), CALL_TIMEOUT_S))
+        except (OSError, TimeoutError, ClientError) as exc:
+            raise NodeLinkError(f"{self.name}: stat failed: {exc}") from None
+        return int(rows.get("metrics_port") or 0)
+
     async def served_config(self, bucket: str) -> dict[str, Any]:
         answer = await self._call(bucket, kv.GetClusterConfig())
         if not isinstance(answer, kv.GetClusterConfigResponse):

@@ -25,6 +25,7 @@ from dcpkv.cluster.http_api import make_app
 from dcpkv.cluster.leadership import DEFAULT_LEASE_TTL_S
 from dcpkv.cluster.manager import Manager
 from dcpkv.cluster.node_link import LinkTls
+from dcpkv.core import logs
 from dcpkv.core.files import atomic_write
 from dcpkv.core.tls import server_context
 
@@ -51,6 +52,8 @@ class ManagerOptions:
     etcd: str | None = None
     name: str | None = None  # this manager's name among them (default: host:port)
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    log_level: str = "info"  # (dcpkv.core.logs)
+    log_format: str = "text"
 
 
 async def serve(options: ManagerOptions) -> None:
@@ -107,5 +110,5 @@ async def until_signalled() -> None:
 
 
 def run(options: ManagerOptions) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logs.configure(options.log_level, options.log_format)
     asyncio.run(serve(options))

@@ -92,10 +92,16 @@ class ServerConfig:
     # Limits that keep one client from hurting the others (see server/app.py, "Limits").
     max_connections: int = 4096
     unauth_idle_timeout_s: float = 30.0
+    # Prometheus metrics over HTTP on this port (0: a free one; None: not served), on
+    # metrics_host: loopback by default, as the reference's per-node port (server/metrics.py)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be 0..65535, not {self.metrics_port}")
         if self.tls_port is not None and not 0 <= self.tls_port <= 65535:
             raise ConfigError(f"tls_port must be 0..65535, not {self.tls_port}")
         if (self.tls_port is None) != (self.tls_cert is None or self.tls_key is None):
@@ -140,13 +146,14 @@ def load_config(path: Path | None) -> ServerConfig:
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
     numbers = (
         "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s",
-        "max_connections", "unauth_idle_timeout_s", "tls_port",
+        "max_connections", "unauth_idle_timeout_s", "tls_port", "metrics_port",
     )  # fmt: skip
-    known = {"host", "data_dir", "users", "buckets", "managed", *numbers, *_PATHS}
+    plain = ("host", "managed", "metrics_host", *numbers)
+    known = {"data_dir", "users", "buckets", *plain, *_PATHS}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", "managed", *numbers) if k in doc}
+    kwargs: dict[str, Any] = {k: doc[k] for k in plain if k in doc}
     for name in ("data_dir", *_PATHS):
         if name in doc:
             kwargs[name] = Path(doc[name])

@@ -215,6 +215,7 @@ def handle(conn: Connection, frame: Frame) -> Reaction | None:
     route = ROUTES.get(frame.opcode)
     if route is None:
         return error_answer(frame, Status.UnknownCommand)
+    conn.server.ops[frame.opcode] += 1
     closed = closed_gate(conn, route)
     if closed is not None:
         conn.server.eaccess += closed.rbac

@@ -13,11 +13,13 @@ GetErrorMap) or once in a bucket (GetClusterConfig).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import NoReturn
 
 from dcpkv import __version__
 from dcpkv.core.manager_term import term_of
+from dcpkv.core import logs
 from dcpkv.core.rbac import RbacError, UsersDoc
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
@@ -77,7 +79,15 @@ def sasl_list_mechs(conn: Connection, req: kv.SaslListMechs) -> kv.SaslListMechs
 def sasl_auth(conn: Connection, req: kv.SaslAuth) -> kv.SaslAuthResponse:
     server = conn.server
     if server.login_throttle.blocked(conn.peer_host, time.monotonic()):
-        server.log.info("login from %s refused: too many failed logins", conn.peer)
+        logs.event(
+            server.log,
+            "auth_failure",
+            "login from %s refused: too many failed logins",
+            conn.peer,
+            level=logging.WARNING,
+            peer=conn.peer_host,
+            reason="throttled",
+        )
         conn.user = None
         raise Reply(Status.AuthError, b"Too many failed logins from this address; retry later")
     server.users.refresh()  # `dcpkv user` may have changed the users file
@@ -104,7 +114,16 @@ def sasl_step(conn: Connection, req: kv.SaslStep) -> kv.SaslStepResponse:
 
 
 def _refuse_login(conn: Connection, exc: AuthFailed) -> NoReturn:
-    conn.server.log.info("auth failed from %s: %s", conn.peer, exc)
+    logs.event(
+        conn.server.log,
+        "auth_failure",
+        "auth failed from %s: %s",
+        conn.peer,
+        exc,
+        level=logging.WARNING,
+        peer=conn.peer_host,
+        reason=str(exc),
+    )
     conn.server.auth_errors += 1
     conn.server.login_throttle.failed(conn.peer_host, time.monotonic())
     conn.user = None

@@ -27,6 +27,7 @@ from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.handover import Handovers, StagedMap, parse_push
+from dcpkv.server.latency import LatencyHistogram
 from dcpkv.server.login_throttle import LoginThrottle
 
 CLUSTER_CONFIG_SUFFIX = ".cluster-config.json"  # <data dir>/<bucket><suffix>: the last map kept
@@ -68,6 +69,27 @@ class ServerState:
     eaccess: int = 0  # requests refused for want of a role (stat rbac_eaccess)
     # SeqnoPersistence requests waiting for the flusher (dcpkv.server.seqno_persistence)
     persistence_waiters: list[Any] = field(default_factory=list)
+    # Requests received, by opcode, on both paths (the metric kv_ops: dcpkv.server.metrics)
+    ops: list[int] = field(default_factory=lambda: [0] * 256)
+    # The time to answer each read, while metrics are served (dcpkv.server.latency)
+    latency: LatencyHistogram | None = None
+    metrics_port: int | None = None  # the Prometheus port bound (--metrics-port), when on
+    # bucket -> its SyncWrites [accepted as prepares, committed, aborted or ambiguous]
+    sync_writes: dict[str, list[int]] = field(default_factory=dict)
+    # durability level -> the time from prepare to commit of the SyncWrites that committed
+    sync_write_durations: dict[str, LatencyHistogram] = field(default_factory=dict)
+
+    def sync_duration(self, level: str) -> LatencyHistogram:
+        histogram = self.sync_write_durations.get(level)
+        if histogram is None:
+            histogram = self.sync_write_durations[level] = LatencyHistogram()
+        return histogram
+
+    def sync_counts(self, bucket: str) -> list[int]:
+        counts = self.sync_writes.get(bucket)
+        if counts is None:
+            counts = self.sync_writes[bucket] = [0, 0, 0]
+        return counts
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users), path=self.config.data_dir / USERS_FILE)

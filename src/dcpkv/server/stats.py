@@ -67,6 +67,7 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "rejected_conns", conn.server.rejected_conns
     yield "unauth_timeouts", conn.server.unauth_timeouts
     yield "write_holds", conn.server.write_holds
+    yield "metrics_port", conn.server.metrics_port or 0  # ours: Prometheus (0: not served)
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
     yield "ep_total_persisted", bucket.items_persisted

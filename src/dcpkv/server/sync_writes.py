@@ -35,6 +35,7 @@ chain of a SetVbucket topology must name this node.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 from dcpkv.core.status import Status
@@ -43,7 +44,7 @@ from dcpkv.engine.item import EngineError, Item
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol.constants import DurabilityLevel, Opcode
 from dcpkv.protocol.durability import DurabilityRequirement
 from dcpkv.server.connection import Connection
 from dcpkv.server.kv_handlers import active, mutated, refusal
@@ -54,6 +55,13 @@ SYNC_WRITE_OPS = frozenset(
         Opcode.Delete, Opcode.DeleteQ,
     }
 )  # fmt: skip
+
+# A level as the reference's metrics label it (kv_sync_write_commit_duration_seconds{level})
+LEVEL_LABELS = {
+    DurabilityLevel.Majority: "majority",
+    DurabilityLevel.MajorityAndPersistToActive: "majority_and_persist_on_master",
+    DurabilityLevel.PersistToMajority: "persist_to_majority",
+}
 
 NOT_YET = (
     b"durability requirements are not supported for this command yet "
@@ -68,10 +76,12 @@ NO_TOPOLOGY = (
 class PendingAnswer:
     """A SyncWrite's answer to come: its request, and the bytes once decided."""
 
-    __slots__ = ("answer", "conn", "on_ready", "req", "vbucket")
+    __slots__ = ("answer", "conn", "level", "on_ready", "req", "started", "vbucket")
 
-    def __init__(self, conn: Connection, req: kv.Request, vbucket: VBucket) -> None:
+    def __init__(self, conn: Connection, req: kv.Request, vbucket: VBucket, level: str) -> None:
         self.conn, self.req, self.vbucket = conn, req, vbucket
+        self.level = level  # (the metric's label: LEVEL_LABELS)
+        self.started = perf_counter_ns()  # (the commit's duration, a metric)
         self.answer: bytes | None = None
         # The shell's hook: an answer held behind this one may go out now.
         self.on_ready: Callable[[], None] | None = None
@@ -107,7 +117,7 @@ def sync_write(
 ) -> PendingAnswer:
     """Run ``handler`` on ``req`` as a SyncWrite; its refusal raises as the handler's would."""
     vbucket = active(conn, req.vbucket)
-    pending = PendingAnswer(conn, req, vbucket)
+    pending = PendingAnswer(conn, req, vbucket, LEVEL_LABELS[requirement.level])
     try:
         vbucket.sync_write(
             lambda: handler(conn, req),
@@ -117,6 +127,7 @@ def sync_write(
         )
     except EngineError as exc:
         raise refusal(conn, exc) from None
+    conn.server.sync_counts(conn.bucket_name or "")[0] += 1
     return pending
 
 
@@ -125,4 +136,9 @@ def deliver(outcomes: list[SyncOutcome]) -> None:
     for outcome in outcomes:
         cookie = outcome.cookie
         if isinstance(cookie, PendingAnswer):
+            server = cookie.conn.server
+            committed = outcome.status == Status.Success
+            server.sync_counts(cookie.conn.bucket_name or "")[1 if committed else 2] += 1
+            if committed:
+                server.sync_duration(cookie.level).observe(perf_counter_ns() - cookie.started)
             cookie.resolve(outcome.status, outcome.item)
