@@ -27,6 +27,7 @@ PUT      ``/settings/rbac/users/       ``password=..``, ``roles=data_reader[b],.
          local/NAME``                  add a user or change one (Couchbase's route)
 DELETE   ``/settings/rbac/users/       remove a user
          local/NAME``
+GET      ``/ui/``                      the web console (:mod:`dcpkv.cluster.console`)
 =======  ============================  ===========================================
 
 Parameters come as a form (what Couchbase's REST API takes) or as a JSON object. Every
@@ -47,6 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
+from dcpkv.cluster import console
 from dcpkv.cluster.config import ClusterConfigError, Recovery
 from dcpkv.cluster.manager import Manager, Refused
 from dcpkv.core.rbac import check_user_name, parse_roles
@@ -236,4 +238,5 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_get("/settings/rbac/users", _list_users)
     app.router.add_put("/settings/rbac/users/local/{name}", _put_user)
     app.router.add_delete("/settings/rbac/users/local/{name}", _delete_user)
+    console.install(app, manager)
     return app
