@@ -11,6 +11,7 @@ GET      ``/ui/static/...``        its script, styles and the vendored libraries
 GET      ``/ui/api/overview``      nodes, buckets, rebalance, failover
                                    (:mod:`.gather`; gathered at most once a second)
 GET      ``/ui/api/dcp``           DCP connections and their backlog, per node
+                                   (at most every five seconds)
 =======  ========================  ==============================================
 
 The page is Preact with htm (tagged templates: no build step) and uPlot for the charts, all

@@ -46,6 +46,10 @@ CONNECTION_TYPES = (
 )
 
 
+# a stream's rows the console reads (a stream has a dozen; 1,024 vbuckets make thousands)
+STREAM_STATS = frozenset({"state", "end_seqno", "last_sent_seqno"})
+
+
 def connection_type(name: str) -> str:
     for prefix, kind in CONNECTION_TYPES:
         if name.startswith(prefix):
@@ -80,22 +84,24 @@ class DcpConnection:
 
 
 def parse(rows: Iterable[tuple[str, str]]) -> list[DcpConnection]:
-    """The producer connections in ``stat dcp`` rows, in the order the node lists them."""
+    """The producer connections in ``stat dcp`` rows, in the order the node lists them; of
+    each stream, only what its backlog and state need (``STREAM_STATS``)."""
     connections: list[DcpConnection] = []
     current: DcpConnection | None = None
+    suffix = ""
     for key, value in rows:
-        if key.startswith("type:") and value == "producer":
+        if value == "producer" and key.startswith("type:"):
             current = DcpConnection(key[5:])
             connections.append(current)
-            continue
-        if current is None or not key.endswith(f":{current.name}"):
-            current = None  # totals before the first, a consumer's rows after the last
-            continue
-        stat, _, where = key[: -len(current.name) - 1].partition(":")
-        if where:
-            current.streams.setdefault(where, {})[stat] = value
+            suffix = f":{current.name}"
+        elif current is not None and key.endswith(suffix):
+            stat, _, where = key[: -len(suffix)].partition(":")
+            if not where:
+                current.stats[stat] = value
+            elif stat in STREAM_STATS:
+                current.streams.setdefault(where, {})[stat] = value
         else:
-            current.stats[stat] = value
+            current = None  # totals before the first, a consumer's rows after the last
     return connections
 
 

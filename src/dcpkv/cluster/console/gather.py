@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Two documents, each gathered at most once a second whoever asks (:class:`.sampling.Cached`):
+Two documents, each gathered at most once per interval whoever asks (:class:`.sampling.
+Cached`): the overview every second, the DCP panel every five.
 
 ``overview``
     From the manager, with no node asked: every node's membership, health and share of the
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 
 ASK_TIMEOUT_S = 2.0
 TTL_S = 1.0
+# The DCP panel (thousands of stat rows a node with 1,024 vbuckets): at most every 5 s, which
+# is how often the page asks for it
+DCP_TTL_S = 5.0
 
 
 class Gatherer:
@@ -50,7 +54,7 @@ class Gatherer:
         self._counters = Counters()  # (the console's links change nothing: never counted)
         self._mutations: dict[str, Mutations] = {}
         self.overview: Cached[dict[str, Any]] = Cached(self._overview, TTL_S)
-        self.dcp: Cached[dict[str, Any]] = Cached(self._dcp, TTL_S)
+        self.dcp: Cached[dict[str, Any]] = Cached(self._dcp, DCP_TTL_S)
 
     async def close(self) -> None:
         links, self._links = list(self._links.values()), {}
