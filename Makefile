@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 
-.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check
+.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check chromium
 
 ## venv: a fresh .venv from the lock (tools/lock.py): every package pinned and hash-checked, the
 ## project itself editable with the pinned build backend; made again whenever the lock changes
@@ -31,8 +31,18 @@ lock-check:
 run: $(STAMP)
 	$(BIN)/dcpkv demo
 
-## test: the lock's freshness, lint, the whole test suite
-test: lock-check $(STAMP)
+## chromium: Debian's chromium and a font (the web console's browser tests drive it through
+## Playwright), installed when missing and run as root; else one line saying what to install
+## (those tests skip without it)
+chromium:
+	@command -v chromium >/dev/null || if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium fonts-dejavu-core; } >/tmp/dcpkv-chromium.log 2>&1 \
+		|| echo "apt-get install chromium failed (/tmp/dcpkv-chromium.log): the console's browser tests skip"; \
+	else echo "chromium is missing: apt-get install chromium (the console's browser tests skip)"; fi
+
+## test: the lock's freshness, chromium, lint, the whole test suite
+test: lock-check chromium $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
@@ -52,6 +62,7 @@ FAST_TESTS := tests/core tests/protocol tests/engine tests/dcp \
 	tests/pipelines/test_mirror_floors.py tests/pipelines/test_report.py \
 	tests/pipelines/test_resync_plan.py tests/pipelines/test_rewrite_swap.py \
 	tests/pipelines/test_sample_data.py tests/pipelines/test_vtable_entries.py \
+	tests/cluster/console/test_dcp_backlog.py tests/cluster/console/test_sampling.py \
 	tests/docs/test_docblocks.py tests/tools/test_lock.py
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(FAST_TESTS)
