@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 
-.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check etcd
+.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check
 
 ## venv: a fresh .venv from the lock (tools/lock.py): every package pinned and hash-checked, the
 ## project itself editable with the pinned build backend; made again whenever the lock changes
@@ -56,6 +56,7 @@ FAST_TESTS := tests/core tests/protocol tests/engine tests/dcp \
 	tests/pipelines/test_resync_plan.py tests/pipelines/test_rewrite_swap.py \
 	tests/pipelines/test_sample_data.py tests/pipelines/test_vtable_entries.py \
 	tests/pipelines/test_pipeline_metrics.py \
+	tests/cluster/console/test_dcp_backlog.py tests/cluster/console/test_sampling.py \
 	tests/docs/test_docblocks.py tests/tools/test_lock.py
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(FAST_TESTS)

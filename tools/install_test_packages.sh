@@ -10,6 +10,9 @@ missing=()
 if ! command -v etcd >/dev/null; then
     missing+=(etcd-server)
 fi
+if ! command -v chromium >/dev/null; then
+    missing+=(chromium fonts-dejavu-core)
+fi
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     missing+=(prometheus)
 fi

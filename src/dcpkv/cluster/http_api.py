@@ -30,6 +30,7 @@ DELETE   ``/settings/rbac/users/       remove a user
 GET      ``/metrics``                  Prometheus text (:mod:`dcpkv.cluster.metrics`)
 GET      ``/prometheus_sd_config``     Prometheus HTTP service discovery: the
                                        manager and every node's metrics port
+GET      ``/ui/``                      the web console (:mod:`dcpkv.cluster.console`)
 =======  ============================  ===========================================
 
 Parameters come as a form (what Couchbase's REST API takes) or as a JSON object. Every
@@ -54,6 +55,7 @@ from typing import Any
 from aiohttp import web
 
 from dcpkv.cluster import metrics
+from dcpkv.cluster import console
 from dcpkv.cluster.config import ClusterConfigError, Recovery
 from dcpkv.cluster.manager import Manager, Refused
 from dcpkv.core import logs
@@ -280,4 +282,5 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_delete("/settings/rbac/users/local/{name}", _delete_user)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/prometheus_sd_config", _prometheus_sd_config)
+    console.install(app, manager)
     return app

@@ -256,6 +256,11 @@ class NodeLink:
         )
         return state, high, persisted
 
+    async def stat_group(self, bucket: str, group: str = "") -> list[tuple[str, str]]:
+        """One ``stat`` group's rows as the node answers them (the web console's figures)."""
+        conn = await self._session(bucket)
+        return (await self._at_once(bucket, conn, [conn.stats(group)]))[0]
+
     async def noop(self, bucket: str) -> None:
         answer = await self._call(bucket, kv.Noop())
         if getattr(answer, "status", Status.Success) != Status.Success:
