@@ -77,6 +77,13 @@ def server(
         str | None,
         typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
     ] = None,
+    conflict_resolution: Annotated[
+        str | None,
+        typer.Option(
+            help="How its XDCR (with-meta) writes are judged: seqno (revision) or lww "
+            "(timestamp); fixed when the bucket is created [default: seqno]."
+        ),
+    ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
     port_file: Annotated[
@@ -134,6 +141,7 @@ def server(
             memory_quota_mb=memory_quota_mb,
             compression_mode=compression_mode,
             storage=storage,
+            conflict_resolution=conflict_resolution,
             user=user,
             password=password,
             flush_interval_s=flush_interval,

@@ -87,6 +87,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from dcpkv.core import conflict_resolution as cr
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.replication_topology import ReplicationTopology
 from dcpkv.core.seqno import SEQNO_MAX
@@ -247,6 +248,8 @@ class VBucket:
         self.durability_timeout_ms = dm.DEFAULT_TIMEOUT_MS
         self._sync: _SyncRequest | None = None
         self.on_sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
+        # How a with-meta write is judged against the local copy (the bucket's setting)
+        self.conflict_mode = cr.ConflictMode.SEQNO
 
     # -- reading the state ----------------------------------------------------------------
 
@@ -549,6 +552,44 @@ class VBucket:
             self._queue(item, self.hash_table.entries.get(item.key))
             self.hlc.observe(item.cas)
             return item
+
+    # -- with-meta writes (XDCR: an active vbucket takes a version made elsewhere) ----------
+
+    def write_with_meta(
+        self, incoming: Item, *, check_conflict: bool = True, regenerate_cas: bool = False,
+        add: bool = False, cas: int = 0,
+    ) -> Item:  # fmt: skip
+        """SetWithMeta/AddWithMeta/DelWithMeta (``incoming.deleted``) on an active vbucket:
+        ``incoming`` keeps its source's CAS (unless ``regenerate_cas``), rev seqno, flags and
+        expiry, and takes the next local seqno. Refused with KeyExists when it loses conflict
+        resolution (``core/conflict_resolution.py``, the bucket's ``conflict_mode``) or is
+        identical, and for ``add`` when a live document exists; ``cas`` (not 0) must be the
+        local CAS. A tombstone the table dropped is read back first: it still takes part."""
+        key = incoming.key
+        disk = None
+        if self.hash_table.entries.get(key) is None and self._fetch is not None:
+            disk = self._fetch(self.id, key)  # a persisted tombstone (outside the lock)
+        with self.lock:
+            self._check_write(key, incoming.value or b"")
+            live = self._live(key)
+            stored = self.hash_table.entries.get(key)
+            if add and live is not None:
+                raise KeyExists("key exists")
+            _check_cas(live, cas)
+            local = stored if stored is not None else disk
+            if check_conflict and not cr.incoming_wins(
+                self.conflict_mode, _meta(incoming), None if local is None else _meta(local)
+            ):
+                raise KeyExists("the incoming version loses conflict resolution")
+            seqno = self.high_seqno + 1
+            if seqno > SEQNO_MAX or incoming.rev_seqno > SEQNO_MAX:
+                raise self._beyond_seqno_max(seqno, incoming.rev_seqno)
+            item = dataclasses.replace(
+                incoming, by_seqno=seqno,
+                cas=self.hlc.next_cas() if regenerate_cas else incoming.cas,
+            )  # fmt: skip
+            self.hlc.observe(item.cas)
+            return self._queue(item, stored)
 
     # -- SyncWrites (module docstring) ----------------------------------------------------------
 
@@ -1001,6 +1042,13 @@ class VBucket:
             expired=expired,
         )
         return self._queue(item, current)
+
+
+def _meta(item: Item) -> cr.Meta:
+    return cr.Meta(
+        cas=item.cas, rev_seqno=item.rev_seqno, expiry=item.expiry, flags=item.flags,
+        deleted=item.deleted, xattrs=bool(item.datatype & _XATTR),
+    )  # fmt: skip
 
 
 def _check_cas(current: Item | None, cas: int) -> None:

@@ -107,6 +107,7 @@ from pathlib import Path
 from typing import cast
 
 from dcpkv.core import event_loop
+from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.tls import server_context
@@ -537,6 +538,7 @@ class DataServer:
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 compression_mode=CompressionMode(bc.compression_mode),
                 storage=bc.storage,
+                conflict_mode=ConflictMode(bc.conflict_resolution),
             )
             bucket.sync_outcomes = self._sync_outcomes
             if not bucket.vbuckets and not self.config.managed:
