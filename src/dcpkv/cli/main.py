@@ -157,11 +157,12 @@ def server(
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
     from dcpkv.core.tls import TlsError
+    from dcpkv.engine.bucket import ConflictModeMismatch
     from dcpkv.engine.storage import StorageError
 
     try:
         run(settings, port_file)
-    except (OSError, StorageError, TlsError) as exc:
+    except (OSError, StorageError, TlsError, ConflictModeMismatch) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None
 
@@ -369,6 +370,9 @@ from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
 _register_cluster(app)
 
 from dcpkv.cli.users import user_app  # noqa: E402
+from dcpkv.cli.xdcr import xdcr_app  # noqa: E402
+
+app.add_typer(xdcr_app, name="xdcr")
 
 app.add_typer(user_app, name="user")
 

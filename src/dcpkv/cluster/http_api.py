@@ -101,6 +101,9 @@ async def _params(request: web.Request) -> dict[str, Any]:
     return dict(await request.post())
 
 
+read_params = _params  # (the XDCR routes read theirs the same way: cluster/xdcr/service.py)
+
+
 def _required(params: dict[str, Any], *names: str) -> str:
     for name in names:
         if params.get(name):
