@@ -58,6 +58,13 @@ def test_a_tombstone_read_back_from_disk_still_takes_part(open_bucket: BucketFac
     with pytest.raises(KeyExists):
         vb.write_with_meta(_doc(b"k", rev=4, cas=99), add=True)
     assert vb.write_with_meta(_doc(b"k", rev=6, cas=60), add=True).rev_seqno == 6
+    vb.write_with_meta(_doc(b"k", rev=7, cas=70, deleted=True))
+    bucket.shutdown()
+    # after a warm-up the table knows nothing of the tombstones on disk: they are read back
+    again = open_bucket().get_vbucket(0)
+    assert again.peek(b"k") is None
+    with pytest.raises(KeyExists):
+        again.write_with_meta(_doc(b"k", rev=7, cas=70, deleted=True))
 
 
 def test_the_mode_is_fixed_when_the_bucket_is_created(open_bucket: BucketFactory) -> None:

@@ -124,6 +124,7 @@ MAX_KEY_LENGTH = 250
 DEFAULT_MAX_ITEM_SIZE = 20 * 1024 * 1024
 U64 = 1 << 64
 _FLUSH_ALL = 1 << 62
+_DROPPED_KEPT = 100_000  # dropped tombstones remembered per vbucket (then: always read)
 
 
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
@@ -250,6 +251,10 @@ class VBucket:
         self.on_sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
         # How a with-meta write is judged against the local copy (the bucket's setting)
         self.conflict_mode = cr.ConflictMode.SEQNO
+        # Hashes of the keys whose persisted tombstones left the table (None: unknown, after
+        # a warm-up or a rollback, or too many to keep): a with-meta write of a key absent
+        # from the table reads storage only when it may find a tombstone there.
+        self._dropped: set[int] | None = set() if high_seqno == 0 else None
 
     # -- reading the state ----------------------------------------------------------------
 
@@ -567,7 +572,8 @@ class VBucket:
         local CAS. A tombstone the table dropped is read back first: it still takes part."""
         key = incoming.key
         disk = None
-        if self.hash_table.entries.get(key) is None and self._fetch is not None:
+        if self.hash_table.entries.get(key) is None and self._may_be_on_disk(key):
+            assert self._fetch is not None
             disk = self._fetch(self.id, key)  # a persisted tombstone (outside the lock)
         with self.lock:
             self._check_write(key, incoming.value or b"")
@@ -590,6 +596,18 @@ class VBucket:
             )  # fmt: skip
             self.hlc.observe(item.cas)
             return self._queue(item, stored)
+
+    def _note_dropped(self, key: bytes) -> None:
+        if self._dropped is not None:
+            self._dropped.add(hash(key))
+            if len(self._dropped) > _DROPPED_KEPT:
+                self._dropped = None
+
+    def _may_be_on_disk(self, key: bytes) -> bool:
+        """Whether storage may hold a tombstone of ``key``, which the table does not hold."""
+        if self._fetch is None:
+            return False
+        return self._dropped is None or hash(key) in self._dropped
 
     # -- SyncWrites (module docstring) ----------------------------------------------------------
 
@@ -825,6 +843,7 @@ class VBucket:
             for item in batch.items:
                 if item.deleted:
                     self.hash_table.discard(item)
+                    self._note_dropped(item.key)
             if self.durability is not None:
                 self._resolve(self.durability.persisted(self.persisted_seqno))
 
@@ -872,6 +891,7 @@ class VBucket:
             self.failover = failover
             self._dirty_state()
             self.rollbacks += 1
+            self._dropped = None
             self.load(items)
 
     # -- internals --------------------------------------------------------------------------

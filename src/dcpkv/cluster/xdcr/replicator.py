@@ -33,14 +33,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from dcpkv.client.cluster import ClusterKV
+from dcpkv.client.cluster import NODE_ERRORS, ClusterKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.events import Deletion, Event, Expiration, Mutation, Rollback
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ConnectionSettings, Node
 from dcpkv.cluster.xdcr import pipeline
 from dcpkv.cluster.xdcr.checkpoints import Checkpoint, CheckpointLog, pick_resume
 from dcpkv.cluster.xdcr.spec import ReplicationSettings
@@ -49,6 +49,7 @@ from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
 from dcpkv.protocol import kv
+from dcpkv.protocol.base import Message
 
 log = logging.getLogger("dcpkv.xdcr")
 
@@ -157,15 +158,26 @@ class Replicator:
         threshold = self.settings.optimistic_threshold
         checked = [c for c in batch if pipeline.needs_get_meta(c, threshold)]
         if checked:
-            metas = await asyncio.gather(*(_get_meta(target, c) for c in checked))
-            losers = {
-                id(c) for c, meta in zip(checked, metas, strict=True)
-                if not pipeline.would_win(self.target_mode, c, meta)
-            }  # fmt: skip
+            asks = [(c.vbucket, _get_meta_request(c)) for c in checked]
+            metas = await _pipelined(target, asks)
+            losers = set()
+            for c, answer in zip(checked, metas, strict=True):
+                meta = await _get_meta(target, c) if answer is None else _meta_of(c, answer)
+                if not pipeline.would_win(self.target_mode, c, meta):
+                    losers.add(id(c))
             if losers:
                 self.stats["docs_failed_cr_source"] += len(losers)
                 batch = [c for c in batch if id(c) not in losers]
-        statuses = await asyncio.gather(*(self._send(target, c) for c in batch))
+        writes = [
+            (c.vbucket, pipeline.write_request(c, self.target_mode, c.vbucket)) for c in batch
+        ]
+        answers = await _pipelined(target, writes)
+        statuses: list[int | None] = [_status(a) for a in answers]
+        again = [i for i, got in enumerate(statuses) if got is None or got in _RETRY]
+        if again:  # the slow path: routed one by one, retried through failovers and moves
+            redone = await asyncio.gather(*(self._send(target, writes[i]) for i in again))
+            for i, got in zip(again, redone, strict=True):
+                statuses[i] = got
         for status in statuses:
             if status == Status.Success:
                 self.stats["docs_written"] += 1
@@ -174,14 +186,16 @@ class Replicator:
             else:
                 self.stats["docs_failed"] += 1
 
-    async def _send(self, target: ClusterKV, change: pipeline.Change) -> int:
-        request = pipeline.write_request(change, self.target_mode, change.vbucket)
+    async def _send(self, target: ClusterKV, write: tuple[int, kv.SetWithMeta]) -> int:
+        vbucket, request = write
+        status = int(Status.Success)
         for _ in range(_WRITE_RETRIES):
-            answer = await target.call(change.vbucket, request)
+            answer = await target.call(vbucket, request)
             status = int(getattr(answer, "status", Status.Success))
             if status not in _RETRY:
                 if status not in (Status.Success, Status.KeyEexists):
-                    log.warning("xdcr %s: %r refused: %s", self.id, change.key, status_name(status))
+                    log.warning("xdcr %s: %r refused: %s", self.id, request.key,
+                                status_name(status))  # fmt: skip
                 return status
             await asyncio.sleep(0.2)
         raise ReplicationError(f"the target kept answering {status_name(status)}")
@@ -247,10 +261,52 @@ def _same(event: Event) -> Event:
     return event
 
 
+def _status(answer: Message | None) -> int | None:
+    return None if answer is None else int(getattr(answer, "status", Status.Success))
+
+
+async def _pipelined(
+    target: ClusterKV, requests: Sequence[tuple[int, kv.Request]]
+) -> list[Message | None]:
+    """Each request's answer from its vbucket's active by the target's map, every node's
+    share sent in one write; None where it must take the slow path (no active in the map,
+    NotMyVbucket, the node unreachable): :meth:`ClusterKV.call` routes and retries it."""
+    answers: list[Message | None] = [None] * len(requests)
+    by_node: dict[Node, list[int]] = {}
+    for i, (vbucket, _) in enumerate(requests):
+        node = target.router.active(vbucket)
+        if node is not None:
+            by_node.setdefault(node, []).append(i)
+
+    async def on(node: Node, indexes: list[int]) -> None:
+        try:
+            session = await within(target.session(node), target.config.connect_timeout)
+            got = await within(
+                session.conn.call_many([requests[i][1] for i in indexes]),
+                target.config.request_timeout,
+            )
+        except NODE_ERRORS:
+            await target.drop(node)
+            return
+        for i, answer in zip(indexes, got, strict=True):
+            if getattr(answer, "status", Status.Success) == Status.NotMyVbucket:
+                target.router.offer(bytes(getattr(answer, "value", b"") or b""))
+            else:
+                answers[i] = answer
+
+    await asyncio.gather(*(on(node, indexes) for node, indexes in by_node.items()))
+    return answers
+
+
+def _get_meta_request(change: pipeline.Change) -> kv.GetMeta:
+    return kv.GetMeta(key=change.key, vbucket=change.vbucket, version=2)
+
+
 async def _get_meta(target: ClusterKV, change: pipeline.Change) -> kv.GetMetaResponse | None:
-    answer = await target.call(
-        change.vbucket, kv.GetMeta(key=change.key, vbucket=change.vbucket, version=2)
-    )
+    return _meta_of(change, await target.call(change.vbucket, _get_meta_request(change)))
+
+
+def _meta_of(change: pipeline.Change, answer: Message) -> kv.GetMetaResponse | None:
     if isinstance(answer, kv.GetMetaResponse):
         return answer
     status = int(getattr(answer, "status", 0))
