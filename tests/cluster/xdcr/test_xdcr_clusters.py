@@ -23,8 +23,12 @@ KEYS = [f"doc-{i}".encode() for i in range(120)]
 Meta = tuple[int, int, bool, bytes | None]  # cas, rev seqno, deleted, value
 
 
+def seeds(cluster: Cluster) -> str:
+    return "couchbase://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster.nodes)
+
+
 def settings(cluster: Cluster) -> ClientConfig:
-    return ClientConfig(ConnectionSettings.at("127.0.0.1", cluster.nodes[0].port))
+    return ClientConfig(ConnectionSettings.parse(seeds(cluster)))
 
 
 async def _write(cluster: Cluster, keys: list[bytes], value: bytes, delete: bool) -> dict:
@@ -71,15 +75,15 @@ def tasks(cluster: Cluster) -> list[dict[str, Any]]:
 
 def replicate(source: Cluster, target: Cluster, name: str) -> str:
     source.manager.cli(
-        "xdcr", "remote", "add", name, "--hostname", f"127.0.0.1:{target.nodes[0].port}",
+        "xdcr", "remote", "add", name, "--hostname", seeds(target),
         "--username", "Administrator", "--remote-password", "password",
     )  # fmt: skip
     out = source.manager.cli("xdcr", "create", "--to-cluster", name, "--checkpoint-interval", "1")
     return out.split()[1]  # "replication ID created"
 
 
-def converged(a: Cluster, b: Cluster) -> bool:
-    return metas(a) == metas(b)
+def converged(a: Cluster, b: Cluster, keys: list[bytes] = KEYS) -> bool:
+    return metas(a, keys) == metas(b, keys)
 
 
 def test_one_way_then_both_ways_converge_without_echo(
@@ -134,3 +138,36 @@ def test_one_way_then_both_ways_converge_without_echo(
     # B->A sent back what it got from A (at least the 40 keys only A changed, whose newest
     # version on B is A's): A refused each as identical
     assert written[b_to_a]["docs_failed_cr_target"] >= 40
+
+
+def caught_up(cluster: Cluster) -> bool:
+    """Every replica vbucket of the cluster holds what its active holds."""
+    nodes = cluster.status()["nodes"]
+    return all(n.get("replicationLag") == 0 for n in nodes if n["clusterMembership"] == "active")
+
+
+def fail_over(cluster: Cluster, victim: ServerProcess) -> None:
+    victim.kill9()
+    cluster.manager.api("POST", "/controller/failOver", otpNode=cluster.name(victim))
+
+
+def test_a_replication_rides_through_a_failover_on_each_side(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = start_cluster(server_factory, manager_factory, tmp_path / "a", nodes=2, replicas=1)
+    b = start_cluster(server_factory, manager_factory, tmp_path / "b", nodes=2, replicas=1)
+    replicate(a, b, "b")
+    batches = [[f"fo-{n}-{i}".encode() for i in range(40)] for n in range(3)]
+    everything: list[bytes] = []
+    for n, (batch, failing) in enumerate(zip(batches, (None, b, a), strict=True)):
+        if failing is not None:
+            wait_for(lambda c=failing: caught_up(c), "replicas caught up", timeout_s=30)
+            fail_over(failing, failing.nodes[1])  # the target's writes, then the source's
+            # streams, move to the promoted replicas
+        write(a, batch, b'{"batch":%d}' % n)
+        everything += batch
+        wait_for(lambda k=list(everything): converged(a, b, k), f"batch {n} on B", timeout_s=90)
+    final = metas(b, everything)
+    assert all(m is not None and not m[2] for m in final.values())
