@@ -8,11 +8,12 @@ does:
 
 1. **Throughput (one way)**: the source is loaded with ``--count`` documents (16-byte keys,
    100-byte values) through the cluster-aware writer; the clock starts when the replication
-   is created and stops when the replication's ``docs_written`` (``/pools/default/tasks``)
-   reaches ``--count``: docs/s of a replication starting from zero (DCP backfill, batches,
-   with-meta writes, the target's actives).
+   is created and stops when the replication (``/pools/default/tasks``) is done with
+   ``--count`` changes (written, or refused by conflict resolution): docs/s of a replication
+   starting from zero (DCP backfill, batches, with-meta writes, the target's actives).
 2. **Throughput (both ways)**: each side then gets ``--count`` new documents of its own and a
-   replication back is created: the clock stops when both have written theirs.
+   replication back is created: the clock stops when each replication is done with the
+   whole history of its side (the echoes of the other side's documents included).
 3. **Lag**: a writer paces plain Sets into the source (``--rate`` writes/s for
    ``--duration`` seconds), and a DCP consumer of the *target* (started at its current high
    seqnos) notes when each key arrives there: write acknowledged by the source -> change
@@ -66,15 +67,20 @@ def _replicate(source: LocalCluster, target: LocalCluster, name: str) -> str:
     return str(doc["id"])
 
 
-def _written(cluster: LocalCluster, rid: str) -> int:
+_DONE = ("docs_written", "docs_failed_cr_target", "docs_failed_cr_source", "docs_failed")
+
+
+def _done(cluster: LocalCluster, rid: str) -> int:
+    """Changes the replication has finished with: written, or refused as it should be (an
+    echo, a loser), so the count does not depend on which side won."""
     tasks = _api(cluster, "GET", "/pools/default/tasks")
-    task = next(t for t in tasks if t["id"] == rid)
-    return int(task["stats"].get("docs_written", 0))
+    stats = next(t for t in tasks if t["id"] == rid)["stats"]
+    return sum(int(stats.get(name, 0)) for name in _DONE)
 
 
-def _wait_written(pairs: list[tuple[LocalCluster, str, int]], timeout_s: float) -> float:
+def _wait_done(pairs: list[tuple[LocalCluster, str, int]], timeout_s: float) -> float:
     start = time.perf_counter()
-    while any(_written(c, rid) < want for c, rid, want in pairs):
+    while any(_done(c, rid) < want for c, rid, want in pairs):
         if time.perf_counter() - start > timeout_s:
             raise SystemExit(f"replication did not finish in {timeout_s:g} s")
         time.sleep(0.05)
@@ -134,12 +140,14 @@ def main(
             took = _load(_conn(a), count, vbuckets)
             print(f"  load {count:,} docs into A: {took:.2f} s")
             a_to_b = _replicate(a, b, "b")
-            one_way = _wait_written([(a, a_to_b, count)], 600)
+            one_way = _wait_done([(a, a_to_b, count)], 600)
             print(f"  A -> B, {count:,} docs: {one_way:.2f} s ({count / one_way:,.0f} docs/s)")
             _load_prefixed(_conn(a), count, vbuckets, b"a2-")
             _load_prefixed(_conn(b), count, vbuckets, b"b2-")
             b_to_a = _replicate(b, a, "a")
-            both = _wait_written([(a, a_to_b, 2 * count), (b, b_to_a, count)], 900)
+            # each way: the other side's new docs come back as echoes (refused), so each
+            # replication is done with its own history: 3 x count changes
+            both = _wait_done([(a, a_to_b, 3 * count), (b, b_to_a, 3 * count)], 900)
             print(f"  both ways, {count:,} new docs each side: {both:.2f} s")
             lags = asyncio.run(_lag(_conn(a), _conn(b), rate, duration))
         finally:

@@ -55,6 +55,10 @@ log = logging.getLogger("dcpkv.xdcr")
 
 SaveCheckpoints = Callable[[CheckpointLog], None]
 _RETRY = frozenset({Status.Etmpfail, Status.Ebusy, Status.Enomem, Status.SyncWriteInProgress})
+# A batch is hundreds of requests: a busy target may take seconds to answer them all. After a
+# timeout the batch takes the slow path, where a write the target had applied is refused as
+# identical (counted as docs_failed_cr_target instead of docs_written; the data is the same).
+_BATCH_TIMEOUT_S = 15.0
 _WRITE_RETRIES = 50  # a target short of memory: ~10 s of pauses before the batch fails
 
 
@@ -283,7 +287,7 @@ async def _pipelined(
             session = await within(target.session(node), target.config.connect_timeout)
             got = await within(
                 session.conn.call_many([requests[i][1] for i in indexes]),
-                target.config.request_timeout,
+                max(target.config.request_timeout, _BATCH_TIMEOUT_S),
             )
         except NODE_ERRORS:
             await target.drop(node)
