@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient
-from serverproc import ServerProcess
-from test_server_wire import persisted_after
 
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
 from dcpkv.protocol.constants import HelloFeature, Opcode
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.kv import WithMetaOption as Option
+from support.kvclient import KVClient, poll_rounds
+from support.serverproc import ServerProcess
 
 SRC_CAS = 0x1780_0000_0000_0000  # a CAS from "another cluster"
 
@@ -25,6 +25,15 @@ def client(server: ServerProcess) -> Iterator[KVClient]:
     with KVClient(server.port) as c:
         assert c.login().status == Status.Success
         yield c
+
+
+def persisted(client: KVClient, vb: int) -> None:
+    """Poll ObserveSeqno until the vbucket's high seqno is on disk."""
+    uuid = int(client.stats(b"vbucket-seqno %d" % vb)[f"vb_{vb}:uuid"])
+    for _ in poll_rounds():
+        _, _, _, on_disk, current = struct.unpack(">BHQQQ", client.observe(vb, uuid).value)
+        if on_disk >= current:
+            return
 
 
 def send(client: KVClient, msg: kv.Request) -> Frame:
@@ -98,9 +107,7 @@ def test_add_and_delete_with_meta_and_tombstones(client: KVClient) -> None:
     cas, got = meta(client, b"a")
     assert (cas, got.deleted, got.rev_seqno) == (400, True, 4)
     # the tombstone still judges once flushed out of memory
-    uuid = int(client.stats(b"vbucket-seqno 0")["vb_0:uuid"])
-    persisted_after(client, 0, int(client.stats(b"vbucket-seqno 0")["vb_0:high_seqno"]))
-    assert int(client.stats(b"vbucket-seqno 0")["vb_0:uuid"]) == uuid
+    persisted(client, 0)
     echo = send(client, kv.DelWithMeta(key=b"a", rev_seqno=4, meta_cas=400))
     assert echo.status == Status.KeyEexists
     # a tombstone does not block AddWithMeta, but conflict resolution still applies

@@ -10,14 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from managerproc import Cluster, ManagerProcess, start_cluster, wait_for
-from serverproc import ServerProcess
-
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
+from support.managerproc import Cluster, ManagerProcess, start_cluster, wait_for
+from support.serverproc import ServerProcess
 
 KEYS = [f"doc-{i}".encode() for i in range(120)]
 Meta = tuple[int, int, bool, bytes | None]  # cas, rev seqno, deleted, value
