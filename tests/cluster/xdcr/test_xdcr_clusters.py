@@ -170,3 +170,28 @@ def test_a_replication_rides_through_a_failover_on_each_side(
         wait_for(lambda k=list(everything): converged(a, b, k), f"batch {n} on B", timeout_s=90)
     final = metas(b, everything)
     assert all(m is not None and not m[2] for m in final.values())
+
+
+def test_a_restarted_manager_resumes_its_replication_from_the_checkpoints(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = start_cluster(server_factory, manager_factory, tmp_path / "a", nodes=1, replicas=0)
+    b = start_cluster(server_factory, manager_factory, tmp_path / "b", nodes=1, replicas=0)
+    rid = replicate(a, b, "b")
+    first = [f"cp-{i}".encode() for i in range(200)]
+    write(a, first, b'{"v":1}')
+    wait_for(lambda: converged(a, b, first), "the first docs on B", timeout_s=60)
+    a.manager.cli("xdcr", "pause", rid)  # a paused replication keeps a final checkpoint
+    assert list((tmp_path / "a" / "manager" / "xdcr-checkpoints").glob("*.json"))
+    a.manager.kill9()
+    a.manager.start(same_port=True)
+    assert tasks(a)[0]["status"] == "paused"  # the records survived the restart
+    a.manager.cli("xdcr", "resume", rid)
+    more = [f"cp-more-{i}".encode() for i in range(10)]
+    write(a, more, b'{"v":2}')
+    wait_for(lambda: converged(a, b, first + more), "the new docs on B", timeout_s=60)
+    stats = tasks(a)[0]["stats"]
+    # resumed where it stood: the new docs, not the 200 before them again
+    assert stats["docs_written"] == len(more) and stats["docs_processed"] < len(first)
