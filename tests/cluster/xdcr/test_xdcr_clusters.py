@@ -81,6 +81,19 @@ def replicate(source: Cluster, target: Cluster, name: str) -> str:
     return out.split()[1]  # "replication ID created"
 
 
+def two_clusters(
+    servers: type[ServerProcess], managers: type[ManagerProcess], tmp: Path,
+    a: tuple[int, int], b: tuple[int, int],
+) -> tuple[Cluster, Cluster]:  # fmt: skip
+    """Clusters A and B of (nodes, replicas) each, in tmp/a and tmp/b."""
+    started = []
+    for name, (nodes, replicas) in (("a", a), ("b", b)):
+        (tmp / name).mkdir()
+        started.append(start_cluster(servers, managers, tmp / name, nodes=nodes,
+                                     replicas=replicas))  # fmt: skip
+    return started[0], started[1]
+
+
 def converged(a: Cluster, b: Cluster, keys: list[bytes] = KEYS) -> bool:
     return metas(a, keys) == metas(b, keys)
 
@@ -88,10 +101,7 @@ def converged(a: Cluster, b: Cluster, keys: list[bytes] = KEYS) -> bool:
 def test_one_way_then_both_ways_converge_without_echo(
     server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
 ) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a = start_cluster(server_factory, manager_factory, tmp_path / "a", nodes=2, replicas=1)
-    b = start_cluster(server_factory, manager_factory, tmp_path / "b", nodes=1, replicas=0)
+    a, b = two_clusters(server_factory, manager_factory, tmp_path, (2, 1), (1, 0))
     write(a, KEYS, b'{"side":"a","n":0}')
     a_to_b = replicate(a, b, "b")
     wait_for(lambda: converged(a, b), "A's documents on B", timeout_s=60)
@@ -153,10 +163,7 @@ def fail_over(cluster: Cluster, victim: ServerProcess) -> None:
 def test_a_replication_rides_through_a_failover_on_each_side(
     server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
 ) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a = start_cluster(server_factory, manager_factory, tmp_path / "a", nodes=2, replicas=1)
-    b = start_cluster(server_factory, manager_factory, tmp_path / "b", nodes=2, replicas=1)
+    a, b = two_clusters(server_factory, manager_factory, tmp_path, (2, 1), (2, 1))
     replicate(a, b, "b")
     batches = [[f"fo-{n}-{i}".encode() for i in range(40)] for n in range(3)]
     everything: list[bytes] = []
@@ -175,10 +182,7 @@ def test_a_replication_rides_through_a_failover_on_each_side(
 def test_a_restarted_manager_resumes_its_replication_from_the_checkpoints(
     server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
 ) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a = start_cluster(server_factory, manager_factory, tmp_path / "a", nodes=1, replicas=0)
-    b = start_cluster(server_factory, manager_factory, tmp_path / "b", nodes=1, replicas=0)
+    a, b = two_clusters(server_factory, manager_factory, tmp_path, (1, 0), (1, 0))
     rid = replicate(a, b, "b")
     first = [f"cp-{i}".encode() for i in range(200)]
     write(a, first, b'{"v":1}')
