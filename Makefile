@@ -105,6 +105,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory.py --json $(RESULTS)/memory.json
 	$(BIN)/python bench/replication.py --json $(RESULTS)/replication.json
 	$(BIN)/python bench/rebalance.py --json $(RESULTS)/rebalance.json
+	$(BIN)/python bench/xdcr.py --json $(RESULTS)/xdcr.json
 	$(BIN)/python bench/peers.py --results $(RESULTS)
 	$(BIN)/python bench/yardstick.py --name yardstick_end --json $(RESULTS)/yardstick_end.json
 	$(BIN)/python bench/summary.py $(RESULTS) --markdown $(RESULTS)/summary.md

@@ -79,6 +79,13 @@ def server(
         str | None,
         typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
     ] = None,
+    conflict_resolution: Annotated[
+        str | None,
+        typer.Option(
+            help="How its XDCR (with-meta) writes are judged: seqno (revision) or lww "
+            "(timestamp); fixed when the bucket is created [default: seqno]."
+        ),
+    ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
     port_file: Annotated[
@@ -151,6 +158,7 @@ def server(
             memory_quota_mb=memory_quota_mb,
             compression_mode=compression_mode,
             storage=storage,
+            conflict_resolution=conflict_resolution,
             user=user,
             password=password,
             flush_interval_s=flush_interval,
@@ -168,11 +176,12 @@ def server(
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
     from dcpkv.core.tls import TlsError
+    from dcpkv.engine.bucket import ConflictModeMismatch
     from dcpkv.engine.storage import StorageError
 
     try:
         run(settings, port_file, log_level=log_level, log_format=log_format)
-    except (OSError, StorageError, TlsError) as exc:
+    except (OSError, StorageError, TlsError, ConflictModeMismatch) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None
 
@@ -380,6 +389,9 @@ from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
 _register_cluster(app)
 
 from dcpkv.cli.users import user_app  # noqa: E402
+from dcpkv.cli.xdcr import xdcr_app  # noqa: E402
+
+app.add_typer(xdcr_app, name="xdcr")
 
 app.add_typer(user_app, name="user")
 

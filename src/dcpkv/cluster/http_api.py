@@ -54,8 +54,7 @@ from typing import Any
 
 from aiohttp import web
 
-from dcpkv.cluster import metrics
-from dcpkv.cluster import console
+from dcpkv.cluster import console, metrics
 from dcpkv.cluster.config import ClusterConfigError, Recovery
 from dcpkv.cluster.manager import Manager, Refused
 from dcpkv.core import logs
@@ -133,6 +132,9 @@ async def _params(request: web.Request) -> dict[str, Any]:
             raise ValueError("the body must be a JSON object")
         return doc
     return dict(await request.post())
+
+
+read_params = _params  # (the XDCR routes read theirs the same way: cluster/xdcr/service.py)
 
 
 def _required(params: dict[str, Any], *names: str) -> str:

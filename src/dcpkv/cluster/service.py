@@ -21,10 +21,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from dcpkv.cluster.http_api import make_app
+from dcpkv.client.settings import ConnectionSettings, Node
+from dcpkv.cluster.config import NodeState
+from dcpkv.cluster.http_api import make_app, read_params
 from dcpkv.cluster.leadership import DEFAULT_LEASE_TTL_S
 from dcpkv.cluster.manager import Manager
 from dcpkv.cluster.node_link import LinkTls
+from dcpkv.cluster.xdcr.service import XdcrService
+from dcpkv.cluster.xdcr.service import add_routes as add_xdcr_routes
 from dcpkv.core import logs
 from dcpkv.core.files import atomic_write
 from dcpkv.core.tls import server_context
@@ -69,12 +73,17 @@ async def serve(options: ManagerOptions) -> None:
         vbuckets=options.vbuckets,
         replicas=options.replicas,
     )
-    runner = web.AppRunner(make_app(manager), access_log=None)
+    xdcr = XdcrService(options.data_dir, lambda bucket: _this_cluster(manager, options, bucket))
+    app = make_app(manager)
+    add_xdcr_routes(app, xdcr, read_params)
+    xdcr.start()
+    runner = web.AppRunner(app, access_log=None)
     try:
         await listen(runner, options)
         await until_signalled()
     finally:
         await runner.cleanup()
+        await xdcr.stop()
         await manager.stop()
 
 
@@ -94,6 +103,13 @@ async def listen(runner: web.AppRunner, options: ManagerOptions) -> str:
         tmp = options.port_file.with_name(options.port_file.name + ".tmp")
         atomic_write(options.port_file, str(port).encode(), tmp)
     return f"{scheme}://{host}:{port}"
+
+
+def _this_cluster(manager: Manager, options: ManagerOptions, bucket: str) -> ConnectionSettings:
+    """How an XDCR replicator reads this cluster: its nodes, as the cluster admin."""
+    nodes = tuple(Node(n.host, n.port) for n in manager.config.nodes if n.state is NodeState.ACTIVE)
+    return ConnectionSettings(nodes=nodes, bucket=bucket, user=options.user,
+                              password=options.password)  # fmt: skip
 
 
 async def until_signalled() -> None:

@@ -108,6 +108,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, cast
 
 from dcpkv.core import event_loop, logs
+from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.tls import server_context
@@ -547,6 +548,7 @@ class DataServer:
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 compression_mode=CompressionMode(bc.compression_mode),
                 storage=bc.storage,
+                conflict_mode=ConflictMode(bc.conflict_resolution),
             )
             bucket.sync_outcomes = self._sync_outcomes
             if not bucket.vbuckets and not self.config.managed:

@@ -14,6 +14,7 @@ looks like::
     vbuckets = 1024
     memory_quota_mb = 256
     storage = "sqlite"    # or "rocksdb" (docs/storage.md)
+    conflict_resolution = "seqno"    # or "lww", fixed at creation (docs/xdcr.md)
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class BucketConfig:
     memory_quota_mb: int = 256
     compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
     storage: str = DEFAULT_STORAGE  # the storage engine (dcpkv.engine.bucket.STORAGE_ENGINES)
+    # How with-meta (XDCR) writes are judged: seqno or lww, fixed when the bucket is created
+    conflict_resolution: str = "seqno"
 
     def __post_init__(self) -> None:
         if self.storage not in STORAGE_ENGINES:
@@ -57,6 +60,11 @@ class BucketConfig:
         if self.compression_mode not in ("off", "passive", "active"):
             raise ConfigError(
                 f"bucket {self.name!r}: compression_mode must be off, passive or active"
+            )
+        if self.conflict_resolution not in ("seqno", "lww"):
+            raise ConfigError(
+                f"bucket {self.name!r}: conflict_resolution must be seqno or lww, "
+                f"not {self.conflict_resolution!r}"
             )
         if not 1 <= self.vbuckets <= 1024:
             raise ConfigError(
@@ -183,6 +191,7 @@ def with_cli_flags(
     memory_quota_mb: int | None = None,
     compression_mode: str | None = None,
     storage: str | None = None,
+    conflict_resolution: str | None = None,
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
@@ -193,6 +202,7 @@ def with_cli_flags(
     given: dict[str, Any] = {
         "name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
         "compression_mode": compression_mode, "storage": storage,
+        "conflict_resolution": conflict_resolution,
     }  # fmt: skip
     if any(value is not None for value in given.values()):
         changed = replace(first, **{k: v for k, v in given.items() if v is not None})

@@ -18,8 +18,8 @@ import time
 from typing import NoReturn
 
 from dcpkv import __version__
-from dcpkv.core.manager_term import term_of
 from dcpkv.core import logs
+from dcpkv.core.manager_term import term_of
 from dcpkv.core.rbac import RbacError, UsersDoc
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv

@@ -77,6 +77,8 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "ep_flushes_deferred", bucket.flushes_deferred
     yield "ep_disk_error", bucket.disk_error or ""
     yield "ep_max_size", bucket.memory_quota
+    # kv_engine's name: how with-meta (XDCR) writes are judged, "seqno" or "lww"
+    yield "ep_conflict_resolution_type", bucket.conflict_mode.value
     for state in VBucketState:
         yield f"vb_{state.label}_num", sum(1 for vb in vbuckets if vb.state == state)
 
