@@ -76,3 +76,12 @@ def connection_settings(
     return ConnectionSettings.at(
         host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
     )
+
+
+LogLevel = Annotated[
+    str, typer.Option(help="Log lines at this level and above: debug, info, warning or error.")
+]
+LogFormat = Annotated[
+    str,
+    typer.Option(help="Log lines as text, or json (one object a line, events with their fields)."),
+]

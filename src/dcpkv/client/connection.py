@@ -156,6 +156,25 @@ class Connection:
         finally:
             self._waiting.pop(msg.opaque, None)
 
+    async def call_many(self, msgs: list[Request]) -> list[Message]:
+        """Send every message of ``msgs`` in one write (fresh opaques) and wait for all their
+        answers (any status), in order: a pipelined batch costs one syscall, not one each."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Message]] = []
+        for msg in msgs:
+            msg.opaque = self.next_opaque()
+            future: asyncio.Future[Message] = loop.create_future()
+            self._waiting[msg.opaque] = future
+            futures.append(future)
+        try:
+            if self._error is not None:
+                raise ConnectionError(f"connection lost: {self._error}")
+            self._writer.write(b"".join([msg.encode() for msg in msgs]))
+            return list(await asyncio.gather(*futures))
+        finally:
+            for msg in msgs:
+                self._waiting.pop(msg.opaque, None)
+
     async def call_ok(self, msg: Request) -> Message:
         answer = await self.call(msg)
         status = getattr(answer, "status", Status.Success)

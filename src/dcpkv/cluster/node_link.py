@@ -32,6 +32,7 @@ from dcpkv.client.connection import AuthError, ClientError, Connection, authenti
 from dcpkv.cluster.failover import ReplicaSeqnos
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.manager_term import agent_for
 from dcpkv.core.status import Status, status_name
 from dcpkv.core.tls import TlsError, TlsOptions
 from dcpkv.core.vbucket import VBucketState
@@ -85,9 +86,16 @@ class LinkTls:
 
 class NodeLink:
     def __init__(
-        self, name: str, user: str, password: str, counters: Counters, tls: LinkTls | None = None
+        self,
+        name: str,
+        user: str,
+        password: str,
+        counters: Counters,
+        tls: LinkTls | None = None,
+        term: int = 0,
     ) -> None:
         self.name = name
+        self.term = term  # the leader's term over etcd (0: none), named in each Hello
         host, _, port = name.rpartition(":")
         self.host, self.port = host, int(port)
         # The node keeps its name (its data address, what clients see in the map); the link
@@ -127,6 +135,12 @@ class NodeLink:
         except (OSError, TimeoutError, ClientError) as exc:
             await conn.close()
             raise NodeLinkError(f"cannot log in to {self.name}: {exc}") from None
+        if self.term:  # a manager over etcd names its term: nodes fence older ones
+            try:
+                await within(conn.call(kv.Hello(agent=agent_for(self.term))), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError, ClientError) as exc:
+                await conn.close()
+                raise NodeLinkError(f"cannot say hello to {self.name}: {exc}") from None
         self._sessions[bucket] = conn
         self._opened += 1
         self.reconnected = self.reconnected or self._opened > 1
@@ -159,6 +173,15 @@ class NodeLink:
         """Active vbucket -> the replication topology it holds (JSON; empty: none)."""
         rows = await self._stat_rows(bucket, "vbucket-topology")
         return {int(name[3:]): value for name, value in rows if name[:3] == "vb_"}
+
+    async def metrics_port(self, bucket: str) -> int:
+        """The node's Prometheus port (``stat`` metrics_port; 0: it serves none)."""
+        conn = await self._session(bucket)
+        try:
+            rows = dict(await within(conn.stats(""), CALL_TIMEOUT_S))
+        except (OSError, TimeoutError, ClientError) as exc:
+            raise NodeLinkError(f"{self.name}: stat failed: {exc}") from None
+        return int(rows.get("metrics_port") or 0)
 
     async def served_config(self, bucket: str) -> dict[str, Any]:
         answer = await self._call(bucket, kv.GetClusterConfig())
@@ -258,6 +281,11 @@ class NodeLink:
             answer.last_persisted_seqno if isinstance(answer, kv.ObserveSeqnoResponse) else 0
         )
         return state, high, persisted
+
+    async def stat_group(self, bucket: str, group: str = "") -> list[tuple[str, str]]:
+        """One ``stat`` group's rows as the node answers them (the web console's figures)."""
+        conn = await self._session(bucket)
+        return (await self._at_once(bucket, conn, [conn.stats(group)]))[0]
 
     async def noop(self, bucket: str) -> None:
         answer = await self._call(bucket, kv.Noop())

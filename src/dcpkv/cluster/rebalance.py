@@ -87,6 +87,7 @@ from dcpkv.cluster.vbucket_move import (
     VBucketMove,
     Views,
 )
+from dcpkv.core import logs
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.replication_topology import topology_value
 from dcpkv.core.vbucket import VBucketState
@@ -154,6 +155,12 @@ class Rebalancer:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    def abandon(self) -> None:
+        """Cancel the run where it is, writing nothing (its manager lost the lead: the next
+        leader finds the record still running and finishes it)."""
+        if self._task is not None:
+            self._task.cancel()
+
     def held(self, node: str, bucket: str) -> set[int]:
         """The vbuckets of ``bucket`` on ``node`` the sync must leave alone."""
         out: set[int] = set()
@@ -213,7 +220,8 @@ class Rebalancer:
             self.m.watch(name)
         await self.m.sync_all()
         self._task = asyncio.get_running_loop().create_task(self._run())
-        log.info("rebalance started: %d vbucket move(s), ejecting %s", total, list(ejecting))
+        logs.event(log, "rebalance_start", "rebalance started: %d vbucket move(s), ejecting %s",
+                   total, list(ejecting), moves=total, eject=list(ejecting))  # fmt: skip
         return {"started": True, "moves": total, "eject": list(ejecting), "nodes": nodes}
 
     async def _holdings(self, recover: tuple[tuple[str, cfg.Recovery], ...]) -> dict[str, set[int]]:
@@ -462,6 +470,9 @@ class Rebalancer:
             for node in {*move.old, *move.new} - {None}:
                 assert node is not None
                 run.holds.get(node, set()).discard(move.vbucket)
+            logs.event(log, "rebalance_step", "rebalance: vbucket %d %s", move.vbucket,
+                       move.phase.value, bucket=run.name, vbucket=move.vbucket,
+                       result=move.phase.value, error=move.error)  # fmt: skip
             if move.phase is Phase.REVERTED:
                 failed = failed or f"vbucket {move.vbucket}: {move.error}"
                 old = move.old_active
@@ -622,7 +633,16 @@ class Rebalancer:
         record = replace(self.m.config.rebalance, state=state, error=why)
         await self.m.commit(replace(self.m.config, rebalance=record))
         await self.m.sync_all()
-        log.warning("rebalance %s: %s", state.value, why)
+        logs.event(
+            log,
+            "rebalance_end",
+            "rebalance %s: %s",
+            state.value,
+            why,
+            level=logging.WARNING,
+            result=state.value,
+            error=why,
+        )
 
     async def _complete(self) -> None:
         """Every move done: ejected and failed-over nodes leave, the server list compacts."""
@@ -648,7 +668,16 @@ class Rebalancer:
         self.progress.running = {}
         self._runs = []
         moved = self.progress.done
-        log.info("rebalance done: %d vbucket(s) moved; %s left", moved, sorted(leaving))
+        logs.event(
+            log,
+            "rebalance_end",
+            "rebalance done: %d vbucket(s) moved; %s left",
+            moved,
+            sorted(leaving),
+            result="done",
+            moved=moved,
+            left=sorted(leaving),
+        )
 
 
 def _grown(move: VBucketMove, views: Views) -> int:

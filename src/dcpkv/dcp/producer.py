@@ -200,6 +200,7 @@ class DcpProducer:
         self.consumer_name: str | None = None
         self.items_sent = 0
         self.bytes_sent = 0
+        self.rollbacks_answered = 0  # stream requests answered Rollback (a metric)
         self.disconnected = False
         self._streams: dict[int, ActiveStream] = {}  # by stream key (active_stream.stream_key)
         # enable_stream_id: several streams of a vbucket, each tagged with its id
@@ -384,6 +385,7 @@ class DcpProducer:
             stream_exists=existing is not None and existing.stream.alive,
         )
         if isinstance(answer, RollbackTo):
+            self.rollbacks_answered += 1
             return dcp.StreamRequestRollback(opaque=opaque, rollback_seqno=answer.seqno).encode()
         if not isinstance(answer, Accept):
             return _error(op, opaque, answer.status, answer.message)
@@ -680,6 +682,18 @@ class DcpProducer:
         return self._noop_sent_at is not None and now - self._noop_sent_at >= self.noop_interval
 
     # -- stats -----------------------------------------------------------------------------
+
+    def items_remaining(self) -> int:
+        """Items the open streams have still to send: each stream's distance from its last
+        sent seqno to its vbucket's high seqno (or its end seqno, when lower)."""
+        vbuckets = self.bucket.vbuckets
+        remaining = 0
+        for out in self._streams.values():
+            s = out.stream
+            vb = vbuckets.get(s.vbucket)
+            if s.alive and vb is not None:
+                remaining += max(0, min(s.end, vb.high_seqno) - s.last_sent_seqno)
+        return remaining
 
     def stats(self) -> dict[str, str]:
         """Per-connection ``stat:name`` and per-stream ``stat:vb:name`` values (spec 002)."""

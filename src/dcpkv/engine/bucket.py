@@ -80,7 +80,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
@@ -162,6 +164,30 @@ class StateCasMismatch(EngineError):
         self.cas = cas
 
 
+class ConflictModeMismatch(EngineError):
+    """A bucket opened with another conflict-resolution mode than it was created with."""
+
+    status = Status.Einval
+
+
+def fixed_conflict_mode(path: Path, name: str, requested: ConflictMode) -> ConflictMode:
+    """The bucket's conflict-resolution mode: ``requested`` when the bucket is new (written
+    down beside its storage), else the one it was created with, which ``requested`` must
+    match: two clusters converge only if each judges conflicts the same way forever."""
+    record = path / f"{name}.conflict_resolution"
+    if not record.exists():
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write(record, f"{requested.value}\n".encode(), record.with_suffix(".tmp"))
+        return requested
+    created = ConflictMode(record.read_text().strip())
+    if created is not requested:
+        raise ConflictModeMismatch(
+            f"bucket {name!r} was created with conflict resolution {created.value!r}, "
+            f"not {requested.value!r} (the mode is fixed at creation)"
+        )
+    return created
+
+
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -186,8 +212,11 @@ class Bucket:
         storage: str = DEFAULT_STORAGE,
         durability_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         durability_min_level: DurabilityLevel | None = None,
+        conflict_mode: ConflictMode = ConflictMode.SEQNO,
     ) -> None:
         self.name = name
+        # Fixed when the bucket is created: a file beside its storage keeps it (XDCR)
+        self.conflict_mode = fixed_conflict_mode(Path(path), name, conflict_mode)
         # A SyncWrite's timeout when its request names none (the reference's 30 s).
         self.durability_timeout_ms = durability_timeout_ms
         # Every front-end write at least this level (a write with none becomes a SyncWrite).
@@ -325,6 +354,7 @@ class Bucket:
         )
         vbucket.on_queued = self._queued
         vbucket.on_persistence_wanted = self.want_persistence
+        vbucket.conflict_mode = self.conflict_mode
         vbucket.durability_timeout_ms = self.durability_timeout_ms
         vbucket.on_sync_outcomes = self._sync_outcomes
         vbucket.on_seqno_ack = self._seqno_ack_due

@@ -101,6 +101,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from dcpkv.core import conflict_resolution as cr
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.replication_topology import ReplicationTopology
 from dcpkv.core.seqno import SEQNO_MAX
@@ -138,6 +139,7 @@ MAX_KEY_LENGTH = 250
 DEFAULT_MAX_ITEM_SIZE = 20 * 1024 * 1024
 U64 = 1 << 64
 _FLUSH_ALL = 1 << 62
+_DROPPED_KEPT = 100_000  # dropped tombstones remembered per vbucket (then: always read)
 
 
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
@@ -275,6 +277,12 @@ class VBucket:
         self._replica_snapshot_ended = 0
         self._seqno_ack_due: int | None = None
         self.on_seqno_ack: Callable[[int], None] | None = None
+        # How a with-meta write is judged against the local copy (the bucket's setting)
+        self.conflict_mode = cr.ConflictMode.SEQNO
+        # Hashes of the keys whose persisted tombstones left the table (None: unknown, after
+        # a warm-up or a rollback, or too many to keep): a with-meta write of a key absent
+        # from the table reads storage only when it may find a tombstone there.
+        self._dropped: set[int] | None = set() if high_seqno == 0 else None
 
     # -- reading the state ----------------------------------------------------------------
 
@@ -585,6 +593,57 @@ class VBucket:
             self._queue(item, self.hash_table.entries.get(item.key))
             self.hlc.observe(item.cas)
             return item
+
+    # -- with-meta writes (XDCR: an active vbucket takes a version made elsewhere) ----------
+
+    def write_with_meta(
+        self, incoming: Item, *, check_conflict: bool = True, regenerate_cas: bool = False,
+        add: bool = False, cas: int = 0,
+    ) -> Item:  # fmt: skip
+        """SetWithMeta/AddWithMeta/DelWithMeta (``incoming.deleted``) on an active vbucket:
+        ``incoming`` keeps its source's CAS (unless ``regenerate_cas``), rev seqno, flags and
+        expiry, and takes the next local seqno. Refused with KeyExists when it loses conflict
+        resolution (``core/conflict_resolution.py``, the bucket's ``conflict_mode``) or is
+        identical, and for ``add`` when a live document exists; ``cas`` (not 0) must be the
+        local CAS. A tombstone the table dropped is read back first: it still takes part."""
+        key = incoming.key
+        disk = None
+        if self.hash_table.entries.get(key) is None and self._may_be_on_disk(key):
+            assert self._fetch is not None
+            disk = self._fetch(self.id, key)  # a persisted tombstone (outside the lock)
+        with self.lock:
+            self._check_write(key, incoming.value or b"")
+            live = self._live(key)
+            stored = self.hash_table.entries.get(key)
+            if add and live is not None:
+                raise KeyExists("key exists")
+            _check_cas(live, cas)
+            local = stored if stored is not None else disk
+            if check_conflict and not cr.incoming_wins(
+                self.conflict_mode, _meta(incoming), None if local is None else _meta(local)
+            ):
+                raise KeyExists("the incoming version loses conflict resolution")
+            seqno = self.high_seqno + 1
+            if seqno > SEQNO_MAX or incoming.rev_seqno > SEQNO_MAX:
+                raise self._beyond_seqno_max(seqno, incoming.rev_seqno)
+            item = dataclasses.replace(
+                incoming, by_seqno=seqno,
+                cas=self.hlc.next_cas() if regenerate_cas else incoming.cas,
+            )  # fmt: skip
+            self.hlc.observe(item.cas)
+            return self._queue(item, stored)
+
+    def _note_dropped(self, key: bytes) -> None:
+        if self._dropped is not None:
+            self._dropped.add(hash(key))
+            if len(self._dropped) > _DROPPED_KEPT:
+                self._dropped = None
+
+    def _may_be_on_disk(self, key: bytes) -> bool:
+        """Whether storage may hold a tombstone of ``key``, which the table does not hold."""
+        if self._fetch is None:
+            return False
+        return self._dropped is None or hash(key) in self._dropped
 
     # -- SyncWrites (module docstring) ----------------------------------------------------------
 
@@ -1005,6 +1064,7 @@ class VBucket:
             for item in batch.items:
                 if item.deleted:
                     self.hash_table.discard(item)
+                    self._note_dropped(item.key)
             if self.durability is not None:
                 self._resolve(self.durability.persisted(self.persisted_seqno))
             elif self.passive_durability is not None and self.state in _REPLICA_PATH:
@@ -1057,6 +1117,7 @@ class VBucket:
             self._seqno_ack_due = None
             self._dirty_state()
             self.rollbacks += 1
+            self._dropped = None
             self.load(items)
 
     # -- internals --------------------------------------------------------------------------
@@ -1227,6 +1288,13 @@ class VBucket:
             expired=expired,
         )
         return self._queue(item, current)
+
+
+def _meta(item: Item) -> cr.Meta:
+    return cr.Meta(
+        cas=item.cas, rev_seqno=item.rev_seqno, expiry=item.expiry, flags=item.flags,
+        deleted=item.deleted, xattrs=bool(item.datatype & _XATTR),
+    )  # fmt: skip
 
 
 def _check_cas(current: Item | None, cas: int) -> None:

@@ -16,6 +16,7 @@ looks like::
     storage = "sqlite"    # or "rocksdb" (docs/storage.md)
     durability_min_level = "none"   # or majority, majorityAndPersistActive, persistToMajority
     durability_timeout_ms = 30000   # a durable write's timeout when it names none
+    conflict_resolution = "seqno"    # or "lww", fixed at creation (docs/xdcr.md)
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class BucketConfig:
     def min_level(self) -> DurabilityLevel | None:
         return level_named(self.durability_min_level)
 
+    # How with-meta (XDCR) writes are judged: seqno or lww, fixed when the bucket is created
+    conflict_resolution: str = "seqno"
+
     def __post_init__(self) -> None:
         try:
             level_named(self.durability_min_level)
@@ -80,6 +84,11 @@ class BucketConfig:
         if self.compression_mode not in ("off", "passive", "active"):
             raise ConfigError(
                 f"bucket {self.name!r}: compression_mode must be off, passive or active"
+            )
+        if self.conflict_resolution not in ("seqno", "lww"):
+            raise ConfigError(
+                f"bucket {self.name!r}: conflict_resolution must be seqno or lww, "
+                f"not {self.conflict_resolution!r}"
             )
         if not 1 <= self.vbuckets <= 1024:
             raise ConfigError(
@@ -115,10 +124,16 @@ class ServerConfig:
     # Limits that keep one client from hurting the others (see server/app.py, "Limits").
     max_connections: int = 4096
     unauth_idle_timeout_s: float = 30.0
+    # Prometheus metrics over HTTP on this port (0: a free one; None: not served), on
+    # metrics_host: loopback by default, as the reference's per-node port (server/metrics.py)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be 0..65535, not {self.metrics_port}")
         if self.tls_port is not None and not 0 <= self.tls_port <= 65535:
             raise ConfigError(f"tls_port must be 0..65535, not {self.tls_port}")
         if (self.tls_port is None) != (self.tls_cert is None or self.tls_key is None):
@@ -163,13 +178,14 @@ def load_config(path: Path | None) -> ServerConfig:
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
     numbers = (
         "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s",
-        "max_connections", "unauth_idle_timeout_s", "tls_port",
+        "max_connections", "unauth_idle_timeout_s", "tls_port", "metrics_port",
     )  # fmt: skip
-    known = {"host", "data_dir", "users", "buckets", "managed", *numbers, *_PATHS}
+    plain = ("host", "managed", "metrics_host", *numbers)
+    known = {"data_dir", "users", "buckets", *plain, *_PATHS}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", "managed", *numbers) if k in doc}
+    kwargs: dict[str, Any] = {k: doc[k] for k in plain if k in doc}
     for name in ("data_dir", *_PATHS):
         if name in doc:
             kwargs[name] = Path(doc[name])
@@ -201,6 +217,7 @@ def with_cli_flags(
     storage: str | None = None,
     durability_min_level: str | None = None,
     durability_timeout_ms: int | None = None,
+    conflict_resolution: str | None = None,
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
@@ -213,6 +230,7 @@ def with_cli_flags(
         "compression_mode": compression_mode, "storage": storage,
         "durability_min_level": durability_min_level,
         "durability_timeout_ms": durability_timeout_ms,
+        "conflict_resolution": conflict_resolution,
     }  # fmt: skip
     if any(value is not None for value in given.values()):
         changed = replace(first, **{k: v for k, v in given.items() if v is not None})

@@ -66,6 +66,7 @@ from dcpkv.server import (
     subdoc_handlers,
     sync_writes,
     vbucket_handlers,
+    with_meta,
 )
 from dcpkv.server.connection import Connection, Reply
 
@@ -143,7 +144,9 @@ ROUTES: dict[int, Route] = {
     **_routes(kv_handlers.touch, kv.GAT, needs=_READ_WRITE),
     **_routes(kv_handlers.flush, kv.Flush, needs=_BUCKET_ADMIN),
     **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
-    **_routes(kv_handlers.get_meta, kv.GetMeta, needs=_READ),
+    **_routes(kv_handlers.get_meta, kv.GetMeta, kv.GetqMeta, needs=_READ),
+    # XDCR's with-meta writes (a replicator's user needs the write privilege on the bucket)
+    **_routes(with_meta.with_meta, *kv.WITH_META_TYPES, needs=_WRITE),
     # the spec's blocking wait for persistence (any user of the bucket, like ObserveSeqno)
     **_routes(seqno_persistence.seqno_persistence, kv.SeqnoPersistence),
     **_routes(stats.stat, kv.Stat),
@@ -217,6 +220,7 @@ def handle(conn: Connection, frame: Frame) -> Reaction | None:
     route = ROUTES.get(frame.opcode)
     if route is None:
         return error_answer(frame, Status.UnknownCommand)
+    conn.server.ops[frame.opcode] += 1
     closed = closed_gate(conn, route)
     if closed is not None:
         conn.server.eaccess += closed.rbac

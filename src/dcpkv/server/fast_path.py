@@ -167,6 +167,7 @@ def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_v
     chunk = _Chunk(conn, out, max_value)
     vbuckets = conn.bucket.vbuckets
     unpack, end, serving = HEADER.unpack_from, len(data), chunk.serving.get
+    ops = conn.server.ops
     while end - pos >= HEADER_LEN:
         header = unpack(data, pos)
         magic, opcode, keylen, extlen, _, vb, body, _, _ = header
@@ -179,6 +180,7 @@ def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_v
             break
         if not serve(chunk, vbucket, data, pos + HEADER_LEN + extlen, header):
             break
+        ops[opcode] += 1
         pos += size
     return pos
 

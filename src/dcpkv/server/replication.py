@@ -55,6 +55,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from dcpkv.core import logs
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
@@ -236,8 +237,10 @@ class ReplicationLink:
         point = await loop.run_in_executor(
             self.executor, self.bucket.rollback, rollback.vbucket, rollback.seqno
         )
-        log.info("vbucket %d rolled back to %d (asked %d) from %s",
-                 rollback.vbucket, point, rollback.seqno, self.source)  # fmt: skip
+        logs.event(log, "rollback", "vbucket %d rolled back to %d (asked %d) from %s",
+                   rollback.vbucket, point, rollback.seqno, self.source,
+                   bucket=self.bucket.name, vbucket=rollback.vbucket, seqno=point,
+                   asked=rollback.seqno, source=self.source)  # fmt: skip
         self.consumer.rolled_back(rollback.vbucket)
         self._send(self.consumer.requests(_now()))
 

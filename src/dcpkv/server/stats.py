@@ -69,6 +69,7 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "rejected_conns", conn.server.rejected_conns
     yield "unauth_timeouts", conn.server.unauth_timeouts
     yield "write_holds", conn.server.write_holds
+    yield "metrics_port", conn.server.metrics_port or 0  # ours: Prometheus (0: not served)
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
     yield "ep_total_persisted", bucket.items_persisted
@@ -78,6 +79,8 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "ep_flushes_deferred", bucket.flushes_deferred
     yield "ep_disk_error", bucket.disk_error or ""
     yield "ep_max_size", bucket.memory_quota
+    # kv_engine's name: how with-meta (XDCR) writes are judged, "seqno" or "lww"
+    yield "ep_conflict_resolution_type", bucket.conflict_mode.value
     for state in VBucketState:
         yield f"vb_{state.label}_num", sum(1 for vb in vbuckets if vb.state == state)
 

@@ -41,6 +41,7 @@ once a map did; a replica's DCP connection names itself so too (``consumer_name`
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 from dcpkv.core.status import Status
@@ -49,7 +50,7 @@ from dcpkv.engine.item import EngineError, Item
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
 from dcpkv.protocol import kv, subdoc
 from dcpkv.protocol.base import GenericResponse, Message
-from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol.constants import DurabilityLevel, Opcode
 from dcpkv.protocol.durability import DurabilityRequirement
 from dcpkv.server.connection import Connection
 from dcpkv.server.kv_handlers import active, refusal
@@ -62,6 +63,14 @@ SYNC_WRITE_OPS = frozenset(
     }
     | (subdoc.ALL_OPS - subdoc.LOOKUP_OPS)
 )  # fmt: skip
+
+# A level as the reference's metrics label it (kv_sync_write_commit_duration_seconds{level})
+LEVEL_LABELS = {
+    DurabilityLevel.Majority: "majority",
+    DurabilityLevel.MajorityAndPersistToActive: "majority_and_persist_on_master",
+    DurabilityLevel.PersistToMajority: "persist_to_majority",
+}
+
 NO_TOPOLOGY = (
     b"durability requirements are not supported on this vbucket: it has no replication "
     b"topology that can satisfy one (synchronous replication needs the cluster manager's)"
@@ -72,11 +81,13 @@ class PendingAnswer:
     """A SyncWrite's answer to come: its request, the handler's answer built from the prepare
     (None: a quiet opcode's), and the bytes once decided."""
 
-    __slots__ = ("answer", "conn", "on_ready", "prepared", "req", "vbucket")
+    __slots__ = ("answer", "conn", "level", "on_ready", "prepared", "req", "started", "vbucket")
 
-    def __init__(self, conn: Connection, req: kv.Request, vbucket: VBucket) -> None:
+    def __init__(self, conn: Connection, req: kv.Request, vbucket: VBucket, level: str) -> None:
         self.conn, self.req, self.vbucket = conn, req, vbucket
         self.prepared: Message | None = None
+        self.level = level  # (the metric's label: LEVEL_LABELS)
+        self.started = perf_counter_ns()  # (the commit's duration, a metric)
         self.answer: bytes | None = None
         # The shell's hook: an answer held behind this one may go out now.
         self.on_ready: Callable[[], None] | None = None
@@ -112,7 +123,7 @@ def sync_write(
 ) -> PendingAnswer:
     """Run ``handler`` on ``req`` as a SyncWrite; its refusal raises as the handler's would."""
     vbucket = active(conn, req.vbucket)
-    pending = PendingAnswer(conn, req, vbucket)
+    pending = PendingAnswer(conn, req, vbucket, LEVEL_LABELS[requirement.level])
     try:
         answer = vbucket.sync_write(
             lambda: handler(conn, req),
@@ -125,6 +136,7 @@ def sync_write(
     if answer is not None and not isinstance(answer, Message):
         raise AssertionError(f"a mutation's handler answered {type(answer).__name__}")
     pending.prepared = answer
+    conn.server.sync_counts(conn.bucket_name or "")[0] += 1
     return pending
 
 
@@ -147,4 +159,9 @@ def deliver(outcomes: list[SyncOutcome]) -> None:
     for outcome in outcomes:
         cookie = outcome.cookie
         if isinstance(cookie, PendingAnswer):
+            server = cookie.conn.server
+            committed = outcome.status == Status.Success
+            server.sync_counts(cookie.conn.bucket_name or "")[1 if committed else 2] += 1
+            if committed:
+                server.sync_duration(cookie.level).observe(perf_counter_ns() - cookie.started)
             cookie.resolve(outcome.status, outcome.item)

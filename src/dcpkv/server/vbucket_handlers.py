@@ -27,11 +27,12 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import EngineError
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.server.connection import Connection, Reply, not_my_vbucket
+from dcpkv.server.connection import Connection, Reply, check_term, not_my_vbucket
 from dcpkv.server.kv_handlers import present, refusal
 
 
 def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
+    check_term(conn, f"SetVbucket {req.vbucket}")
     bucket = conn.bucket
     if not 0 <= req.vbucket < bucket.num_vbuckets:
         raise Reply(Status.Einval, b"vbucket id out of range")
@@ -79,6 +80,7 @@ def get_vbucket(conn: Connection, req: kv.GetVbucket) -> kv.GetVbucketResponse:
 
 
 def del_vbucket(conn: Connection, req: kv.DelVbucket) -> GenericResponse:
+    check_term(conn, f"DelVbucket {req.vbucket}")
     present(conn, req.vbucket)
     bucket = conn.bucket
     # Storage I/O on the loop: rare and admin-only; the bucket's I/O lock orders it against
