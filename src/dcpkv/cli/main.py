@@ -75,7 +75,7 @@ def server(
     ] = None,
     storage: Annotated[
         str | None,
-        typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
+        typer.Option(help="Its storage engine: rocksdb or sqlite [default: rocksdb]."),
     ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
@@ -148,10 +148,15 @@ def server(
     except ConfigError as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
+    from dcpkv.cli.admin import migrate_buckets
     from dcpkv.core.tls import TlsError
     from dcpkv.engine.storage import StorageError
 
     try:
+        # Buckets the SQLite engine wrote are converted here, under a progress bar (the
+        # server would convert them too, logging its progress).
+        rocks = [b.name for b in settings.buckets if b.storage == "rocksdb"]
+        migrate_buckets(Path(settings.data_dir), rocks)
         run(settings, port_file)
     except (OSError, StorageError, TlsError) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
@@ -360,7 +365,10 @@ from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
 
 _register_cluster(app)
 
+from dcpkv.cli.admin import register as _register_admin  # noqa: E402
 from dcpkv.cli.users import user_app  # noqa: E402
+
+_register_admin(app)
 
 app.add_typer(user_app, name="user")
 

@@ -13,7 +13,7 @@ looks like::
     [buckets.default]
     vbuckets = 1024
     memory_quota_mb = 256
-    storage = "sqlite"    # or "rocksdb" (docs/storage.md)
+    storage = "rocksdb"   # or "sqlite" (docs/storage.md)
 """
 
 from __future__ import annotations
