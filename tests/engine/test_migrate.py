@@ -134,3 +134,17 @@ def test_a_damaged_source_is_refused_and_left_untouched(tmp_path: Path) -> None:
     assert source.read_bytes() == data
     target = storage_path(tmp_path, "b", "rocksdb")
     assert not target.exists() and not migrate.partial_path(target).exists()
+
+
+def test_opening_a_sqlite_bucket_with_rocksdb_converts_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _write_sqlite(tmp_path)
+    caplog.set_level("INFO")
+    storage = open_storage("rocksdb", tmp_path, "b", history_window=WINDOW, cache_bytes=0)
+    assert isinstance(storage, RocksStorage)
+    assert storage.vbucket_states()[0].high_seqno == 33 and not storage.was_clean_shutdown()
+    storage.close()
+    assert not storage_path(tmp_path, "b", "sqlite").exists()
+    said = [r.getMessage() for r in caplog.records]
+    assert any("converting, 0 of" in m for m in said) and any("converted to" in m for m in said)
