@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,40 @@ def test_admin_migrate_refuses_a_bucket_a_server_holds(
         w.set(b"k", b"v")
         assert w.c.get(b"k", vbucket=w.vb_of(b"k")).status == Status.Success
     assert srv.terminate() == 0
+
+
+def test_a_conversion_killed_midway_starts_again_from_the_untouched_source(
+    tmp_path: Path,
+) -> None:
+    from dcpkv.engine.bucket import open_storage, storage_path
+    from dcpkv.engine.item import Item
+    from dcpkv.engine.migrate import partial_path
+    from dcpkv.engine.storage import VBState
+
+    data = tmp_path / "data"
+    source = open_storage("sqlite", data, "default", synchronous="NORMAL", cache_bytes=0)
+    for vb in range(16):
+        items = [Item(b"k%d-%d" % (vb, i), b"v" * 100, by_seqno=i + 1, cas=i + 1)
+                 for i in range(4000)]  # fmt: skip
+        source.persist([(vb, items, VBState("active", "[]", 4000, 4000, 4000))])
+    source.close()
+    sqlite = storage_path(data, "default", "sqlite")
+    rocks = storage_path(data, "default", "rocksdb")
+    before = sqlite.read_bytes()
+    argv = [sys.executable, "-m", "dcpkv.cli.main", "admin", "migrate", "--data-dir", str(data)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None and not partial_path(rocks).exists():
+            time.sleep(0.005)
+        proc.kill()  # as soon as the conversion writes: midway, unless it was very quick
+    finally:
+        proc.wait(timeout=60)
+    if not rocks.exists():  # killed before the rename: the source is as it was
+        assert sqlite.read_bytes() == before
+        assert "converted to RocksDB (64000 versions)" in _migrate(data)
+    else:  # (killed after it: the next run, or start, only removes what is left)
+        _migrate(data)
+    assert not sqlite.exists() and not partial_path(rocks).exists()
+    converted = open_storage("rocksdb", data, "default", cache_bytes=0)
+    assert sum(1 for vb in range(16) for _ in converted.load_items(vb)) == 64000
+    converted.close()
