@@ -60,23 +60,24 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "server"), str(HERE.parent / "cluster")]
+# Run as a script (make chaos): its own folder and tests/ (for the support package)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import sdkhelp  # noqa: E402
 from couchbase.cluster import Cluster as SdkCluster  # noqa: E402
 from couchbase.exceptions import CouchbaseException  # noqa: E402
-from kvclient import KVClient  # noqa: E402
-from linkproxy import LinkProxy, Proxies  # noqa: E402
-from managerproc import VBUCKETS, Cluster, ManagerProcess, tracked_managers  # noqa: E402
-from rebalancecheck import rebalance as run_rebalance  # noqa: E402
-from replicacheck import wait_equal  # noqa: E402
-from serverproc import ServerProcess, tracked_servers  # noqa: E402
 
 from dcpkv.cluster.admin_client import AdminError  # noqa: E402
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap  # noqa: E402
 from dcpkv.core.status import Status  # noqa: E402
 from dcpkv.core.vbucket import vbucket_for_key  # noqa: E402
 from dcpkv.protocol.constants import Opcode  # noqa: E402
+from support import sdkhelp  # noqa: E402
+from support.kvclient import KVClient  # noqa: E402
+from support.linkproxy import LinkProxy, Proxies  # noqa: E402
+from support.managerproc import VBUCKETS, Cluster, ManagerProcess, tracked_managers  # noqa: E402
+from support.rebalancecheck import rebalance as run_rebalance  # noqa: E402
+from support.replicacheck import wait_equal  # noqa: E402
+from support.serverproc import ServerProcess, tracked_servers  # noqa: E402
 
 KEYS = 300
 FAILOVER_TIMEOUT_S = 3

@@ -18,8 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from clienthelp import Writer
-from serverproc import ServerProcess
+from support.clienthelp import Writer
+from support.serverproc import ServerProcess
 
 APPLIER = Path(__file__).with_name("sqlite_applier.py")
 KILLS = 6

@@ -8,10 +8,6 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from clienthelp import Writer, vb_of
-from kvclient import KVClient
-from serverproc import ServerProcess
-
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
@@ -19,6 +15,9 @@ from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Opcode, StreamEndReason
+from support.clienthelp import Writer, vb_of
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess
 
 
 def set_state(port: int, vb: int, state: VBucketState) -> None:

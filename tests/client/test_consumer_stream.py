@@ -9,8 +9,8 @@ from dcpkv.client.consumer_stream import (
     TRANSITIONS,
     ConsumerEvent,
     ConsumerState,
+    ConsumerStateError,
     ConsumerStream,
-    StreamStateError,
 )
 from dcpkv.client.offsets import OffsetError, VbucketOffset, VbucketProgress
 from dcpkv.core.failover_table import FailoverEntry
@@ -217,16 +217,16 @@ def test_every_transition_is_reachable_and_the_rest_raise() -> None:
                 drive(s)
                 assert s.state is TRANSITIONS[state, event], (state, event)
             else:
-                with pytest.raises(StreamStateError, match="illegal in state"):
+                with pytest.raises(ConsumerStateError, match="illegal in state"):
                     drive(s)
                 assert s.state is state
 
 
 def test_wrong_vbucket_and_unknown_messages_raise() -> None:
     s = streaming()
-    with pytest.raises(StreamStateError, match="for vbucket 9"):
+    with pytest.raises(ConsumerStateError, match="for vbucket 9"):
         s.receive(marker(1, 2).__class__(vbucket=9, start_seqno=1, end_seqno=2))
-    with pytest.raises(StreamStateError, match="does not handle"):
+    with pytest.raises(ConsumerStateError, match="does not handle"):
         s.receive(dcp.DcpNoop(vbucket=VB))
 
 
@@ -249,7 +249,7 @@ def _mutation(seqno: int, value: bytes = b"v", datatype: int = 0, vb: int = VB) 
     [
         ([_mutation(1), _mutation(2), _mutation(4)], None),  # the last completes {1, 4}
         ([_mutation(1, snappy.deflate(b"inflated"), Datatype.Snappy | Datatype.JSON)], None),
-        ([_mutation(1, vb=9)], StreamStateError),  # another vbucket's change
+        ([_mutation(1, vb=9)], ConsumerStateError),  # another vbucket's change
         ([_mutation(2), _mutation(2)], OffsetError),  # no advance
         ([_mutation(5)], OffsetError),  # past the snapshot
     ],
@@ -279,5 +279,5 @@ def test_change_from_fields_is_event_for_the_message(
 def test_change_moves_the_state_like_any_item() -> None:
     s = ConsumerStream(VB)
     s.request()
-    with pytest.raises(StreamStateError, match="illegal in state requested"):
+    with pytest.raises(ConsumerStateError, match="illegal in state requested"):
         s.change(_fields(_mutation(1)))

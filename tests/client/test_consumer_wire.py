@@ -13,9 +13,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from clienthelp import VBUCKETS, Writer, vb_of
-from serverproc import ServerProcess
-
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
@@ -24,6 +21,8 @@ from dcpkv.client.offsets import Offsets
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.core.deadline import within
+from support.clienthelp import VBUCKETS, Writer, vb_of
+from support.serverproc import ServerProcess
 
 EVENT_TIMEOUT_S = 60.0  # a safety net against hangs, never an assertion on speed
 MAX_EVENTS = 200_000

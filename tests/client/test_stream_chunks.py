@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from clienthelp import Writer
 from hypothesis import given
 from hypothesis import strategies as st
-from serverproc import ServerProcess
 from test_consumer_wire import config
 
 from dcpkv.client import events
 from dcpkv.client.consumer import Consumer, _take
 from dcpkv.client.offsets import VbucketOffset
+from support.clienthelp import Writer
+from support.serverproc import ServerProcess
 
 _DECISIONS = (events.Rollback, events.StreamRefused, events.StreamEnd, events.StreamStart)
 

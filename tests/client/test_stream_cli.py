@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from clienthelp import VBUCKETS, Writer
-from serverproc import ServerProcess
 
 from dcpkv.cli import stream as cli_stream
 from dcpkv.cli.stream import LineWriter, Saver, event_record, format_line, line_of, parse_vbuckets
 from dcpkv.client import events
 from dcpkv.client.offsets import Offsets, VbucketOffset
+from support.clienthelp import VBUCKETS, Writer
+from support.serverproc import ServerProcess
 
 ITEMS = 3000
 

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from dcpkv.client.settings import ConnectionSettings, NodeError, scheme_tls
+from dcpkv.client.settings import ConnectionSettings, NodeAddressError, scheme_tls
 from dcpkv.core.tls import TlsOptions
 from dcpkv.spark.options import OptionError, parse_options
 
@@ -26,7 +26,7 @@ def test_scheme_tls(url: str, expected: tuple[bool, str]) -> None:
 
 
 def test_an_unknown_scheme_is_refused() -> None:
-    with pytest.raises(NodeError, match="unknown scheme 'http'"):
+    with pytest.raises(NodeAddressError, match="unknown scheme 'http'"):
         scheme_tls("http://h1")
 
 

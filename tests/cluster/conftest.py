@@ -4,17 +4,13 @@ at teardown (SIGTERM, then SIGKILL), whatever the test did to it."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-
-from managerproc import ManagerProcess, tracked_managers
-from serverproc import ServerProcess, tracked_servers
+from support.managerproc import ManagerProcess, tracked_managers
+from support.serverproc import ServerProcess, tracked_servers
 
 
 @pytest.fixture

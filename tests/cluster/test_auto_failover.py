@@ -20,16 +20,16 @@ from typing import Any
 from couchbase.cluster import Cluster as SdkCluster
 from couchbase.collection import Collection
 from couchbase.exceptions import CouchbaseException
-from kvclient import poll_rounds
-from managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
-from replicacheck import wait_equal
-from sdkhelp import connect
-from serverproc import ServerProcess
 
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import poll_rounds
+from support.managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
+from support.replicacheck import wait_equal
+from support.sdkhelp import connect
+from support.serverproc import ServerProcess
 
 TIMEOUT_S = "2"  # the auto-failover timeout: short, so the story stays short
 

@@ -17,8 +17,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from managerproc import VBUCKETS, Cluster, ManagerProcess, start_cluster
-from serverproc import ServerProcess
 
 from dcpkv.client import events
 from dcpkv.client.blocking import BlockingKV
@@ -30,6 +28,8 @@ from dcpkv.client.settings import ConnectionSettings, Node
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.durability import DurabilityLostError, DurabilityTimeoutError
 from dcpkv.core.vbucket import vbucket_for_key
+from support.managerproc import VBUCKETS, Cluster, ManagerProcess, start_cluster
+from support.serverproc import ServerProcess
 
 
 def settings_of(*nodes: str) -> ClientConfig:

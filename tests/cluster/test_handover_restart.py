@@ -12,14 +12,13 @@ import json
 import struct
 from pathlib import Path
 
-from managerproc import ManagerProcess, client, start_cluster
-from rebalancecheck import served_map
-from serverproc import ServerProcess
-
 from dcpkv.cluster.config import FILE_NAME
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Opcode
+from support.managerproc import ManagerProcess, client, start_cluster
+from support.rebalancecheck import served_map
+from support.serverproc import ServerProcess
 
 
 def set_state(node: ServerProcess, vb: int, state: VBucketState) -> None:

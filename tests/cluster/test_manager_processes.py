@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvclient import KVClient
-from managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
-from serverproc import ServerProcess
 
 from dcpkv.cluster.admin_client import AdminError, admin_request
 from dcpkv.cluster.vbucket_map import VBucketMap
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import KVClient
+from support.managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
+from support.serverproc import ServerProcess
 
 
 def held_states(node: ServerProcess) -> dict[int, VBucketState]:

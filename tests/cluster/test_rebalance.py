@@ -13,8 +13,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from managerproc import VBUCKETS, ManagerProcess, client, start_cluster, wait_for
-from rebalancecheck import (
+
+from dcpkv.cluster.vbucket_map import VBucketMap
+from dcpkv.core.status import Status
+from dcpkv.core.vbucket import VBucketState, vbucket_for_key
+from dcpkv.protocol.constants import Opcode
+from support.managerproc import VBUCKETS, ManagerProcess, client, start_cluster, wait_for
+from support.rebalancecheck import (
     Load,
     assert_consistent,
     check_cluster,
@@ -26,13 +31,8 @@ from rebalancecheck import (
     served_map,
     wait_progress,
 )
-from replicacheck import contents, wait_equal
-from serverproc import ServerProcess
-
-from dcpkv.cluster.vbucket_map import VBucketMap
-from dcpkv.core.status import Status
-from dcpkv.core.vbucket import VBucketState, vbucket_for_key
-from dcpkv.protocol.constants import Opcode
+from support.replicacheck import contents, wait_equal
+from support.serverproc import ServerProcess
 
 
 def add_node(

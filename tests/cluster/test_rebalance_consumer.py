@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from managerproc import ManagerProcess, start_cluster
-from rebalancecheck import rebalance
-from serverproc import ServerProcess
 from test_cluster_clients import caught_up, cluster_kv, read_bucket, settings_of
 
 from dcpkv.client import events
 from dcpkv.client.consumer import Consumer
+from support.managerproc import ManagerProcess, start_cluster
+from support.rebalancecheck import rebalance
+from support.serverproc import ServerProcess
 
 
 def test_the_consumer_follows_moves_without_a_rollback_and_ends_equal(

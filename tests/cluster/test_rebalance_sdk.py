@@ -12,10 +12,11 @@ from pathlib import Path
 from couchbase.cluster import Cluster as SdkCluster
 from couchbase.collection import Collection
 from couchbase.exceptions import CouchbaseException
-from managerproc import ManagerProcess, start_cluster
-from rebalancecheck import MapWatch, served_map
-from sdkhelp import connect
-from serverproc import ServerProcess
+
+from support.managerproc import ManagerProcess, start_cluster
+from support.rebalancecheck import MapWatch, served_map
+from support.sdkhelp import connect
+from support.serverproc import ServerProcess
 
 KEYS = 64
 VBUCKETS = 16

@@ -10,13 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvclient import KVClient
-from managerproc import ManagerProcess, wait_for
-from serverproc import ServerProcess
-from tlscerts import Certs, make_certs, sdk_cluster
-
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import KVClient
+from support.managerproc import ManagerProcess, wait_for
+from support.serverproc import ServerProcess
+from support.tlscerts import Certs, make_certs, sdk_cluster
 
 OFFSET = -3  # a node's TLS port is its data port - 3 (11210 / 11207), the manager's default
 

@@ -29,14 +29,14 @@ import struct
 from pathlib import Path
 
 import pytest
-from managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
-from replicacheck import contents, failover_logs, wait_equal
-from serverproc import ServerProcess
 
 from dcpkv.cluster.vbucket_map import VBucketMap
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from support.managerproc import VBUCKETS, Cluster, ManagerProcess, client, start_cluster, wait_for
+from support.replicacheck import contents, failover_logs, wait_equal
+from support.serverproc import ServerProcess
 
 
 def keys_of(vb: int, count: int, prefix: str) -> list[bytes]:

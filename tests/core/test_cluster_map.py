@@ -14,7 +14,7 @@ from dcpkv.client.router import RetrySchedule, Router
 from dcpkv.client.settings import (
     ConnectionSettings,
     Node,
-    NodeError,
+    NodeAddressError,
     is_connection_string,
     parse_nodes,
 )
@@ -69,7 +69,7 @@ def test_connection_strings_name_their_nodes(text: str, nodes: list[tuple[str, i
     "text", ["", "couchbase://", "http://h1", "h1:notaport", "h1:0", "h1:70000", ":11210"]
 )
 def test_bad_connection_strings_are_refused_clearly(text: str) -> None:
-    with pytest.raises(NodeError):
+    with pytest.raises(NodeAddressError):
         parse_nodes(text)
 
 
@@ -181,7 +181,7 @@ def test_the_router_asks_the_map_nodes_then_the_other_seeds() -> None:
     assert router.candidates() == [Node("h1", 1), Node("h2", 2), Node("h3", 3), Node("seed", 9)]
     assert router.actives_by_node() == {Node("h1", 1): [0], Node("h2", 2): [1]}
     assert router.active(2) is None  # mid-failover: nobody
-    with pytest.raises(NodeError):
+    with pytest.raises(NodeAddressError):
         Router(())
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.rollback import (
     REASON_NO_COMMON_HISTORY,
-    Rollback,
+    RollbackDecision,
     adjust_snapshot,
     needs_rollback,
     reason_ahead,
@@ -29,7 +29,7 @@ class Case:
     uuid: int
     snap: tuple[int, int]
     start: int
-    expect: Rollback | None
+    expect: RollbackDecision | None
     purge: int = 0
     high: int = 10
     strict: bool = False
@@ -39,7 +39,7 @@ class Case:
 
 CASES = [
     # spec 001, the correct resume request: told to roll back to its snapshot start
-    Case("001 correct resume", 1111, (1, 4), 3, Rollback(1, reason_ahead(3))),
+    Case("001 correct resume", 1111, (1, 4), 3, RollbackDecision(1, reason_ahead(3))),
     # spec 001, the incorrect request (snapshot claimed as {3,3}): wrongly not rolled back
     Case("001 lying resume", 1111, (3, 3), 3, None),
     # 1a: nothing to undo at zero
@@ -52,12 +52,14 @@ CASES = [
         9999,
         (0, 0),
         0,
-        Rollback(0, REASON_NO_COMMON_HISTORY),
+        RollbackDecision(0, REASON_NO_COMMON_HISTORY),
         strict=True,
     ),
     Case("1b known uuid, strict", 1111, (0, 0), 0, None, strict=True),
     # 2: the producer purged tombstones the consumer may not have seen
-    Case("2 purge above snap start", 2222, (4, 6), 5, Rollback(0, reason_purged(5)), purge=5),
+    Case(
+        "2 purge above snap start", 2222, (4, 6), 5, RollbackDecision(0, reason_purged(5)), purge=5
+    ),
     Case("2 purge equal snap start", 2222, (5, 6), 5, None, purge=5),
     Case("2 not at start 0", 0, (0, 0), 0, None, purge=5),
     Case("2 whole snapshot held: adjusted", 2222, (4, 6), 6, None, purge=5),
@@ -67,26 +69,32 @@ CASES = [
         2222,
         (4, 6),
         5,
-        Rollback(0, reason_purged(5)),
+        RollbackDecision(0, reason_purged(5)),
         purge=5,
         consumer_purge=4,
     ),
     Case("2 IgnorePurgedTombstones", 2222, (4, 6), 5, None, purge=5, ignore_purged=True),
     # 3: no common history
-    Case("3 unknown uuid", 3333, (4, 6), 5, Rollback(0, REASON_NO_COMMON_HISTORY)),
+    Case("3 unknown uuid", 3333, (4, 6), 5, RollbackDecision(0, REASON_NO_COMMON_HISTORY)),
     # 4a: lagging consumer, on the latest branch or an older one
     Case("4a latest branch", 2222, (4, 6), 5, None),
     Case("4a latest branch at high seqno", 2222, (10, 10), 10, None),
     Case("4a old branch ends at its upper", 1111, (0, 3), 2, None),
     Case("4a old branch, full snapshot", 1111, (2, 3), 3, None),
     # 4b: leading consumer, whole snapshot above upper
-    Case("4b old branch", 1111, (5, 8), 6, Rollback(3, reason_ahead(3))),
-    Case("4b latest branch past high seqno", 2222, (12, 14), 13, Rollback(10, reason_ahead(10))),
-    Case("4b full snapshot adjusted", 1111, (1, 5), 5, Rollback(3, reason_ahead(3))),
+    Case("4b old branch", 1111, (5, 8), 6, RollbackDecision(3, reason_ahead(3))),
+    Case(
+        "4b latest branch past high seqno",
+        2222,
+        (12, 14),
+        13,
+        RollbackDecision(10, reason_ahead(10)),
+    ),
+    Case("4b full snapshot adjusted", 1111, (1, 5), 5, RollbackDecision(3, reason_ahead(3))),
     # 4c: snapshot straddles upper
-    Case("4c old branch", 1111, (2, 5), 4, Rollback(2, reason_ahead(3))),
+    Case("4c old branch", 1111, (2, 5), 4, RollbackDecision(2, reason_ahead(3))),
     Case("4c empty snapshot adjusted to start", 1111, (2, 5), 2, None),
-    Case("4c latest branch", 2222, (9, 12), 11, Rollback(9, reason_ahead(10))),
+    Case("4c latest branch", 2222, (9, 12), 11, RollbackDecision(9, reason_ahead(10))),
 ]
 
 
@@ -222,6 +230,6 @@ def test_asking_again_from_the_answer_is_accepted(producer, request, uuid) -> No
             high_seqno=high,
         )
         if purge > r and r != 0:
-            assert again == Rollback(0, reason_purged(purge))
+            assert again == RollbackDecision(0, reason_purged(purge))
         else:
             assert again is None

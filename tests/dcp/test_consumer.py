@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.consumer import OPAQUE_BASE, RETRY_S, DcpConsumer, Rollback
+from dcpkv.dcp.consumer import OPAQUE_BASE, RETRY_S, DcpConsumer, RollbackOrder
 from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
@@ -49,7 +49,7 @@ class Link:
         self.active, self.replica = active, replica
         self.consumer = DcpConsumer(replica, "Replica:test", range(VBS))
         self.producer: DcpProducer | None = None
-        self.rollbacks: list[Rollback] = []
+        self.rollbacks: list[RollbackOrder] = []
         self.now = 0.0
 
     def connect(self) -> None:

@@ -2,8 +2,3 @@
 stopped by PID at the end of the session."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))

@@ -28,7 +28,8 @@ from pathlib import Path
 import docblocks
 import pytest
 from docblocks import PORT, Block
-from serverproc import ServerProcess, tracked_servers
+
+from support.serverproc import ServerProcess, tracked_servers
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

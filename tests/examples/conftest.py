@@ -5,11 +5,6 @@ Every server started here is stopped by PID at teardown, whatever the test did t
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-
-from serverproc import server, server_factory
+from support.serverproc import server, server_factory
 
 __all__ = ["server", "server_factory"]

@@ -10,8 +10,9 @@ import sqlite3
 from pathlib import Path
 
 from examplehelp import RunningExample, run_example
-from kvclient import Writer
-from serverproc import ServerProcess
+
+from support.kvclient import Writer
+from support.serverproc import ServerProcess
 
 
 def changes(stdout: str) -> set[tuple[str, str]]:

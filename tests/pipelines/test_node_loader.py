@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dcpkv.app.node import LocalNode, NodeError
+from dcpkv.app.node import LocalNode, NodeStartError
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.loader import (
     MARKER_KEY,
@@ -56,7 +56,7 @@ def test_node_starts_on_a_free_port_and_stops_cleanly(node: LocalNode) -> None:
 
 def test_a_taken_port_is_reported_with_the_way_out(node: LocalNode, tmp_path: Path) -> None:
     other = LocalNode(tmp_path / "other", tmp_path / "other.log", port=node.port)
-    with pytest.raises(NodeError, match=r"already taken.*--port"):
+    with pytest.raises(NodeStartError, match=r"already taken.*--port"):
         other.start()
     assert other.proc is None
 
@@ -64,7 +64,7 @@ def test_a_taken_port_is_reported_with_the_way_out(node: LocalNode, tmp_path: Pa
 def test_a_server_that_cannot_start_explains_why(node: LocalNode, tmp_path: Path) -> None:
     # Same data dir, another port: the bucket is locked by the first server.
     twin = LocalNode(node.data_dir, tmp_path / "twin.log", port=0, vbuckets=8)
-    with pytest.raises(NodeError, match="exited with status 1"):
+    with pytest.raises(NodeStartError, match="exited with status 1"):
         twin.start()
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from protocol_samples import EXAMPLES, strategy_for
 
 from dcpkv.core.status import Status
 from dcpkv.protocol import CodecError, Frame, FrameParser
@@ -18,6 +17,7 @@ from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.dcp import DcpNoop, Mutation
 from dcpkv.protocol.fast_dcp import RUN_MAX, MutationFields, feed_fields, feed_mutations
 from dcpkv.protocol.frame import encode_frame
+from support.protocol_samples import EXAMPLES, strategy_for
 
 _MUTATION_MAGICS = (Magic.ClientRequest, Magic.AltClientRequest)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from protocol_samples import strategy_for
 
 from dcpkv.protocol import FrameParser, kv
 from dcpkv.protocol.base import Request, Response
 from dcpkv.protocol.constants import Magic
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame, encode_frame
+from support.protocol_samples import strategy_for
 
 FAST_DECODE = (kv.Get, kv.GetQ, kv.GetK, kv.GetKQ, kv.Set, kv.SetQ, kv.Add, kv.AddQ,
                kv.Replace, kv.ReplaceQ)  # fmt: skip

@@ -8,12 +8,12 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from protocol_samples import EXAMPLES
 
 from dcpkv.core.status import Status
 from dcpkv.protocol import CodecError, Frame, FrameParser, decode_message, encode_frame
 from dcpkv.protocol.dcp import Mutation
 from dcpkv.protocol.frame import body_length, encode_framing_item
+from support.protocol_samples import EXAMPLES
 
 STREAM = b"".join(m.encode() for m in EXAMPLES)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from protocol_samples import ALL_TYPES, EXAMPLES, strategy_for
 
 from dcpkv.protocol import FrameParser, GenericResponse, Message, decode_message
 from dcpkv.protocol.dcp import StreamRequestOk
+from support.protocol_samples import ALL_TYPES, EXAMPLES, strategy_for
 
 
 def _roundtrip(msg: Message) -> Message:

@@ -6,6 +6,6 @@ the test did to it.
 
 from __future__ import annotations
 
-from serverproc import server, server_factory
+from support.serverproc import server, server_factory
 
 __all__ = ["server", "server_factory"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from serverproc import ServerProcess
+
+from support.serverproc import ServerProcess
 
 bmemcached = pytest.importorskip("bmemcached")
 

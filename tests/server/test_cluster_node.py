@@ -8,13 +8,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Datatype, HelloFeature, Opcode
 from dcpkv.protocol.messages import decode_message
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess
 
 ACTIVE, REPLICA = struct.pack(">I", VBucketState.ACTIVE), struct.pack(">I", VBucketState.REPLICA)
 DEAD = struct.pack(">I", VBucketState.DEAD)

@@ -31,11 +31,11 @@ from couchbase.options import (
     SignedInt64,
     UpsertOptions,
 )
-from kvclient import KVClient, poll_rounds
-from sdk_cluster import module_server, sdk_collection
-from serverproc import ServerProcess
 
 from dcpkv.core.vbucket import vbucket_for_key
+from support.kvclient import KVClient, poll_rounds
+from support.sdk_cluster import module_server, sdk_collection
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16  # what ServerProcess starts the server with
 

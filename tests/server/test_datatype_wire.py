@@ -10,7 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rawclient import (
+
+from dcpkv.client import events
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.sync import SyncConsumer
+from dcpkv.core.vbucket import vbucket_for_key
+from support.rawclient import (
     DCP_DELETION,
     DCP_END,
     DCP_MUTATION,
@@ -27,13 +33,7 @@ from rawclient import (
     split_xattrs,
     xattr_blob,
 )
-from serverproc import ServerProcess
-
-from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
-from dcpkv.client.sync import SyncConsumer
-from dcpkv.core.vbucket import vbucket_for_key
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16
 GET, SET, DELETE = 0x00, 0x01, 0x04

@@ -18,9 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from dcpclient import DcpClient, VbState, all_vb_seqnos
-from kvclient import KVClient, poll_rounds
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -35,6 +32,9 @@ from dcpkv.protocol.constants import (
     StreamRequestFlag,
 )
 from dcpkv.protocol.frame import FrameParser, encode_frame
+from support.dcpclient import DcpClient, VbState, all_vb_seqnos
+from support.kvclient import KVClient, poll_rounds
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16  # serverproc starts every server with --vbuckets 16
 

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient, poll_rounds
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.engine.bucket import STORAGE_ENGINES, storage_path
+from support.kvclient import KVClient, poll_rounds
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16
 UNLIMITED = resource.RLIM_INFINITY

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient, poll_rounds
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.engine.bucket import STORAGE_ENGINES
 from dcpkv.protocol.constants import HelloFeature
+from support.kvclient import KVClient, poll_rounds
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16  # what ServerProcess starts the server with
 WRITERS = 4

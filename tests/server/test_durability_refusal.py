@@ -8,9 +8,10 @@ import struct
 from collections.abc import Iterator
 
 import pytest
-from rawclient import RawClient
-from sdk_cluster import module_server
-from serverproc import ServerProcess
+
+from support.rawclient import RawClient
+from support.sdk_cluster import module_server
+from support.serverproc import ServerProcess
 
 SET, GET, DELETE, INCREMENT, APPEND, SUBDOC_DICT_UPSERT, SUBDOC_GET = (
     0x01, 0x00, 0x04, 0x05, 0x0E, 0xC8, 0xC5,

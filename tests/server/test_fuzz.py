@@ -19,20 +19,18 @@ import contextlib
 import os
 import socket
 import struct
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
-from kvclient import KVClient
-from serverproc import ServerProcess, tracked_servers
 from test_limits import rss
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import Magic
 from dcpkv.protocol.frame import encode_frame
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess, tracked_servers
 
 EXAMPLES = int(os.environ.get("DCPKV_FUZZ_EXAMPLES", "120"))
 MIB = 1 << 20
@@ -41,8 +39,7 @@ MAGICS = [Magic.ClientRequest, Magic.AltClientRequest, Magic.ClientResponse, Mag
 
 # Every message type of the codec, with random fields: requests that decode, so the fuzz
 # reaches the handlers (the protocol tests' strategies, shared by path: tests are not a package)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "protocol"))
-from protocol_samples import ALL_TYPES, strategy_for  # noqa: E402
+from support.protocol_samples import ALL_TYPES, strategy_for  # noqa: E402
 
 TYPED = st.sampled_from(ALL_TYPES).flatmap(strategy_for).map(lambda message: message.encode())
 

@@ -12,11 +12,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient, poll_rounds
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import HelloFeature, Opcode
+from support.kvclient import KVClient, poll_rounds
+from support.serverproc import ServerProcess
 
 QUOTA_MB = 1
 VALUE_SIZE = 100 * 1024

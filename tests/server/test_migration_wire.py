@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from dcpclient import DcpClient, all_vb_seqnos
-from kvclient import Writer
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.protocol import dcp
+from support.dcpclient import DcpClient, all_vb_seqnos
+from support.kvclient import Writer
+from support.serverproc import ServerProcess
 
 KEYS = {b"doc-%d" % i for i in range(120)}
 DELETED = {b"doc-%d" % i for i in range(0, 120, 7)}

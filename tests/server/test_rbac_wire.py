@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dcpclient import DcpClient
-from kvclient import KVClient
-from serverproc import ServerProcess, tracked_servers
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Opcode
 from dcpkv.protocol.frame import Frame
+from support.dcpclient import DcpClient
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess, tracked_servers
 
 USERS = {
     "reader": "data_reader[default]",

@@ -9,13 +9,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from kvclient import poll_rounds
-from replicacheck import VBUCKETS, admin, contents, failover_logs, seqnos, wait_caught_up
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import poll_rounds
+from support.replicacheck import VBUCKETS, admin, contents, failover_logs, seqnos, wait_caught_up
+from support.serverproc import ServerProcess
 
 
 def make_pair(active: ServerProcess, replica: ServerProcess) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from serverproc import ServerProcess
 
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
@@ -19,6 +18,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import kv
 from dcpkv.protocol.constants import HelloFeature
 from dcpkv.server.seqno_persistence import WAIT, outcome
+from support.serverproc import ServerProcess
 
 # newest first: branch 30 began at seqno 8, on branch 20 (which began at 0)
 LOG = (FailoverEntry(30, 8), FailoverEntry(20, 0))

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient, poll_rounds
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
+from support.kvclient import KVClient, poll_rounds
+from support.serverproc import ServerProcess
 
 
 @pytest.fixture

@@ -15,8 +15,6 @@ import asyncio
 import struct
 from pathlib import Path
 
-from replicacheck import VBUCKETS, admin, failover_logs
-from serverproc import ServerProcess
 from test_replication import push
 
 from dcpkv.client.cluster import ClusterKV
@@ -25,6 +23,8 @@ from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from support.replicacheck import VBUCKETS, admin, failover_logs
+from support.serverproc import ServerProcess
 
 MOVED = 1
 

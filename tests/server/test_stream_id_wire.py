@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import struct
 
-from rawclient import DCP_CLOSE, DCP_END, DCP_MUTATION, RawClient
-from serverproc import ServerProcess
-
 from dcpkv.core.vbucket import vbucket_for_key
+from support.rawclient import DCP_CLOSE, DCP_END, DCP_MUTATION, RawClient
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16
 SID_INVALID, SUCCESS = 0x8D, 0x00

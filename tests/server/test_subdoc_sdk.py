@@ -21,15 +21,15 @@ from couchbase.exceptions import (
     PathNotFoundException,
 )
 from couchbase.options import MutateInOptions
-from rawclient import DCP_MUTATION, F_DATATYPE, F_XATTR, RawClient, split_xattrs
-from sdk_cluster import module_server, sdk_collection
-from serverproc import ServerProcess
 
 from dcpkv.client import events
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.core.vbucket import vbucket_for_key
+from support.rawclient import DCP_MUTATION, F_DATATYPE, F_XATTR, RawClient, split_xattrs
+from support.sdk_cluster import module_server, sdk_collection
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16
 INCLUDE_XATTRS = 0x04

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rawclient import DCP_MARKER, DCP_MUTATION, RawClient
-from sdk_cluster import module_server
-from serverproc import ServerProcess
 
 from dcpkv.engine.bucket import STORAGE_ENGINES
+from support.rawclient import DCP_MARKER, DCP_MUTATION, RawClient
+from support.sdk_cluster import module_server
+from support.serverproc import ServerProcess
 
 GET, SET, DELETE, SET_VBUCKET = 0x00, 0x01, 0x04, 0x3D
 SUCCESS, KEY_EEXISTS, EINVAL = 0x00, 0x02, 0x04

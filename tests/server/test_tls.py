@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serverproc import ServerProcess, tracked_servers
-from tlscerts import Certs, make_certs, sdk_cluster
 
 from dcpkv.client.blocking import BlockingKV, RequestFailed
 from dcpkv.client.settings import ConnectionSettings
@@ -22,6 +20,8 @@ from dcpkv.core.status import Status
 from dcpkv.core.tls import TlsOptions
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from support.serverproc import ServerProcess, tracked_servers
+from support.tlscerts import Certs, make_certs, sdk_cluster
 
 
 def dcpkv(*args: str) -> subprocess.CompletedProcess[str]:

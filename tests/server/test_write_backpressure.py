@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from kvclient import KVClient
-from serverproc import ServerProcess
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16
 HOLD_S = 2.0  # the write lock is held this long (under SQLite's 5 s busy timeout)

@@ -15,11 +15,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-
-from serverproc import ServerProcess, tracked_servers
-
 import dcpkv.spark
+from support.serverproc import ServerProcess, tracked_servers
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvclient import KVClient
-
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.pipelines.mirror import read_mirror, start_mirror
 from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import KVClient
 
 VBUCKETS = 8
 PAST = 30 * 24 * 3600 + 1  # an absolute expiry in 1970: expired the moment it is read

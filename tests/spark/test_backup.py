@@ -25,8 +25,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from kvclient import KVClient
-from serverproc import ServerProcess
 from sparkhelp import server_docs, vb
 
 from dcpkv.client.settings import ConnectionSettings
@@ -41,6 +39,8 @@ from dcpkv.pipelines.backup import (
 )
 from dcpkv.pipelines.backup_layout import committed_runs, verify
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess
 
 CLI = [sys.executable, "-m", "dcpkv.cli.main"]
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from serverproc import ServerProcess
 from sparkhelp import Workload, server_docs
 
 from dcpkv.client.settings import ConnectionSettings
@@ -20,6 +19,7 @@ from dcpkv.pipelines.backup_layout import MANIFEST, committed_runs, file_entries
 from dcpkv.pipelines.mirror import compact_mirror, mirror_doc_count, read_mirror
 from dcpkv.pipelines.mirror_schema import mirror_schema
 from dcpkv.spark.rows import BIT_PATTERN_COLUMNS
+from support.serverproc import ServerProcess
 
 OLD = pa.decimal128(20, 0)
 TOP = 2**64 - 1

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serverproc import ServerProcess
 
 from dcpkv.app.node import LocalNode
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.loader import load_sample
+from support.serverproc import ServerProcess
 
 VBUCKETS = 16
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,10 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
-
-from managerproc import VBUCKETS, ManagerProcess, start_cluster, tracked_managers
-from serverproc import ServerProcess
 from sparkhelp import Changelog, Workload, stream_available_now
 
 from dcpkv.client.cluster import ClusterKV
@@ -27,6 +23,8 @@ from dcpkv.spark.options import parse_options
 from dcpkv.spark.plan import targets
 from dcpkv.spark.source import _partitions, active_nodes
 from dcpkv.spark.sparkoffsets import SparkOffsets, VbPosition
+from support.managerproc import VBUCKETS, ManagerProcess, start_cluster, tracked_managers
+from support.serverproc import ServerProcess
 
 
 def write(conn: ConnectionSettings, start: int, count: int, tag: str) -> None:
@@ -160,7 +158,7 @@ def test_an_available_now_query_stays_exact_through_a_rebalance_and_a_failover_m
     rebalance in (2 -> 3 nodes) moves vbuckets under it with no rollback row; a kill -9 and
     failover of a node gives rollback rows only for vbuckets that node held active; both
     runs end with the output equal to the bucket, and the query never fails."""
-    from rebalancecheck import rebalance, served_map
+    from support.rebalancecheck import rebalance, served_map
 
     with tracked_managers() as managers:
         cluster = start_cluster(server_factory, managers, tmp_path, nodes=2, replicas=1)

@@ -22,17 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
-
-from managerproc import VBUCKETS, start_cluster, tracked_managers
-from serverproc import ServerProcess
 from standalone import StandaloneSpark
 
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.pipelines.backup_layout import committed_runs, verify
 from dcpkv.pipelines.mirror import read_mirror
+from support.managerproc import VBUCKETS, start_cluster, tracked_managers
+from support.serverproc import ServerProcess
 
 DOCS = 400
 

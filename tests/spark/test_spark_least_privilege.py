@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serverproc import ServerProcess
 from sparkhelp import Changelog, Workload, server_docs, stream_available_now
-from tlscerts import make_certs
+
+from support.serverproc import ServerProcess
+from support.tlscerts import make_certs
 
 
 def add_user(data_dir: Path, name: str, role: str) -> None:

@@ -9,7 +9,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from kvclient import KVClient
 from sparkhelp import server_docs, vb
 
 from dcpkv.core.status import Status
@@ -19,6 +18,7 @@ from dcpkv.pipelines.sample_data import changes, documents
 from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.pipelines.views import create_view, query_view, start_view, stats
 from dcpkv.protocol.constants import Opcode
+from support.kvclient import KVClient
 
 MAP = "dcpkv.pipelines.example_views:revenue_by_country"
 

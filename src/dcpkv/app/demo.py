@@ -82,7 +82,7 @@ from dcpkv.app.chaos import Chaos, ChaosSettings, Event
 from dcpkv.app.demo_nodes import ClusterNodes, Nodes, OneNode
 from dcpkv.app.demo_ui import PipelineStats, RateColumn, Sampled, Stopper, live_line, progress_line
 from dcpkv.app.endcheck import end_check
-from dcpkv.app.node import NodeError
+from dcpkv.app.node import NodeStartError
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.cluster.admin_client import AdminError
 from dcpkv.core.defaults import DEFAULT_PORT
@@ -225,7 +225,7 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
         stack.callback(spark_start.close)  # before the node stops: the warm-up reads from it
         try:
             ep = nodes.start(console)
-        except NodeError as exc:
+        except NodeStartError as exc:
             console.print(f"[red]dcpkv demo: cannot start the node: {exc}")
             return 1
         code = _run(settings, paths, nodes, ep, stopper, console, stack, events, spark_start)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dcpkv.app.node import LocalNode, NodeError
+from dcpkv.app.node import LocalNode, NodeStartError
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import ConnectionSettings
@@ -69,7 +69,7 @@ class ClusterNodes:
                 self.cluster.start()
                 self._wait_ready()
         except (LocalClusterError, AdminError) as exc:
-            raise NodeError(str(exc)) from None
+            raise NodeStartError(str(exc)) from None
         nodes = ",".join(self.cluster.address(c) for c in self.cluster.data_nodes)
         self.ep = ConnectionSettings.at(f"couchbase://{nodes}")
         pids = ", ".join(str(c.proc.pid) for c in self.cluster.children if c.proc is not None)
@@ -91,7 +91,7 @@ class ClusterNodes:
             if placed and all(n["status"] == "healthy" for n in doc["nodes"]):
                 return
             time.sleep(0.2)
-        raise NodeError(f"the cluster was not ready in {CLUSTER_READY_S:.0f} s")
+        raise NodeStartError(f"the cluster was not ready in {CLUSTER_READY_S:.0f} s")
 
     def stop(self, console: Console) -> None:
         self.cluster.stop()

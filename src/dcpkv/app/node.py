@@ -35,7 +35,7 @@ START_TIMEOUT_S = 120.0  # a big bucket's warm-up happens before the port is bou
 STOP_TIMEOUT_S = 60.0  # the final flush of everything still in memory
 
 
-class NodeError(DcpkvError, RuntimeError):
+class NodeStartError(DcpkvError, RuntimeError):
     """The server could not be started; the message says why and what to do."""
 
 
@@ -69,7 +69,7 @@ class LocalNode:
     def start(self) -> int:
         """Start the server and wait until it listens; the bound port."""
         if port_in_use(self.host, self.port):
-            raise NodeError(
+            raise NodeStartError(
                 f"port {self.port} on {self.host} is already taken (another dcpkv server?): "
                 "stop it, or pick another port with --port"
             )
@@ -96,12 +96,12 @@ class LocalNode:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not port_file.exists():
             if self.proc.poll() is not None:
-                raise NodeError(
+                raise NodeStartError(
                     f"the server exited with status {self.proc.returncode}:\n{self.log_tail()}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
-                raise NodeError(f"the server did not start in {START_TIMEOUT_S:.0f} s")
+                raise NodeStartError(f"the server did not start in {START_TIMEOUT_S:.0f} s")
             time.sleep(0.05)
 
     def log_tail(self, lines: int = 5) -> str:

@@ -241,14 +241,14 @@ def stats(
 ) -> None:
     """Print a running server's stats of one group as a table."""
     from dcpkv.client.blocking import BlockingKV, RequestFailed
-    from dcpkv.client.settings import NodeError
+    from dcpkv.client.settings import NodeAddressError
     from dcpkv.core.tls import TlsError
 
     try:
         settings = connection_settings(host, port, bucket, user, password, tls, tls_ca)
         with BlockingKV.connect(settings) as session:
             rows = session.stats(group)
-    except (OSError, RequestFailed, NodeError, TlsError) as exc:
+    except (OSError, RequestFailed, NodeAddressError, TlsError) as exc:
         typer.echo(f"dcpkv stats: {exc}", err=True)
         raise typer.Exit(1) from None
     if rows:

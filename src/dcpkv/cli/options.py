@@ -50,7 +50,7 @@ def tls_options(tls: bool, ca: Path | None) -> TlsOptions | None:
 def connection_settings(
     host: str, port: int, bucket: str, user: str, password: str, tls: bool, tls_ca: Path | None
 ) -> ConnectionSettings:
-    """The client's settings from the shared options (a bad address raises ``NodeError``)."""
+    """The client's settings from the shared options (a bad address raises ``NodeAddressError``)."""
     from dcpkv.client.settings import ConnectionSettings
 
     return ConnectionSettings.at(

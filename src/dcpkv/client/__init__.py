@@ -24,7 +24,7 @@ Everything a user needs is importable from here::
 * The errors a caller catches, all of them ``DcpkvError``: ``ClientError`` (``AuthError``,
   ``StreamFailedError``, ``NoRouteError``), ``RequestFailed``, ``KVWriteError``,
   ``DurabilityError`` (``...ImpossibleError``, ``...LostError``, ``...TimeoutError``),
-  ``OffsetsFileError``, ``NodeError``.
+  ``OffsetsFileError``, ``NodeAddressError``.
 
 The names are imported on first use, not with the package: the commands and Spark's Python
 processes import single modules of the package (``dcpkv.client.settings``, say), and importing
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from dcpkv.client.kv import Document
     from dcpkv.client.mutation_log import MutationLog
     from dcpkv.client.offsets import Offsets, OffsetsFileError, VbucketOffset
-    from dcpkv.client.settings import ConnectionSettings, NodeError
+    from dcpkv.client.settings import ConnectionSettings, NodeAddressError
     from dcpkv.client.sync import SyncConsumer
     from dcpkv.client.writer import KVWriteError, KVWriter, WriteOp
     from dcpkv.core.durability import (
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 
 # Where each public name is defined: the module is imported when the name is first asked for.
 _HOMES: dict[str, tuple[str, ...]] = {
-    "dcpkv.client.settings": ("ConnectionSettings", "NodeError"),
+    "dcpkv.client.settings": ("ConnectionSettings", "NodeAddressError"),
     "dcpkv.core.tls": ("TlsOptions",),
     "dcpkv.client.config": ("ClientConfig",),
     "dcpkv.client.sync": ("SyncConsumer",),
@@ -136,7 +136,7 @@ __all__ = [
     "MutationLog",
     "MutationToken",
     "NoRouteError",
-    "NodeError",
+    "NodeAddressError",
     "Offsets",
     "OffsetsFileError",
     "RequestFailed",

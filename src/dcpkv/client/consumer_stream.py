@@ -9,7 +9,7 @@ decoded message for this vbucket with :meth:`receive`, and tells it about lost c
 with :meth:`disconnected`. Progress lives in a :class:`VbucketProgress` (``offsets.py``), which
 moves only as events are returned; each event carries the offset after it.
 
-States and moves (``TRANSITIONS``; anything else raises :class:`StreamStateError`)::
+States and moves (``TRANSITIONS``; anything else raises :class:`ConsumerStateError`)::
 
     idle ──request──▶ requested ──ok──▶ streaming ──marker/item──▶ streaming
                         │   │               │
@@ -67,7 +67,7 @@ from dcpkv.protocol.constants import Opcode, StreamEndReason
 from dcpkv.protocol.fast_dcp import MutationFields
 
 
-class StreamStateError(DcpkvError):
+class ConsumerStateError(DcpkvError):
     """An event that is illegal in the stream's current state (a caller or producer bug)."""
 
 
@@ -174,7 +174,7 @@ class ConsumerStream:
         try:
             self.state = TRANSITIONS[self.state, event]
         except KeyError:
-            raise StreamStateError(
+            raise ConsumerStateError(
                 f"vbucket {self.vbucket}: {event.value} is illegal in state {self.state.value}"
             ) from None
 
@@ -254,7 +254,7 @@ class ConsumerStream:
             return events.SeqnoAdvanced(self.vbucket, message.by_seqno, offset)
         if isinstance(message, dcp.StreamEnd):
             return self._end(message.reason)
-        raise StreamStateError(
+        raise ConsumerStateError(
             f"vbucket {self.vbucket}: a consumer stream does not handle {type(message).__name__}"
         )
 
@@ -263,7 +263,7 @@ class ConsumerStream:
         (``protocol.fast_dcp``), not to a message: the hot path of a stream."""
         _, vb, key, value, seqno, rev, flags, expiry, cas, datatype, _, _, _, _ = fields
         if vb != self.vbucket:
-            raise StreamStateError(f"vbucket {self.vbucket}: got a Mutation for vbucket {vb}")
+            raise ConsumerStateError(f"vbucket {self.vbucket}: got a Mutation for vbucket {vb}")
         if self.state is not _STREAMING:  # the table's only ITEM move keeps STREAMING
             self._move(ConsumerEvent.ITEM)
         offset = self.progress.deliver(seqno)
@@ -280,12 +280,12 @@ class ConsumerStream:
             return self._roll_back(message.rollback_seqno)
         if isinstance(message, GenericResponse) and message.opcode == Opcode.DcpStreamRequest:
             return self._refused(message.status)
-        raise StreamStateError(
+        raise ConsumerStateError(
             f"vbucket {self.vbucket}: a consumer stream does not handle {type(message).__name__}"
         )
 
     def _wrong_vbucket(self, message: Message) -> None:
-        raise StreamStateError(
+        raise ConsumerStateError(
             f"vbucket {self.vbucket}: got {type(message).__name__} for vbucket {message.vbucket}"  # type: ignore[attr-defined]
         )
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import random
 
-from dcpkv.client.settings import Node, NodeError, parse_nodes
+from dcpkv.client.settings import Node, NodeAddressError, parse_nodes
 from dcpkv.core.cluster_map import ClusterMap, ClusterMapError
 
 FIRST_RETRY = 0.05  # seconds before the second attempt of a request; doubles per attempt
@@ -47,7 +47,7 @@ class Router:
 
     def __init__(self, seeds: tuple[Node, ...], *, tls: bool = False) -> None:
         if not seeds:
-            raise NodeError("a client needs at least one node to start from")
+            raise NodeAddressError("a client needs at least one node to start from")
         self.seeds = seeds
         self.tls = tls  # route to the nodes' TLS ports (the map's kvSSL)
         self.map: ClusterMap | None = None

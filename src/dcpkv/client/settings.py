@@ -35,7 +35,7 @@ from dcpkv.core.tls import TlsOptions
 DEFAULT_TLS_PORT = 11207  # Couchbase's TLS data port
 
 
-class NodeError(DcpkvError, ValueError):
+class NodeAddressError(DcpkvError, ValueError):
     """A ``host:port`` that cannot be read."""
 
 
@@ -53,9 +53,9 @@ def parse_port(text: str) -> int:
     try:
         port = int(text)
     except ValueError:
-        raise NodeError(f"port {text!r} is not a number") from None
+        raise NodeAddressError(f"port {text!r} is not a number") from None
     if not 0 < port < 65536:
-        raise NodeError(f"port {port} is outside 1..65535")
+        raise NodeAddressError(f"port {port} is outside 1..65535")
     return port
 
 
@@ -69,7 +69,7 @@ def scheme_tls(url: str) -> tuple[bool, str]:
     if not sep:
         return False, url
     if f"{scheme.lower()}://" not in SCHEMES:
-        raise NodeError(f"unknown scheme {scheme!r}: use couchbase:// or couchbases://")
+        raise NodeAddressError(f"unknown scheme {scheme!r}: use couchbase:// or couchbases://")
     return scheme.lower() == "couchbases", rest
 
 
@@ -84,7 +84,7 @@ def parse_nodes(text: str, default_port: int = DEFAULT_PORT) -> tuple[Node, ...]
             break
     else:
         if "://" in body:
-            raise NodeError(f"{text!r}: only {' and '.join(SCHEMES)} connection strings")
+            raise NodeAddressError(f"{text!r}: only {' and '.join(SCHEMES)} connection strings")
     body = body.partition("?")[0].rstrip("/")
     nodes = []
     for part in (p.strip() for p in body.replace(";", ",").split(",")):
@@ -92,7 +92,7 @@ def parse_nodes(text: str, default_port: int = DEFAULT_PORT) -> tuple[Node, ...]
             continue
         nodes.append(_node(part, default_port))
     if not nodes:
-        raise NodeError(f"no node in {text!r}")
+        raise NodeAddressError(f"no node in {text!r}")
     return tuple(nodes)
 
 
@@ -104,7 +104,7 @@ def _node(part: str, default_port: int) -> Node:
     if not sep:
         return Node(part, default_port)
     if not host:
-        raise NodeError(f"{part!r} has no host")
+        raise NodeAddressError(f"{part!r} has no host")
     return Node(host, parse_port(port))
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from dcpkv.cluster.node_link import NodeError, NodeLink
+from dcpkv.cluster.node_link import NodeLink, NodeLinkError
 from dcpkv.core.deadline import within
 
 log = logging.getLogger("dcpkv.cluster")
@@ -76,7 +76,7 @@ class HealthWatcher:
             try:
                 await within(link.noop(self.bucket), self.interval_s)
                 healthy = True
-            except (NodeError, TimeoutError, OSError):
+            except (NodeLinkError, TimeoutError, OSError):
                 healthy = False
             await self._record(link.name, healthy)
             await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))

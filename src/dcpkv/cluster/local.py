@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import IO
 
 from dcpkv.core.children import die_with_parent
+from dcpkv.core.errors import DcpkvError
 
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 15.0
 
 
-class LocalClusterError(RuntimeError):
+class LocalClusterError(DcpkvError, RuntimeError):
     """A process of the local cluster did not start."""
 
 

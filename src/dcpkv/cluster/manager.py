@@ -54,7 +54,7 @@ from dcpkv.cluster import config as cfg
 from dcpkv.cluster.auto_failover import Policy, decide
 from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
 from dcpkv.cluster.health import HealthWatcher
-from dcpkv.cluster.node_link import Counters, LinkTls, NodeError, NodeLink
+from dcpkv.cluster.node_link import Counters, LinkTls, NodeLink, NodeLinkError
 from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefused
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
 from dcpkv.core.errors import DcpkvError
@@ -176,7 +176,7 @@ class Manager:
                     continue
                 await self._sync_states(link, bucket.name, bucket.map)
                 await link.push_config(bucket.name, self._pushed_config(bucket, name))
-        except NodeError as exc:
+        except NodeLinkError as exc:
             log.warning("node %s is out of sync: %s", name, exc)
             self.out_of_sync.add(name)
             return False
@@ -262,7 +262,7 @@ class Manager:
         for name in self.config.active_nodes():
             try:
                 await self._link(name).push_users(self.config.buckets[0].name, doc.encode())
-            except NodeError as exc:  # its next sync pushes it
+            except NodeLinkError as exc:  # its next sync pushes it
                 log.warning("node %s did not take the users: %s", name, exc)
                 self.out_of_sync.add(name)
 
@@ -305,7 +305,7 @@ class Manager:
         try:
             for bucket in self.config.buckets:
                 await self._validate_bucket(link, bucket)
-        except NodeError as exc:
+        except NodeLinkError as exc:
             raise Refused(str(exc)) from None
         finally:
             await link.close()
@@ -422,7 +422,7 @@ class Manager:
         for server, vbs in by_replica.items():
             try:
                 seqnos = await self._link(server).persisted_seqnos(bucket.name, vbs)
-            except NodeError as exc:
+            except NodeLinkError as exc:
                 log.warning("cannot ask %s for its persisted seqnos: %s", server, exc)
                 continue
             for vb, seqno in seqnos.items():
@@ -528,7 +528,7 @@ class Manager:
                     link = self._link(name)
                     actives.update(await link.high_seqnos(bucket.name, VBucketState.ACTIVE))
                     replicas[name] = await link.high_seqnos(bucket.name, VBucketState.REPLICA)
-                except NodeError:
+                except NodeLinkError:
                     replicas[name] = None
             for name, seqnos in replicas.items():
                 if seqnos is None:

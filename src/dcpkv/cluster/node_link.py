@@ -42,7 +42,7 @@ CAS_RETRIES = 5
 T = TypeVar("T")
 
 
-class NodeError(DcpkvError):
+class NodeLinkError(DcpkvError):
     """A node is unreachable, refused the admin, or refused a command."""
 
 
@@ -103,16 +103,16 @@ class NodeLink:
         try:
             conn = await Connection.open(self.host, self._link_port, CONNECT_TIMEOUT_S, self._tls)
         except (OSError, TimeoutError, TlsError) as exc:
-            raise NodeError(f"cannot reach {self.name}: {exc or type(exc).__name__}") from None
+            raise NodeLinkError(f"cannot reach {self.name}: {exc or type(exc).__name__}") from None
         try:
             await within(authenticate(conn, self._user, self._password, bucket), CONNECT_TIMEOUT_S)
         except AuthError as exc:
             await conn.close()
             message = f"{self.name} refused the cluster admin or bucket {bucket!r}: {exc}"
-            raise NodeError(message) from None
+            raise NodeLinkError(message) from None
         except (OSError, TimeoutError, ClientError) as exc:
             await conn.close()
-            raise NodeError(f"cannot log in to {self.name}: {exc}") from None
+            raise NodeLinkError(f"cannot log in to {self.name}: {exc}") from None
         self._sessions[bucket] = conn
         return conn
 
@@ -123,7 +123,7 @@ class NodeLink:
         except (OSError, TimeoutError) as exc:
             await conn.close()
             self._sessions.pop(bucket, None)
-            raise NodeError(f"{self.name} did not answer: {exc or 'timeout'}") from None
+            raise NodeLinkError(f"{self.name} did not answer: {exc or 'timeout'}") from None
 
     # -- questions --------------------------------------------------------------------------
 
@@ -133,20 +133,20 @@ class NodeLink:
         try:
             rows = await within(conn.stats("vbucket"), CALL_TIMEOUT_S)
         except (OSError, TimeoutError, ClientError) as exc:
-            raise NodeError(f"{self.name}: stat vbucket failed: {exc}") from None
+            raise NodeLinkError(f"{self.name}: stat vbucket failed: {exc}") from None
         return {int(name[3:]): VBucketState.of(value) for name, value in rows if name[:3] == "vb_"}
 
     async def served_config(self, bucket: str) -> dict[str, Any]:
         answer = await self._call(bucket, kv.GetClusterConfig())
         if not isinstance(answer, kv.GetClusterConfigResponse):
-            raise NodeError(f"{self.name}: GetClusterConfig: {_status(answer)}")
+            raise NodeLinkError(f"{self.name}: GetClusterConfig: {_status(answer)}")
         return json.loads(bytes(answer.config))
 
     async def high_seqnos(self, bucket: str, state: VBucketState | None) -> dict[int, int]:
         """vbucket -> high seqno, of the vbuckets in ``state`` (None: all but dead ones)."""
         answer = await self._call(bucket, kv.GetAllVbSeqnos(state=state))
         if not isinstance(answer, kv.GetAllVbSeqnosResponse):
-            raise NodeError(f"{self.name}: GetAllVbSeqnos: {_status(answer)}")
+            raise NodeLinkError(f"{self.name}: GetAllVbSeqnos: {_status(answer)}")
         return dict(answer.seqnos)
 
     async def persisted_seqnos(self, bucket: str, vbuckets: list[int]) -> dict[int, int]:
@@ -192,7 +192,7 @@ class NodeLink:
         except (OSError, TimeoutError, ClientError) as exc:
             await conn.close()
             self._sessions.pop(bucket, None)
-            raise NodeError(f"{self.name} did not answer: {exc or 'timeout'}") from None
+            raise NodeLinkError(f"{self.name} did not answer: {exc or 'timeout'}") from None
 
     async def vbucket_states(
         self, bucket: str, vbuckets: list[int]
@@ -210,7 +210,7 @@ class NodeLink:
             elif getattr(answer, "status", None) == Status.NotMyVbucket:
                 out[vb] = None
             else:
-                raise NodeError(f"{self.name}: GetVbucket {vb}: {_status(answer)}")
+                raise NodeLinkError(f"{self.name}: GetVbucket {vb}: {_status(answer)}")
         return out
 
     @staticmethod
@@ -236,7 +236,7 @@ class NodeLink:
     async def noop(self, bucket: str) -> None:
         answer = await self._call(bucket, kv.Noop())
         if getattr(answer, "status", Status.Success) != Status.Success:
-            raise NodeError(f"{self.name}: Noop: {_status(answer)}")
+            raise NodeLinkError(f"{self.name}: Noop: {_status(answer)}")
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -249,7 +249,7 @@ class NodeLink:
         # nothing yet), so reading it never changes anything.
         answer = await self._call(bucket, kv.GetVbucket(vbucket=min(held) if held else 0))
         if getattr(answer, "status", Status.Success) not in (Status.Success, Status.NotMyVbucket):
-            raise NodeError(f"{self.name}: cannot read the state CAS: {_status(answer)}")
+            raise NodeLinkError(f"{self.name}: cannot read the state CAS: {_status(answer)}")
         self._state_cas[bucket] = answer.cas
         return answer.cas
 
@@ -273,7 +273,7 @@ class NodeLink:
 
         try:
             await self._cas_ordered(bucket, {}, command, f"DelVbucket {vbucket}")
-        except NodeError as exc:
+        except NodeLinkError as exc:
             if "NotMyVbucket" not in str(exc):
                 raise
 
@@ -291,16 +291,16 @@ class NodeLink:
                 self._state_cas[bucket] = answer.cas
                 return
             if answer.status != Status.KeyEexists:
-                raise NodeError(f"{self.name}: {what}: {_status(answer)}")
+                raise NodeLinkError(f"{self.name}: {what}: {_status(answer)}")
             self.counters.cas_conflicts += 1
             cas = self._state_cas[bucket] = answer.cas
-        raise NodeError(f"{self.name}: the state CAS kept changing; gave up on {what}")
+        raise NodeLinkError(f"{self.name}: the state CAS kept changing; gave up on {what}")
 
     async def push_users(self, bucket: str, users: bytes) -> None:
         """RbacRefresh: the users document (the node keeps it when its rev is newer)."""
         answer = await self._call(bucket, kv.RbacRefresh(users=users, datatype=Datatype.JSON))
         if answer.status != Status.Success:
-            raise NodeError(f"{self.name}: RbacRefresh: {_status(answer)}")
+            raise NodeLinkError(f"{self.name}: RbacRefresh: {_status(answer)}")
         self.counters.users_pushed += 1
 
     async def push_config(self, bucket: str, config: dict[str, Any]) -> None:
@@ -308,7 +308,7 @@ class NodeLink:
         msg = kv.SetClusterConfig(bucket=bucket, config=raw, datatype=Datatype.JSON)
         answer = await self._call(bucket, msg)
         if answer.status != Status.Success:
-            raise NodeError(f"{self.name}: SetClusterConfig: {_status(answer)}")
+            raise NodeLinkError(f"{self.name}: SetClusterConfig: {_status(answer)}")
         self.counters.maps_pushed += 1
 
 

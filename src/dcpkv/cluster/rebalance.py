@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcpkv.cluster import config as cfg
 from dcpkv.cluster.handover import Handover
-from dcpkv.cluster.node_link import NodeError, NodeLink
+from dcpkv.cluster.node_link import NodeLink, NodeLinkError
 from dcpkv.cluster.rebalance_plan import (
     NamedChain,
     moves,
@@ -222,7 +222,7 @@ class Rebalancer:
             for bucket in self.m.config.buckets:
                 try:
                     held = await self.m.link(name).states(bucket.name)
-                except NodeError as exc:
+                except NodeLinkError as exc:
                     raise RebalanceRefused(f"cannot recover {name}: {exc}") from None
                 holding[f"{bucket.name}\0{name}"] = set(held)
         return holding
@@ -235,7 +235,7 @@ class Rebalancer:
                 try:
                     for vb in sorted(await link.states(bucket.name)):
                         await link.delete_vbucket(bucket.name, vb)
-                except NodeError as exc:
+                except NodeLinkError as exc:
                     raise RebalanceRefused(f"cannot wipe {name}: {exc}") from None
 
     def _plan(
@@ -416,7 +416,7 @@ class Rebalancer:
         for i, doc in enumerate(docs):
             try:
                 await self.m.link(node).push_config(bucket, doc)
-            except NodeError as exc:
+            except NodeLinkError as exc:
                 log.info("rebalance: %s did not take a map: %s", node, exc)
                 if i == len(docs) - 1 and "adoptWhen" not in doc["dcpkv"]:
                     self.m.out_of_sync.add(node)
@@ -501,7 +501,7 @@ class Rebalancer:
                 return {vb: NodeView(*seen[vb]) for vb in vbs}
             states = await link.vbucket_states(bucket, vbs)
             return {vb: NodeView(states[vb]) for vb in vbs}
-        except NodeError as exc:
+        except NodeLinkError as exc:
             log.info("rebalance: %s did not answer: %s", link.name, exc)
             return None
 
@@ -531,7 +531,7 @@ class Rebalancer:
                     await link.set_state(bucket, action.vbucket, action.state, {})
                 else:
                     await link.delete_vbucket(bucket, action.vbucket)
-            except NodeError as exc:  # the move sees the state unchanged and asks again
+            except NodeLinkError as exc:  # the move sees the state unchanged and asks again
                 log.info("rebalance: vbucket %d: %s", move.vbucket, exc)
 
     async def _commit_chains(self, run: _BucketRun, done: list[VBucketMove]) -> None:

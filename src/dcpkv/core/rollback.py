@@ -44,7 +44,7 @@ from dcpkv.core.failover_table import FailoverTable
 
 
 @dataclass(frozen=True, slots=True)
-class Rollback:
+class RollbackDecision:
     """The consumer must roll back to (at most) ``seqno`` and ask again."""
 
     seqno: int
@@ -85,8 +85,8 @@ def needs_rollback(
     strict_vb_uuid: bool = False,
     consumer_purge_seqno: int | None = None,
     ignore_purged_tombstones: bool = False,
-) -> Rollback | None:
-    """Decide a stream request: ``None`` to serve it, or the :class:`Rollback` to answer.
+) -> RollbackDecision | None:
+    """Decide a stream request: ``None`` to serve it, or the :class:`RollbackDecision` to answer.
 
     The request is assumed to have passed the range checks already
     (``snap_start <= start <= snap_end``; the producer answers Erange before asking this).
@@ -98,13 +98,13 @@ def needs_rollback(
 
     purge_known = consumer_purge_seqno is not None and consumer_purge_seqno >= purge_seqno
     if start != 0 and snap_start < purge_seqno and not purge_known and not ignore_purged_tombstones:
-        return Rollback(0, reason_purged(purge_seqno))  # 2
+        return RollbackDecision(0, reason_purged(purge_seqno))  # 2
 
     index = failover_table.index_of(vb_uuid)
     if index is None:
-        return Rollback(0, REASON_NO_COMMON_HISTORY)  # 3
+        return RollbackDecision(0, REASON_NO_COMMON_HISTORY)  # 3
 
     upper = high_seqno if index == 0 else failover_table.entries[index - 1].seqno
     if snap_end <= upper:
         return None  # 4a
-    return Rollback(min(upper, snap_start), reason_ahead(upper))  # 4b, 4c
+    return RollbackDecision(min(upper, snap_start), reason_ahead(upper))  # 4b, 4c

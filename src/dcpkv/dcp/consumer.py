@@ -21,7 +21,7 @@ has applied once half a window is used, so a slow replica slows its producer ins
 growing its memory. Noops: the producer sends one when idle; the consumer answers it.
 
 What the shell must do besides writing answers: :meth:`DcpConsumer.handle` returns
-:class:`Rollback` actions (the vbucket must be rolled back on the disk thread, then
+:class:`RollbackOrder` actions (the vbucket must be rolled back on the disk thread, then
 :meth:`rolled_back`), and :meth:`retry_due` lists streams to ask again after a pause (refused,
 ended). :meth:`set_vbuckets` follows the map: new vbuckets are requested, dropped ones closed.
 """
@@ -47,7 +47,7 @@ _STREAMED = (VBucketState.REPLICA, VBucketState.PENDING)  # the states a consume
 
 
 @dataclass(frozen=True, slots=True)
-class Rollback:
+class RollbackOrder:
     """The producer told vbucket ``vbucket`` to roll back to (at most) ``seqno``."""
 
     vbucket: int
@@ -119,7 +119,9 @@ class DcpConsumer:
 
     # -- what arrives ----------------------------------------------------------------------
 
-    def handle(self, msg: Message, size: int, now: float) -> tuple[list[bytes], list[Rollback]]:
+    def handle(
+        self, msg: Message, size: int, now: float
+    ) -> tuple[list[bytes], list[RollbackOrder]]:
         """Apply one message from the producer; (answers to write, rollbacks to perform)."""
         if isinstance(msg, dcp.DcpNoop):
             return [GenericResponse(opcode=Opcode.DcpNoop, opaque=msg.opaque).encode()], []
@@ -147,7 +149,7 @@ class DcpConsumer:
         answer = GenericResponse(opcode=Opcode.DcpSetVbucketState, opaque=msg.opaque, status=status)
         return answer.encode()
 
-    def _answer(self, msg: Message, now: float) -> list[Rollback]:
+    def _answer(self, msg: Message, now: float) -> list[RollbackOrder]:
         stream = self.streams.get(msg.opaque - OPAQUE_BASE)
         if stream is None or stream.state is not PassiveState.AWAITING:
             return []  # an Open/Control/CloseStream answer, or one for a forgotten stream
@@ -155,7 +157,7 @@ class DcpConsumer:
             stream.accepted(msg.failover_log)
         elif isinstance(msg, dcp.StreamRequestRollback):
             stream.told_to_roll_back(msg.rollback_seqno)
-            return [Rollback(stream.vbid, msg.rollback_seqno)]
+            return [RollbackOrder(stream.vbid, msg.rollback_seqno)]
         elif getattr(msg, "status", Status.Success) != Status.Success:
             stream.refused(now + RETRY_S)
         return []

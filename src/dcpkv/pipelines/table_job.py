@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcpkv.core.errors import DcpkvError
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.compactor import Compactor
 from dcpkv.pipelines.source_node import SourceSettings, persisted_seqnos
@@ -67,7 +68,7 @@ STOP_WAIT_S = 300.0  # how long a stop waits for the batch in flight before inte
 SPARK_LOG_LEVEL = "ERROR"  # the pipelines' level, restored after a stop
 
 
-class PipelineStopping(RuntimeError):
+class PipelineStopping(DcpkvError, RuntimeError):
     """A batch refused to start because its pipeline is stopping (it runs after a restart)."""
 
 

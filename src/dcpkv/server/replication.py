@@ -50,9 +50,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from dcpkv.core.deadline import within
+from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.consumer import DcpConsumer, Rollback
+from dcpkv.dcp.consumer import DcpConsumer, RollbackOrder
 from dcpkv.dcp.repair import Meta, RepairKind, RepairWrite, decide, worth_asking
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.item import Item
@@ -201,7 +202,7 @@ class ReplicationLink:
                 asyncio.get_running_loop().create_task(self._roll_back(rollback))
         self._send(out)
 
-    async def _roll_back(self, rollback: Rollback) -> None:
+    async def _roll_back(self, rollback: RollbackOrder) -> None:
         loop = asyncio.get_running_loop()
         if self.repair():
             await self._repair(rollback)
@@ -213,7 +214,7 @@ class ReplicationLink:
         self.consumer.rolled_back(rollback.vbucket)
         self._send(self.consumer.requests(_now()))
 
-    async def _repair(self, rollback: Rollback) -> None:
+    async def _repair(self, rollback: RollbackOrder) -> None:
         """Offer the source what only we have above the rollback point (dcp/repair.py)."""
         vb, loop = rollback.vbucket, asyncio.get_running_loop()
         diverged = await loop.run_in_executor(
@@ -260,7 +261,7 @@ class ReplicationLink:
             self._writer.write(b"".join(chunks))
 
 
-class ReplicationRefused(Exception):
+class ReplicationRefused(DcpkvError):
     """The source refused this node's login or bucket (or no longer holds the vbucket)."""
 
 

@@ -30,7 +30,7 @@ from dcpkv.client.config import ClientConfig
 from dcpkv.client.settings import (
     ConnectionSettings,
     Node,
-    NodeError,
+    NodeAddressError,
     parse_nodes,
     parse_port,
     scheme_tls,
@@ -141,7 +141,7 @@ def _nodes(opts: Mapping[str, str]) -> tuple[tuple[Node, ...], bool]:
             return parse_nodes(nodes), tls
         port = parse_port(opts.get("port", str(DEFAULT_PORT)))
         return (Node(opts.get("host", DEFAULT_HOST), port),), False
-    except NodeError as exc:
+    except NodeAddressError as exc:
         raise OptionError(str(exc)) from None
 
 

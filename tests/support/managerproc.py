@@ -11,12 +11,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from kvclient import KVClient
-from serverproc import ServerProcess, tracked_servers
-
 from dcpkv.cluster.admin_client import admin_request
 from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
 from dcpkv.core.status import Status
+from support.kvclient import KVClient
+from support.serverproc import ServerProcess, tracked_servers
 
 VBUCKETS = 16
 

@@ -4,9 +4,8 @@ several test folders' conftests are loaded in one session, and only one can be `
 
 from __future__ import annotations
 
-from kvclient import Writer
-
 from dcpkv.core.vbucket import vbucket_for_key
+from support.kvclient import Writer
 
 VBUCKETS = 16  # serverproc starts every server with --vbuckets 16
 __all__ = ["VBUCKETS", "Writer", "vb_of"]

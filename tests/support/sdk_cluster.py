@@ -11,7 +11,8 @@ from couchbase.auth import PasswordAuthenticator
 from couchbase.cluster import Cluster
 from couchbase.collection import Collection
 from couchbase.options import ClusterOptions, ClusterTimeoutOptions
-from serverproc import ServerProcess
+
+from support.serverproc import ServerProcess
 
 
 @contextmanager

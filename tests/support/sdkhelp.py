@@ -10,7 +10,8 @@ from couchbase.auth import PasswordAuthenticator
 from couchbase.cluster import Cluster as SdkCluster
 from couchbase.collection import Collection
 from couchbase.options import ClusterOptions, ClusterTimeoutOptions
-from serverproc import ServerProcess
+
+from support.serverproc import ServerProcess
 
 
 def options(kv_timeout_s: float = 2.0) -> ClusterOptions:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dcpclient import DcpClient, VbState, all_vb_seqnos
-from kvclient import KVClient, poll_rounds
-
 from dcpkv.core.status import Status
 from dcpkv.protocol import dcp
+from support.dcpclient import DcpClient, VbState, all_vb_seqnos
+from support.kvclient import KVClient, poll_rounds
 
 VBUCKETS = 16  # what ServerProcess starts a node with
 

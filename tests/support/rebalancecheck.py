@@ -17,12 +17,6 @@ import threading
 import time
 from typing import Any
 
-from dcpclient import DcpClient, all_vb_seqnos
-from kvclient import KVClient
-from managerproc import VBUCKETS, Cluster, ManagerProcess, client, wait_for
-from replicacheck import contents, failover_logs, wait_equal
-from serverproc import ServerProcess
-
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -30,6 +24,11 @@ from dcpkv.protocol import dcp
 from dcpkv.protocol import kv as kv_messages
 from dcpkv.protocol.constants import HelloFeature, Opcode
 from dcpkv.protocol.messages import decode_message
+from support.dcpclient import DcpClient, all_vb_seqnos
+from support.kvclient import KVClient
+from support.managerproc import VBUCKETS, Cluster, ManagerProcess, client, wait_for
+from support.replicacheck import contents, failover_logs, wait_equal
+from support.serverproc import ServerProcess
 
 KEYS = [f"key-{i}".encode() for i in range(160)]
 
