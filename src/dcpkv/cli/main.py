@@ -77,7 +77,7 @@ def server(
     ] = None,
     storage: Annotated[
         str | None,
-        typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
+        typer.Option(help="Its storage engine: rocksdb or sqlite [default: rocksdb]."),
     ] = None,
     durability_min_level: Annotated[
         str | None,
@@ -189,11 +189,16 @@ def server(
     except (ConfigError, logs.ConfigError) as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
+    from dcpkv.cli.admin import migrate_buckets
     from dcpkv.core.tls import TlsError
     from dcpkv.engine.bucket import ConflictModeMismatch
     from dcpkv.engine.storage import StorageError
 
     try:
+        # Buckets the SQLite engine wrote are converted here, under a progress bar (the
+        # server would convert them too, logging its progress).
+        rocks = [b.name for b in settings.buckets if b.storage == "rocksdb"]
+        migrate_buckets(Path(settings.data_dir), rocks)
         run(settings, port_file, log_level=log_level, log_format=log_format)
     except (OSError, StorageError, TlsError, ConflictModeMismatch) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
@@ -402,10 +407,13 @@ from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
 
 _register_cluster(app)
 
+from dcpkv.cli.admin import register as _register_admin  # noqa: E402
 from dcpkv.cli.users import user_app  # noqa: E402
 from dcpkv.cli.xdcr import xdcr_app  # noqa: E402
 
 app.add_typer(xdcr_app, name="xdcr")
+
+_register_admin(app)
 
 app.add_typer(user_app, name="user")
 

@@ -73,6 +73,7 @@ the vbuckets' in-memory operations (which only take the vbucket's own short lock
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -85,6 +86,7 @@ from dcpkv.core.failover_table import FailoverTable
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
+from dcpkv.engine import migrate
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS
@@ -114,7 +116,8 @@ _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when th
 
 
 STORAGE_ENGINES = ("sqlite", "rocksdb")
-DEFAULT_STORAGE = "sqlite"
+DEFAULT_STORAGE = "rocksdb"  # a bucket written by SQLite is converted at its first start
+log = logging.getLogger(__name__)
 _SUFFIX = {"sqlite": ".sqlite3", "rocksdb": ".rocksdb"}
 
 
@@ -132,11 +135,14 @@ def open_storage(
     synchronous: str = "FULL",
     cache_bytes: int,
 ) -> BucketStorage:
-    """Open (or create) ``bucket``'s storage with ``engine``. A bucket written by the other
-    engine is refused rather than started empty beside it."""
+    """Open (or create) ``bucket``'s storage with ``engine``. A bucket written by the SQLite
+    engine is converted first when ``engine`` is rocksdb (:mod:`dcpkv.engine.migrate`); one
+    written by RocksDB is refused by SQLite rather than started empty beside it."""
     if engine not in STORAGE_ENGINES:
         raise ValueError(f"storage must be one of {', '.join(STORAGE_ENGINES)}, not {engine!r}")
     path = storage_path(folder, bucket, engine)
+    if engine == "rocksdb":
+        migrate_storage(folder, bucket, history_window=history_window, cache_bytes=cache_bytes)
     others = [
         e for e in STORAGE_ENGINES if e != engine and storage_path(folder, bucket, e).exists()
     ]
@@ -152,6 +158,44 @@ def open_storage(
     return Storage(
         path, history_window=history_window, synchronous=synchronous, cache_bytes=cache_bytes
     )
+
+
+def migrate_storage(
+    folder: Path,
+    bucket: str,
+    *,
+    history_window: int = DEFAULT_HISTORY_WINDOW,
+    cache_bytes: int = 0,
+    progress: migrate.Progress | None = None,
+) -> int:
+    """Convert ``bucket``'s SQLite files in ``folder`` to RocksDB, or finish a conversion that
+    died; nothing when there is none. Returns the versions written. The caller holds the
+    bucket's lock."""
+    source, target = storage_path(folder, bucket, "sqlite"), storage_path(folder, bucket, "rocksdb")
+    step = migrate.pending(source, target)
+    if step is None:
+        return 0
+    log.info("bucket %s: %s the conversion of %s to %s", bucket,
+             "finishing" if step == "finish" else "starting", source, target)  # fmt: skip
+    written = migrate.convert(
+        source, target, history_window=history_window, cache_bytes=cache_bytes,
+        progress=progress or _log_progress(bucket),
+    )  # fmt: skip
+    log.info("bucket %s: converted to %s (%d versions)", bucket, target, written)
+    return written
+
+
+def _log_progress(bucket: str) -> migrate.Progress:
+    """Logs a conversion's progress at every tenth (a server's start has no terminal)."""
+    said = [-1]
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // total if total else 10
+        if tenth > said[0]:
+            said[0] = tenth
+            log.info("bucket %s: converting, %d of %d versions", bucket, done, total)
+
+    return progress
 
 
 class StateCasMismatch(EngineError):

@@ -695,6 +695,45 @@ class RocksStorage(StorageReads):
             for chunk in _chunks(per_vb, split=self.history_window > 0):
                 self._write(self._flush_batch(chunk, sync))
 
+    def import_vbucket(
+        self,
+        vb: int,
+        state: VBState,
+        versions: Iterable[tuple[Item, int | None]],
+        points: Iterable[int],
+        prepares: Iterable[PrepareItem],
+    ) -> int:
+        """Write a vbucket as another engine kept it (:mod:`dcpkv.engine.migrate`): its
+        versions as (item, the seqno that replaced it or None for the latest), its flush
+        points (each stored with the state, at that high seqno), its pending prepares, and its
+        state last. Not atomic: the caller discards the whole database if it does not finish.
+        Returns the versions written."""
+        written = 0
+        with self._writing():
+            handles, prefix = self._db.handle, _VB.pack(vb)
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for item, replaced_by in versions:
+                tail, packed = _U64.pack(item.by_seqno), _packed(item)
+                batch.put(prefix + tail, _record(item, packed), handles["by_seqno"])
+                if replaced_by is None:
+                    batch.put(prefix + item.key, tail + _U64.pack(packed), handles["by_key"])
+                else:
+                    batch.put(prefix + tail, _U64.pack(replaced_by), handles["replaced"])
+                written += 1
+                if written % GROUP_ITEMS == 0:
+                    self._write(batch)
+                    batch = rocksdict.WriteBatch(raw_mode=True)
+            for p in points:
+                if p < state.high_seqno:
+                    point_state = _copy(state)
+                    point_state.high_seqno = point_state.snap_start = point_state.snap_end = p
+                    batch.put(_seqno_key(vb, p), _state_bytes(point_state), handles["flush_points"])
+            for prepare in prepares:
+                batch.put(prefix + prepare.key, _prepare_bytes(prepare), handles["prepares"])
+            self._put_state(batch, vb, state, merge=False)
+            self._write(batch)
+        return written
+
     def _put_prepares(
         self, batch: rocksdict.WriteBatch, vb: int, words: dict[bytes, PrepareItem | None]
     ) -> None:

@@ -849,6 +849,30 @@ class Storage(StorageReads):
             ).fetchall()
         return [(bytes(key), seqno, by) for key, seqno, by in rows]
 
+    def versions(self, vb: int) -> Iterator[tuple[Item, int | None]]:
+        """Every version kept of a vbucket (a migration's source, :mod:`dcpkv.engine.migrate`):
+        (item, None) for each key's latest, tombstones included, then (item, the seqno that
+        replaced it) for the history; read in pages, from one snapshot."""
+        with self._read_lock:
+            self._reader.execute("BEGIN")
+            try:
+                for table, extra in (("documents", "NULL"), ("history", "replaced_by")):
+                    cursor = self._reader.execute(
+                        f"SELECT {_DOC_COLUMNS}, {extra} FROM {table} WHERE vb = ?", (vb,)
+                    )
+                    while rows := cursor.fetchmany(4096):
+                        for row in rows:
+                            yield _item(row[:-1]), row[-1]
+            finally:
+                self._reader.execute("COMMIT")
+
+    def count_versions(self) -> int:
+        """How many versions :meth:`versions` yields over every vbucket."""
+        with self._read_lock:
+            (docs,) = self._reader.execute("SELECT COUNT(*) FROM documents").fetchone()
+            (hist,) = self._reader.execute("SELECT COUNT(*) FROM history").fetchone()
+        return int(docs) + int(hist)
+
     # -- backfill --------------------------------------------------------------------------
 
     def open_backfill(

@@ -13,7 +13,7 @@ looks like::
     [buckets.default]
     vbuckets = 1024
     memory_quota_mb = 256
-    storage = "sqlite"    # or "rocksdb" (docs/storage.md)
+    storage = "rocksdb"   # or "sqlite" (docs/storage.md)
     durability_min_level = "none"   # or majority, majorityAndPersistActive, persistToMajority
     durability_timeout_ms = 30000   # a durable write's timeout when it names none
     conflict_resolution = "seqno"    # or "lww", fixed at creation (docs/xdcr.md)
