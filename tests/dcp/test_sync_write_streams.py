@@ -493,3 +493,26 @@ def test_a_replica_refuses_a_prepare_without_a_valid_level(buckets: Buckets) -> 
     with pytest.raises(Einval):
         rvb.replica_prepare(PrepareItem(b"k", b"v", by_seqno=1, level=0))
     assert rvb.high_seqno == 0 and not rvb.hash_table.prepared
+
+
+def test_a_commit_of_a_prepare_the_replica_lost_rolls_it_back_below_the_prepare(
+    buckets: Buckets,
+) -> None:
+    """A replica whose local rollback dropped a prepare (its commit was above the point)
+    gets the commit: it rolls back below the prepare and streams it again, rather than
+    failing the connection at every retry (found by the chaos suite)."""
+    active, replica, link = replica_pair(buckets)
+    avb, rvb = active.vbuckets[0], replica.vbuckets[0]
+    avb.set(b"a", b"1")
+    durable_set(avb, b"k", b"v", MAJORITY)
+    assert link.producer is not None
+    link.to_consumer(link.producer.next_messages())
+    assert b"k" in rvb.hash_table.prepared
+    replica.rollback(0, 1)  # under the open stream: the prepare (seqno 2) is gone
+    assert not rvb.hash_table.prepared
+    link.pump()  # the commit arrives, the replica rolls back to 1 and streams again
+    assert link.consumer.streams[0].rollbacks == 1
+    assert value(rvb, b"k") == b"v" and not rvb.hash_table.prepared
+    assert [(i.key, i.by_seqno, i.cas) for i in rvb.items()] == [
+        (i.key, i.by_seqno, i.cas) for i in avb.items()
+    ]

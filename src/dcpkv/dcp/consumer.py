@@ -41,6 +41,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.item import MissingPrepare
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import Opcode, OpenFlag
@@ -149,11 +150,26 @@ class DcpConsumer:
         if isinstance(msg, dcp.SetVbucketState):
             return [self._takeover_state(stream, msg), *self._ack(size)], []
         if stream is not None and stream.state is PassiveState.READING:
-            self._apply(stream, msg, now)
+            try:
+                self._apply(stream, msg, now)
+            except MissingPrepare as exc:
+                return self._lost_prepare(stream, exc.prepared_seqno, size)
             ack = stream.seqno_ack()
             if ack is not None:
                 return [ack.encode(), *self._ack(size)], []
         return self._ack(size), []
+
+    def _lost_prepare(
+        self, stream: PassiveStream, prepared_seqno: int, size: int
+    ) -> tuple[list[bytes], list[RollbackOrder]]:
+        """A commit or abort of a prepare the replica does not hold (a local rollback landed
+        between the two): the stream is closed, the vbucket rolled back below the prepare, and
+        asked again from there, so the producer sends the prepare (or its committed version)
+        anew. Ending the whole connection instead would fail it again at every retry."""
+        seqno = max(prepared_seqno - 1, 0)
+        stream.told_to_roll_back(seqno)
+        close = dcp.CloseStream(opaque=self._next(), vbucket=stream.vbid).encode()
+        return [close, *self._ack(size)], [RollbackOrder(stream.vbid, seqno)]
 
     def seqno_acks(self) -> list[bytes]:
         """The DcpSeqnoAcknowledged due now (a replica persisted a PersistToMajority prepare:

@@ -33,6 +33,10 @@ READING            SetVbucketState(pending), takeover        READING (answered; 
 READING            SetVbucketState(active), takeover         READING (the vbucket made
                                                              active, its log kept; StreamEnd
                                                              follows)
+READING            a commit or abort of a prepare the        ROLLING_BACK to below the
+                   vbucket does not hold (a local rollback   prepare (the consumer closes
+                   landed between the two)                   the stream; asked again from
+                                                             there, the prepare comes anew)
 READING            StreamEnd                                 PENDING (asked again after a
                                                              pause: the active moved or
                                                              restarted) or ENDED (closed)

@@ -122,6 +122,7 @@ from dcpkv.engine.item import (
     Item,
     KeyExists,
     KeyNotFound,
+    MissingPrepare,
     NotMyVbucket,
     NotStored,
     PrepareItem,
@@ -918,7 +919,8 @@ class VBucket:
         monitor = self.passive_durability
         if p is None or p.by_seqno != prepared or monitor is None:
             held = "none" if p is None else str(p.by_seqno)
-            raise Einval(f"vbucket {self.id}: {what} of {key!r} at {prepared}, held: {held}")
+            message = f"vbucket {self.id}: {what} of {key!r} at {prepared}, held: {held}"
+            raise MissingPrepare(message, min(prepared, prepared if p is None else p.by_seqno))
         try:
             if what == "commit":
                 monitor.commit(prepared, key, disk=self._replica_disk)
