@@ -333,3 +333,24 @@ def test_without_a_minimum_a_majority_write_commits_before_persistence(
     assert answer.status == SUCCESS
     assert raw.call(GET, b"k", vbucket=ALONE_VB).value == b"w"
     raw.close()
+
+
+def test_with_unordered_execution_a_waiting_sync_write_holds_back_no_answer(
+    node: ServerProcess,
+) -> None:
+    """A connection whose Hello asked for UnorderedExecution (0x0e, as the official SDKs do)
+    gets the answers of requests sent after a waiting SyncWrite at once; without it they wait
+    behind it (the test above)."""
+    unordered = 0x0E
+    writer = RawClient(node.port)
+    assert unordered in writer.hello(ALT_REQUEST, SYNC_REPLICATION, unordered)
+    writer.login()
+    key = b"unordered"
+    durable = writer.send(
+        SET, key, b"new", SET_EXTRAS, vbucket=WAITING_VB, framing=durability(1, 1500)
+    )
+    behind = writer.send(GET, b"unordered-other", vbucket=ALONE_VB)
+    first, second = writer.recv(), writer.recv()
+    assert (first.opaque, first.status) == (behind, 0x01)  # KeyEnoent, not held back
+    assert (second.opaque, second.status) == (durable, AMBIGUOUS)
+    writer.close()

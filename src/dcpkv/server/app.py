@@ -119,7 +119,7 @@ from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.storage import BucketLock
 from dcpkv.engine.vbucket import SyncOutcome
-from dcpkv.protocol.constants import HEADER_LEN, Magic
+from dcpkv.protocol.constants import HEADER_LEN, HelloFeature, Magic
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import FrameParser, encode_frame
 from dcpkv.server.config import ServerConfig
@@ -308,8 +308,11 @@ class KVProtocol(asyncio.Protocol):
                 log.exception("handler for opcode 0x%02x failed", frame.opcode)
                 answer = error_answer(frame, Status.Einternal)
             if isinstance(answer, PendingAnswer):
-                answer.on_ready = self._release_answers
-                self._deferred.append((len(out), answer))
+                if HelloFeature.UnorderedExecution in conn.features:
+                    answer.on_ready = partial(self._send_decided, answer)
+                else:
+                    answer.on_ready = self._release_answers
+                    self._deferred.append((len(out), answer))
             elif answer:
                 out.append(answer)
             if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
@@ -341,6 +344,12 @@ class KVProtocol(asyncio.Protocol):
             held.popleft()
         if ready:
             self._send_later(b"".join(ready))
+
+    def _send_decided(self, pending: PendingAnswer) -> None:
+        """A SyncWrite's answer on a connection with UnorderedExecution: out once decided,
+        whatever was asked after it (which was answered already)."""
+        if pending.answer:
+            self._send_later(pending.answer)
 
     def _send_later(self, data: bytes) -> None:
         if self.transport is not None and not self.closing and not self.transport.is_closing():

@@ -43,6 +43,8 @@ SUPPORTED_FEATURES = frozenset(
         # only with Duplex (server requests); the map pushes: dcpkv.server.state
         HelloFeature.ClustermapChangeNotification,
         HelloFeature.SyncReplication,
+        # a SyncWrite's answer does not hold back the later requests' (dcpkv.server.app)
+        HelloFeature.UnorderedExecution,
     }
 )
 

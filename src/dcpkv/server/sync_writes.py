@@ -31,7 +31,9 @@ outcome: the kept answer once the prepare commits; SyncWriteAmbiguous when it ti
 vbucket leaves the active state. Outcomes arrive from the loop or the flusher thread; the
 shell delivers them on the loop (:func:`deliver`). Answers keep the request order: the shell
 holds every answer of a later request on the connection until the pending one before it is
-decided (the server does not offer UnorderedExecution).
+decided, unless the connection's Hello asked for UnorderedExecution (the official SDKs do):
+then later requests are answered at once and a SyncWrite's answer goes out when decided.
+Requests still execute in order either way; only answers pass one another.
 
 A node's name in a topology is the name the manager's map gives it (``thisNode``,
 :attr:`ServerState.cluster_name`): the first chain of a SetVbucket topology must name this node
