@@ -36,8 +36,9 @@ Checks at the end (faults stopped, the cluster settled)
     lost       a write a replica persisted whose key now reads an older value, or nothing
     divergent  a replica whose documents, seqnos, CAS or failover log differ from its active's
     backwards  a reader saw a key's value go back: allowed only across a kill -9 or a
-               failover (each may drop writes acknowledged from memory only); counted either
-               way
+               failover, or within the failover timeout after a kill (a node restarted as the
+               timeout ran out is failed over a moment later); each may drop writes
+               acknowledged from memory only; counted either way
     durable    the SyncWrite load's (``durable_load.py``, off with ``--no-sync-writes``): no
                write acknowledged at Majority lost without a kill -9 and restart since, none
                at PersistToMajority lost at all, no dirty read, every ambiguous answer
@@ -172,6 +173,7 @@ class World:
         self.down: set[str] = set()  # nodes killed and not (yet) back
         self.failovers = 0  # nodes failed over
         self.crashes = 0  # kill -9s so far: each may drop writes acknowledged from memory
+        self.crash_times: list[float] = []  # when each was done (seconds since the start)
         self.restarts = 0  # the kill -9s restarted before a failover (may undo Majority writes)
         self.stop = threading.Event()
 
@@ -179,6 +181,18 @@ class World:
         line = f"{time.monotonic() - self.started:7.2f}s {what}"
         with self.lock:
             self.report.history.append(line)
+
+    def crashed_around(self, crashes_then: int, since: float, until: float) -> bool:
+        """Whether a kill -9 or a failover may explain a value read at ``since`` going back
+        by ``until``: one done between the two reads, or one done shortly before the first
+        (a kill whose node came back as the failover timeout ran out is failed over a moment
+        later, taking the writes its restarted copy acknowledged from memory)."""
+        if self.crashes != crashes_then:
+            return True
+        # (after the last fault the cluster settles: a late failover is seen no later than
+        # the timeout plus two heartbeats)
+        window = FAILOVER_TIMEOUT_S + 2.0
+        return any(since - window <= t <= until for t in self.crash_times)
 
     def live(self) -> list[ServerProcess]:
         return [n for n in self.cluster.nodes if self.cluster.name(n) not in self.down]
@@ -350,7 +364,7 @@ class Load:
             before, crashes_then, when = self.seen.get(key, (0, 0, 0.0))
             if value < before:
                 self.world.report.backwards += 1
-                if self.world.crashes == crashes_then:  # no kill or failover since that read
+                if not self.world.crashed_around(crashes_then, when, now):
                     self.world.report.backwards_without_crash.append(
                         f"{key} (vb {vbucket_for_key(key.encode(), VBUCKETS)}): read {value} at "
                         f"{now:.2f}s after {before} at {when:.2f}s"
@@ -381,6 +395,7 @@ def inject(world: World, rng: random.Random, kind: str) -> bool:
 def kill(world: World, rng: random.Random, node: ServerProcess) -> bool:
     name = world.cluster.name(node)
     world.crashes += 1
+    world.crash_times.append(time.monotonic() - world.started)
     world.restarts += 1
     world.log(f"kill -9 {name}")
     node.kill9()
@@ -419,6 +434,7 @@ def delay(world: World, rng: random.Random, node: ServerProcess) -> bool:
 def failover(world: World, rng: random.Random, node: ServerProcess) -> bool:
     name = world.cluster.name(node)
     world.crashes += 1
+    world.crash_times.append(time.monotonic() - world.started)
     world.log(f"kill -9 {name}, left down: automatic failover")
     world.down.add(name)
     node.kill9()
