@@ -63,13 +63,38 @@ def raw(node: ServerProcess) -> Iterator[RawClient]:
 
 
 def test_bad_topologies_are_refused(raw: RawClient, node: ServerProcess) -> None:
-    for value in (b"{}", b'{"topology": [["someone-else"]]}', b"not json"):
+    for value in (b"{}", b"not json", b'{"topology": "x"}'):
         answer = raw.call(SET_VBUCKET, value=value, extras=bytes((ACTIVE,)), vbucket=9)
         assert answer.status == EINVAL, (value, answer)
     me = json.dumps({"topology": [[f"127.0.0.1:{node.port}"]]}).encode()
     for state in (2, 4):  # replica, dead: a topology is for an active or a pending copy
         answer = raw.call(SET_VBUCKET, value=me, extras=bytes((state,)), vbucket=9)
         assert answer.status == EINVAL, (state, answer)
+
+
+def test_a_topology_must_name_this_node_as_the_managers_map_does(tmp_path: Path) -> None:
+    """A node's name is the one the manager's map gives it (``thisNode``: a proxy's or NAT's
+    address, say, not the one it binds). Before a map names it (a bucket's first states come
+    before its first map) the manager's word is taken; after, a topology whose first chain's
+    active is another node is refused."""
+    with module_server(tmp_path) as srv:
+        raw = client(srv)
+        other = json.dumps({"topology": [["someone-else:11210"]]}).encode()
+        answer = raw.call(SET_VBUCKET, value=other, extras=bytes((ACTIVE,)), vbucket=9)
+        assert answer.status == SUCCESS, answer
+        name = "proxy.example:4321"  # what the manager calls this node
+        doc = {
+            "rev": 1, "name": "default",
+            "nodesExt": [{"hostname": "proxy.example", "services": {"kv": 4321}, "thisNode": True}],
+            "vBucketServerMap": {"serverList": [name], "vBucketMap": [[0]] * 16},
+        }  # fmt: skip
+        pushed = raw.call(0xB4, b"default", json.dumps(doc).encode())  # SetClusterConfig
+        assert pushed.status == SUCCESS, pushed
+        for vb, chain, status in ((10, "someone-else:11210", EINVAL), (11, name, SUCCESS)):
+            value = json.dumps({"topology": [[chain]]}).encode()
+            answer = raw.call(SET_VBUCKET, value=value, extras=bytes((ACTIVE,)), vbucket=vb)
+            assert answer.status == status, (chain, answer)
+        raw.close()
 
 
 def test_a_pending_copy_serves_durable_writes_from_the_moment_it_is_active(
