@@ -31,8 +31,10 @@ lock-check:
 run: $(STAMP)
 	$(BIN)/dcpkv demo
 
-## test: the lock's freshness, lint, the whole test suite
+## test: the lock's freshness, the Debian packages tests use (tools/install_test_packages.sh:
+## etcd-server, prometheus, chromium; when missing and run as root), lint, the whole test suite
 test: lock-check $(STAMP)
+	tools/install_test_packages.sh
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
@@ -48,10 +50,13 @@ FAST_TESTS := tests/core tests/protocol tests/engine tests/dcp \
 	tests/client/test_session_policy.py tests/client/test_sync_decisions.py \
 	tests/cluster/test_auto_failover_decision.py tests/cluster/test_failover_plan.py \
 	tests/cluster/test_placement.py tests/cluster/test_rebalance_plan.py \
+	tests/cluster/test_leadership.py \
 	tests/cluster/test_vbucket_move.py tests/pipelines/test_compaction_due.py \
 	tests/pipelines/test_mirror_floors.py tests/pipelines/test_report.py \
 	tests/pipelines/test_resync_plan.py tests/pipelines/test_rewrite_swap.py \
 	tests/pipelines/test_sample_data.py tests/pipelines/test_vtable_entries.py \
+	tests/pipelines/test_pipeline_metrics.py \
+	tests/cluster/console/test_dcp_backlog.py tests/cluster/console/test_sampling.py \
 	tests/docs/test_docblocks.py tests/tools/test_lock.py
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(FAST_TESTS)
@@ -100,6 +105,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory.py --json $(RESULTS)/memory.json
 	$(BIN)/python bench/replication.py --json $(RESULTS)/replication.json
 	$(BIN)/python bench/rebalance.py --json $(RESULTS)/rebalance.json
+	$(BIN)/python bench/durability.py --nodes 3 --json $(RESULTS)/durability.json
+	$(BIN)/python bench/xdcr.py --json $(RESULTS)/xdcr.json
 	$(BIN)/python bench/peers.py --results $(RESULTS)
 	$(BIN)/python bench/yardstick.py --name yardstick_end --json $(RESULTS)/yardstick_end.json
 	$(BIN)/python bench/summary.py $(RESULTS) --markdown $(RESULTS)/summary.md

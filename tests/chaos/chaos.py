@@ -36,8 +36,13 @@ Checks at the end (faults stopped, the cluster settled)
     lost       a write a replica persisted whose key now reads an older value, or nothing
     divergent  a replica whose documents, seqnos, CAS or failover log differ from its active's
     backwards  a reader saw a key's value go back: allowed only across a kill -9 or a
-               failover (each may drop writes acknowledged from memory only); counted either
-               way
+               failover, or within the failover timeout after a kill (a node restarted as the
+               timeout ran out is failed over a moment later); each may drop writes
+               acknowledged from memory only; counted either way
+    durable    the SyncWrite load's (``durable_load.py``, off with ``--no-sync-writes``): no
+               write acknowledged at Majority lost without a kill -9 and restart since, none
+               at PersistToMajority lost at all, no dirty read, every ambiguous answer
+               resolved by a read
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from couchbase.cluster import Cluster as SdkCluster  # noqa: E402
 from couchbase.exceptions import CouchbaseException  # noqa: E402
+from durable_load import DurableLoad, DurableReport  # noqa: E402
 
 from dcpkv.cluster.admin_client import AdminError  # noqa: E402
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap  # noqa: E402
@@ -94,11 +100,18 @@ class Report:
     divergent: list[str] = field(default_factory=list)
     backwards: int = 0
     backwards_without_crash: list[str] = field(default_factory=list)
+    durable: DurableReport | None = None  # the SyncWrite load's (durable_load.py)
     history: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.divergent or self.backwards_without_crash)
+        durable_ok = self.durable is None or self.durable.ok
+        return durable_ok and not (self.lost or self.divergent or self.backwards_without_crash)
+
+    @property
+    def problems(self) -> list[str]:
+        durable = [] if self.durable is None else [*self.durable.lost, *self.durable.dirty]
+        return [*self.lost, *self.divergent, *self.backwards_without_crash, *durable]
 
     def summary(self) -> str:
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
@@ -107,6 +120,7 @@ class Report:
             f"persisted on the active and a replica {self.confirmed}; lost {len(self.lost)}, "
             f"divergent {len(self.divergent)}, reads backwards {self.backwards} "
             f"({len(self.backwards_without_crash)} without a kill or failover)"
+            + ("" if self.durable is None else f"; {self.durable.summary()}")
         )
 
 
@@ -159,12 +173,26 @@ class World:
         self.down: set[str] = set()  # nodes killed and not (yet) back
         self.failovers = 0  # nodes failed over
         self.crashes = 0  # kill -9s so far: each may drop writes acknowledged from memory
+        self.crash_times: list[float] = []  # when each was done (seconds since the start)
+        self.restarts = 0  # the kill -9s restarted before a failover (may undo Majority writes)
         self.stop = threading.Event()
 
     def log(self, what: str) -> None:
         line = f"{time.monotonic() - self.started:7.2f}s {what}"
         with self.lock:
             self.report.history.append(line)
+
+    def crashed_around(self, crashes_then: int, since: float, until: float) -> bool:
+        """Whether a kill -9 or a failover may explain a value read at ``since`` going back
+        by ``until``: one done between the two reads, or one done shortly before the first
+        (a kill whose node came back as the failover timeout ran out is failed over a moment
+        later, taking the writes its restarted copy acknowledged from memory)."""
+        if self.crashes != crashes_then:
+            return True
+        # (after the last fault the cluster settles: a late failover is seen no later than
+        # the timeout plus two heartbeats)
+        window = FAILOVER_TIMEOUT_S + 2.0
+        return any(since - window <= t <= until for t in self.crash_times)
 
     def live(self) -> list[ServerProcess]:
         return [n for n in self.cluster.nodes if self.cluster.name(n) not in self.down]
@@ -204,11 +232,12 @@ def connect_sdk(world: World) -> SdkCluster:
 class Load:
     """The writer, the confirmer and a reader, each a thread."""
 
-    def __init__(self, world: World, rng: random.Random) -> None:
+    def __init__(self, world: World, rng: random.Random, *, sync_writes: bool) -> None:
         self.world = world
         self.rng = random.Random(rng.random())
         self.sdk = connect_sdk(world)
         self.coll = self.sdk.bucket("default").default_collection()
+        self.durable = DurableLoad(world, self.coll, rng) if sync_writes else None
         self.acked: dict[str, int] = {}  # key -> highest value acknowledged
         self.confirmed: dict[str, int] = {}  # key -> highest value persisted on a replica
         self.pending: list[Token] = []
@@ -234,10 +263,14 @@ class Load:
     def start(self) -> None:
         for t in self.threads:
             t.start()
+        if self.durable is not None:
+            self.durable.start()
 
     def join(self) -> None:
         for t in self.threads:
             t.join(timeout=60)
+        if self.durable is not None:
+            self.durable.join()
 
     def _write(self) -> None:
         n = 0
@@ -331,7 +364,7 @@ class Load:
             before, crashes_then, when = self.seen.get(key, (0, 0, 0.0))
             if value < before:
                 self.world.report.backwards += 1
-                if self.world.crashes == crashes_then:  # no kill or failover since that read
+                if not self.world.crashed_around(crashes_then, when, now):
                     self.world.report.backwards_without_crash.append(
                         f"{key} (vb {vbucket_for_key(key.encode(), VBUCKETS)}): read {value} at "
                         f"{now:.2f}s after {before} at {when:.2f}s"
@@ -362,6 +395,8 @@ def inject(world: World, rng: random.Random, kind: str) -> bool:
 def kill(world: World, rng: random.Random, node: ServerProcess) -> bool:
     name = world.cluster.name(node)
     world.crashes += 1
+    world.crash_times.append(time.monotonic() - world.started)
+    world.restarts += 1
     world.log(f"kill -9 {name}")
     node.kill9()
     time.sleep(rng.uniform(0.2, 1.0))
@@ -399,6 +434,7 @@ def delay(world: World, rng: random.Random, node: ServerProcess) -> bool:
 def failover(world: World, rng: random.Random, node: ServerProcess) -> bool:
     name = world.cluster.name(node)
     world.crashes += 1
+    world.crash_times.append(time.monotonic() - world.started)
     world.log(f"kill -9 {name}, left down: automatic failover")
     world.down.add(name)
     node.kill9()
@@ -527,6 +563,8 @@ def check(world: World, load: Load) -> None:
             wait_equal(world.cluster.node(active).port, world.cluster.node(replica).port, vbs)
         except AssertionError as exc:
             report.divergent.append(f"{replica} vs {active}: {exc}")
+    if load.durable is not None:
+        report.durable = load.durable.check()
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -534,7 +572,7 @@ def check(world: World, load: Load) -> None:
 
 def run(
     seed: int, duration_s: float, workdir: Path, *, nodes: int = 3, replicas: int = 1,
-    report: Report | None = None,
+    report: Report | None = None, sync_writes: bool = True,
 ) -> Report:  # fmt: skip
     """The whole run; ``report`` (given) fills in as it goes, for a caller that must print
     the history even when the run itself fails."""
@@ -548,7 +586,7 @@ def run(
         )
         world = World(cluster, report)
         world.log(f"cluster up: {[cluster.name(n) for n in cluster.nodes]}, seed {seed}")
-        load = Load(world, rng)
+        load = Load(world, rng, sync_writes=sync_writes)
         load.start()
         deadline = time.monotonic() + duration_s
         while time.monotonic() < deadline:
@@ -597,6 +635,12 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here")
+    parser.add_argument(
+        "--no-sync-writes",
+        dest="sync_writes",
+        action="store_false",
+        help="without the SyncWrite load (durable_load.py)",
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dcpkv-chaos-"))
@@ -604,10 +648,13 @@ def main() -> int:
     print(f"chaos: seed {seed}, {args.duration:.0f}s of faults, logs in {workdir}", flush=True)
     report = Report(seed)
     try:
-        run(seed, args.duration, workdir, nodes=args.nodes, replicas=args.replicas, report=report)
+        run(
+            seed, args.duration, workdir, nodes=args.nodes, replicas=args.replicas,
+            report=report, sync_writes=args.sync_writes,
+        )  # fmt: skip
     finally:
         print("\n".join(report.history), flush=True)
-    for line in report.lost + report.divergent + report.backwards_without_crash:
+    for line in report.problems:
         print("PROBLEM", line)
     print(report.summary())
     return 0 if report.ok else 1

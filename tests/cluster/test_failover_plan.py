@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpkv.cluster import config as cfg
-from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
+from dcpkv.cluster import failover
+from dcpkv.cluster.failover import (
+    FailoverRefused,
+    ReplicaSeqnos,
+    plan_failover,
+    vbuckets_to_promote,
+)
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap, plan_initial
 
 A, B, C = "h:1", "h:2", "h:3"
@@ -22,16 +29,49 @@ def three_node_map() -> VBucketMap:
     return VBucketMap((A, B, C), chains, 2, rev=4)
 
 
-def test_the_replica_that_persisted_most_takes_over_and_a_leaves_the_map() -> None:
+def seqnos(persisted: int) -> ReplicaSeqnos:
+    """A replica without SyncWrites: no prepare, everything it holds persisted."""
+    return ReplicaSeqnos(0, persisted, persisted)
+
+
+def test_the_replica_furthest_ahead_takes_over_and_a_leaves_the_map() -> None:
     current = three_node_map()
     assert vbuckets_to_promote(current, A) == {0: [B, C], 3: [C, B]}
-    persisted = {0: {B: 5, C: 8}, 3: {C: 3, B: 3}}  # vb3: a tie goes to the first replica
-    plan = plan_failover(current, A, persisted)
+    reported = {0: {B: seqnos(5), C: seqnos(8)}, 3: {C: seqnos(3), B: seqnos(3)}}
+    plan = plan_failover(current, A, reported)
     assert plan.promotions == {0: C, 3: C}
     new = plan.new_map
     assert new.servers == (B, C) and new.rev == 5
     # indexes now: B=0, C=1
     assert new.chains == ((1, 0, NOBODY), (0, 1, NOBODY), (1, 0, NOBODY), (1, 0, NOBODY))
+
+
+R = ReplicaSeqnos
+
+
+@pytest.mark.parametrize(
+    ("rule", "b", "c", "promoted"),
+    [
+        ("F1 the highest high prepared seqno, though behind", R(7, 8, 8), R(6, 9, 9), B),
+        ("F1 the same, the other way", R(6, 9, 9), R(7, 8, 8), C),
+        ("F2 equal HPS: the highest high seqno", R(4, 8, 5), R(4, 9, 4), C),
+        ("F3 equal HPS and high seqno: the most persisted", R(4, 9, 9), R(4, 9, 5), B),
+        ("F4 all equal: the first replica of the chain", R(4, 9, 9), R(4, 9, 9), B),
+        ("F5 a replica that did not answer is no candidate", R(9, 9, 9), None, B),
+        ("F5 the same, the other way", None, R(0, 0, 0), C),
+    ],
+)
+def test_failover_promotes_by_high_prepared_seqno_then_high_seqno(
+    rule: str, b: ReplicaSeqnos | None, c: ReplicaSeqnos | None, promoted: str
+) -> None:
+    current = VBucketMap((A, B, C), ((0, 1, 2),), 2)
+    answered = {name: r for name, r in ((B, b), (C, c)) if r is not None}
+    assert plan_failover(current, A, {0: answered}).promotions == {0: promoted}, rule
+
+
+def test_every_rule_of_the_docstring_table_is_tested() -> None:
+    documented = set(re.findall(r"^(F\d+) ", failover.__doc__ or "", re.M))
+    assert documented == {"F1", "F2", "F3", "F4", "F5"}
 
 
 @pytest.mark.parametrize(
@@ -65,7 +105,7 @@ def test_after_any_failover_every_vbucket_is_active_on_a_survivor(
     current = VBucketMap(servers, tuple(plan_initial(nodes, replicas, vbuckets)), replicas)
     failed = data.draw(st.sampled_from(servers))
     persisted = {
-        vb: {s: data.draw(st.integers(0, 9)) for s in reps}
+        vb: {s: seqnos(data.draw(st.integers(0, 9))) for s in reps}
         for vb, reps in vbuckets_to_promote(current, failed).items()
     }
     plan = plan_failover(current, failed, persisted)

@@ -4,98 +4,17 @@ another through the codec's bytes, as two nodes would."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.consumer import OPAQUE_BASE, RETRY_S, DcpConsumer, RollbackOrder
+from dcpkv.dcp.consumer import OPAQUE_BASE, RETRY_S, DcpConsumer
 from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
-from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
-from dcpkv.engine.hlc import ManualClock
 from dcpkv.protocol import dcp, snappy, xattr
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.protocol.frame import FrameParser
-from dcpkv.protocol.messages import decode_message
-
-VBS = 4
-
-
-@pytest.fixture
-def buckets(tmp_path: Path) -> Iterator[Callable[[str, VBucketState], Bucket]]:
-    opened: list[Bucket] = []
-
-    def make(name: str, state: VBucketState) -> Bucket:
-        clock, rng = ManualClock(1_700_000_000.0), random.Random(len(opened))
-        bucket = Bucket("default", tmp_path / name, num_vbuckets=VBS, synchronous="NORMAL",
-                        clock=clock, rng=rng)  # fmt: skip
-        for vb in range(VBS):
-            bucket.set_vbucket_state(vb, state)
-        opened.append(bucket)
-        return bucket
-
-    yield make
-    for bucket in opened:
-        if not bucket.closed:
-            bucket.storage.close()
-
-
-class Link:
-    """Bytes both ways between a consumer and a producer, through the codec."""
-
-    def __init__(self, active: Bucket, replica: Bucket) -> None:
-        self.active, self.replica = active, replica
-        self.consumer = DcpConsumer(replica, "Replica:test", range(VBS))
-        self.producer: DcpProducer | None = None
-        self.rollbacks: list[RollbackOrder] = []
-        self.now = 0.0
-
-    def connect(self) -> None:
-        self.producer = None
-        self.to_producer(self.consumer.opening(self.now))
-
-    def to_producer(self, chunks: list[bytes]) -> None:
-        for msg in _decode(chunks):
-            if isinstance(msg, dcp.DcpOpen):
-                self.producer = DcpProducer(self.active, msg.name, msg.flags,
-                                            clock=self.active.clock)  # fmt: skip
-                continue
-            assert self.producer is not None
-            answer = self.producer.handle(msg)
-            if answer:
-                self.to_consumer([answer])
-
-    def to_consumer(self, chunks: list[bytes]) -> None:
-        parser = FrameParser()
-        for chunk in chunks:
-            for frame in parser.feed(chunk):
-                answers, rollbacks = self.consumer.handle(decode_message(frame), frame.size,
-                                                          self.now)  # fmt: skip
-                self.rollbacks += rollbacks
-                self.to_producer(answers)
-
-    def pump(self) -> None:
-        """Until quiet: producer output to the consumer, rollbacks done, requests sent."""
-        for _ in range(100):
-            assert self.producer is not None
-            out = self.producer.next_messages()
-            self.to_consumer(out)
-            for rollback in self.rollbacks:
-                self.replica.rollback(rollback.vbucket, rollback.seqno)
-                self.consumer.rolled_back(rollback.vbucket)
-            done_rollbacks, self.rollbacks = bool(self.rollbacks), []
-            requests = self.consumer.requests(self.now)
-            self.to_producer(requests)
-            if not out and not done_rollbacks and not requests:
-                return
-        raise AssertionError("never quiet")
-
-
-def _decode(chunks: list[bytes]) -> list[object]:
-    parser = FrameParser()
-    return [decode_message(f) for c in chunks for f in parser.feed(c)]
+from support.dcplink import VBS, Link, _decode
 
 
 def state_of(bucket: Bucket) -> dict[int, dict[bytes, tuple[int, int, bytes, bool]]]:

@@ -1,4 +1,4 @@
-"""The durability monitor: every case of its docstring's tables (A1-A12, P1-P9), as a table,
+"""The durability monitor: every case of its docstring's tables (A1-A13, P1-P10), as a table,
 then its invariants over random histories, checked against a plain model.
 
 A case builds a monitor, then runs steps: each is an event and what it must return (the
@@ -462,6 +462,18 @@ ACTIVE_CASES = [
             (check(lambda m: m.high_completed_seqno), 7),
         ],
     ),
+    # A13: reads of a key being re-committed
+    Case(
+        "A13 a maybe visible prepare's key is being re-committed until it commits",
+        active(["a", "r1"], maybe_visible=(1,)),
+        [
+            (check(lambda m: m.re_committing(k(1))), True),
+            (prepare(2), NOTHING),
+            (check(lambda m: (m.re_committing(k(2)), m.re_committing(k(9)))), (False, False)),
+            (ack("r1", 2), [commit(1, client=False), commit(2)]),
+            (check(lambda m: m.re_committing(k(1))), False),
+        ],
+    ),
 ]
 
 
@@ -642,6 +654,38 @@ PASSIVE_CASES = [
             ),
         ],
     ),
+    Case(
+        "P9 a chain that cannot reach a majority keeps them pending and re-committing",
+        passive,
+        [
+            (receive(1), None),
+            (snapshot_end(1), [SeqnoAck(1)]),
+            (check(lambda m: m.re_committing(k(1))), True),
+            (lambda m: _promote_to_half_chain(m), [NOTHING, NOTHING, True, NOTHING]),
+        ],
+    ),
+    Case(
+        "P9 the replica's high prepared seqno is the new active's own ack",
+        passive,
+        [
+            (receive(1, L3), None),
+            (snapshot_end(1), NOTHING),
+            (persisted(1), [SeqnoAck(1)]),
+            (receive(2, L3), None),
+            (snapshot_end(2), NOTHING),
+            (
+                check(
+                    lambda m: (
+                        (new := m.promote("a")).high_prepared_seqno,
+                        new.persisted_seqno,
+                        new.ack_of("a"),
+                        new.re_committing(k(1)),
+                    )
+                ),
+                (1, 1, 1, True),
+            ),
+        ],
+    ),
     # P10: a replaced prepare is no longer pending, but still a fence (as a completed one)
     Case(
         "P10 a PersistToMajority prepare replaced in a disk snapshot still fences its snapshot",
@@ -670,6 +714,18 @@ def _promote_and_replicate(m: PassiveDurabilityMonitor) -> list[list[Decision]]:
         new.tick(1e9),
         new.seqno_ack("r1", 3),
         new.persisted(2),
+    ]
+
+
+def _promote_to_half_chain(m: PassiveDurabilityMonitor) -> list[object]:
+    """Failover with one replica configured: the new chain is the new active and a null slot
+    (durability impossible), until a rebalance gives it a replica."""
+    new = m.promote("a")
+    return [
+        new.set_topology(topology_from_chains([["a", None]])),
+        new.tick(1e9),
+        new.re_committing(k(1)),
+        new.set_topology(topology_from_chains([["a", "r2"]])),
     ]
 
 

@@ -325,12 +325,12 @@ def test_a_backfill_reads_the_disk_as_it_was_when_opened(storage: BucketStorage)
     assert [i.by_seqno for i in storage.scan_by_seqno(0, 0)] == [1, 2, 3, 4, 7, 8, 9, 10, 11]
 
 
-def test_a_bucket_of_one_engine_is_refused_by_the_other(tmp_path: Path, engine: str) -> None:
-    _open(engine, tmp_path).close()
-    other = "rocksdb" if engine == "sqlite" else "sqlite"
-    with pytest.raises(StorageError, match=f"written by the {engine} storage engine"):
-        _open(other, tmp_path)
-    assert not storage_path(tmp_path, "b", other).exists()  # nothing created beside it
+def test_a_rocksdb_bucket_is_refused_by_sqlite(tmp_path: Path) -> None:
+    """(The other way round, a SQLite bucket is converted: tests/engine/test_migrate.py.)"""
+    _open("rocksdb", tmp_path).close()
+    with pytest.raises(StorageError, match="written by the rocksdb storage engine"):
+        _open("sqlite", tmp_path)
+    assert not storage_path(tmp_path, "b", "sqlite").exists()  # nothing created beside it
 
 
 def _rocks(tmp_path: Path, window: int = 1000) -> RocksStorage:

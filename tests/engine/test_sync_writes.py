@@ -18,13 +18,16 @@ from dcpkv.engine.item import (
     AbortItem,
     CommitItem,
     DurabilityImpossible,
+    Einval,
     Item,
     KeyNotFound,
     PrepareItem,
     SyncWriteInProgress,
     SyncWriteItem,
+    SyncWriteReCommitInProgress,
 )
 from dcpkv.engine.storage import VBState
+from dcpkv.engine.subdoc import Mutated
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
 from dcpkv.protocol.constants import DurabilityLevel
 
@@ -125,12 +128,67 @@ def test_leaving_active_answers_ambiguous_and_keeps_the_prepare(vbucket: VBucket
     assert vbucket.get(b"k").value == b"new"
 
 
+def test_a_promoted_copy_re_commits_its_prepares_and_hides_them_meanwhile(
+    vbucket: VBucket,
+) -> None:
+    """Failover (PROTOCOL.md, "SyncWrites"): the prepare may have been committed by the old
+    active, so until the new chain satisfies it a read of its key answers
+    SyncWriteReCommitInProgress (neither version may be served) and a write
+    SyncWriteInProgress; other keys are served; the high prepared seqno stays reported."""
+    vbucket.set(b"k", b"old")
+    vbucket.set(b"other", b"v")
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"new"), MAJORITY, cookie="c")
+    assert vbucket.get(b"k").value == b"old"  # its own client's prepare: no dirty read
+    assert vbucket.high_prepared_seqno == 3
+    vbucket.set_state(VBucketState.REPLICA)
+    assert vbucket.high_prepared_seqno == 3  # what a failover compares
+    vbucket.set_state(VBucketState.ACTIVE)  # promoted, no topology yet
+    for read in (lambda: vbucket.get(b"k"), lambda: vbucket.read_any(b"k")):
+        with pytest.raises(SyncWriteReCommitInProgress):
+            read()
+    assert vbucket.get_resident(b"k") is None  # the fast path leaves it to get()
+    with pytest.raises(SyncWriteInProgress):
+        vbucket.set(b"k", b"mine")
+    assert vbucket.get(b"other").value == b"v"
+    vbucket.set_topology(parse_topology(b'{"topology": [["node-a:11210", null]]}'))
+    with pytest.raises(SyncWriteReCommitInProgress):  # a chain without a majority
+        vbucket.get(b"k")
+    vbucket.set_topology(ALONE)
+    assert vbucket.get(b"k").value == b"new"
+    assert not vbucket.hash_table.prepared
+
+
+def test_a_pending_copy_takes_its_takeover_topology_when_it_becomes_active(
+    vbucket: VBucket,
+) -> None:
+    vbucket.set_state(VBucketState.PENDING)
+    vbucket.set_takeover_topology(ALONE)
+    assert vbucket.topology is None
+    vbucket.set_state(VBucketState.ACTIVE, transfer=True)  # the takeover
+    assert vbucket.topology == ALONE
+    got = _answers(vbucket)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"v"), MAJORITY, cookie="c")
+    assert [o.status for o in got] == [Status.Success]
+    # forgotten when the copy goes any other way; refused on a copy that is not pending
+    vbucket.set_state(VBucketState.PENDING)
+    vbucket.set_takeover_topology(ALONE)
+    vbucket.set_state(VBucketState.DEAD)
+    vbucket.set_state(VBucketState.ACTIVE)
+    assert vbucket.topology is None
+    with pytest.raises(Einval):
+        vbucket.set_takeover_topology(ALONE)
+
+
 WRITES: dict[str, Callable[[VBucket], object]] = {
     "add": lambda vb: vb.add(b"new", b"v"),
     "replace": lambda vb: vb.replace(b"k", b"v2"),
     "delete": lambda vb: vb.delete(b"k"),
     "append": lambda vb: vb.append(b"k", b"+"),
+    "prepend": lambda vb: vb.prepend(b"k", b"+"),
     "incr": lambda vb: vb.incr(b"n", 1),
+    "decr": lambda vb: vb.decr(b"n", 1),
+    "edit": lambda vb: vb.edit(b"k", lambda _cur, _cas, _seqno: Mutated(b"e", 0, 0, False)),
     "touch": lambda vb: vb.touch(b"k", 100),
 }
 
@@ -144,6 +202,43 @@ def test_every_write_takes_the_one_path(vbucket: VBucket, name: str) -> None:
     vbucket.sync_write(lambda: WRITES[name](vbucket), MAJORITY)
     assert {k: vbucket.peek(k) for k in (b"k", b"n", b"new")} == before  # nothing visible
     assert len(vbucket.hash_table.prepared) == 1
+
+
+# The edit path's writes (read-modify-write under the lock): what each commits, starting from
+# k = "v" and n = "7".
+EDITS: list[tuple[str, bytes, bytes]] = [
+    ("append", b"k", b"v+"),
+    ("prepend", b"k", b"+v"),
+    ("incr", b"n", b"8"),
+    ("decr", b"n", b"6"),
+    ("edit", b"k", b"e"),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "committed"), EDITS)
+def test_edits_commit_what_their_prepare_holds(
+    vbucket: VBucket, name: str, key: bytes, committed: bytes
+) -> None:
+    vbucket.set(b"k", b"v")
+    vbucket.set(b"n", b"7")
+    vbucket.set_topology(ALONE)
+    got = _answers(vbucket)
+    vbucket.sync_write(lambda: WRITES[name](vbucket), MAJORITY, cookie=name)
+    assert [(o.cookie, o.status) for o in got] == [(name, Status.Success)]
+    commit = got[0].item
+    assert isinstance(commit, CommitItem) and commit.value == committed
+    assert vbucket.get(key).value == committed
+    assert not vbucket.hash_table.prepared
+
+
+def test_an_edit_of_a_key_with_a_pending_prepare_is_refused(vbucket: VBucket) -> None:
+    vbucket.set(b"n", b"7")
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    vbucket.sync_write(lambda: vbucket.incr(b"n", 1), MAJORITY)
+    for name in ("incr", "decr"):
+        with pytest.raises(SyncWriteInProgress):
+            WRITES[name](vbucket)
+    assert vbucket.get(b"n").value == b"7"
 
 
 def test_durable_delete_commits_a_tombstone(vbucket: VBucket) -> None:
@@ -181,7 +276,9 @@ def test_prepares_persist_apart_and_come_back_at_warmup(
 
     again = open_bucket()
     vb = again.get_vbucket(0)
-    assert vb.get(b"k").value == b"committed"
+    with pytest.raises(SyncWriteReCommitInProgress):  # maybe visible: neither is served yet
+        vb.get(b"k")
+    assert vb.hash_table.entries[b"k"].value == b"committed"
     assert vb.hash_table.prepared[b"k"].value == b"prepared"
     vb.set_topology(ALONE)  # maybe visible: committed once satisfied
     assert vb.get(b"k").value == b"prepared"
@@ -238,3 +335,34 @@ def test_storage_rollback_and_deletion_drop_prepares(tmp_path: Path, engine: str
         assert storage.load_prepares(0) == []
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize(
+    ("level", "wanted"),
+    [
+        (DurabilityLevel.Majority, False),  # acknowledged from memory
+        (DurabilityLevel.MajorityAndPersistToActive, True),  # a fence until persisted here
+        (DurabilityLevel.PersistToMajority, True),
+    ],
+)
+def test_a_prepare_to_persist_asks_for_the_next_flush(
+    vbucket: VBucket, level: DurabilityLevel, wanted: bool
+) -> None:
+    asked: list[bool] = []
+    vbucket.on_persistence_wanted = lambda: asked.append(True)
+    vbucket.set_topology(WITH_ABSENT_REPLICA)
+    vbucket.sync_write(lambda: vbucket.set(b"k", b"v"), level)
+    assert bool(asked) is wanted
+
+
+@pytest.mark.parametrize(("level", "wanted"), [(1, False), (2, False), (3, True)])
+def test_a_replica_prepare_to_persist_asks_for_the_next_flush(
+    vbucket: VBucket, level: int, wanted: bool
+) -> None:
+    """A replica acknowledges a PersistToMajority prepare only once it persisted it."""
+    asked: list[bool] = []
+    vbucket.on_persistence_wanted = lambda: asked.append(True)
+    vbucket.set_state(VBucketState.REPLICA)
+    vbucket.replica_snapshot_marker(1, 1)
+    vbucket.replica_prepare(PrepareItem(b"k", b"v", cas=5, by_seqno=1, level=level))
+    assert bool(asked) is wanted

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dcpkv.app.node import LocalNode, NodeStartError
+from dcpkv.client.durability import Durability, ServerDurability, SyncWriteImpossibleError
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.pipelines.loader import (
     MARKER_KEY,
@@ -20,6 +21,7 @@ from dcpkv.pipelines.loader import (
     load_sample,
     loaded_sample,
 )
+from support.topology import alone, set_topologies
 
 VBUCKETS = 8
 
@@ -98,11 +100,33 @@ def test_generator_writes_until_stopped(node: LocalNode) -> None:
     ep = endpoint(node)
     load_sample(ep, VBUCKETS, 500)
     generator = ChangeGenerator(ep, VBUCKETS, 500, rate=2000, seed=1)
+    run_until(generator, 300)
+    assert not generator.is_alive()
+    assert generator.error is None and generator.written >= 300
+
+
+def run_until(generator: ChangeGenerator, written: int) -> None:
+    """Run ``generator`` until it wrote ``written`` changes (30 s at most), then stop it."""
     generator.start()
-    for _ in range(200):  # bounded: about 20 s at most
-        if generator.written >= 300:
+    for _ in range(300):
+        if generator.written >= written:
             break
         generator.join(0.1)
     generator.stop()
-    assert not generator.is_alive()
-    assert generator.error is None and generator.written >= 300
+
+
+def test_a_durable_load_and_generator_on_a_single_node_topology(node: LocalNode) -> None:
+    """``durability``: the load and the generator write SyncWrites (committed at
+    persistToMajority on vbuckets with a single-node topology); without a topology the load
+    is refused at once, nothing written."""
+    ep = endpoint(node)
+    with pytest.raises(SyncWriteImpossibleError):
+        load_sample(ep, VBUCKETS, 100, durability=Durability.MAJORITY)
+    assert bucket_vbuckets(ep) == (VBUCKETS, 0)
+    set_topologies(node.port, alone(node.port, range(VBUCKETS)))
+    level = ServerDurability(Durability.PERSIST_TO_MAJORITY, 10.0)
+    assert load_sample(ep, VBUCKETS, 300, seed=3, durability=level)
+    assert bucket_vbuckets(ep) == (VBUCKETS, 301)
+    generator = ChangeGenerator(ep, VBUCKETS, 300, rate=2000, seed=1, durability=level)
+    run_until(generator, 100)
+    assert generator.error is None and generator.written >= 100

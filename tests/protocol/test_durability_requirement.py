@@ -8,7 +8,12 @@ from hypothesis import strategies as st
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import DurabilityLevel
-from dcpkv.protocol.durability import DurabilityRequirement, durability_requirement
+from dcpkv.protocol.durability import (
+    DurabilityRequirement,
+    at_least,
+    durability_requirement,
+    level_named,
+)
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import encode_stream_id
 
@@ -65,3 +70,51 @@ def test_encode_then_read_is_identity(level: DurabilityLevel, timeout: int | Non
 def test_encode_refuses_reserved_timeouts(timeout: int) -> None:
     with pytest.raises(CodecError):
         DurabilityRequirement(MAJORITY, timeout).encode()
+
+
+PERSIST_ACTIVE, PERSIST = (
+    DurabilityLevel.MajorityAndPersistToActive,
+    DurabilityLevel.PersistToMajority,
+)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "minimum", "expected"),
+    [
+        (None, None, None),  # no minimum: nothing changes
+        (DurabilityRequirement(MAJORITY, 500), None, DurabilityRequirement(MAJORITY, 500)),
+        (None, MAJORITY, DurabilityRequirement(MAJORITY)),  # a plain write becomes durable
+        (DurabilityRequirement(MAJORITY, 500), PERSIST, DurabilityRequirement(PERSIST, 500)),
+        (DurabilityRequirement(PERSIST), PERSIST_ACTIVE, DurabilityRequirement(PERSIST)),
+        (
+            DurabilityRequirement(PERSIST_ACTIVE),
+            PERSIST_ACTIVE,
+            DurabilityRequirement(PERSIST_ACTIVE),
+        ),
+    ],
+)
+def test_the_bucket_minimum_raises_every_write(
+    requirement: DurabilityRequirement | None,
+    minimum: DurabilityLevel | None,
+    expected: DurabilityRequirement | None,
+) -> None:
+    assert at_least(requirement, minimum) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "level"),
+    [
+        ("none", None),
+        ("majority", MAJORITY),
+        ("majorityAndPersistActive", PERSIST_ACTIVE),
+        ("persistToMajority", PERSIST),
+        ("PERSIST_TO_MAJORITY", PERSIST),  # the SDK's name
+    ],
+)
+def test_level_names(name: str, level: DurabilityLevel | None) -> None:
+    assert level_named(name) == level
+
+
+def test_a_name_that_is_no_level() -> None:
+    with pytest.raises(ValueError, match="persistToMajority"):
+        level_named("all")

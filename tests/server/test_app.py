@@ -14,10 +14,10 @@ from dcpkv.core.status import Status
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.hlc import SystemClock
 from dcpkv.protocol import dcp, kv
-from dcpkv.protocol.constants import Magic, Opcode, OpenFlag
+from dcpkv.protocol.constants import DurabilityLevel, Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.server.app import DataServer, KVProtocol
-from dcpkv.server.config import BucketConfig, ServerConfig, with_cli_flags
+from dcpkv.server.config import BucketConfig, ConfigError, ServerConfig, load_config, with_cli_flags
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import ROUTES, Route
 from dcpkv.server.push_cadence import BATCH_ITEMS, PUMP_GAP_S, QUIET_S
@@ -190,3 +190,17 @@ def test_bad_settings_are_one_line_errors(args: list[str], message: str, tmp_pat
     )
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_durability_settings_from_a_config_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text(
+        '[buckets.default]\ndurability_min_level = "majority"\ndurability_timeout_ms = 5000\n'
+    )
+    bucket = load_config(path).buckets[0]
+    assert (bucket.min_level, bucket.durability_timeout_ms) == (DurabilityLevel.Majority, 5000)
+    flagged = with_cli_flags(load_config(path), durability_min_level="none").buckets[0]
+    assert flagged.min_level is None and flagged.durability_timeout_ms == 5000
+    for bad in ({"durability_min_level": "all"}, {"durability_timeout_ms": 0}):
+        with pytest.raises(ConfigError):
+            BucketConfig(**bad)  # type: ignore[arg-type]

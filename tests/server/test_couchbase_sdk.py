@@ -21,23 +21,29 @@ from couchbase.exceptions import (
     DurabilityImpossibleException,
 )
 from couchbase.options import (
+    AppendOptions,
     DecrementOptions,
     DeltaValue,
+    GetOptions,
     IncrementOptions,
     InsertOptions,
     MutateInOptions,
+    PrependOptions,
     RemoveOptions,
     ReplaceOptions,
     SignedInt64,
     UpsertOptions,
 )
+from couchbase.transcoder import RawBinaryTranscoder
 
 from dcpkv.core.vbucket import vbucket_for_key
 from support.kvclient import KVClient, poll_rounds
 from support.sdk_cluster import module_server, sdk_collection
 from support.serverproc import ServerProcess
+from support.topology import alone, set_topologies
 
 VBUCKETS = 16  # what ServerProcess starts the server with
+RAW = RawBinaryTranscoder()
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +139,23 @@ DURABLE_CALLS = {
     "increment": lambda c, d, o: c.binary().increment(
         d + "-ctr", IncrementOptions(initial=SignedInt64(1), durability=o)
     ),
+    "decrement": lambda c, d, o: c.binary().decrement(
+        d + "-ctr", DecrementOptions(initial=SignedInt64(1), durability=o)
+    ),
+    "append": lambda c, d, o: c.binary().append(d + "-raw", b"+", AppendOptions(durability=o)),
+    "prepend": lambda c, d, o: c.binary().prepend(d + "-raw", b"+", PrependOptions(durability=o)),
+}
+# What the document holds once each call committed: (key suffix, how to read, expected).
+COMMITTED = {
+    "upsert": ("", "json", {"v": 1}),
+    "insert": ("-new", "json", {"v": 1}),
+    "replace": ("", "json", {"v": 1}),
+    "remove": ("", "exists", False),
+    "mutate_in": ("", "json", {"v": 1}),
+    "increment": ("-ctr", "int", 1),
+    "decrement": ("-ctr", "int", 1),
+    "append": ("-raw", "raw", b"r+"),
+    "prepend": ("-raw", "raw", b"+r"),
 }
 
 
@@ -141,12 +164,51 @@ DURABLE_CALLS = {
 def test_server_durability_is_refused_not_faked(
     coll: Collection, call: str, level: DurabilityLevel
 ) -> None:
-    """SyncWrites are not served yet: the SDK's ServerDurability must fail, never succeed
-    from memory, and the document must be unchanged (issue 28, item 0)."""
+    """A lone node whose vbuckets have no replication topology (no cluster manager) cannot
+    meet any level, as the reference's single node with no replica: the SDK's
+    ServerDurability fails with DurabilityImpossible, never succeeds from memory, and the
+    document is unchanged (issue 28, item 0)."""
     doc = f"durable-{call}-{int(level)}"
     coll.upsert(doc, {"v": 0})
+    coll.upsert(doc + "-raw", b"r", UpsertOptions(transcoder=RAW))
     with pytest.raises(DurabilityImpossibleException):
         DURABLE_CALLS[call](coll, doc, ServerDurability(level))
     assert coll.get(doc).content_as[dict] == {"v": 0}
     assert not coll.exists(doc + "-new").exists
     assert not coll.exists(doc + "-ctr").exists
+    assert coll.get(doc + "-raw", GetOptions(transcoder=RAW)).content_as[bytes] == b"r"
+
+
+@pytest.fixture(scope="module")
+def topo_coll(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collection]:
+    """A node whose every vbucket has the single-node topology (a majority of one), as a
+    cluster manager would set on a one-node cluster with no replica."""
+    with module_server(tmp_path_factory.mktemp("sdk-topology")) as srv:
+        set_topologies(srv.port, alone(srv.port))
+        with sdk_collection(srv.port) as collection:
+            yield collection
+
+
+@pytest.mark.parametrize("call", sorted(DURABLE_CALLS))
+@pytest.mark.parametrize("level", list(DurabilityLevel)[1:])  # every level but NONE
+def test_server_durability_commits_on_a_single_node_topology(
+    topo_coll: Collection, call: str, level: DurabilityLevel
+) -> None:
+    doc = f"committed-{call}-{int(level)}"
+    topo_coll.upsert(doc, {"v": 0})
+    topo_coll.upsert(doc + "-raw", b"r", UpsertOptions(transcoder=RAW))
+    result = DURABLE_CALLS[call](topo_coll, doc, ServerDurability(level))
+    suffix, how, expected = COMMITTED[call]
+    if how == "exists":
+        assert topo_coll.exists(doc + suffix).exists is expected
+        return
+    if how == "int":
+        got = topo_coll.get(doc + suffix)
+        assert got.content_as[int] == expected
+    elif how == "json":
+        got = topo_coll.get(doc + suffix)
+        assert got.content_as[dict] == expected
+    else:
+        got = topo_coll.get(doc + suffix, GetOptions(transcoder=RAW))
+        assert got.content_as[bytes] == expected
+    assert got.cas == result.cas  # the answer came with the commit's CAS

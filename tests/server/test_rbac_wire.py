@@ -81,6 +81,9 @@ CASES = [
     ("reader", "subdoc_multi_mutation", False), ("writer", "subdoc_upsert", True),
     ("writer", "subdoc_get", False), ("writer", "subdoc_multi_lookup", False),
     ("streamer", "subdoc_upsert", False),
+    # XDCR: a with-meta write is a write, GetMeta a read
+    ("writer", "set_with_meta", True), ("reader", "set_with_meta", False),
+    ("streamer", "del_with_meta", False), ("reader", "get_meta", True),
 ]  # fmt: skip
 
 
@@ -101,6 +104,13 @@ def attempt(client: KVClient, what: str) -> int:
             Opcode.SetClusterConfig, key=b"default", value=b'{"rev":99}'
         ),
         "rbac_refresh": lambda: client.call(Opcode.RbacRefresh, value=b'{"rev":99,"users":{}}'),
+        "set_with_meta": lambda: client.call(
+            Opcode.SetWithMeta, key=b"xk", value=b"v", extras=struct.pack(">IIQQ", 0, 0, 1, 1)
+        ),
+        "del_with_meta": lambda: client.call(
+            Opcode.DelWithMeta, key=b"xk", extras=struct.pack(">IIQQ", 0, 0, 9, 9)
+        ),
+        "get_meta": lambda: client.call(Opcode.GetMeta, key=b"k"),
         "subdoc_get": lambda: subdoc(client, Opcode.SubdocGet, b"f"),
         "subdoc_upsert": lambda: subdoc(client, Opcode.SubdocDictUpsert, b"f", b"1"),
         "subdoc_multi_lookup": lambda: client.call(

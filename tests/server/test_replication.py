@@ -119,6 +119,10 @@ def test_a_replica_rolls_back_what_its_active_lost(
         stats = c.stats(b"dcp")
     rollbacks = sum(int(v) for k, v in stats.items() if k.startswith("rollbacks:"))
     assert rollbacks > 0
+    # each one logged as an event (dcpkv.core.logs), naming its source
+    events = [line for line in b.log().splitlines() if "event=rollback" in line]
+    assert len(events) == rollbacks
+    assert all(f"source=127.0.0.1:{a.port}" in line for line in events), events
 
 
 def push(srv: ServerProcess, servers: list[str], rows: list[list[int]], rev: int) -> None:

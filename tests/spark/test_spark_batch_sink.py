@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from sparkhelp import Changelog, Workload, server_docs, vb
 
+from support.topology import alone, set_topologies
+
 
 def _reader(spark: Any, port: int, **options: Any) -> Any:
     reader = spark.read.format("dcpkv").option("port", port)
@@ -50,6 +52,29 @@ def test_sink_round_trip(spark: Any, server: Any) -> None:
     back = _reader(spark, server.port, mode="documents").load().collect()
     assert {bytes(r.key): bytes(r.value) for r in back} == expected
     assert {bytes(r.key): r.flags for r in back} == {k: int(k[4:]) for k in expected}
+
+
+def test_sink_with_durability_on_a_single_node_topology(spark: Any, server: Any) -> None:
+    """``durability`` makes the sink's writes SyncWrites: committed at PersistToMajority on
+    vbuckets with a single-node topology; refused (the job fails, nothing written) where
+    there is none."""
+    set_topologies(server.port, alone(server.port, range(8)))
+    rows = [(f"durable-{i}", f"body-{i}".encode(), "mutation") for i in range(100)]
+    rows += [(f"durable-{i}", None, "deletion") for i in range(0, 100, 5)]
+    df = spark.createDataFrame(rows, "key STRING, value BINARY, op STRING")
+    sink = df.coalesce(1).write.format("dcpkv").option("port", server.port)
+    sink.option("durability", "persistToMajority").mode("append").save()
+    keys = {f"durable-{i}".encode() for i in range(100)}
+    expected = {f"durable-{i}".encode(): f"body-{i}".encode() for i in range(100) if i % 5}
+    assert server_docs(server.port, keys) == expected
+
+
+def test_sink_with_durability_and_no_topology_fails(spark: Any, server: Any) -> None:
+    df = spark.createDataFrame([("k", b"v")], "key STRING, value BINARY")
+    sink = df.coalesce(1).write.format("dcpkv").option("port", server.port)
+    with pytest.raises(Exception, match="DurabilityImpossible"):
+        sink.option("durability", "majority").mode("append").save()
+    assert server_docs(server.port, {b"k"}) == {}
 
 
 def test_sink_refuses_a_dataframe_without_a_key(spark: Any, server: Any) -> None:

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import Row
 
+from dcpkv.client.durability import Durability, ServerDurability
 from dcpkv.client.offsets import VbucketOffset
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
@@ -174,8 +175,12 @@ def test_options() -> None:
     assert opts.include_values is False and opts.starting == "earliest"
     given = SparkOffsets({3: VbPosition.at(5, A)})
     assert parse_options({"startingOffsets": given.to_json()}).starting == given
+    assert opts.durability is None and parse_options({"durability": "none"}).durability is None
+    durable = parse_options({"durability": "persistToMajority", "durabilityTimeoutMs": "5000"})
+    assert durable.durability == ServerDurability(Durability.PERSIST_TO_MAJORITY, 5.0)
     bads = [{"vbuckets": "3-1"}, {"port": "x"}, {"maxChangesPerTrigger": "0"}]
     bads += [{"startingOffsets": "{"}, {"mode": "rows"}, {"includeValues": "maybe"}]
+    bads += [{"durability": "all"}, {"durability": "majority", "durabilityTimeoutMs": "70000"}]
     for bad in bads:
         with pytest.raises(OptionError):
             parse_options(bad)

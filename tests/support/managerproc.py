@@ -79,10 +79,15 @@ def start_cluster(
     nodes: int,
     replicas: int,
     vbuckets: int = VBUCKETS,
+    node_args: tuple[str, ...] = (),
+    manager_args: tuple[str, ...] = (),
 ) -> Cluster:
+    """``node_args``, ``manager_args``: more flags for every node, for the manager."""
     started = []
     for i in range(nodes):
-        node = servers(tmp / f"n{i}", tmp / f"n{i}.log", "--managed", "--vbuckets", str(vbuckets))
+        node = servers(
+            tmp / f"n{i}", tmp / f"n{i}.log", "--managed", "--vbuckets", str(vbuckets), *node_args
+        )
         node.start()
         started.append(node)
     seeds = [arg for n in started for arg in ("--node", f"127.0.0.1:{n.port}")]
@@ -94,6 +99,7 @@ def start_cluster(
         "--vbuckets",
         str(vbuckets),
         *seeds,
+        *manager_args,
     )
     manager.start()
     return Cluster(started, manager)

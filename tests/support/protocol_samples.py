@@ -81,6 +81,25 @@ _OVERRIDES: dict[type[Message], dict[str, st.SearchStrategy[Any]]] = {
         "current_seqno": U64_EDGY,
     },
     kv.GetMeta: {"version": st.sampled_from([1, 2])},
+    kv.GetqMeta: {"version": st.sampled_from([1, 2])},
+    **{
+        t: {
+            "flags": U32,
+            "expiration": U32,
+            "rev_seqno": U64_EDGY,
+            "meta_cas": U64_EDGY,
+            "options": st.none() | U32,
+            "nmeta": st.none() | U16,
+        }
+        for t in kv.WITH_META_TYPES
+    },
+    kv.GetqMetaResponse: {
+        "deleted": st.booleans(),
+        "flags": U32,
+        "expiry": U32,
+        "rev_seqno": U64_EDGY,
+        "item_datatype": st.none() | U8,
+    },
     kv.GetMetaResponse: {
         "deleted": st.booleans(),
         "flags": U32,
@@ -223,6 +242,13 @@ EXAMPLES: list[Message] = [
     kv.ObserveSeqno(vbucket=2, vbucket_uuid=MAX64),
     kv.GetMeta(key=b"doc-1", vbucket=4),
     kv.GetMeta(key=b"doc-1", version=2),
+    kv.GetqMeta(key=b"doc-1", version=2),
+    kv.SetWithMeta(key=b"k", value=b"v", flags=1, expiration=2, rev_seqno=MAX64, meta_cas=9),
+    kv.SetqWithMeta(key=b"k", value=b"v", rev_seqno=3, meta_cas=4, options=0x08),
+    kv.AddWithMeta(key=b"k", value=b"v", rev_seqno=3, meta_cas=4, nmeta=0),
+    kv.AddqWithMeta(key=b"k", rev_seqno=3, meta_cas=MAX64, options=0x0C, nmeta=2),
+    kv.DelWithMeta(key=b"k", expiration=1700000000, rev_seqno=3, meta_cas=4),
+    kv.DelqWithMeta(key=b"k", rev_seqno=3, meta_cas=4, options=0x10),
     kv.SeqnoPersistence(vbucket=2, seqno=MAX64),
     kv.SeqnoPersistence(vbucket=3, seqno=7, vbucket_uuid=MAX64),
     kv.GetClusterConfig(),
@@ -268,6 +294,13 @@ EXAMPLES: list[Message] = [
     ),
     kv.GetMetaResponse(cas=7, deleted=True, flags=1, expiry=2, rev_seqno=MAX64),
     kv.GetMetaResponse(cas=7, rev_seqno=3, item_datatype=1),
+    kv.GetqMetaResponse(cas=8, rev_seqno=4),
+    kv.SetWithMetaResponse(cas=5, vbucket_uuid=1, seqno=2),
+    kv.SetqWithMetaResponse(),
+    kv.AddWithMetaResponse(cas=6),
+    kv.AddqWithMetaResponse(),
+    kv.DelWithMetaResponse(cas=7, vbucket_uuid=3, seqno=4),
+    kv.DelqWithMetaResponse(),
     kv.GetClusterConfigResponse(config=b'{"rev":1}'),
     kv.GetErrorMapResponse(error_map=b'{"version":2}'),
     kv.ClustermapChangeNotification(

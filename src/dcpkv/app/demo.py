@@ -83,6 +83,7 @@ from dcpkv.app.demo_nodes import ClusterNodes, Nodes, OneNode
 from dcpkv.app.demo_ui import PipelineStats, RateColumn, Sampled, Stopper, live_line, progress_line
 from dcpkv.app.endcheck import end_check
 from dcpkv.app.node import NodeStartError
+from dcpkv.client.durability import parse_durability
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.cluster.admin_client import AdminError
 from dcpkv.core.defaults import DEFAULT_PORT
@@ -117,6 +118,7 @@ class DemoSettings:
     nodes: int = 1
     replicas: int = 1
     chaos: ChaosSettings | None = None
+    durability: str = "none"  # the loader's and the change generator's writes
 
 
 @dataclass(frozen=True)
@@ -159,8 +161,9 @@ class DemoPaths:
 
 
 def ensure_sample(
-    ep: ConnectionSettings, num_vbuckets: int, docs: int, stopper: Stopper, console: Console
-) -> SampleInfo | None:
+    ep: ConnectionSettings, num_vbuckets: int, docs: int, stopper: Stopper, console: Console,
+    durability: str = "none",
+) -> SampleInfo | None:  # fmt: skip
     """The sample the bucket holds, loading it first when missing; None when stopped."""
     existing = loaded_sample(ep, num_vbuckets)
     if existing is not None:
@@ -178,6 +181,7 @@ def ensure_sample(
         done = load_sample(
             ep, num_vbuckets, docs, seed=SAMPLE_SEED,
             on_progress=lambda n: progress.advance(task, n), should_stop=lambda: stopper.stopped,
+            durability=parse_durability(durability),
         )  # fmt: skip
     if not done:
         return None
@@ -240,7 +244,7 @@ def _run(
 ) -> int:  # fmt: skip
     """Sample, pipelines, generator (and chaos), live line, catch-up, end check."""
     num_vbuckets = nodes.vbuckets(ep)
-    sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console)
+    sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console, settings.durability)
     if sample is None or stopper.stopped:
         return 0
     mirror_stats = PipelineStats()
@@ -259,8 +263,9 @@ def _run(
     if not _first_batch(pipelines, stopper, console, loaded):
         return 0
     generator = ChangeGenerator(
-        ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time())
-    )
+        ep, num_vbuckets, sample.docs, rate=settings.rate, seed=int(time.time()),
+        durability=parse_durability(settings.durability),
+    )  # fmt: skip
     generator.start()
     stack.callback(generator.stop)
     chaos = _start_chaos(settings, nodes, console, stack, events)

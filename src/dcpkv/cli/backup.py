@@ -23,6 +23,7 @@ import typer
 
 from dcpkv.cli.options import (
     Bucket,
+    DurabilityLevel,
     Host,
     Master,
     Password,
@@ -31,6 +32,7 @@ from dcpkv.cli.options import (
     TlsCa,
     User,
     connection_settings,
+    durability_level,
 )
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
@@ -158,6 +160,7 @@ def restore(
     tls: Tls = False,
     tls_ca: TlsCa = None,
     master: Master = None,
+    durability: DurabilityLevel = "none",
 ) -> None:
     """Replay a backup's runs (rollbacks honoured) and load the latest version of every key
     into a bucket; deleted keys are deleted. **--to-seqnos** restores a point in time: each
@@ -171,8 +174,10 @@ def restore(
         typer.echo(f"dcpkv restore: {exc}", err=True)
         raise typer.Exit(2) from None
     ep = connection_settings(host, port, bucket, user, password, tls, tls_ca)
+    level = durability_level(durability)
     result = _job(
-        "restore", RESTORE_PHASES, lambda spark, phase: restore_job(spark, from_, ep, cut, phase),
+        "restore", RESTORE_PHASES,
+        lambda spark, phase: restore_job(spark, from_, ep, cut, phase, durability=level),
         master,
     )  # fmt: skip
     typer.echo(

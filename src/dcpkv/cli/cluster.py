@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.cli.options import LogFormat, LogLevel
 from dcpkv.core.defaults import DEFAULT_BUCKET, DEFAULT_HOST, DEFAULT_PASSWORD, DEFAULT_USER
 
 DEFAULT_MANAGER_PORT = 8091  # Couchbase's REST port
@@ -79,6 +80,24 @@ def manager(
     node_tls_port_offset: Annotated[
         int, typer.Option(help="A node's TLS port minus its data port (11207 - 11210).")
     ] = -3,
+    etcd: Annotated[
+        str | None,
+        typer.Option(
+            help="etcd client endpoints (host:port,...): the configuration lives there and "
+            "the managers elect one leader that acts (see docs/cluster.md)."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="This manager's name among several [default: host:port].")
+    ] = None,
+    lease_ttl: Annotated[
+        int,
+        typer.Option(
+            min=2, help="Seconds a leader acts without etcd's keep-alive answer (--etcd)."
+        ),
+    ] = 10,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the cluster manager: it owns the cluster configuration and drives the data nodes.
 
@@ -109,10 +128,30 @@ def manager(
         tls_cert=tls_cert,
         tls_key=tls_key,
         link_tls=_link_tls(node_tls_ca, node_tls_port_offset),
+        etcd=etcd,
+        name=name,
+        lease_ttl_s=lease_ttl,
+        log_level=log_level,
+        log_format=log_format,
     )
     if (tls_cert is None) != (tls_key is None):
         typer.echo("dcpkv manager: give both --tls-cert and --tls-key", err=True)
         raise typer.Exit(2)
+    if etcd is not None:
+        from dcpkv.cluster.etcd_store import parse_endpoints
+
+        try:
+            parse_endpoints(etcd)
+        except ValueError as exc:
+            typer.echo(f"dcpkv manager: --etcd: {exc}", err=True)
+            raise typer.Exit(2) from None
+    from dcpkv.core.logs import ConfigError, check
+
+    try:
+        check(log_level, log_format)
+    except ConfigError as exc:
+        typer.echo(f"dcpkv manager: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         run(options)
     except (Refused, ClusterConfigError, TlsError) as exc:
@@ -153,7 +192,12 @@ def status(
 
     Lag is the number of items a node's replica vbuckets are behind their actives.
     """
+    managers = _managers(url, user, password)
+    if managers is not None and not json_:  # first: it says why nothing else may answer
+        _echo_managers(managers)
     doc = _call(url, "GET", "/pools/default", user, password)
+    if managers is not None:
+        doc["managers"] = managers
     if json_:
         typer.echo(json.dumps(doc, indent=1))
         return
@@ -175,6 +219,28 @@ def status(
     _echo_auto_failover(doc["autoFailover"])
     if "rebalance" in doc:
         _echo_rebalance(doc["rebalance"])
+
+
+def _managers(url: str, user: str, password: str) -> dict[str, Any] | None:
+    """The managers over etcd (None: one manager, no etcd)."""
+    from dcpkv.cluster.admin_client import AdminError, admin_request
+
+    try:
+        return admin_request(url, "GET", "/pools/default/managers", user=user, password=password)
+    except AdminError:
+        return None
+
+
+def _echo_managers(doc: dict[str, Any]) -> None:
+    leader = doc["leader"] or "none (no lease held: see etcd below)"
+    typer.echo(f"managers: leader {leader}, term {doc['term']}, lease TTL {doc['leaseTtl']} s")
+    for name, url in doc["managers"]:
+        typer.echo(f"  {name:<20} {url}{'  (leader)' if name == doc['leader'] else ''}")
+    etcd = doc["etcd"]
+    if etcd["healthy"]:
+        typer.echo(f"etcd {etcd['version']}: healthy, raft term {etcd['raftTerm']}")
+    else:
+        typer.echo(f"etcd: UNHEALTHY ({etcd.get('error', '?')}): no failover can run")
 
 
 def _echo_rebalance(rebalance: dict[str, Any]) -> None:
@@ -236,7 +302,8 @@ def failover(
 ) -> None:
     """Fail a node over: its vbuckets become active on their replicas.
 
-    For each vbucket the node held active, the replica that persisted the most is promoted;
+    For each vbucket the node held active, the replica furthest ahead is promoted (highest
+    high prepared seqno, then high seqno, then persisted seqno);
     the node leaves the map and every remaining node gets the new map. Refused (nothing
     changes) for the last node, or when a vbucket it holds active has no replica. Writes the
     failed node acknowledged only from memory can be lost.
@@ -421,6 +488,22 @@ def settings(
     typer.echo(f"repair on rollback: {'on' if repair['repairOnRollback'] else 'off'}")
 
 
+def _etcd_members(nodes: int, wanted: bool | None) -> int:
+    """How many etcd members ``up`` starts (0: one manager on cluster.json)."""
+    import shutil
+
+    if wanted is False or (wanted is None and nodes < 3):
+        return 0
+    if shutil.which("etcd") is None:
+        line = "etcd is not installed (Debian: apt-get install etcd-server)"
+        if wanted:
+            typer.echo(f"dcpkv cluster up: {line}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"dcpkv cluster up: {line}: one manager, no etcd", err=True)
+        return 0
+    return 3 if nodes >= 3 else 1
+
+
 @cluster_app.command()
 def up(
     nodes: Annotated[int, typer.Option(help="Data nodes to start.")] = 3,
@@ -432,29 +515,56 @@ def up(
     manager_port: Annotated[
         int, typer.Option(help="The manager's HTTP port; 0 picks a free one.")
     ] = 0,
+    durability_min_level: Annotated[
+        str | None,
+        typer.Option(
+            help="The bucket's minimum durability level on every node (none, majority, "
+            "majorityAndPersistActive, persistToMajority): every write a SyncWrite of at "
+            "least that level."
+        ),
+    ] = None,
+    durability_timeout_ms: Annotated[
+        int | None,
+        typer.Option(help="The bucket's timeout of durable writes that name none [30000]."),
+    ] = None,
+    etcd: Annotated[
+        bool | None,
+        typer.Option(
+            "--etcd/--no-etcd",
+            help="A manager per node over an etcd cluster (3 members; 1 below 3 nodes) "
+            "[default: with 3 nodes or more, when etcd is installed].",
+        ),
+    ] = None,
 ) -> None:
     """Start a development cluster on this machine: N managed data nodes and a manager.
 
     Every process is a child of this command, on free ports, with its data and log under
     --data-dir (node0/, node0.log, ..., manager/, manager.log); it prints where each listens
-    and waits. Ctrl-C or SIGTERM stops the manager and the nodes cleanly, by PID. Run it again
-    on the same folder to get the same cluster back, on the same ports.
+    and waits. The processes are siblings: a crashed one is reported and takes no other with
+    it, and a crashed manager is started again. Ctrl-C or SIGTERM stops the manager and the
+    nodes cleanly, by PID. Run it again on the same folder to get the same cluster back, on
+    the same ports.
     """
     from dcpkv.cluster.local import LocalCluster, LocalClusterError
 
     if nodes < 1:
         typer.echo("dcpkv cluster up: --nodes must be at least 1", err=True)
         raise typer.Exit(2)
-    cluster = LocalCluster(data_dir, nodes, replicas, vbuckets, manager_port)
+    node_flags: list[str] = []
+    if durability_min_level is not None:
+        node_flags += ["--durability-min-level", durability_min_level]
+    if durability_timeout_ms is not None:
+        node_flags += ["--durability-timeout-ms", str(durability_timeout_ms)]
+    members = _etcd_members(nodes, etcd)
+    cluster = LocalCluster(
+        data_dir, nodes, replicas, vbuckets, manager_port,
+        etcd_members=members, node_flags=tuple(node_flags),
+    )  # fmt: skip
     code = 0
     try:
         cluster.start()
         cluster.describe(sys.stdout)
         code = cluster.wait()
-        if code:
-            typer.echo(
-                f"dcpkv cluster up: the manager exited; see {cluster.manager.log_path}", err=True
-            )
     except LocalClusterError as exc:
         typer.echo(f"dcpkv cluster up: {exc}", err=True)
         code = 1

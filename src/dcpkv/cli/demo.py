@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from dcpkv.cli.options import DurabilityLevel, durability_level
+
 
 def demo(
     data_dir: Annotated[
@@ -35,6 +37,7 @@ def demo(
         ),
     ] = None,
     rate: Annotated[float, typer.Option(min=0, help="Changes written per second.")] = 200.0,
+    durability: DurabilityLevel = "none",
     vbuckets: Annotated[int, typer.Option(min=1, help="vbuckets of a new bucket.")] = 1024,
     nodes: Annotated[
         int, typer.Option(min=1, help="Data nodes: more than 1 runs a local cluster.")
@@ -91,6 +94,7 @@ def demo(
     settings = DemoSettings(
         data_dir=data_dir, port=port, docs=docs, duration=duration, master=master, rate=rate,
         vbuckets=vbuckets, nodes=nodes, replicas=replicas, chaos=chaos_settings,
+        durability=durability_level(durability),
     )  # fmt: skip
     raise typer.Exit(run_demo(settings, Console(highlight=False, soft_wrap=True)))
 

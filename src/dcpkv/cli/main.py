@@ -14,6 +14,8 @@ from dcpkv.cli.demo import report as report_command
 from dcpkv.cli.options import (
     Bucket,
     Host,
+    LogFormat,
+    LogLevel,
     Password,
     Port,
     Tls,
@@ -75,7 +77,26 @@ def server(
     ] = None,
     storage: Annotated[
         str | None,
-        typer.Option(help="Its storage engine: sqlite or rocksdb [default: sqlite]."),
+        typer.Option(help="Its storage engine: rocksdb or sqlite [default: rocksdb]."),
+    ] = None,
+    durability_min_level: Annotated[
+        str | None,
+        typer.Option(
+            help="Its minimum durability level: none, majority, majorityAndPersistActive or "
+            "persistToMajority; every write becomes a SyncWrite of at least that level "
+            "[default: none]."
+        ),
+    ] = None,
+    durability_timeout_ms: Annotated[
+        int | None,
+        typer.Option(help="Its durable writes' timeout when they name none [default: 30000]."),
+    ] = None,
+    conflict_resolution: Annotated[
+        str | None,
+        typer.Option(
+            help="How its XDCR (with-meta) writes are judged: seqno (revision) or lww "
+            "(timestamp); fixed when the bucket is created [default: seqno]."
+        ),
     ] = None,
     user: Annotated[str | None, typer.Option(help="The one user [default: Administrator].")] = None,
     password: Annotated[str | None, typer.Option(help="Its password [default: password].")] = None,
@@ -118,12 +139,27 @@ def server(
         float | None,
         typer.Option(help="Seconds a connection may stay without logging in [default: 30]."),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve Prometheus metrics over HTTP on this port (0 picks a free one) "
+            "[default: not served]."
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str | None,
+        typer.Option(help="The metrics port's address [default: 127.0.0.1, loopback only]."),
+    ] = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the key-value data server until SIGINT/SIGTERM."""
+    from dcpkv.core import logs
     from dcpkv.server.app import run
     from dcpkv.server.config import ConfigError, load_config, with_cli_flags
 
     try:
+        logs.check(log_level, log_format)
         settings = with_cli_flags(
             load_config(config),
             host=host,
@@ -134,6 +170,9 @@ def server(
             memory_quota_mb=memory_quota_mb,
             compression_mode=compression_mode,
             storage=storage,
+            durability_min_level=durability_min_level,
+            durability_timeout_ms=durability_timeout_ms,
+            conflict_resolution=conflict_resolution,
             user=user,
             password=password,
             flush_interval_s=flush_interval,
@@ -144,16 +183,24 @@ def server(
             tls_ca=tls_ca,
             max_connections=max_connections,
             unauth_idle_timeout_s=unauth_timeout,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
-    except ConfigError as exc:
+    except (ConfigError, logs.ConfigError) as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
+    from dcpkv.cli.admin import migrate_buckets
     from dcpkv.core.tls import TlsError
+    from dcpkv.engine.bucket import ConflictModeMismatch
     from dcpkv.engine.storage import StorageError
 
     try:
-        run(settings, port_file)
-    except (OSError, StorageError, TlsError) as exc:
+        # Buckets the SQLite engine wrote are converted here, under a progress bar (the
+        # server would convert them too, logging its progress).
+        rocks = [b.name for b in settings.buckets if b.storage == "rocksdb"]
+        migrate_buckets(Path(settings.data_dir), rocks)
+        run(settings, port_file, log_level=log_level, log_format=log_format)
+    except (OSError, StorageError, TlsError, ConflictModeMismatch) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
         raise typer.Exit(1) from None
 
@@ -360,7 +407,13 @@ from dcpkv.cli.cluster import register as _register_cluster  # noqa: E402
 
 _register_cluster(app)
 
+from dcpkv.cli.admin import register as _register_admin  # noqa: E402
 from dcpkv.cli.users import user_app  # noqa: E402
+from dcpkv.cli.xdcr import xdcr_app  # noqa: E402
+
+app.add_typer(xdcr_app, name="xdcr")
+
+_register_admin(app)
 
 app.add_typer(user_app, name="user")
 

@@ -1,6 +1,7 @@
 """The options several commands share, declared once: where the node is and who connects
 (``--host``, ``--port``, ``--bucket``, ``--user``, ``--password``, ``--tls``, ``--tls-ca``),
-and the Spark master of the commands that run a Spark job.
+the Spark master of the commands that run a Spark job, and ``--durability`` of the commands
+that write.
 
 A command declares ``host: Host = DEFAULT_HOST`` and so on, and turns them into the client's
 settings with :func:`connection_settings`; the client library is imported only then, so that
@@ -34,6 +35,14 @@ TlsCa = Annotated[
     Path | None,
     typer.Option(help="With --tls: the CA certificate to trust [default: the system's]."),
 ]
+DurabilityLevel = Annotated[
+    str,
+    typer.Option(
+        help="Every write a SyncWrite committed at this level before it counts: none, "
+        "majority, majorityAndPersistActive or persistToMajority (the bucket's vbuckets need "
+        "a replication topology: a cluster's manager sets them)."
+    ),
+]
 Master = Annotated[
     str | None, typer.Option(help="Spark master [default: $DCPKV_SPARK_MASTER or local[*]].")
 ]
@@ -47,6 +56,17 @@ def tls_options(tls: bool, ca: Path | None) -> TlsOptions | None:
     return TlsOptions(ca=str(ca) if ca is not None else None)
 
 
+def durability_level(text: str) -> str:
+    """``text`` checked as a level name (BadParameter otherwise), as given."""
+    from dcpkv.client.durability import parse_durability
+
+    try:
+        parse_durability(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--durability") from None
+    return text
+
+
 def connection_settings(
     host: str, port: int, bucket: str, user: str, password: str, tls: bool, tls_ca: Path | None
 ) -> ConnectionSettings:
@@ -56,3 +76,12 @@ def connection_settings(
     return ConnectionSettings.at(
         host, port, bucket=bucket, user=user, password=password, tls=tls_options(tls, tls_ca)
     )
+
+
+LogLevel = Annotated[
+    str, typer.Option(help="Log lines at this level and above: debug, info, warning or error.")
+]
+LogFormat = Annotated[
+    str,
+    typer.Option(help="Log lines as text, or json (one object a line, events with their fields)."),
+]

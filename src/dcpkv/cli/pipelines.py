@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,6 +43,14 @@ pipeline_app = typer.Typer(help="Spark pipelines over the change stream.", no_ar
 view_app = typer.Typer(help="Incremental map/reduce views.", no_args_is_help=True)
 
 Once = Annotated[bool, typer.Option("--once", help="Stop once caught up (AvailableNow).")]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        help="Serve the job's Prometheus metrics (batches, rows, lag, rollback rows) on this "
+        "port (0 picks a free one) [default: not served]."
+    ),
+]
+MetricsHost = Annotated[str, typer.Option(help="The metrics port's address.")]
 ViewsDir = Annotated[Path, typer.Option(help="Where views live.")]
 
 
@@ -84,6 +93,23 @@ def _print_batch(stats: Any) -> None:
     typer.echo(json.dumps(stats.__dict__))
 
 
+def _on_batch(pipeline: str, port: int | None, host: str) -> Callable[[Any], None]:
+    """Each batch printed, and added to the metrics when a port is given."""
+    if port is None:
+        return _print_batch
+    from dcpkv.pipelines.metrics import PipelineMetrics
+
+    metrics = PipelineMetrics(pipeline)
+    bound = metrics.serve(host, port)
+    typer.echo(f"metrics on http://{host}:{bound}/metrics", err=True)
+
+    def both(stats: Any) -> None:
+        _print_batch(stats)
+        metrics.on_batch(stats)
+
+    return both
+
+
 @pipeline_app.command("mirror")
 def mirror(
     to: Annotated[Path, typer.Option(help="The mirror's folder.")],
@@ -98,6 +124,8 @@ def mirror(
     vbuckets: Annotated[str | None, typer.Option(help="vbuckets, e.g. 0-7.")] = None,
     max_changes: Annotated[int | None, typer.Option(help="Changes per batch at most.")] = None,
     master: Master = None,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
     """Keep a Parquet table of the bucket's current documents (read it with read_mirror)."""
     from dcpkv.pipelines.mirror import start_mirror
@@ -106,8 +134,9 @@ def mirror(
     source = SourceSettings(
         connection_settings(host, port, bucket, user, password, tls, tls_ca), vbuckets, max_changes
     )
+    on_batch = _on_batch("mirror", metrics_port, metrics_host)
     spark = local_spark(master)
-    _run(start_mirror(spark, source, to, available_now=once, on_batch=_print_batch), spark)
+    _run(start_mirror(spark, source, to, available_now=once, on_batch=on_batch), spark)
 
 
 @view_app.command("create")
@@ -141,6 +170,8 @@ def run(
     tls: Tls = False,
     tls_ca: TlsCa = None,
     master: Master = None,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
     """Keep a view up to date from the server (or a mirror)."""
     from dcpkv.pipelines.source_node import SourceSettings
@@ -149,8 +180,9 @@ def run(
     source = mirror or SourceSettings(
         connection_settings(host, port, bucket, user, password, tls, tls_ca)
     )
+    on_batch = _on_batch(f"view:{name}", metrics_port, metrics_host)
     spark = local_spark(master)
-    query = start_view(spark, views_dir, name, source, available_now=once, on_batch=_print_batch)
+    query = start_view(spark, views_dir, name, source, available_now=once, on_batch=on_batch)
     _run(query, spark)
 
 

@@ -16,14 +16,20 @@ Everything a user needs is importable from here::
   atomically to a file and resumed from on the next run.
 * ``MutationLog``: spec 002's ring buffer of recent keys; after a rollback the consumer
   re-fetches and hands over the current version of every key it must undo.
-* ``ClusterKV``: the asyncio KV client of a cluster, routed by the cluster map, with durable
-  writes (``persist_to``, ``replicate_to``) returning a ``MutationToken``; ``Document``, a
-  Get's answer.
+* ``ClusterKV``: the asyncio KV client of a cluster, routed by the cluster map: upsert, insert,
+  replace, remove, append, prepend, incr, decr and sub-document ``mutate_in``, each returning
+  a ``MutationToken``, with ``durability=`` (a ``Durability`` level or a ``ServerDurability``
+  with a timeout: the server commits the write at that level before answering, a SyncWrite)
+  or, for upsert, client durability (``persist_to``, ``replicate_to``: ObserveSeqno
+  polling); ``Document``, a Get's answer.
 * ``BlockingKV``: the blocking KV client of one node (pipelined windows); ``KVWriter`` and
   ``WriteOp``: routed, retried bulk writes over it.
 * The errors a caller catches, all of them ``DcpkvError``: ``ClientError`` (``AuthError``,
   ``StreamFailedError``, ``NoRouteError``), ``RequestFailed``, ``KVWriteError``,
-  ``DurabilityError`` (``...ImpossibleError``, ``...LostError``, ``...TimeoutError``),
+  ``DurabilityError`` (``...ImpossibleError``, ``...LostError``, ``...TimeoutError``, and
+  ``SyncWriteError``, the server's SyncWrite refusals: ``DurabilityInvalidLevelError``,
+  ``SyncWriteImpossibleError``, ``SyncWriteInProgressError``, ``SyncWriteAmbiguousError``,
+  ``SyncWriteReCommitInProgressError``, each with its ``retry`` hint),
   ``OffsetsFileError``, ``NodeAddressError``.
 
 The names are imported on first use, not with the package: the commands and Spark's Python
@@ -48,6 +54,16 @@ if TYPE_CHECKING:
     from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import AuthError, ClientError
     from dcpkv.client.consumer import Consumer, StreamFailedError
+    from dcpkv.client.durability import (
+        Durability,
+        DurabilityInvalidLevelError,
+        ServerDurability,
+        SyncWriteAmbiguousError,
+        SyncWriteError,
+        SyncWriteImpossibleError,
+        SyncWriteInProgressError,
+        SyncWriteReCommitInProgressError,
+    )
     from dcpkv.client.events import (
         Deletion,
         Event,
@@ -106,6 +122,16 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "DurabilityTimeoutError",
         "MutationToken",
     ),
+    "dcpkv.client.durability": (
+        "Durability",
+        "DurabilityInvalidLevelError",
+        "ServerDurability",
+        "SyncWriteAmbiguousError",
+        "SyncWriteError",
+        "SyncWriteImpossibleError",
+        "SyncWriteInProgressError",
+        "SyncWriteReCommitInProgressError",
+    ),
     "dcpkv.client.blocking": ("BlockingKV", "RequestFailed"),
     "dcpkv.client.writer": ("KVWriteError", "KVWriter", "WriteOp"),
     "dcpkv.client.connection": ("AuthError", "ClientError"),
@@ -124,8 +150,10 @@ __all__ = [
     "DcpkvError",
     "Deletion",
     "Document",
+    "Durability",
     "DurabilityError",
     "DurabilityImpossibleError",
+    "DurabilityInvalidLevelError",
     "DurabilityLostError",
     "DurabilityTimeoutError",
     "Event",
@@ -142,12 +170,18 @@ __all__ = [
     "RequestFailed",
     "Rollback",
     "SeqnoAdvanced",
+    "ServerDurability",
     "SnapshotStart",
     "StreamEnd",
     "StreamFailedError",
     "StreamRefused",
     "StreamStart",
     "SyncConsumer",
+    "SyncWriteAmbiguousError",
+    "SyncWriteError",
+    "SyncWriteImpossibleError",
+    "SyncWriteInProgressError",
+    "SyncWriteReCommitInProgressError",
     "TlsOptions",
     "VbucketOffset",
     "WriteOp",

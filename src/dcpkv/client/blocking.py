@@ -51,6 +51,7 @@ class KVRequest:
     extras: bytes = b""
     vbucket: int = 0
     cas: int = 0
+    framing: bytes = b""  # framing-extras items (a durability requirement): a flex frame
 
 
 class BlockingKV:
@@ -130,7 +131,7 @@ class BlockingKV:
         self._opaque = (self._opaque + 1) & 0xFFFFFFFF
         return encode_frame(
             Magic.ClientRequest, req.opcode, key=req.key, value=req.value, extras=req.extras,
-            vbucket=req.vbucket, cas=req.cas, opaque=self._opaque,
+            vbucket=req.vbucket, cas=req.cas, opaque=self._opaque, framing_extras=req.framing,
         )  # fmt: skip
 
     def frames(self) -> Iterator[Frame]:
@@ -205,6 +206,13 @@ class BlockingKV:
             _check(first)
         final = self.call(Opcode.SaslStep, key=mech, value=scram.final(bytes(first.value)))
         scram.verify(bytes(final.value))
+
+    def hello(self, *features: int, agent: str = "dcpkv-blocking") -> set[int]:
+        """HELLO with ``features``; those the server acknowledged."""
+        value = b"".join(f.to_bytes(2, "big") for f in features)
+        answer = self.call(Opcode.Hello, key=agent.encode(), value=value)
+        body = bytes(answer.value)
+        return {int.from_bytes(body[i : i + 2], "big") for i in range(0, len(body), 2)}
 
     def stats(self, group: str = "") -> list[tuple[str, str]]:
         opaque = self.send(Opcode.Stat, key=group.encode())

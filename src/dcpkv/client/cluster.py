@@ -24,11 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+import struct
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import AuthError, ClientError
+from dcpkv.client.durability import (
+    DurabilityOption,
+    SyncWriteAmbiguousError,
+    framing,
+    server_durability,
+    sync_write_error,
+)
 from dcpkv.client.kv import Document, KVSession
 from dcpkv.client.router import RetrySchedule, Router
 from dcpkv.client.settings import Node
@@ -45,14 +53,22 @@ from dcpkv.core.durability import (
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.status import Status, status_name
 from dcpkv.core.vbucket import vbucket_for_key
-from dcpkv.protocol import kv
-from dcpkv.protocol.base import Message, Request
-from dcpkv.protocol.constants import HelloFeature
+from dcpkv.protocol import kv, subdoc
+from dcpkv.protocol.base import Message, Request, opcode_name
+from dcpkv.protocol.constants import HelloFeature, Opcode
 from dcpkv.protocol.errors import CodecError
+from dcpkv.protocol.subdoc import Spec
 
 log = logging.getLogger("dcpkv.client")
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Request)
+HELLO_FEATURES = (
+    HelloFeature.MutationSeqno,
+    HelloFeature.AltRequestSupport,
+    HelloFeature.SyncReplication,
+)
+_SEQNO_EXTRAS = struct.Struct(">QQ")  # a sub-document mutation's (vbucket uuid, seqno)
 # A node we cannot talk to right now: refresh the map and try again (it may have moved).
 NODE_ERRORS = (ConnectionError, OSError, TimeoutError, CodecError)
 
@@ -144,11 +160,9 @@ class ClusterKV:
             await old.close()
         session = await KVSession.open(self.config, node.host, node.port)
         try:
-            # Writes answer with their (vbucket uuid, seqno): the token durability needs.
-            # SyncReplication is never asked for: the server does not implement it.
-            await session.conn.call(
-                kv.Hello(agent="dcpkv-client", features=(HelloFeature.MutationSeqno,))
-            )
+            # Writes answer with their (vbucket uuid, seqno): the token durability needs;
+            # flex frames carry durability requirements (SyncWrites).
+            await session.conn.call(kv.Hello(agent="dcpkv-client", features=HELLO_FEATURES))
         except BaseException:
             await session.close()
             raise
@@ -214,10 +228,14 @@ class ClusterKV:
         attempt: Callable[[KVSession], Awaitable[T | None]],
         *,
         what: str = "request",
+        timeout: float | None = None,
     ) -> T:
         """Run ``attempt`` on the session of the vbucket's active node until it returns
-        something other than None (None: "not here, route again")."""
-        return await self.retrying(lambda: self.router.active(vbucket), attempt, what=what)
+        something other than None (None: "not here, route again"); each attempt may take
+        ``timeout`` (default: the config's request_timeout)."""
+        return await self.retrying(
+            lambda: self.router.active(vbucket), attempt, what=what, timeout=timeout
+        )
 
     async def retrying(
         self,
@@ -225,8 +243,10 @@ class ClusterKV:
         attempt: Callable[[KVSession], Awaitable[T | None]],
         *,
         what: str = "request",
+        timeout: float | None = None,
     ) -> T:
         """The retry loop under :meth:`on_active`, for any routing rule."""
+        timeout = self.config.request_timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         schedule = RetrySchedule(loop.time(), self.config.retry_timeout, self.config.max_backoff)
         last = "no attempt"
@@ -237,7 +257,7 @@ class ClusterKV:
             else:
                 try:
                     session = await within(self.session(node), self.config.connect_timeout)
-                    result = await within(attempt(session), self.config.request_timeout)
+                    result = await within(attempt(session), timeout)
                 except AuthError:
                     raise
                 except NODE_ERRORS as exc:
@@ -363,24 +383,151 @@ class ClusterKV:
         persist_to: int = 0,
         replicate_to: int = 0,
         timeout: float = 10.0,
+        durability: DurabilityOption = None,
     ) -> MutationToken:
-        """Set ``key`` on its active; returns once the durability requirement holds
-        (:meth:`wait_durable`; with none, once the active acknowledged)."""
+        """Set ``key`` on its active; returns once the durability requirement holds: with
+        ``durability`` (a :class:`~dcpkv.client.durability.ServerDurability` or level) once
+        the server committed it at that level (a SyncWrite); with ``persist_to`` /
+        ``replicate_to`` once polling saw it there (:meth:`wait_durable`); with neither, once
+        the active acknowledged it."""
         vb = self.vbucket_of(key)
         # refused before writing: a requirement the bucket cannot meet must not write at all
         check_possible(persist_to, replicate_to, len(self.router.replicas(vb)))
         msg = kv.Set(key=key, value=value, flags=flags, expiration=expiry, vbucket=vb)
-        answer = await self.call(vb, msg)
-        if not isinstance(answer, kv.MutationResponse) or answer.seqno is None:
-            status = getattr(answer, "status", None)
-            raise ClientError(f"Set: {status_name(status or 0)}", status)
-        assert answer.vbucket_uuid is not None
-        token = MutationToken(vb, answer.vbucket_uuid, answer.seqno)
+        token = _token(vb, await self.mutate(msg, durability))
         if persist_to or replicate_to:
             await self.wait_durable(
                 token, persist_to=persist_to, replicate_to=replicate_to, timeout=timeout
             )
         return token
+
+    async def insert(
+        self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
+        durability: DurabilityOption = None,
+    ) -> MutationToken:  # fmt: skip
+        """Add ``key`` (KeyExists when it exists)."""
+        msg = self._routed(kv.Add(key=key, value=value, flags=flags, expiration=expiry))
+        return _token(msg.vbucket, await self.mutate(msg, durability))
+
+    async def replace(
+        self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, cas: int = 0,
+        durability: DurabilityOption = None,
+    ) -> MutationToken:  # fmt: skip
+        """Replace ``key`` (KeyEnoent when it does not exist; KeyExists on a CAS mismatch)."""
+        msg = self._routed(
+            kv.Replace(key=key, value=value, flags=flags, expiration=expiry, cas=cas)
+        )
+        return _token(msg.vbucket, await self.mutate(msg, durability))
+
+    async def remove(
+        self, key: bytes, *, cas: int = 0, durability: DurabilityOption = None
+    ) -> MutationToken:
+        """Delete ``key`` (KeyEnoent when it does not exist)."""
+        msg = self._routed(kv.Delete(key=key, cas=cas))
+        return _token(msg.vbucket, await self.mutate(msg, durability))
+
+    async def append(
+        self, key: bytes, value: bytes, *, durability: DurabilityOption = None
+    ) -> MutationToken:
+        """Append ``value`` to ``key``'s value (NotStored when it does not exist)."""
+        msg = self._routed(kv.Append(key=key, value=value))
+        return _token(msg.vbucket, await self.mutate(msg, durability, idempotent=False))
+
+    async def prepend(
+        self, key: bytes, value: bytes, *, durability: DurabilityOption = None
+    ) -> MutationToken:
+        """Prepend ``value`` to ``key``'s value (NotStored when it does not exist)."""
+        msg = self._routed(kv.Prepend(key=key, value=value))
+        return _token(msg.vbucket, await self.mutate(msg, durability, idempotent=False))
+
+    async def incr(
+        self, key: bytes, delta: int = 1, *, initial: int = 0, expiry: int = 0,
+        durability: DurabilityOption = None,
+    ) -> tuple[int, MutationToken]:  # fmt: skip
+        """Add ``delta`` to the counter at ``key`` (created at ``initial``); the new value."""
+        msg = kv.Increment(key=key, delta=delta, initial=initial, expiration=expiry)
+        return await self._counter(self._routed(msg), durability)
+
+    async def decr(
+        self, key: bytes, delta: int = 1, *, initial: int = 0, expiry: int = 0,
+        durability: DurabilityOption = None,
+    ) -> tuple[int, MutationToken]:  # fmt: skip
+        """Subtract ``delta`` from the counter at ``key`` (never below 0); the new value."""
+        msg = kv.Decrement(key=key, delta=delta, initial=initial, expiration=expiry)
+        return await self._counter(self._routed(msg), durability)
+
+    async def mutate_in(
+        self, key: bytes, specs: Sequence[Spec], *, expiry: int = 0, doc_flags: int = 0,
+        cas: int = 0, durability: DurabilityOption = None,
+    ) -> MutationToken:  # fmt: skip
+        """Sub-document mutations of ``key`` (:class:`~dcpkv.protocol.subdoc.Spec`s of the
+        mutation opcodes), applied together (SubdocMultiMutation; one spec: its own opcode)."""
+        if len(specs) == 1 and specs[0].opcode in subdoc.SINGLE_OPS:
+            opcode = specs[0].opcode
+        else:
+            opcode = Opcode.SubdocMultiMutation
+        msg = subdoc.SubdocRequest(
+            opcode=opcode, key=key, specs=tuple(specs), expiry=expiry, doc_flags=doc_flags,
+            cas=cas,
+        )  # fmt: skip
+        answer = await self.mutate(self._routed(msg), durability, idempotent=False)
+        extras = bytes(getattr(answer, "extras", b""))
+        if len(extras) != _SEQNO_EXTRAS.size:
+            raise ClientError(f"{opcode_name(opcode)}: no mutation token in the answer")
+        uuid, seqno = _SEQNO_EXTRAS.unpack(extras)
+        return MutationToken(msg.vbucket, uuid, seqno)
+
+    async def _counter(
+        self, msg: kv.Increment, durability: DurabilityOption
+    ) -> tuple[int, MutationToken]:
+        answer = await self.mutate(msg, durability, idempotent=False)
+        if not isinstance(answer, kv.IncrementResponse):
+            raise ClientError(f"{type(msg).__name__}: unexpected answer {answer!r}")
+        return answer.counter, _token(msg.vbucket, answer)
+
+    def _routed(self, msg: R) -> R:
+        msg.vbucket = self.vbucket_of(bytes(msg.key))  # type: ignore[attr-defined]
+        return msg
+
+    async def mutate(
+        self, msg: Request, durability: DurabilityOption = None, *, idempotent: bool = True
+    ) -> Message:
+        """``msg`` (a mutation of ``msg.vbucket``) sent to its active with ``durability``; the
+        successful answer, else its error (:func:`~dcpkv.client.durability.sync_write_error`
+        for the SyncWrite statuses, ClientError for the rest). A write that is not
+        ``idempotent`` (Append, Incr...) is never sent again once a node took it without
+        answering: that raises SyncWriteAmbiguousError (read the key to learn the outcome)."""
+        what = type(msg).__name__ if not isinstance(msg, subdoc.SubdocRequest) else "Subdoc"
+        required = server_durability(durability)
+        frame_extras = framing(required)
+        # a SyncWrite's answer comes when it commits: allow its timeout on top
+        wait = self.config.request_timeout + (0 if required is None else required.wait_s)
+        in_flight = False
+
+        async def attempt(session: KVSession) -> Message | None:
+            nonlocal in_flight
+            if in_flight and not idempotent:
+                raise SyncWriteAmbiguousError(
+                    f"{what}: the connection broke before the answer", Status.SyncWriteAmbiguous
+                )
+            in_flight = True
+            answer = await session.conn.call(msg, frame_extras)
+            in_flight = False
+            if getattr(answer, "status", Status.Success) != Status.NotMyVbucket:
+                return answer
+            self.counters["not_my_vbucket"] += 1
+            self.router.offer(bytes(getattr(answer, "value", b"") or b""))
+            return None
+
+        answer = await self.on_active(msg.vbucket, attempt, what=what, timeout=wait)
+        status = getattr(answer, "status", Status.Success)
+        if status in (Status.Success, Status.SubdocSuccessDeleted):
+            return answer
+        error = sync_write_error(status, what)
+        if error is not None:
+            raise error
+        message = bytes(getattr(answer, "value", b"") or b"").decode("utf-8", "replace")[:200]
+        raise ClientError(f"{what}: {status_name(status)} {message}".rstrip(), status)
 
     async def observe(
         self, node: Node, token: MutationToken, *, active: bool, timeout: float | None = None
@@ -484,6 +631,14 @@ class ClusterKV:
 
     def _node_of(self, session: KVSession) -> Node:
         return next(n for n, s in self._sessions.items() if s is session)
+
+
+def _token(vbucket: int, answer: Message) -> MutationToken:
+    """The token of a write's answer (MutationSeqno was negotiated: it carries one)."""
+    uuid, seqno = getattr(answer, "vbucket_uuid", None), getattr(answer, "seqno", None)
+    if uuid is None or seqno is None:
+        raise ClientError(f"{type(answer).__name__}: no mutation token in the answer")
+    return MutationToken(vbucket, uuid, seqno)
 
 
 async def _boxed(result: Awaitable[T]) -> tuple[T]:

@@ -25,6 +25,11 @@ class ClientConfig:
     (``force_value_compression``): fewer bytes on the wire for more CPU on both sides. Events
     carry inflated values either way (the connection always negotiates Snappy, so values the
     bucket keeps compressed arrive as they are stored and are inflated here).
+    ``include_prepares=True`` enables SyncWrites on the DCP connection: durable writes arrive
+    as :class:`~dcpkv.client.events.Prepare`, then :class:`~dcpkv.client.events.Commit` or
+    :class:`~dcpkv.client.events.Abort` events (a prepare is not visible to readers until its
+    commit; a disk snapshot brings a committed one as a plain Mutation). Off by default:
+    committed changes only, a commit as the Mutation or Deletion it made.
     """
 
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
@@ -37,3 +42,4 @@ class ClientConfig:
     request_timeout: float = 2.5
     include_values: bool = True
     compression: bool = False
+    include_prepares: bool = False

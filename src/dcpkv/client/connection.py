@@ -43,7 +43,7 @@ from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Opcode
 from dcpkv.protocol.fast_dcp import MutationFields, fields_run
 from dcpkv.protocol.fast_stat import StatRun, stat_run
-from dcpkv.protocol.frame import Frame, FrameParser
+from dcpkv.protocol.frame import Frame, FrameParser, with_framing
 from dcpkv.protocol.messages import decode_message
 
 READ_CHUNK = 1 << 20
@@ -136,21 +136,44 @@ class Connection:
 
     # -- writing --------------------------------------------------------------------------
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: Message, framing: bytes = b"") -> None:
+        """Send ``msg``; with ``framing`` (framing-extras items: a durability requirement) as
+        a flex request frame."""
         if self._error is not None:
             raise ConnectionError(f"connection lost: {self._error}")
-        self._writer.write(msg.encode())
+        data = msg.encode()
+        self._writer.write(with_framing(data, framing) if framing else data)
 
-    async def call(self, msg: Request) -> Message:
-        """Send ``msg`` with a fresh opaque and wait for its answer (any status)."""
+    async def call(self, msg: Request, framing: bytes = b"") -> Message:
+        """Send ``msg`` (with ``framing``: :meth:`send`) with a fresh opaque and wait for its
+        answer (any status)."""
         msg.opaque = self.next_opaque()
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiting[msg.opaque] = future
         try:
-            self.send(msg)
+            self.send(msg, framing)
             return await future
         finally:
             self._waiting.pop(msg.opaque, None)
+
+    async def call_many(self, msgs: list[Request]) -> list[Message]:
+        """Send every message of ``msgs`` in one write (fresh opaques) and wait for all their
+        answers (any status), in order: a pipelined batch costs one syscall, not one each."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Message]] = []
+        for msg in msgs:
+            msg.opaque = self.next_opaque()
+            future: asyncio.Future[Message] = loop.create_future()
+            self._waiting[msg.opaque] = future
+            futures.append(future)
+        try:
+            if self._error is not None:
+                raise ConnectionError(f"connection lost: {self._error}")
+            self._writer.write(b"".join([msg.encode() for msg in msgs]))
+            return list(await asyncio.gather(*futures))
+        finally:
+            for msg in msgs:
+                self._waiting.pop(msg.opaque, None)
 
     async def call_ok(self, msg: Request) -> Message:
         answer = await self.call(msg)

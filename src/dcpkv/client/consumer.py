@@ -416,6 +416,8 @@ class Consumer:
         await conn.call(dcp.DcpControl(key="enable_expiry_opcode", value="true"))
         if cfg.compression:
             await conn.call_ok(dcp.DcpControl(key="force_value_compression", value="true"))
+        if cfg.include_prepares:
+            await conn.call_ok(dcp.DcpControl(key="enable_sync_writes", value="true"))
         await conn.call_ok(dcp.DcpControl(key="enable_noop", value="true"))
         await conn.call_ok(dcp.DcpControl(key="set_noop_interval", value=f"{cfg.noop_interval:g}"))
         conn.liveness = Liveness(cfg.noop_interval, asyncio.get_running_loop().time())

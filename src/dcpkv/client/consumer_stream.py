@@ -136,6 +136,7 @@ _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
 _SNAPPY = snappy.SNAPPY
 _INFLATE_LIMIT = 1 << 31  # a producer's value; the server checked sizes at the door
 _ADVANCES = (dcp.SeqnoAdvanced, dcp.SystemEvent)
+_SYNC_WRITES = (dcp.Prepare, dcp.Commit, dcp.Abort)  # ClientConfig.include_prepares only
 # The item types exactly (no subclass exists): a set lookup instead of the isinstance chain.
 _CHANGES = frozenset(_ITEMS)
 _STREAMING = ConsumerState.STREAMING
@@ -248,6 +249,8 @@ class ConsumerStream:
             return self._marker(message)
         if isinstance(message, _ITEMS):
             return self._item(message)
+        if isinstance(message, _SYNC_WRITES):
+            return self._sync_write(message)
         if isinstance(message, _ADVANCES):
             self._move(ConsumerEvent.ITEM)
             offset = self.progress.deliver(message.by_seqno)
@@ -332,6 +335,28 @@ class ConsumerStream:
             return events.Expiration(vb, key, m.by_seqno, m.rev_seqno, m.cas, offset, m.delete_time)
         delete_time = m.delete_time if isinstance(m, dcp.DeletionV2) else 0
         return events.Deletion(vb, key, m.by_seqno, m.rev_seqno, m.cas, offset, delete_time)
+
+    def _sync_write(
+        self, m: dcp.Prepare | dcp.Commit | dcp.Abort
+    ) -> events.Prepare | events.Commit | events.Abort:
+        """A prepare, commit or abort (the connection enabled SyncWrites)."""
+        if self.state is not _STREAMING:
+            self._move(ConsumerEvent.ITEM)
+        vb, key = self.vbucket, bytes(m.key)
+        if isinstance(m, dcp.Commit):
+            offset = self.progress.deliver(m.commit_seqno)
+            return events.Commit(vb, key, m.prepared_seqno, m.commit_seqno, m.cas, offset)
+        if isinstance(m, dcp.Abort):
+            offset = self.progress.deliver(m.abort_seqno)
+            return events.Abort(vb, key, m.prepared_seqno, m.abort_seqno, offset)
+        offset = self.progress.deliver(m.by_seqno)
+        value, datatype = bytes(m.value), m.datatype
+        if datatype & _SNAPPY:
+            value, datatype = snappy.inflate(value, _INFLATE_LIMIT), datatype & ~_SNAPPY
+        return events.Prepare(
+            vb, key, value, m.by_seqno, m.rev_seqno, m.flags, m.expiration, m.cas, datatype,
+            bool(m.deleted), m.durability_level, offset,
+        )  # fmt: skip
 
     def _end(self, reason: int) -> events.StreamEnd:
         if reason in END_DONE_REASONS:

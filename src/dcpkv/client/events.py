@@ -93,6 +93,55 @@ class Expiration:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class Prepare:
+    """A durable write's *prepare* (``ClientConfig.include_prepares`` only): the version it
+    will make (``deleted``: a durable delete) at durability ``level`` (1 Majority,
+    2 MajorityAndPersistToActive, 3 PersistToMajority), not visible to readers; a
+    :class:`Commit` or :class:`Abort` of its seqno follows."""
+
+    vbucket: int
+    key: bytes
+    value: bytes
+    seqno: int
+    rev_seqno: int
+    flags: int
+    expiration: int
+    cas: int
+    datatype: int
+    deleted: bool
+    level: int
+    offset: VbucketOffset
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The prepare at ``prepared_seqno`` became the document's committed version at ``seqno``
+    (``ClientConfig.include_prepares`` only; otherwise it arrives as a Mutation or Deletion)."""
+
+    vbucket: int
+    key: bytes
+    prepared_seqno: int
+    seqno: int
+    cas: int
+    offset: VbucketOffset
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """The prepare at ``prepared_seqno`` was dropped at ``seqno``: it never became visible
+    (``ClientConfig.include_prepares`` only)."""
+
+    vbucket: int
+    key: bytes
+    prepared_seqno: int
+    seqno: int
+    offset: VbucketOffset
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class SeqnoAdvanced:
     """The stream moved to ``seqno`` without a change for the application (a SeqnoAdvanced
     message, or a system event this library does not interpret)."""
@@ -155,4 +204,7 @@ Event = (
     | SeqnoAdvanced
     | Rollback
     | StreamEnd
+    | Prepare
+    | Commit
+    | Abort
 )

@@ -40,7 +40,7 @@ FIRST_BACKOFF = 0.05  # seconds before the second session; doubles per failed on
 REFUSAL_RETRY_UNIT = 0.1  # seconds; times 2^n after the n-th retryable refusal in a row
 STREAM_MESSAGES = (
     dcp.SnapshotMarker, dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration,
-    dcp.SeqnoAdvanced, dcp.SystemEvent, dcp.StreamEnd,
+    dcp.SeqnoAdvanced, dcp.SystemEvent, dcp.StreamEnd, dcp.Prepare, dcp.Commit, dcp.Abort,
 )  # fmt: skip
 _STREAM_TYPES = frozenset(STREAM_MESSAGES)  # exact types; marker versions take the isinstance
 DONE = frozenset({ConsumerState.ENDED, ConsumerState.FAILED})

@@ -12,10 +12,19 @@ operations on one key in one window could then land in the wrong order.
 
 Answers: Success is done; a Delete of a missing key (KeyEnoent) is done too (the goal, no
 document, is reached). A status the error map calls retryable (:func:`dcpkv.core.status.
-retryable`: a vbucket moving, a flusher catching up) is sent again after a capped exponential
-backoff, up to ``max_attempts`` rounds. A lost connection (a server restart) reconnects and
-resends what had no answer (Set and Delete are idempotent). Anything else is a
-:class:`KVWriteError` naming the key and the status.
+retryable`: a vbucket moving, a flusher catching up, a key with a pending SyncWrite) is sent
+again after a capped exponential backoff, up to ``max_attempts`` rounds.
+
+With ``durability`` (:mod:`dcpkv.client.durability`) every write carries that requirement
+(the server answers once the write is committed at that level); the sessions say HELLO with
+AltRequestSupport and SyncReplication. SyncWriteAmbiguous is sent again too: Set and Delete
+are idempotent, and the operation is the window's last word on its key, so sending it again
+reaches the same state. DurabilityInvalidLevel and DurabilityImpossible raise their
+:class:`~dcpkv.client.durability.SyncWriteError` at once.
+
+A lost connection (a server restart) reconnects and resends what had no answer (Set and
+Delete are idempotent). Anything else is a :class:`KVWriteError` naming the key and the
+status.
 
 On a cluster a window is split by node: the writer keeps the cluster map
 (:class:`~dcpkv.client.router.Router`, bootstrapped with GetClusterConfig from the first seed
@@ -32,12 +41,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dcpkv.client.blocking import BlockingKV, KVRequest, RequestFailed
+from dcpkv.client.durability import DurabilityOption, framing, server_durability, sync_write_error
 from dcpkv.client.router import Router
 from dcpkv.client.settings import ConnectionSettings, Node
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, retryable, status_name
 from dcpkv.core.vbucket import vbucket_for_key
-from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol.constants import HelloFeature, Opcode
 from dcpkv.protocol.frame import Frame
 
 DEFAULT_WINDOW = 1024
@@ -82,12 +92,17 @@ class KVWriter:
         window: int = DEFAULT_WINDOW,
         max_attempts: int = 30,
         timeout: float = DEFAULT_TIMEOUT,
+        durability: DurabilityOption = None,
     ) -> None:
         self.settings = settings
         self.num_vbuckets = num_vbuckets
         self.window = window
         self.max_attempts = max_attempts
-        self.timeout = timeout
+        required = server_durability(durability)
+        self.durable = required is not None
+        self._framing = framing(required)
+        # a durable write's answer comes once it commits: its timeout on top
+        self.timeout = timeout + (0 if required is None else required.wait_s)
         self.written = 0
         self.router = Router(settings.nodes, tls=settings.tls is not None)
         self.sessions: dict[Node, BlockingKV] = {}
@@ -161,20 +176,27 @@ class KVWriter:
         for op, frame in zip(ops, answers, strict=True):
             if frame.status == Status.Success or (op.delete and frame.status == Status.KeyEnoent):
                 self.written += 1
-            elif retryable(frame.status):
+            elif retryable(frame.status) or frame.status == Status.SyncWriteAmbiguous:
                 if frame.status == Status.NotMyVbucket:
                     self.router.offer(bytes(frame.value))
                 retry.append(op)
             else:
-                raise KVWriteError(f"write of key {op.key!r} refused: {status_name(frame.status)}")
+                what = f"write of key {op.key!r}"
+                error = sync_write_error(frame.status, what)
+                if error is not None:
+                    raise error
+                raise KVWriteError(f"{what} refused: {status_name(frame.status)}")
         return retry
 
     def _request(self, op: WriteOp) -> KVRequest:
         vb = vbucket_for_key(op.key, self.num_vbuckets)
         if op.delete:
-            return KVRequest(Opcode.Delete, key=op.key, vbucket=vb)
+            return KVRequest(Opcode.Delete, key=op.key, vbucket=vb, framing=self._framing)
         extras = _SET_EXTRAS.pack(op.flags, op.expiry)
-        return KVRequest(Opcode.Set, key=op.key, value=op.value, extras=extras, vbucket=vb)
+        return KVRequest(
+            Opcode.Set, key=op.key, value=op.value, extras=extras, vbucket=vb,
+            framing=self._framing,
+        )  # fmt: skip
 
     # -- connection -------------------------------------------------------------------------
 
@@ -184,9 +206,16 @@ class KVWriter:
             one = ConnectionSettings((node,), self.settings.bucket, self.settings.user,
                                      self.settings.password, self.settings.tls)  # fmt: skip
             try:
-                session = self.sessions[node] = BlockingKV.connect(one, self.timeout)
+                session = BlockingKV.connect(one, self.timeout)
             except RequestFailed as exc:
                 raise KVWriteError(f"login refused: {exc}") from None
+            if self.durable:
+                try:
+                    session.hello(HelloFeature.AltRequestSupport, HelloFeature.SyncReplication)
+                except BaseException:
+                    session.close()
+                    raise
+            self.sessions[node] = session
         return session
 
     def _drop(self, node: Node) -> None:

@@ -2,13 +2,29 @@
 
 Theory of operation
 -------------------
-Pure: given the current map, the node to fail over, and what each surviving replica has
-persisted, :func:`plan_failover` returns the next map and the promotions (vbucket -> the
-server to turn active), or refuses with :class:`FailoverRefused` and a message an operator can
-act on. For every vbucket the failed node held active, the replica that persisted the most
-(the highest persisted seqno; ties go to the earlier replica in the chain, the one clients
-already try first) becomes the active, in one state change (spec 002, "How ns_server performs
-failover"): it loses the least acknowledged-as-durable data. The failed node leaves every
+Pure: given the current map, the node to fail over, and the seqnos each surviving replica
+reported (:class:`ReplicaSeqnos`), :func:`plan_failover` returns the next map and the
+promotions (vbucket -> the server to turn active), or refuses with :class:`FailoverRefused` and
+a message an operator can act on. For every vbucket the failed node held active, the replica
+that is furthest ahead becomes the active, in one state change (spec 002, "How ns_server
+performs failover"), compared as the reference's manager does (PROTOCOL.md, "SyncWrites"):
+
+==== ============================================ ============================================
+rule reported by the replicas                     promoted
+==== ============================================ ============================================
+F1   different high prepared seqnos               the highest: it holds every prepare a
+                                                  SyncWrite acknowledged Success may still
+                                                  need (a majority acked it, so at least one
+                                                  surviving replica did)
+F2   equal HPS, different high seqnos             the highest high seqno: the most history
+F3   equal HPS and high seqno                     the highest persisted seqno (a write a
+                                                  client saw persisted with ObserveSeqno)
+F4   all equal                                    the earlier replica in the chain (the one
+                                                  clients already try first)
+F5   a replica that did not answer                not a candidate
+==== ============================================ ============================================
+
+The failed node leaves every
 chain and the server list, so the map names no node clients cannot reach; the chains are
 re-indexed, their tails padded with -1 (a replica to rebuild: rebalance's job, later). The
 new map's rev is one higher.
@@ -22,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap
 from dcpkv.core.errors import DcpkvError
@@ -29,6 +46,15 @@ from dcpkv.core.errors import DcpkvError
 
 class FailoverRefused(DcpkvError, ValueError):
     """Failing this node over would lose data or leave no node: nothing was changed."""
+
+
+class ReplicaSeqnos(NamedTuple):
+    """What a replica reports for one vbucket, in the order a failover compares them (the
+    module docstring's table: a plain tuple comparison)."""
+
+    high_prepared_seqno: int
+    high_seqno: int
+    persisted_seqno: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +65,7 @@ class FailoverPlan:
 
 def vbuckets_to_promote(current: VBucketMap, failed: str) -> dict[int, list[str]]:
     """vbucket -> its replica servers, for every vbucket ``failed`` holds active: the
-    replicas whose persisted seqnos the decision needs."""
+    replicas whose seqnos the decision needs."""
     if failed not in current.servers:
         return {}
     index = current.servers.index(failed)
@@ -53,25 +79,25 @@ def vbuckets_to_promote(current: VBucketMap, failed: str) -> dict[int, list[str]
 def plan_failover(
     current: VBucketMap,
     failed: str,
-    persisted: Mapping[int, Mapping[str, int]],
+    reported: Mapping[int, Mapping[str, ReplicaSeqnos]],
 ) -> FailoverPlan:
-    """See the module docstring. ``persisted[vb][server]`` is the persisted seqno a replica
-    reported; a replica missing from it (unreachable) is not a candidate."""
+    """See the module docstring. ``reported[vb][server]`` is what a replica reported; a
+    replica missing from it (unreachable) is not a candidate."""
     if failed not in current.servers:
         raise FailoverRefused(f"{failed} is not in the vbucket map")
     if len(current.servers) < 2:
         raise FailoverRefused(f"{failed} is the last node of the map: nothing would serve")
     promotions: dict[int, str] = {}
     for vb, replicas in vbuckets_to_promote(current, failed).items():
-        reported = persisted.get(vb, {})
-        candidates = [s for s in replicas if s in reported]
+        seqnos = reported.get(vb, {})
+        candidates = [s for s in replicas if s in seqnos]
         if not candidates:
             why = "no replica" if not replicas else "no reachable replica"
             raise FailoverRefused(
                 f"vbucket {vb} is active on {failed} and has {why}: failing over would lose it"
             )
         # max() keeps the first of equals: chain order breaks ties
-        promotions[vb] = max(candidates, key=lambda s: reported[s])
+        promotions[vb] = max(candidates, key=lambda s: seqnos[s])
     servers = [s for s in current.servers if s != failed]
     chains = [
         _next_chain(current, chain, promotions.get(vb), failed, servers)

@@ -27,12 +27,19 @@ PUT      ``/settings/rbac/users/       ``password=..``, ``roles=data_reader[b],.
          local/NAME``                  add a user or change one (Couchbase's route)
 DELETE   ``/settings/rbac/users/       remove a user
          local/NAME``
+GET      ``/metrics``                  Prometheus text (:mod:`dcpkv.cluster.metrics`)
+GET      ``/prometheus_sd_config``     Prometheus HTTP service discovery: the
+                                       manager and every node's metrics port
+GET      ``/ui/``                      the web console (:mod:`dcpkv.cluster.console`)
 =======  ============================  ===========================================
 
 Parameters come as a form (what Couchbase's REST API takes) or as a JSON object. Every
 request needs HTTP basic auth with the cluster admin's user and password (the same login the
-data nodes take); answers are JSON, errors ``{"error": message}`` with 400 (bad input or a
-refused change: nothing changed), 401 (no or wrong credentials) or 404.
+data nodes take); the two Prometheus routes also take a user of the cluster's users whose
+roles grant ``stats_export`` (``external_stats_reader``: :mod:`dcpkv.core.rbac`). Answers are
+JSON (but ``/metrics``), errors ``{"error": message}`` with 400 (bad input or a refused
+change: nothing changed), 401 (no or wrong credentials, logged as an ``auth_failure`` event)
+or 404.
 """
 
 from __future__ import annotations
@@ -47,9 +54,11 @@ from typing import Any
 
 from aiohttp import web
 
+from dcpkv.cluster import console, metrics
 from dcpkv.cluster.config import ClusterConfigError, Recovery
 from dcpkv.cluster.manager import Manager, Refused
-from dcpkv.core.rbac import check_user_name, parse_roles
+from dcpkv.core import logs
+from dcpkv.core.rbac import Grants, Privilege, check_user_name, parse_roles
 
 log = logging.getLogger("dcpkv.cluster")
 
@@ -61,23 +70,47 @@ def error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def _authorized(request: web.Request, user: str, password: str) -> bool:
+STATS_PATHS = frozenset({"/metrics", "/prometheus_sd_config"})
+_STATS_EXPORT = frozenset({Privilege.STATS_EXPORT})
+
+
+def _credentials(request: web.Request) -> str | None:
+    """``user:password`` of the request's basic auth, None when it has none."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "basic":
-        return False
+        return None
     try:
-        given = base64.b64decode(token, validate=True).decode()
+        return base64.b64decode(token, validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _authorized(request: web.Request, manager: Manager) -> bool:
+    given = _credentials(request)
+    if given is None:
         return False
-    expected = f"{user}:{password}"
-    return hmac.compare_digest(given.encode(), expected.encode())
+    if hmac.compare_digest(given.encode(), f"{manager.user}:{manager.password}".encode()):
+        return True
+    if request.path not in STATS_PATHS:
+        return False
+    name, _, password = given.partition(":")
+    record = manager.users.users.get(name)
+    return (
+        record is not None
+        and Grants.of(record.roles).allows(_STATS_EXPORT, None)
+        and record.check_password(password)
+    )
 
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     manager = request.app[MANAGER]
-    if not _authorized(request, manager.user, manager.password):
+    if not _authorized(request, manager):
+        peer = request.remote or "?"
+        logs.event(log, "auth_failure", "HTTP %s %s from %s refused: no or wrong credentials",
+                   request.method, request.path, peer, level=logging.WARNING, peer=peer,
+                   path=request.path)  # fmt: skip
         response = error(401, "authentication required (the cluster admin's user and password)")
         response.headers["WWW-Authenticate"] = 'Basic realm="dcpkv"'
         return response
@@ -99,6 +132,9 @@ async def _params(request: web.Request) -> dict[str, Any]:
             raise ValueError("the body must be a JSON object")
         return doc
     return dict(await request.post())
+
+
+read_params = _params  # (the XDCR routes read theirs the same way: cluster/xdcr/service.py)
 
 
 def _required(params: dict[str, Any], *names: str) -> str:
@@ -208,6 +244,16 @@ async def _delete_user(request: web.Request) -> web.Response:
     return web.json_response(await request.app[MANAGER].remove_user(request.match_info["name"]))
 
 
+async def _metrics(request: web.Request) -> web.Response:
+    body = metrics.render(metrics.families(request.app[MANAGER]))
+    return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+async def _prometheus_sd_config(request: web.Request) -> web.Response:
+    address = request.host  # as the scraper reached this manager
+    return web.json_response(await metrics.sd_targets(request.app[MANAGER], address))
+
+
 def _flag(value: object, name: str = "enabled") -> bool:
     if isinstance(value, bool):
         return value
@@ -236,4 +282,7 @@ def make_app(manager: Manager) -> web.Application:
     app.router.add_get("/settings/rbac/users", _list_users)
     app.router.add_put("/settings/rbac/users/local/{name}", _put_user)
     app.router.add_delete("/settings/rbac/users/local/{name}", _delete_user)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/prometheus_sd_config", _prometheus_sd_config)
+    console.install(app, manager)
     return app

@@ -29,13 +29,13 @@ count grows in the same configuration write (a manager restart never grants a se
 What it did (node, reason, time; kept in the configuration file) and why it holds any other
 unresponsive node are logged and shown in ``status``.
 
-Users and roles (:mod:`dcpkv.core.rbac`): the manager keeps the users document in its dir
-(``users.json``, verifiers only) and pushes it whole to every node with RbacRefresh, kv_engine's
-"reload the RBAC database" opcode, carrying the document since the nodes are remote: after each
-change, and in every sync (a node that was down, or added later, gets it on its next sync; a
-node keeps a document only when its revision is newer, so re-sending is harmless). A dedicated
-admin-only opcode rather than a key in the pushed map: the map goes to clients byte for byte,
-and verifiers must not.
+Users and roles (:mod:`dcpkv.core.rbac`): the manager keeps the users document in its store
+(``users.json`` in its dir, or etcd; verifiers only) and pushes it whole to every node with
+RbacRefresh, kv_engine's "reload the RBAC database" opcode, carrying the document since the
+nodes are remote: after each change, and in every sync (a node that was down, or added later,
+gets it on its next sync; a node keeps a document only when its revision is newer, so
+re-sending is harmless). A dedicated admin-only opcode rather than a key in the pushed map:
+the map goes to clients byte for byte, and verifiers must not.
 """
 
 from __future__ import annotations
@@ -45,28 +45,28 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dcpkv.cluster import config as cfg
+from dcpkv.cluster import topology_sync
 from dcpkv.cluster.auto_failover import Policy, decide
-from dcpkv.cluster.failover import FailoverRefused, plan_failover, vbuckets_to_promote
+from dcpkv.cluster.failover import (
+    FailoverRefused,
+    ReplicaSeqnos,
+    plan_failover,
+    vbuckets_to_promote,
+)
 from dcpkv.cluster.health import HealthWatcher
+from dcpkv.cluster.leadership import stamped
 from dcpkv.cluster.node_link import Counters, LinkTls, NodeLink, NodeLinkError
 from dcpkv.cluster.rebalance import MAX_MOVES_AT_ONCE, Rebalancer, RebalanceRefused
+from dcpkv.cluster.store import ClusterStore, FileStore, StoreConflict
 from dcpkv.cluster.vbucket_map import PlacementError, VBucketMap, check_placeable, plan_initial
+from dcpkv.core import logs
 from dcpkv.core.errors import DcpkvError
-from dcpkv.core.rbac import (
-    USERS_FILE,
-    RbacError,
-    Role,
-    UserRecord,
-    UsersDoc,
-    load_users,
-    save_users,
-)
+from dcpkv.core.rbac import RbacError, Role, UserRecord, UsersDoc
 from dcpkv.core.vbucket import VBucketState
 
 log = logging.getLogger("dcpkv.cluster")
@@ -85,8 +85,15 @@ class Manager:
         *,
         heartbeat_s: float = 1.0,
         link_tls: LinkTls | None = None,
+        store: ClusterStore | None = None,
+        rev_epoch: int = 0,
     ) -> None:
         self.data_dir = data_dir
+        # where the configuration lives (cluster/store.py): cluster.json, or etcd for one of
+        # several managers, whose leadership term is the revEpoch of every map it writes
+        self.store: ClusterStore = store or FileStore(data_dir)
+        self.rev_epoch = rev_epoch
+        self.on_store_conflict: Any = None  # called when a write is fenced off (deposed)
         self.link_tls = link_tls
         self.user, self.password = user, password
         self.config = cfg.ClusterConfig()
@@ -101,7 +108,6 @@ class Manager:
         self.auto_held: dict[str, str] = {}  # unresponsive node -> why it is not failed over
         self.users = UsersDoc()
         self.rebalancer = Rebalancer(self)
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="dcpkv-config")
 
     # -- life -------------------------------------------------------------------------------
 
@@ -109,10 +115,10 @@ class Manager:
         """Load the configuration (or make a new one from the seeds), sync every node, watch
         their health. Raises :class:`Refused` or a config error when it cannot start."""
         try:
-            self.users = load_users(self.data_dir / USERS_FILE)
+            self.users = await self.store.load_users()
         except RbacError as exc:
             raise Refused(str(exc)) from None
-        loaded = cfg.load(self.data_dir)
+        loaded = await self.store.load()
         if loaded is None:
             try:
                 check_placeable(max(replicas + 1, 1), replicas, vbuckets)
@@ -124,10 +130,12 @@ class Manager:
         else:
             self.config = loaded
             if seeds:
-                log.info("%s exists: the --node seeds are ignored", cfg.FILE_NAME)
+                log.info("a configuration exists: the --node seeds are ignored")
             # a record still running: this manager died mid-rebalance (a re-run finishes it)
             self.rebalancer.interrupted = loaded.rebalance.state == cfg.RebalanceState.RUNNING
             async with self._lock:
+                if stamped(loaded, self.rev_epoch) != loaded:  # a new leader's term
+                    await self._commit(loaded)
                 # before the sync, which would drive a vbucket handed over back to the old map
                 await self.rebalancer.finish_handover()
                 await self._sync_all()
@@ -151,11 +159,23 @@ class Manager:
         for link in self.links.values():
             await link.close()
 
+    async def resign(self) -> None:
+        """Stop acting at once (a leader whose lease is gone): everything :meth:`stop`
+        stops, and a running rebalance; the run-time state goes, so a later :meth:`start`
+        begins as a new process would, from the store."""
+        self.rebalancer.abandon()
+        await self.stop()
+        self.links.clear()
+        self.out_of_sync.clear()
+        self.health = None
+        self.auto_held = {}
+        self.rebalancer = Rebalancer(self)
+
     def _link(self, name: str) -> NodeLink:
         link = self.links.get(name)
         if link is None:
             link = self.links[name] = NodeLink(
-                name, self.user, self.password, self.counters, self.link_tls
+                name, self.user, self.password, self.counters, self.link_tls, self.rev_epoch
             )
         return link
 
@@ -168,6 +188,7 @@ class Manager:
     async def _sync_node(self, name: str) -> bool:
         """Drive one node to the configuration; False (and out of sync) when unreachable."""
         link = self._link(name)
+        link.reconnected = False  # this sync covers a restart the link noticed
         try:
             if self.users.rev:
                 await link.push_users(self.config.buckets[0].name, self.users.encode())
@@ -198,20 +219,34 @@ class Manager:
         return doc
 
     async def _sync_states(self, link: NodeLink, bucket: str, vb_map: VBucketMap) -> None:
+        """The map's states, then the replication topology of each vbucket active on the node
+        (:mod:`~dcpkv.cluster.topology_sync`): a vbucket made active takes it in the same
+        SetVbucket; the others that lack it or hold another get it in one pipelined batch."""
         held = await link.states(bucket)
         wanted = vb_map.states_of(link.name)
         moving = self.rebalancer.held(link.name, bucket)  # a vbucket move drives these
+        topologies = topology_sync.to_send(
+            topology_sync.wanted(vb_map, link.name, skip=moving),
+            {vb: topology_sync.held_chains(v) for vb, v in (await link.topologies(bucket)).items()},
+        )
         for vb in sorted((set(held) | set(wanted)) - moving):
             state = wanted.get(vb, VBucketState.DEAD)
             if held.get(vb, VBucketState.DEAD) != state:
-                await link.set_state(bucket, vb, state, held)
+                await link.set_state(bucket, vb, state, held, topologies.pop(vb, b""))
                 held[vb] = state
+        await link.set_topologies(bucket, topologies, held)
 
     async def _on_beat(self, name: str, healthy: bool) -> None:
         if not healthy:
             self.out_of_sync.add(name)
-        elif name in self.out_of_sync and name not in self._syncing:
+        elif name not in self._syncing and (name in self.out_of_sync or self._reconnected(name)):
+            # a node back, or one that may have restarted between two beats (a new session):
+            # it may have lost its map's states' topologies (durable writes refused)
             self._spawn(self._resync(name))
+
+    def _reconnected(self, name: str) -> bool:
+        link = self.links.get(name)
+        return link is not None and link.reconnected
 
     async def _resync(self, name: str) -> None:
         self._syncing.add(name)
@@ -225,7 +260,13 @@ class Manager:
             self._syncing.discard(name)
 
     async def _commit(self, config: cfg.ClusterConfig) -> None:
-        cfg.save(self.data_dir, config)
+        config = stamped(config, self.rev_epoch)
+        try:
+            await self.store.save(config)
+        except StoreConflict as exc:
+            if self.on_store_conflict is not None:
+                self.on_store_conflict()
+            raise Refused(str(exc)) from None
         self.config = config
 
     # -- users ------------------------------------------------------------------------------
@@ -257,7 +298,12 @@ class Manager:
         return {"removed": name, "rev": self.users.rev}
 
     async def _commit_users(self, doc: UsersDoc) -> None:
-        save_users(self.data_dir / USERS_FILE, doc)
+        try:
+            await self.store.save_users(doc)
+        except StoreConflict as exc:
+            if self.on_store_conflict is not None:
+                self.on_store_conflict()
+            raise Refused(str(exc)) from None
         self.users = doc
         for name in self.config.active_nodes():
             try:
@@ -349,9 +395,9 @@ class Manager:
         for bucket in self.config.buckets:
             if bucket.map is None or name not in bucket.map.servers:
                 continue
-            persisted = await self._persisted(bucket, name)
+            reported = await self._replica_seqnos(bucket, name)
             try:
-                plan = plan_failover(bucket.map, name, persisted)
+                plan = plan_failover(bucket.map, name, reported)
             except FailoverRefused as exc:
                 raise Refused(str(exc)) from None
             config = config.with_bucket(replace(bucket, map=plan.new_map))
@@ -365,7 +411,9 @@ class Manager:
         await self.forget(name)
         await self._sync_all()
         how = "manually" if auto_reason is None else f"automatically ({auto_reason})"
-        log.info("failed over %s %s: %d vbucket(s) promoted", name, how, promoted)
+        logs.event(log, "failover", "failed over %s %s: %d vbucket(s) promoted", name, how,
+                   promoted, level=logging.WARNING, node=name, automatic=auto_reason is not None,
+                   reason=auto_reason, promoted=promoted)  # fmt: skip
         return {"failedOver": name, "promoted": promoted, "rev": self._rev()}
 
     # -- automatic failover -----------------------------------------------------------------
@@ -409,25 +457,27 @@ class Manager:
         log.info("the auto-failover count was reset")
         return settings.to_json()
 
-    async def _persisted(self, bucket: cfg.BucketConfig, failed: str) -> dict[int, dict[str, int]]:
-        """vbucket -> {replica: persisted seqno} for the vbuckets ``failed`` holds active;
-        a replica that cannot be asked is left out (it cannot be promoted)."""
+    async def _replica_seqnos(
+        self, bucket: cfg.BucketConfig, failed: str
+    ) -> dict[int, dict[str, ReplicaSeqnos]]:
+        """vbucket -> {replica: its seqnos} for the vbuckets ``failed`` holds active; a
+        replica that cannot be asked is left out (it cannot be promoted)."""
         assert bucket.map is not None
         wanted = vbuckets_to_promote(bucket.map, failed)
         by_replica: dict[str, list[int]] = {}
         for vb, replicas in wanted.items():
             for server in replicas:
                 by_replica.setdefault(server, []).append(vb)
-        persisted: dict[int, dict[str, int]] = {vb: {} for vb in wanted}
+        reported: dict[int, dict[str, ReplicaSeqnos]] = {vb: {} for vb in wanted}
         for server, vbs in by_replica.items():
             try:
-                seqnos = await self._link(server).persisted_seqnos(bucket.name, vbs)
+                seqnos = await self._link(server).replica_seqnos(bucket.name, vbs)
             except NodeLinkError as exc:
-                log.warning("cannot ask %s for its persisted seqnos: %s", server, exc)
+                log.warning("cannot ask %s for its seqnos: %s", server, exc)
                 continue
             for vb, seqno in seqnos.items():
-                persisted[vb][server] = seqno
-        return persisted
+                reported[vb][server] = seqno
+        return reported
 
     def _rev(self) -> int | None:
         maps = [b.map for b in self.config.buckets if b.map is not None]
@@ -593,9 +643,7 @@ class Manager:
         handover's map only, whose group record, written before, covers a crash in between
         (rebalance.py). Writes go in order, in one thread of their own."""
         self.config = config
-        loop = asyncio.get_running_loop()
-        written = loop.run_in_executor(self._writer, cfg.save, self.data_dir, config)
-        return asyncio.gather(written, *pushes)
+        return asyncio.gather(self.store.save(config), *pushes)
 
     async def sync_all(self) -> None:
         await self._sync_all()

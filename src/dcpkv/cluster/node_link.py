@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dcpkv.client.connection import AuthError, ClientError, Connection, authenticate
+from dcpkv.cluster.failover import ReplicaSeqnos
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.manager_term import agent_for
 from dcpkv.core.status import Status, status_name
 from dcpkv.core.tls import TlsError, TlsOptions
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Datatype
+
+log = logging.getLogger("dcpkv.cluster")
 
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 10.0
@@ -43,7 +48,11 @@ T = TypeVar("T")
 
 
 class NodeLinkError(DcpkvError):
-    """A node is unreachable, refused the admin, or refused a command."""
+    """A node is unreachable, refused the admin, or refused a command (``status``: how)."""
+
+    def __init__(self, message: str, status: Status | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -54,6 +63,7 @@ class Counters:
     cas_conflicts: int = 0
     maps_pushed: int = 0
     users_pushed: int = 0
+    topologies_sent: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -61,6 +71,7 @@ class Counters:
             "casConflicts": self.cas_conflicts,
             "mapsPushed": self.maps_pushed,
             "usersPushed": self.users_pushed,
+            "topologiesSent": self.topologies_sent,
         }
 
 
@@ -75,9 +86,16 @@ class LinkTls:
 
 class NodeLink:
     def __init__(
-        self, name: str, user: str, password: str, counters: Counters, tls: LinkTls | None = None
+        self,
+        name: str,
+        user: str,
+        password: str,
+        counters: Counters,
+        tls: LinkTls | None = None,
+        term: int = 0,
     ) -> None:
         self.name = name
+        self.term = term  # the leader's term over etcd (0: none), named in each Hello
         host, _, port = name.rpartition(":")
         self.host, self.port = host, int(port)
         # The node keeps its name (its data address, what clients see in the map); the link
@@ -88,6 +106,10 @@ class NodeLink:
         self._sessions: dict[str, Connection] = {}
         self._state_cas: dict[str, int] = {}
         self.counters = counters
+        # A session was opened after another: the node may have restarted (lost its
+        # topologies, its map), so the manager syncs it again; the sync clears it.
+        self.reconnected = False
+        self._opened = 0
 
     async def close(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}
@@ -113,7 +135,15 @@ class NodeLink:
         except (OSError, TimeoutError, ClientError) as exc:
             await conn.close()
             raise NodeLinkError(f"cannot log in to {self.name}: {exc}") from None
+        if self.term:  # a manager over etcd names its term: nodes fence older ones
+            try:
+                await within(conn.call(kv.Hello(agent=agent_for(self.term))), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError, ClientError) as exc:
+                await conn.close()
+                raise NodeLinkError(f"cannot say hello to {self.name}: {exc}") from None
         self._sessions[bucket] = conn
+        self._opened += 1
+        self.reconnected = self.reconnected or self._opened > 1
         return conn
 
     async def _call(self, bucket: str, msg: kv.Request) -> Any:
@@ -127,14 +157,31 @@ class NodeLink:
 
     # -- questions --------------------------------------------------------------------------
 
-    async def states(self, bucket: str) -> dict[int, VBucketState]:
-        """vbucket -> state, for every vbucket the node holds (dead ones included)."""
+    async def _stat_rows(self, bucket: str, group: str) -> list[tuple[str, str]]:
         conn = await self._session(bucket)
         try:
-            rows = await within(conn.stats("vbucket"), CALL_TIMEOUT_S)
+            return await within(conn.stats(group), CALL_TIMEOUT_S)
         except (OSError, TimeoutError, ClientError) as exc:
-            raise NodeLinkError(f"{self.name}: stat vbucket failed: {exc}") from None
+            raise NodeLinkError(f"{self.name}: stat {group} failed: {exc}") from None
+
+    async def states(self, bucket: str) -> dict[int, VBucketState]:
+        """vbucket -> state, for every vbucket the node holds (dead ones included)."""
+        rows = await self._stat_rows(bucket, "vbucket")
         return {int(name[3:]): VBucketState.of(value) for name, value in rows if name[:3] == "vb_"}
+
+    async def topologies(self, bucket: str) -> dict[int, str]:
+        """Active vbucket -> the replication topology it holds (JSON; empty: none)."""
+        rows = await self._stat_rows(bucket, "vbucket-topology")
+        return {int(name[3:]): value for name, value in rows if name[:3] == "vb_"}
+
+    async def metrics_port(self, bucket: str) -> int:
+        """The node's Prometheus port (``stat`` metrics_port; 0: it serves none)."""
+        conn = await self._session(bucket)
+        try:
+            rows = dict(await within(conn.stats(""), CALL_TIMEOUT_S))
+        except (OSError, TimeoutError, ClientError) as exc:
+            raise NodeLinkError(f"{self.name}: stat failed: {exc}") from None
+        return int(rows.get("metrics_port") or 0)
 
     async def served_config(self, bucket: str) -> dict[str, Any]:
         answer = await self._call(bucket, kv.GetClusterConfig())
@@ -149,28 +196,30 @@ class NodeLink:
             raise NodeLinkError(f"{self.name}: GetAllVbSeqnos: {_status(answer)}")
         return dict(answer.seqnos)
 
-    async def persisted_seqnos(self, bucket: str, vbuckets: list[int]) -> dict[int, int]:
-        """vbucket -> the seqno the node has persisted (ObserveSeqno, with each vbucket's
-        current uuid from ``stat vbucket-seqno``); vbuckets it does not hold are left out."""
-        conn = await self._session(bucket)
-        rows = await within(conn.stats("vbucket-seqno"), CALL_TIMEOUT_S)
-        uuids = {
-            int(name[3:].partition(":")[0]): int(value)
-            for name, value in rows
-            if name.startswith("vb_") and name.endswith(":uuid")
-        }
-        asks = [vb for vb in vbuckets if vb in uuids]
-        answers = await asyncio.gather(
-            *(
-                self._call(bucket, kv.ObserveSeqno(vbucket=vb, vbucket_uuid=uuids[vb]))
-                for vb in asks
-            )
-        )
-        return {
-            vb: a.last_persisted_seqno
-            for vb, a in zip(asks, answers, strict=True)
-            if isinstance(a, kv.ObserveSeqnoResponse)
-        }
+    async def replica_seqnos(self, bucket: str, vbuckets: list[int]) -> dict[int, ReplicaSeqnos]:
+        """vbucket -> what a failover compares (high prepared seqno, high seqno, persisted
+        seqno), from one ``stat vbucket-details``; vbuckets the node does not hold, or holds
+        dead, are left out."""
+        details = await self.vbucket_details(bucket)
+        out: dict[int, ReplicaSeqnos] = {}
+        for vb in vbuckets:
+            row = details.get(vb)
+            if row is not None and row["state"] != VBucketState.DEAD.label:
+                out[vb] = ReplicaSeqnos(
+                    int(row["high_prepared_seqno"]),
+                    int(row["high_seqno"]),
+                    int(row["persistence_seqno"]),
+                )
+        return out
+
+    async def vbucket_details(self, bucket: str) -> dict[int, dict[str, str]]:
+        """vbucket -> its ``stat vbucket-details`` (state, seqnos, topology...), as strings."""
+        rows = await self._stat_rows(bucket, "vbucket-details")
+        out: dict[int, dict[str, str]] = {}
+        for name, value in rows:
+            vb, _, field = name[3:].partition(":")
+            out.setdefault(int(vb), {})[field] = value
+        return out
 
     async def vbucket_views(
         self, bucket: str, vbuckets: list[int]
@@ -233,6 +282,11 @@ class NodeLink:
         )
         return state, high, persisted
 
+    async def stat_group(self, bucket: str, group: str = "") -> list[tuple[str, str]]:
+        """One ``stat`` group's rows as the node answers them (the web console's figures)."""
+        conn = await self._session(bucket)
+        return (await self._at_once(bucket, conn, [conn.stats(group)]))[0]
+
     async def noop(self, bucket: str) -> None:
         answer = await self._call(bucket, kv.Noop())
         if getattr(answer, "status", Status.Success) != Status.Success:
@@ -254,15 +308,66 @@ class NodeLink:
         return answer.cas
 
     async def set_state(
-        self, bucket: str, vbucket: int, state: VBucketState, held: dict[int, VBucketState]
+        self,
+        bucket: str,
+        vbucket: int,
+        state: VBucketState,
+        held: dict[int, VBucketState],
+        topology: bytes = b"",
     ) -> None:
-        """SetVbucket with the state CAS; on a conflict, note the current CAS and retry."""
+        """SetVbucket with the state CAS; on a conflict, note the current CAS and retry.
+        ``topology``: the replication topology an active vbucket takes with its state."""
         self.counters.set_vbucket_sent += 1
+        if topology:
+            self.counters.topologies_sent += 1
 
         def command(cas: int) -> kv.Request:
-            return kv.SetVbucket(vbucket=vbucket, state=state, cas=cas)
+            return _set_vbucket(vbucket, state, topology, cas)
 
-        await self._cas_ordered(bucket, held, command, f"SetVbucket {vbucket} {state}")
+        try:
+            await self._cas_ordered(bucket, held, command, f"SetVbucket {vbucket} {state}")
+        except NodeLinkError as exc:
+            if not topology or exc.status != Status.Einval:
+                raise
+            # The node refused the topology (it calls itself by another name than the map):
+            # the state still changes; durable writes are refused there (DurabilityImpossible)
+            log.warning("%s", exc)
+            await self.set_state(bucket, vbucket, state, held)
+
+    async def set_topologies(
+        self, bucket: str, values: dict[int, bytes], held: dict[int, VBucketState]
+    ) -> None:
+        """SetVbucket (active, with its topology) for each of ``values``' vbuckets, all at once
+        on the session: each accepted SetVbucket adds one to the state CAS, so the n-th carries
+        the CAS the ones before it leave, and the batch stays CAS-ordered while pipelined. A
+        refusal (another change came between) leaves the rest to go one by one."""
+        if not values:
+            return
+        conn = await self._session(bucket)
+        cas = await self.state_cas(bucket, held)
+        vbs = sorted(values)
+        self.counters.topologies_sent += len(vbs)
+        answers = await self._at_once(
+            bucket,
+            conn,
+            [
+                conn.call(_set_vbucket(vb, VBucketState.ACTIVE, values[vb], cas + i))
+                for i, vb in enumerate(vbs)
+            ],
+        )
+        left = []
+        for vb, answer in zip(vbs, answers, strict=True):
+            status = getattr(answer, "status", Status.Success)
+            if status == Status.Success:
+                self._state_cas[bucket] = answer.cas
+            elif status == Status.KeyEexists:
+                left.append(vb)
+            else:  # (as in set_state: durable writes are refused there meanwhile)
+                log.warning("%s: SetVbucket %d topology: %s", self.name, vb, _status(answer))
+        if left:
+            self._state_cas.pop(bucket, None)
+        for vb in left:
+            await self.set_state(bucket, vb, VBucketState.ACTIVE, held, values[vb])
 
     async def delete_vbucket(self, bucket: str, vbucket: int) -> None:
         """DelVbucket (the copy and its data), CAS-ordered like a state change; a vbucket the
@@ -291,7 +396,7 @@ class NodeLink:
                 self._state_cas[bucket] = answer.cas
                 return
             if answer.status != Status.KeyEexists:
-                raise NodeLinkError(f"{self.name}: {what}: {_status(answer)}")
+                raise NodeLinkError(f"{self.name}: {what}: {_status(answer)}", answer.status)
             self.counters.cas_conflicts += 1
             cas = self._state_cas[bucket] = answer.cas
         raise NodeLinkError(f"{self.name}: the state CAS kept changing; gave up on {what}")
@@ -310,6 +415,14 @@ class NodeLink:
         if answer.status != Status.Success:
             raise NodeLinkError(f"{self.name}: SetClusterConfig: {_status(answer)}")
         self.counters.maps_pushed += 1
+
+
+def _set_vbucket(vbucket: int, state: VBucketState, topology: bytes, cas: int) -> kv.Request:
+    if not topology:
+        return kv.SetVbucket(vbucket=vbucket, state=state, cas=cas)
+    return kv.SetVbucket(
+        vbucket=vbucket, state=state, meta=topology, cas=cas, datatype=Datatype.JSON
+    )
 
 
 def _status(answer: Any) -> str:

@@ -61,11 +61,12 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from dcpkv.cluster import config as cfg
+from dcpkv.cluster import topology_sync
 from dcpkv.cluster.handover import Handover
 from dcpkv.cluster.node_link import NodeLink, NodeLinkError
 from dcpkv.cluster.rebalance_plan import (
@@ -86,7 +87,10 @@ from dcpkv.cluster.vbucket_move import (
     VBucketMove,
     Views,
 )
+from dcpkv.core import logs
 from dcpkv.core.errors import DcpkvError
+from dcpkv.core.replication_topology import topology_value
+from dcpkv.core.vbucket import VBucketState
 
 if TYPE_CHECKING:
     from dcpkv.cluster.manager import Manager
@@ -151,6 +155,12 @@ class Rebalancer:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    def abandon(self) -> None:
+        """Cancel the run where it is, writing nothing (its manager lost the lead: the next
+        leader finds the record still running and finishes it)."""
+        if self._task is not None:
+            self._task.cancel()
+
     def held(self, node: str, bucket: str) -> set[int]:
         """The vbuckets of ``bucket`` on ``node`` the sync must leave alone."""
         out: set[int] = set()
@@ -210,7 +220,8 @@ class Rebalancer:
             self.m.watch(name)
         await self.m.sync_all()
         self._task = asyncio.get_running_loop().create_task(self._run())
-        log.info("rebalance started: %d vbucket move(s), ejecting %s", total, list(ejecting))
+        logs.event(log, "rebalance_start", "rebalance started: %d vbucket move(s), ejecting %s",
+                   total, list(ejecting), moves=total, eject=list(ejecting))  # fmt: skip
         return {"started": True, "moves": total, "eject": list(ejecting), "nodes": nodes}
 
     async def _holdings(self, recover: tuple[tuple[str, cfg.Recovery], ...]) -> dict[str, set[int]]:
@@ -345,6 +356,8 @@ class Rebalancer:
         record = replace(self.m.config.rebalance, handover=first)
         await self.m.commit(replace(self.m.config, rebalance=record))
         await asyncio.gather(*(self._stage(node, first) for node in first.instructions()))
+        # the takeovers' last stage: a prepare needs a majority of both chains
+        await self._set_topologies(run.name, {m.vbucket: (m.old, m.new) for m in ready})
         group: Handover | None = first
         now = time.monotonic()
         await self._carry_out(run.name, [(m, m.hand_over(now)) for m in ready])
@@ -391,7 +404,12 @@ class Rebalancer:
         now = time.monotonic()
         for move in done:
             move.committed(now)
-        pushes = [self._send(node, bucket.name, sent) for node, sent in docs.items()]
+        pushes: list[Awaitable[None]] = [
+            self._send(node, bucket.name, sent) for node, sent in docs.items()
+        ]
+        # the new actives' chains; a reverted move's old active is back to its one chain
+        chains = {m.vbucket: (m.new if m in done else m.old,) for m in ended}
+        pushes.append(self._set_topologies(bucket.name, chains))
         record = replace(config.rebalance, handover=rest)
         return rest, self.m.commit_while(replace(config, rebalance=record), pushes)
 
@@ -452,6 +470,9 @@ class Rebalancer:
             for node in {*move.old, *move.new} - {None}:
                 assert node is not None
                 run.holds.get(node, set()).discard(move.vbucket)
+            logs.event(log, "rebalance_step", "rebalance: vbucket %d %s", move.vbucket,
+                       move.phase.value, bucket=run.name, vbucket=move.vbucket,
+                       result=move.phase.value, error=move.error)  # fmt: skip
             if move.phase is Phase.REVERTED:
                 failed = failed or f"vbucket {move.vbucket}: {move.error}"
                 old = move.old_active
@@ -528,7 +549,10 @@ class Rebalancer:
         for move, action in todo:
             try:
                 if isinstance(action, SetState):
-                    await link.set_state(bucket, action.vbucket, action.state, {})
+                    # a takeover's new copy goes pending with the chain it serves as active
+                    pending = action.state == VBucketState.PENDING
+                    topology = topology_value(move.new) if pending else b""
+                    await link.set_state(bucket, action.vbucket, action.state, {}, topology)
                 else:
                     await link.delete_vbucket(bucket, action.vbucket)
             except NodeLinkError as exc:  # the move sees the state unchanged and asks again
@@ -544,6 +568,23 @@ class Rebalancer:
         for move in done:
             move.committed(now)
         await self._push_map(run.name)
+        await self._set_topologies(run.name, {m.vbucket: (m.new,) for m in done})
+
+    async def _set_topologies(
+        self, bucket: str, chains: Mapping[int, topology_sync.Chains]
+    ) -> None:
+        """Each vbucket's replication topology to its first chain's active, the nodes at once
+        (:mod:`.topology_sync`). A node that does not take it keeps its old one until the
+        manager's next sync of it (the rebalance's end syncs every node)."""
+
+        async def send(node: str, values: dict[int, bytes]) -> None:
+            try:
+                await self.m.link(node).set_topologies(bucket, values, {})
+            except NodeLinkError as exc:
+                log.info("rebalance: %s did not take %d topologies: %s", node, len(values), exc)
+
+        todo = topology_sync.by_active(chains)
+        await asyncio.gather(*(send(node, values) for node, values in todo.items()))
 
     async def _push_map(self, name: str) -> None:
         """The bucket's map to every node at once."""
@@ -592,7 +633,16 @@ class Rebalancer:
         record = replace(self.m.config.rebalance, state=state, error=why)
         await self.m.commit(replace(self.m.config, rebalance=record))
         await self.m.sync_all()
-        log.warning("rebalance %s: %s", state.value, why)
+        logs.event(
+            log,
+            "rebalance_end",
+            "rebalance %s: %s",
+            state.value,
+            why,
+            level=logging.WARNING,
+            result=state.value,
+            error=why,
+        )
 
     async def _complete(self) -> None:
         """Every move done: ejected and failed-over nodes leave, the server list compacts."""
@@ -618,7 +668,16 @@ class Rebalancer:
         self.progress.running = {}
         self._runs = []
         moved = self.progress.done
-        log.info("rebalance done: %d vbucket(s) moved; %s left", moved, sorted(leaving))
+        logs.event(
+            log,
+            "rebalance_end",
+            "rebalance done: %d vbucket(s) moved; %s left",
+            moved,
+            sorted(leaving),
+            result="done",
+            moved=moved,
+            left=sorted(leaving),
+        )
 
 
 def _grown(move: VBucketMove, views: Views) -> int:

@@ -7,15 +7,20 @@ is never stored) and roles. A role is granted on one bucket, or on every bucket 
 written as Couchbase writes it: ``data_reader[default]``, ``bucket_admin[*]``,
 ``cluster_admin`` (a cluster role takes no bucket). Each role is a set of privileges:
 
-===================  =====  =====  ===  ============  =============
-role                 read   write  dcp  bucket_admin  cluster_admin
-===================  =====  =====  ===  ============  =============
-data_reader          yes
-data_writer                 yes
-data_dcp_reader      yes           yes
-bucket_admin         yes    yes    yes  yes
-cluster_admin        yes    yes    yes  yes           yes
-===================  =====  =====  ===  ============  =============
+=====================  =====  =====  ===  ============  =============  ============
+role                   read   write  dcp  bucket_admin  cluster_admin  stats_export
+=====================  =====  =====  ===  ============  =============  ============
+data_reader            yes
+data_writer                   yes
+data_dcp_reader        yes           yes
+bucket_admin           yes    yes    yes  yes
+external_stats_reader                                                  yes
+cluster_admin          yes    yes    yes  yes           yes            yes
+=====================  =====  =====  ===  ============  =============  ============
+
+(``stats_export`` is the manager's ``GET /metrics`` and ``/prometheus_sd_config``: a
+Prometheus server's login; ``external_stats_reader`` is a cluster role, like
+``cluster_admin``.)
 
 (``dcp_reader`` is accepted for ``data_dcp_reader``.) Any role on a bucket lets a user select
 it and read its metadata (stats, seqnos, failover logs, the cluster map); each opcode needs the
@@ -54,6 +59,7 @@ class Privilege(StrEnum):
     DCP = "dcp"
     BUCKET_ADMIN = "bucket_admin"
     CLUSTER_ADMIN = "cluster_admin"
+    STATS_EXPORT = "stats_export"  # the manager's Prometheus endpoints
 
 
 _P = Privilege
@@ -62,10 +68,11 @@ ROLE_PRIVILEGES: dict[str, frozenset[Privilege]] = {
     "data_writer": frozenset({_P.WRITE}),
     "data_dcp_reader": frozenset({_P.READ, _P.DCP}),
     "bucket_admin": frozenset({_P.READ, _P.WRITE, _P.DCP, _P.BUCKET_ADMIN}),
+    "external_stats_reader": frozenset({_P.STATS_EXPORT}),
     "cluster_admin": frozenset(Privilege),
 }
 ROLE_ALIASES = {"dcp_reader": "data_dcp_reader"}
-CLUSTER_ROLES = frozenset({"cluster_admin"})
+CLUSTER_ROLES = frozenset({"cluster_admin", "external_stats_reader"})
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -72,8 +72,8 @@ from dcpkv.dcp.values import ValueShape
 from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, CursorDropped, Snapshot
-from dcpkv.engine.item import Item, SyncWriteItem
-from dcpkv.engine.storage import StreamRow, item_from_row, row_of_stream_row
+from dcpkv.engine.item import AbortItem, CommitItem, Item, PrepareItem, SyncWriteItem
+from dcpkv.engine.storage import BackfillScan, StreamRow, item_from_row, row_of_stream_row
 from dcpkv.protocol import dcp
 from dcpkv.protocol.constants import OpenFlag, SnapshotFlag, StreamEndReason
 from dcpkv.protocol.frame import HEADER
@@ -93,6 +93,8 @@ _MAGIC, _OPCODE = 0x80, 0x57  # ClientRequest, DcpMutation
 _DISK, _MEMORY = int(SnapshotFlag.Disk), int(SnapshotFlag.Memory)
 _MEMORY_CHECKPOINT = int(SnapshotFlag.Memory | SnapshotFlag.Checkpoint)
 _XATTR, _SHAPED = document.XATTR, document.SHAPED
+
+_SYNC_ITEMS = (SyncWriteItem, CommitItem)  # sent as their own messages to SyncWrite streams
 
 # (message or run, last item seqno or 0, consistent-at seqno, items in it)
 Pending = tuple[bytes, int, int, int]
@@ -116,6 +118,7 @@ class StreamOwner(Protocol):
     expiry_opcode: bool
     shape: ValueShape  # xattrs, compression: what a value is sent as
     marker_version: str
+    sync_writes: bool  # enable_sync_writes: prepares, commits and aborts, V2.0 markers
     backfills: BackfillManager
 
     def wake(self, vbucket: int) -> None:
@@ -130,9 +133,9 @@ class ActiveStream:
 
     __slots__ = (
         "_vbuckets", "backfill", "backfill_first", "backfill_remaining", "cursor", "cursor_name",
-        "emitted_seqno", "generation", "key", "owner", "pending", "queued_seqno", "sid",
-        "stream",
-        "takeover_state", "was_active",
+        "disk_prepares", "emitted_seqno", "generation", "key", "max_visible_seqno", "owner",
+        "pending",
+        "queued_seqno", "sid", "stream", "takeover_state", "was_active",
     )  # fmt: skip
 
     def __init__(
@@ -161,6 +164,9 @@ class ActiveStream:
         self.queued_seqno = stream.start  # the last item seqno put in ``pending``
         self.emitted_seqno = stream.start  # the last seqno the consumer is consistent at
         self.backfill_remaining = 0
+        self.max_visible_seqno = stream.start  # the last V2 marker's (SyncWrites)
+        # the backfill's pending prepares and aborts, not sent yet
+        self.disk_prepares: deque[PrepareItem | AbortItem] = deque()
         # the state the handoff sends next
         self.takeover_state: VBucketState | None = VBucketState.PENDING if takeover else None
         self.generation = generation  # the vbucket's ``rollbacks`` when the stream opened
@@ -278,14 +284,25 @@ class ActiveStream:
             stream.end,
         )
         key = self.key
+        self.disk_prepares = deque()
+        if self.owner.sync_writes:  # with the pending prepares the disk snapshot holds
+            opener = lambda: self._with_prepares(  # noqa: E731
+                storage.open_stream_backfill(vbid, start, end, prepares=True)
+            )
+        else:
+            opener = lambda: storage.open_stream_backfill(vbid, start, end)  # noqa: E731
         self.backfill = DiskBackfill(
-            self.owner.backfills,
-            lambda: storage.open_stream_backfill(vbid, start, end),
-            self._encode_rows,
-            lambda: self.owner.notify(key),
+            self.owner.backfills, opener, self._encode_rows, lambda: self.owner.notify(key)
         )
         self.backfill_first = True
         self.cursor = None
+
+    def _with_prepares(self, scan: BackfillScan[StreamRow]) -> BackfillScan[StreamRow]:
+        """(The backfill's thread, before its first batch is encoded.) The disk snapshot's
+        pending prepares and aborts, which :func:`encode_rows` slots in between its rows by
+        seqno."""
+        self.disk_prepares = deque(scan.prepares)
+        return scan
 
     def _backfill_opened(self, bf: DiskBackfill) -> None:
         """The disk snapshot is open: send its marker, pin memory right after its end."""
@@ -314,7 +331,13 @@ class ActiveStream:
             # More to come: in the buffer, or being read (its landing notifies us).
             self.backfill_remaining = max(0, bf.end - self.queued_seqno)
             return
-        # The disk snapshot is complete: the consumer is consistent at its end.
+        # The disk snapshot is complete: the consumer is consistent at its end. (Prepares
+        # after its last row are sent first: no batch is being encoded any more.)
+        rest, self.disk_prepares = self.disk_prepares, deque()
+        if rest:
+            encode = self.encode_sync_item
+            self.pending.extend((encode(p), p.by_seqno, p.by_seqno, 1) for p in rest)
+            self.queued_seqno = max(self.queued_seqno, rest[-1].by_seqno)
         self._advance(bf.end)
         self._close_backfill()
         self.backfill_remaining = 0
@@ -367,7 +390,12 @@ class ActiveStream:
         items = snap.items if snap.end <= end else [i for i in snap.items if i.by_seqno <= end]
         marker_end = min(snap.end, end)
         if items and self.cursor is not None and self.cursor.manager.sync_items:
-            items, marker_end = _committed_only(items, marker_end)
+            if not self.owner.sync_writes:
+                items, marker_end = _committed_only(items, marker_end)
+            elif any(isinstance(i, _SYNC_ITEMS) for i in items):
+                self._queue_sync_snapshot(snap, items, marker_end)
+                return
+            # (else plain items: the ordinary path, runs and all)
         if not items:
             # Everything up to the end was deduplicated into later seqnos (or was prepares and
             # aborts, which this consumer never sees): nothing to send.
@@ -392,6 +420,21 @@ class ActiveStream:
         self.queued_seqno = last
         if snap.end >= end:
             self._advance(end)
+
+    def _queue_sync_snapshot(self, snap: Snapshot, items: list[Item], marker_end: int) -> None:
+        """A memory snapshot as a SyncWrite consumer sees it: every item, prepares, commits and
+        aborts as their own messages, one entry each (no runs: a Commit's extras do not begin
+        with its seqno); the marker's max visible seqno is its last committed item's."""
+        visible = [i.by_seqno for i in items if not isinstance(i, SyncWriteItem)]
+        flags = _MEMORY_CHECKPOINT if snap.checkpoint else _MEMORY
+        start = self.stream.marker_start(snap.start)
+        marker = self._marker_bytes(start, marker_end, flags, max_visible=visible[-1:])
+        self.pending.append((marker, 0, 0, 0))
+        encode = self.encode_sync_item
+        self.pending.extend((encode(i), i.by_seqno, i.by_seqno, 1) for i in items)
+        self.queued_seqno = items[-1].by_seqno
+        if snap.end >= self.stream.end:
+            self._advance(self.stream.end)
 
     def _advance(self, seqno: int) -> None:
         """The consumer is consistent at ``seqno`` once what is queued now has gone out."""
@@ -418,22 +461,33 @@ class ActiveStream:
         """Queue a snapshot marker (:meth:`_marker_bytes`)."""
         self.pending.append((self._marker_bytes(start, end, flags, purge), 0, 0, 0))
 
-    def _marker_bytes(self, start: int, end: int, flags: int, purge: int | None = None) -> bytes:
+    def _marker_bytes(
+        self, start: int, end: int, flags: int, purge: int | None = None,
+        max_visible: list[int] | None = None,
+    ) -> bytes:  # fmt: skip
         """A snapshot marker, counted as sent; ``purge`` None: the vbucket's purge seqno now
-        (looked up only for the V2.2 marker that carries it)."""
+        (looked up only for the V2.2 marker that carries it). ``max_visible``: [the highest
+        committed seqno in the snapshot], or [] when it holds none (then the one before);
+        None: ``end``. A SyncWrite connection gets V2.0 at least."""
         stream = self.stream
         version = self.owner.marker_version
+        if version == "1.0" and self.owner.sync_writes:
+            version = "2.0"
         data: bytes
         if version == "1.0":
             data = dcp.encode_snapshot_marker(stream.opaque, stream.vbucket, start, end, flags)
         else:
+            if max_visible is not None:
+                self.max_visible_seqno = max_visible[0] if max_visible else self.max_visible_seqno
+            else:
+                self.max_visible_seqno = end
             common = {
                 "opaque": stream.opaque,
                 "vbucket": stream.vbucket,
                 "start_seqno": start,
                 "end_seqno": end,
                 "flags": int(flags),
-                "max_visible_seqno": end,
+                "max_visible_seqno": self.max_visible_seqno,
             }
             if version == "2.0":
                 data = dcp.SnapshotMarkerV2_0(**common).encode()
@@ -447,29 +501,62 @@ class ActiveStream:
 
     # -- encoding -----------------------------------------------------------------------------
 
-    def encode_item(self, item: Item) -> bytes:
-        """The wire bytes of one item of this stream (mutation, deletion or expiration)."""
-        stream, owner = self.stream, self.owner
-        if item.deleted:
-            return self._encode_tombstone(item)
+    def _mutation_value(self, item: Item) -> tuple[bytes, int]:
+        """The value and datatype a live item is sent with on this connection."""
+        owner = self.owner
         value, datatype = item.value, item.datatype
         shape = owner.shape
         if owner.no_value and not (datatype & _XATTR and shape.xattrs):
             # No value: never read an ejected one back. Plain NoValue also drops the
             # datatype (it described the value), the other flag keeps it.
-            value = b""
-            if not owner.keep_datatype:
-                datatype = 0
-        else:
-            if value is None:  # ejected from the hash table's copy: read it back
-                stored = self.owner.bucket.get_from_storage(stream.vbucket, item.key)
-                value = stored.value if stored is not None and stored.value is not None else b""
-            if datatype & _SHAPED or not shape.plain:
-                value, datatype = shape.mutation(value, datatype)
+            return b"", datatype if owner.keep_datatype else 0
+        if value is None:  # ejected from the hash table's copy: read it back
+            stored = owner.bucket.get_from_storage(self.stream.vbucket, item.key)
+            value = stored.value if stored is not None and stored.value is not None else b""
+        if datatype & _SHAPED or not shape.plain:
+            value, datatype = shape.mutation(value, datatype)
+        return value, datatype
+
+    def encode_item(self, item: Item) -> bytes:
+        """The wire bytes of one item of this stream (mutation, deletion or expiration)."""
+        stream = self.stream
+        if item.deleted:
+            return self._encode_tombstone(item)
+        value, datatype = self._mutation_value(item)
         return dcp.encode_mutation(
             stream.opaque, stream.vbucket, item.cas, item.by_seqno, item.rev_seqno, item.flags,
             item.expiry, datatype, item.key, value,
         )  # fmt: skip
+
+    def encode_sync_item(self, item: Item) -> bytes:
+        """An item of a SyncWrite connection: a prepare as a DcpPrepare (its level, a durable
+        delete flagged), a commit as a DcpCommit (the commit's CAS in the header), an abort as
+        a DcpAbort; anything else as :meth:`encode_item`."""
+        s = self.stream
+        if isinstance(item, PrepareItem):
+            if not item.deleted:
+                value, datatype = self._mutation_value(item)
+            elif item.datatype & _XATTR:  # a durable delete: the xattrs its tombstone keeps
+                value, datatype = self.owner.shape.deletion(item.value or b"", item.datatype)
+            else:
+                value, datatype = b"", 0
+            return dcp.Prepare(
+                opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, datatype=datatype,
+                key=item.key, value=value, by_seqno=item.by_seqno, rev_seqno=item.rev_seqno,
+                flags=item.flags, expiration=item.expiry, deleted=int(item.deleted),
+                durability_level=item.level,
+            ).encode()  # fmt: skip
+        if isinstance(item, CommitItem):
+            return dcp.Commit(
+                opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, key=item.key,
+                prepared_seqno=item.prepared_seqno, commit_seqno=item.by_seqno,
+            ).encode()  # fmt: skip
+        if isinstance(item, AbortItem):
+            return dcp.Abort(
+                opaque=s.opaque, vbucket=s.vbucket, cas=item.cas, key=item.key,
+                prepared_seqno=item.prepared_seqno, abort_seqno=item.by_seqno,
+            ).encode()  # fmt: skip
+        return self.encode_item(item)
 
     def _item_run(self, items: list[Item], start: int) -> tuple[list[bytes], int]:
         """The messages of the run of ``items`` from ``start`` as parts to join, and where the
@@ -529,9 +616,16 @@ class ActiveStream:
 
 def _committed_only(items: list[Item], marker_end: int) -> tuple[list[Item], int]:
     """A snapshot's items as a consumer without SyncWrites sees them: no prepares, no aborts
-    (a commit is a plain mutation or deletion); its marker ends at the last item it gets (the
-    max visible seqno) when the snapshot ends with a prepare or an abort."""
-    visible = [i for i in items if not isinstance(i, SyncWriteItem)]
+    (a commit is a plain mutation or deletion, left out when a later version of its key is in
+    the snapshot: checkpoints keep commits for SyncWrite readers); its marker ends at the last
+    item it gets (the max visible seqno) when the snapshot ends with a prepare or an abort."""
+    latest = {i.key: i.by_seqno for i in items if not isinstance(i, SyncWriteItem)}
+    visible = [
+        i
+        for i in items
+        if not isinstance(i, SyncWriteItem)
+        and (i.__class__ is not CommitItem or latest[i.key] == i.by_seqno)
+    ]
     if visible and len(visible) < len(items) and isinstance(items[-1], SyncWriteItem):
         marker_end = visible[-1].by_seqno
     return visible, marker_end
@@ -545,11 +639,27 @@ def encode_rows(stream: ActiveStream, rows: list[StreamRow]) -> Batch:
     per_run = 1 if stream.sid else BATCH_ITEMS
     runs: list[Run] = []
     start = 0
+    prepares = stream.disk_prepares  # (a SyncWrite stream's: slotted in by seqno)
     while start < len(rows):
-        parts, stop = _row_run(stream, rows, start, min(len(rows), start + per_run))
+        if prepares and prepares[0].by_seqno < rows[start][1]:
+            p = prepares.popleft()
+            runs.append((stream.encode_sync_item(p), p.by_seqno, 1))
+            continue
+        stop = min(len(rows), start + per_run)
+        if prepares:  # the run stops before the next prepare's seqno
+            stop = start + 1 + _below(rows, start + 1, stop, prepares[0].by_seqno)
+        parts, stop = _row_run(stream, rows, start, stop)
         runs.append((b"".join(parts), rows[stop - 1][1], stop - start))
         start = stop
     return Batch(runs, sum(len(r[0]) for r in runs))
+
+
+def _below(rows: list[StreamRow], start: int, stop: int, seqno: int) -> int:
+    """How many of ``rows[start:stop]`` (in seqno order) are below ``seqno``."""
+    n = 0
+    while start + n < stop and rows[start + n][1] < seqno:
+        n += 1
+    return n
 
 
 def _row_run(

@@ -16,6 +16,12 @@ Opaques: a stream's opaque is ``OPAQUE_BASE + vbucket``, so the answer to its re
 message of the stream find it; the connection's own requests (Open, Controls, CloseStream) use
 opaques below that and their answers need nothing.
 
+SyncWrites: given a ``consumer_name`` (the node's name in the active's replication topology)
+the consumer enables them on its connection and names itself, so prepares, commits and aborts
+arrive (:mod:`dcpkv.dcp.passive_stream` applies them) and the replica acknowledges its high
+prepared seqno (DcpSeqnoAcknowledged): at a snapshot's end, with the answers :meth:`handle`
+returns, or once persisted, from :meth:`seqno_acks` when the shell is told one is due.
+
 Flow control: the consumer asks for a ``connection_buffer_size`` window and acknowledges what it
 has applied once half a window is used, so a slow replica slows its producer instead of
 growing its memory. Noops: the producer sends one when idle; the consumer answers it.
@@ -35,6 +41,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.passive_stream import PassiveState, PassiveStream
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.item import MissingPrepare
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import Opcode, OpenFlag
@@ -55,9 +62,18 @@ class RollbackOrder:
 
 
 class DcpConsumer:
-    def __init__(self, bucket: Bucket, name: str, vbuckets: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        bucket: Bucket,
+        name: str,
+        vbuckets: Iterable[int] = (),
+        *,
+        consumer_name: str | None = None,
+    ) -> None:
         self.bucket = bucket
         self.name = name
+        # SyncWrites: this node's name in the active's topology; None: committed items only
+        self.consumer_name = consumer_name
         self.streams: dict[int, PassiveStream] = {}
         self.unacked_bytes = 0
         self.items_received = 0
@@ -72,11 +88,14 @@ class DcpConsumer:
         # IncludeXattrs: a replica keeps a document's xattrs (and a tombstone's system ones)
         flags = OpenFlag.Producer | OpenFlag.IncludeXattrs
         out = [dcp.DcpOpen(opaque=self._next(), name=self.name, flags=flags).encode()]
-        for key, value in (
+        controls = [
             ("connection_buffer_size", str(BUFFER_SIZE)),
             ("enable_noop", "true"),
             ("set_noop_interval", str(NOOP_INTERVAL_S)),
-        ):
+        ]
+        if self.consumer_name is not None:
+            controls += [("enable_sync_writes", "true"), ("consumer_name", self.consumer_name)]
+        for key, value in controls:
             out.append(dcp.DcpControl(opaque=self._next(), key=key, value=value).encode())
         for stream in self.streams.values():
             if stream.state is not PassiveState.ROLLING_BACK:
@@ -131,8 +150,32 @@ class DcpConsumer:
         if isinstance(msg, dcp.SetVbucketState):
             return [self._takeover_state(stream, msg), *self._ack(size)], []
         if stream is not None and stream.state is PassiveState.READING:
-            self._apply(stream, msg, now)
+            try:
+                self._apply(stream, msg, now)
+            except MissingPrepare as exc:
+                return self._lost_prepare(stream, exc.prepared_seqno, size)
+            ack = stream.seqno_ack()
+            if ack is not None:
+                return [ack.encode(), *self._ack(size)], []
         return self._ack(size), []
+
+    def _lost_prepare(
+        self, stream: PassiveStream, prepared_seqno: int, size: int
+    ) -> tuple[list[bytes], list[RollbackOrder]]:
+        """A commit or abort of a prepare the replica does not hold (a local rollback landed
+        between the two): the stream is closed, the vbucket rolled back below the prepare, and
+        asked again from there, so the producer sends the prepare (or its committed version)
+        anew. Ending the whole connection instead would fail it again at every retry."""
+        seqno = max(prepared_seqno - 1, 0)
+        stream.told_to_roll_back(seqno)
+        close = dcp.CloseStream(opaque=self._next(), vbucket=stream.vbid).encode()
+        return [close, *self._ack(size)], [RollbackOrder(stream.vbid, seqno)]
+
+    def seqno_acks(self) -> list[bytes]:
+        """The DcpSeqnoAcknowledged due now (a replica persisted a PersistToMajority prepare:
+        the shell asks when the bucket's ``seqno_ack_listeners`` say so)."""
+        acks = (s.seqno_ack() for s in self.streams.values())
+        return [a.encode() for a in acks if a is not None]
 
     def _takeover_state(self, stream: PassiveStream | None, msg: dcp.SetVbucketState) -> bytes:
         """Answer one step of a takeover handshake (module docstring of passive_stream)."""
@@ -178,6 +221,19 @@ class DcpConsumer:
         elif isinstance(msg, dcp.Deletion | dcp.DeletionV2 | dcp.Expiration):
             stream.deletion(msg)
             self.items_received += 1
+        elif isinstance(msg, dcp.Prepare | dcp.Commit | dcp.Abort):
+            self._apply_sync_write(stream, msg)
+
+    def _apply_sync_write(
+        self, stream: PassiveStream, msg: dcp.Prepare | dcp.Commit | dcp.Abort
+    ) -> None:
+        if isinstance(msg, dcp.Prepare):
+            stream.prepare(msg)
+        elif isinstance(msg, dcp.Commit):
+            stream.commit(msg)
+        else:
+            stream.abort(msg)
+        self.items_received += 1
 
     def _ack(self, size: int) -> list[bytes]:
         self.unacked_bytes += size

@@ -33,6 +33,10 @@ READING            SetVbucketState(pending), takeover        READING (answered; 
 READING            SetVbucketState(active), takeover         READING (the vbucket made
                                                              active, its log kept; StreamEnd
                                                              follows)
+READING            a commit or abort of a prepare the        ROLLING_BACK to below the
+                   vbucket does not hold (a local rollback   prepare (the consumer closes
+                   landed between the two)                   the stream; asked again from
+                                                             there, the prepare comes anew)
 READING            StreamEnd                                 PENDING (asked again after a
                                                              pause: the active moved or
                                                              restarted) or ENDED (closed)
@@ -48,6 +52,15 @@ meanwhile is never made active), and on the second makes the vbucket active as a
 the failover log it adopted from the old active stays as it is, so a consumer that followed the
 old active resumes on the new one without a rollback.
 
+SyncWrites (PROTOCOL.md): on a connection that enabled them, a DcpPrepare is kept beside the
+key's committed value (:meth:`VBucket.replica_prepare`, with its seqno, persisted, tracked by the
+vbucket's passive durability monitor), a DcpCommit makes it the committed value and a DcpAbort
+drops it. A snapshot ends when its last seqno arrives, or when the next marker does (a disk
+snapshot's end may be an item the disk no longer has); the vbucket is told, and the monitor
+decides whether the replica's high prepared seqno moved (for PersistToMajority prepares only
+once persisted, which the flusher reports): :meth:`PassiveStream.seqno_ack` then gives the
+DcpSeqnoAcknowledged to send to the active.
+
 Asking again always starts from what the vbucket holds *now*, with its snapshot range, so the
 producer's rollback rules (spec 000) decide whether anything must be undone: a replica never
 guesses.
@@ -61,10 +74,10 @@ from dataclasses import dataclass
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.engine.item import Item
+from dcpkv.engine.item import Item, PrepareItem
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import dcp
-from dcpkv.protocol.constants import StreamRequestFlag
+from dcpkv.protocol.constants import SnapshotFlag, StreamRequestFlag
 
 
 class PassiveState(enum.Enum):
@@ -85,6 +98,8 @@ class PassiveStream:
     rollback_to: int | None = None  # set while ROLLING_BACK
     retry_at: float = 0.0  # a PENDING stream asks again from this time on (after a refusal)
     takeover: bool = False  # asked with the TakeOver flag (the vbucket was pending)
+    snapshot_end: int = 0  # the end of the snapshot being received (its last marker's)
+    snapshot_done: bool = True  # that snapshot arrived whole (told to the vbucket)
 
     @property
     def vbid(self) -> int:
@@ -115,6 +130,7 @@ class PassiveStream:
     def accepted(self, failover_log: tuple[FailoverEntry, ...]) -> None:
         self.vbucket.adopt_failover_log(failover_log)
         self.state = PassiveState.READING
+        self.snapshot_done = True  # a new stream: its first marker opens the next snapshot
 
     def told_to_roll_back(self, seqno: int) -> None:
         self.rollbacks += 1
@@ -138,7 +154,10 @@ class PassiveStream:
     # -- applying what arrives -------------------------------------------------------------
 
     def marker(self, msg: dcp.SnapshotMarker) -> None:
-        self.vbucket.replica_snapshot_marker(msg.start_seqno, msg.end_seqno)
+        self._snapshot_end()  # a disk snapshot's last seqno may be no item we get
+        disk = bool(msg.flags & SnapshotFlag.Disk)
+        self.vbucket.replica_snapshot_marker(msg.start_seqno, msg.end_seqno, disk=disk)
+        self.snapshot_end, self.snapshot_done = msg.end_seqno, False
 
     def mutation(self, msg: dcp.Mutation) -> None:
         self.items_received += 1
@@ -149,6 +168,7 @@ class PassiveStream:
                 datatype=msg.datatype,
             )
         )  # fmt: skip
+        self._applied(msg.by_seqno)
 
     def deletion(self, msg: dcp.Deletion | dcp.DeletionV2 | dcp.Expiration) -> None:
         self.items_received += 1
@@ -160,3 +180,48 @@ class PassiveStream:
                 delete_time=delete_time, expired=isinstance(msg, dcp.Expiration),
             )
         )  # fmt: skip
+        self._applied(msg.by_seqno)
+
+    # -- SyncWrites (the connection enabled them: module docstring) -----------------------------
+
+    def prepare(self, msg: dcp.Prepare) -> None:
+        self.items_received += 1
+        self.vbucket.replica_prepare(
+            PrepareItem(
+                bytes(msg.key), bytes(msg.value), msg.flags, msg.expiration, msg.cas,
+                msg.rev_seqno, msg.by_seqno, msg.datatype, bool(msg.deleted), 0, False,
+                msg.durability_level,
+            )
+        )  # fmt: skip
+        self._applied(msg.by_seqno)
+
+    def commit(self, msg: dcp.Commit) -> None:
+        self.items_received += 1
+        key = bytes(msg.key)
+        self.vbucket.replica_commit(key, msg.prepared_seqno, msg.commit_seqno, msg.cas)
+        self._applied(msg.commit_seqno)
+
+    def abort(self, msg: dcp.Abort) -> None:
+        self.items_received += 1
+        self.vbucket.replica_abort(bytes(msg.key), msg.prepared_seqno, msg.abort_seqno, msg.cas)
+        self._applied(msg.abort_seqno)
+
+    def _applied(self, seqno: int) -> None:
+        if seqno >= self.snapshot_end:
+            self._snapshot_end()
+
+    def _snapshot_end(self) -> None:
+        """The current snapshot arrived whole: the vbucket may acknowledge its prepares."""
+        if not self.snapshot_done:
+            self.snapshot_done = True
+            self.vbucket.replica_snapshot_end(self.snapshot_end)
+
+    def seqno_ack(self) -> dcp.SeqnoAcknowledged | None:
+        """The DcpSeqnoAcknowledged due for this stream's vbucket, if any (only while reading:
+        otherwise it stays due)."""
+        if self.state is not PassiveState.READING:
+            return None
+        seqno = self.vbucket.take_seqno_ack()
+        if seqno is None:
+            return None
+        return dcp.SeqnoAcknowledged(opaque=self.opaque, vbucket=self.vbid, prepared_seqno=seqno)

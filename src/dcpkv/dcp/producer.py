@@ -113,6 +113,7 @@ from dcpkv.dcp.stream_request import (
 from dcpkv.dcp.values import ValueShape
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import Clock
+from dcpkv.engine.item import EngineError, NotMyVbucket
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import dcp
 from dcpkv.protocol.base import GenericResponse, Message
@@ -193,8 +194,13 @@ class DcpProducer:
         self.expiry_opcode = False
         self.priority = "medium"
         self.marker_version = "1.0"
+        # SyncWrites (PROTOCOL.md): enable_sync_writes = this connection gets prepares, commits
+        # and aborts (and V2.0 markers at least); consumer_name = the node it acknowledges as
+        self.sync_writes = False
+        self.consumer_name: str | None = None
         self.items_sent = 0
         self.bytes_sent = 0
+        self.rollbacks_answered = 0  # stream requests answered Rollback (a metric)
         self.disconnected = False
         self._streams: dict[int, ActiveStream] = {}  # by stream key (active_stream.stream_key)
         # enable_stream_id: several streams of a vbucket, each tagged with its id
@@ -301,7 +307,37 @@ class DcpProducer:
             raise ProducerError(
                 Status.Einval, "enable_stream_id: only 'true', before any stream is opened"
             )
+        if self.sync_writes:
+            raise ProducerError(Status.NotSupported, "enable_stream_id: SyncWrites are enabled")
         self.stream_ids = True
+
+    def _set_sync_writes(self, value: str) -> None:
+        enable = _parse_bool(value, "enable_sync_writes")
+        if enable and self.stream_ids:  # as the reference: no SyncWrites with stream ids
+            raise ProducerError(
+                Status.NotSupported, "enable_sync_writes: not on a connection with stream ids"
+            )
+        self.sync_writes = enable
+
+    def _set_consumer_name(self, value: str) -> None:
+        if not value:
+            raise ProducerError(Status.Einval, "consumer_name: empty")
+        self.consumer_name = value
+
+    def _seqno_ack_request(self, msg: dcp.SeqnoAcknowledged) -> bytes | None:
+        """A replica's high prepared seqno (no answer unless refused)."""
+        op, opaque = Opcode.DcpSeqnoAcknowledged, msg.opaque
+        name = self.consumer_name
+        if not self.sync_writes or name is None:
+            return _error(op, opaque, Status.Einval, "needs enable_sync_writes and consumer_name")
+        vb = self.bucket.vbuckets.get(msg.vbucket)
+        try:
+            if vb is None:
+                raise NotMyVbucket(f"no vbucket {msg.vbucket}")
+            vb.seqno_acknowledged(name, msg.prepared_seqno)
+        except EngineError as exc:
+            return _error(op, opaque, exc.status, str(exc))
+        return None
 
     def _stream_id_error(self, sid: int | None) -> str | None:
         """Why a request's stream id does not fit this connection, or None."""
@@ -349,6 +385,7 @@ class DcpProducer:
             stream_exists=existing is not None and existing.stream.alive,
         )
         if isinstance(answer, RollbackTo):
+            self.rollbacks_answered += 1
             return dcp.StreamRequestRollback(opaque=opaque, rollback_seqno=answer.seqno).encode()
         if not isinstance(answer, Accept):
             return _error(op, opaque, answer.status, answer.message)
@@ -646,6 +683,18 @@ class DcpProducer:
 
     # -- stats -----------------------------------------------------------------------------
 
+    def items_remaining(self) -> int:
+        """Items the open streams have still to send: each stream's distance from its last
+        sent seqno to its vbucket's high seqno (or its end seqno, when lower)."""
+        vbuckets = self.bucket.vbuckets
+        remaining = 0
+        for out in self._streams.values():
+            s = out.stream
+            vb = vbuckets.get(s.vbucket)
+            if s.alive and vb is not None:
+                remaining += max(0, min(s.end, vb.high_seqno) - s.last_sent_seqno)
+        return remaining
+
     def stats(self) -> dict[str, str]:
         """Per-connection ``stat:name`` and per-stream ``stat:vb:name`` values (spec 002)."""
         n = self.name
@@ -692,6 +741,7 @@ _REQUESTS: dict[type, Callable[[DcpProducer, Any], bytes | None]] = {
     dcp.GetFailoverLog: DcpProducer._failover_log_request,
     dcp.BufferAck: DcpProducer._buffer_ack_request,
     dcp.DcpBarrier: DcpProducer._barrier_request,
+    dcp.SeqnoAcknowledged: DcpProducer._seqno_ack_request,
 }
 
 _CONTROLS = {
@@ -704,6 +754,8 @@ _CONTROLS = {
     "force_value_compression": DcpProducer._set_force_compression,
     "enable_stream_id": DcpProducer._set_stream_ids,
     "max_marker_version": DcpProducer._set_marker_version,
+    "enable_sync_writes": DcpProducer._set_sync_writes,
+    "consumer_name": DcpProducer._set_consumer_name,
 }
 
 

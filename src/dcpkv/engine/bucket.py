@@ -61,7 +61,9 @@ move the CAS on too, so a manager that did not see them must re-read before its 
 Listeners (for the server's DCP push path; the engine itself never waits on anything):
 ``seqno_listeners`` are called with a vbucket id after every item that vbucket queues (under
 the vbucket's lock, from whichever thread wrote: a listener must only take note and return);
-``state_listeners`` after a vbucket changes state or is deleted. A listener must not raise.
+``state_listeners`` after a vbucket changes state or is deleted; ``seqno_ack_listeners`` when a
+replica vbucket has a high prepared seqno to acknowledge (SyncWrites; the DCP consumer takes it
+with ``VBucket.take_seqno_ack``). A listener must not raise.
 
 Threads: the storage connection for writes belongs to whoever calls :meth:`flush_once`,
 :meth:`compact`, :meth:`rollback`, :meth:`delete_vbucket` and :meth:`shutdown`; a lock
@@ -71,6 +73,7 @@ the vbuckets' in-memory operations (which only take the vbucket's own short lock
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -78,9 +81,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.failover_table import FailoverTable
+from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
+from dcpkv.engine import migrate
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS
@@ -100,6 +106,7 @@ from dcpkv.engine.storage import (
     storage_cache_bytes,
 )
 from dcpkv.engine.vbucket import DEFAULT_MAX_ITEM_SIZE, FlushBatch, SyncOutcome, VBucket
+from dcpkv.protocol.constants import DurabilityLevel
 
 DEFAULT_MEMORY_QUOTA = 256 * 1024 * 1024
 LOW_WATERMARK = 0.85  # eject down to this fraction of the quota
@@ -109,7 +116,8 @@ _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when th
 
 
 STORAGE_ENGINES = ("sqlite", "rocksdb")
-DEFAULT_STORAGE = "sqlite"
+DEFAULT_STORAGE = "rocksdb"  # a bucket written by SQLite is converted at its first start
+log = logging.getLogger(__name__)
 _SUFFIX = {"sqlite": ".sqlite3", "rocksdb": ".rocksdb"}
 
 
@@ -127,11 +135,14 @@ def open_storage(
     synchronous: str = "FULL",
     cache_bytes: int,
 ) -> BucketStorage:
-    """Open (or create) ``bucket``'s storage with ``engine``. A bucket written by the other
-    engine is refused rather than started empty beside it."""
+    """Open (or create) ``bucket``'s storage with ``engine``. A bucket written by the SQLite
+    engine is converted first when ``engine`` is rocksdb (:mod:`dcpkv.engine.migrate`); one
+    written by RocksDB is refused by SQLite rather than started empty beside it."""
     if engine not in STORAGE_ENGINES:
         raise ValueError(f"storage must be one of {', '.join(STORAGE_ENGINES)}, not {engine!r}")
     path = storage_path(folder, bucket, engine)
+    if engine == "rocksdb":
+        migrate_storage(folder, bucket, history_window=history_window, cache_bytes=cache_bytes)
     others = [
         e for e in STORAGE_ENGINES if e != engine and storage_path(folder, bucket, e).exists()
     ]
@@ -149,6 +160,44 @@ def open_storage(
     )
 
 
+def migrate_storage(
+    folder: Path,
+    bucket: str,
+    *,
+    history_window: int = DEFAULT_HISTORY_WINDOW,
+    cache_bytes: int = 0,
+    progress: migrate.Progress | None = None,
+) -> int:
+    """Convert ``bucket``'s SQLite files in ``folder`` to RocksDB, or finish a conversion that
+    died; nothing when there is none. Returns the versions written. The caller holds the
+    bucket's lock."""
+    source, target = storage_path(folder, bucket, "sqlite"), storage_path(folder, bucket, "rocksdb")
+    step = migrate.pending(source, target)
+    if step is None:
+        return 0
+    log.info("bucket %s: %s the conversion of %s to %s", bucket,
+             "finishing" if step == "finish" else "starting", source, target)  # fmt: skip
+    written = migrate.convert(
+        source, target, history_window=history_window, cache_bytes=cache_bytes,
+        progress=progress or _log_progress(bucket),
+    )  # fmt: skip
+    log.info("bucket %s: converted to %s (%d versions)", bucket, target, written)
+    return written
+
+
+def _log_progress(bucket: str) -> migrate.Progress:
+    """Logs a conversion's progress at every tenth (a server's start has no terminal)."""
+    said = [-1]
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // total if total else 10
+        if tenth > said[0]:
+            said[0] = tenth
+            log.info("bucket %s: converting, %d of %d versions", bucket, done, total)
+
+    return progress
+
+
 class StateCasMismatch(EngineError):
     """A state change carried a stale state CAS; ``cas`` is the current one."""
 
@@ -157,6 +206,30 @@ class StateCasMismatch(EngineError):
     def __init__(self, cas: int) -> None:
         super().__init__(f"vbucket state CAS mismatch: the current state CAS is {cas}")
         self.cas = cas
+
+
+class ConflictModeMismatch(EngineError):
+    """A bucket opened with another conflict-resolution mode than it was created with."""
+
+    status = Status.Einval
+
+
+def fixed_conflict_mode(path: Path, name: str, requested: ConflictMode) -> ConflictMode:
+    """The bucket's conflict-resolution mode: ``requested`` when the bucket is new (written
+    down beside its storage), else the one it was created with, which ``requested`` must
+    match: two clusters converge only if each judges conflicts the same way forever."""
+    record = path / f"{name}.conflict_resolution"
+    if not record.exists():
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write(record, f"{requested.value}\n".encode(), record.with_suffix(".tmp"))
+        return requested
+    created = ConflictMode(record.read_text().strip())
+    if created is not requested:
+        raise ConflictModeMismatch(
+            f"bucket {name!r} was created with conflict resolution {created.value!r}, "
+            f"not {requested.value!r} (the mode is fixed at creation)"
+        )
+    return created
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:
@@ -182,10 +255,16 @@ class Bucket:
         compression_mode: CompressionMode = CompressionMode.PASSIVE,
         storage: str = DEFAULT_STORAGE,
         durability_timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        durability_min_level: DurabilityLevel | None = None,
+        conflict_mode: ConflictMode = ConflictMode.SEQNO,
     ) -> None:
         self.name = name
+        # Fixed when the bucket is created: a file beside its storage keeps it (XDCR)
+        self.conflict_mode = fixed_conflict_mode(Path(path), name, conflict_mode)
         # A SyncWrite's timeout when its request names none (the reference's 30 s).
         self.durability_timeout_ms = durability_timeout_ms
+        # Every front-end write at least this level (a write with none becomes a SyncWrite).
+        self.durability_min_level = durability_min_level
         # Called (under a vbucket's lock, from the loop or the flusher thread: it must only
         # take note) with the answers SyncWrites get (VBucket.on_sync_outcomes).
         self.sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
@@ -217,6 +296,9 @@ class Bucket:
         self._dirty_since: float | None = None
         self._inflight_since: float | None = None
         self.state_listeners: list[Callable[[int], None]] = []
+        # Called (under a vbucket's lock, any thread: take note only) when a replica vbucket
+        # has a high prepared seqno to acknowledge to its active (VBucket.take_seqno_ack).
+        self.seqno_ack_listeners: list[Callable[[int], None]] = []
         # The flush queue: ids of the vbuckets with something to persist (module docstring).
         self._flush_queue: set[int] = set()
         # The backlog's shape since the last flush took its batches (flush_cadence.Backlog).
@@ -315,8 +397,11 @@ class Bucket:
             admit=self._admit,
         )
         vbucket.on_queued = self._queued
+        vbucket.on_persistence_wanted = self.want_persistence
+        vbucket.conflict_mode = self.conflict_mode
         vbucket.durability_timeout_ms = self.durability_timeout_ms
         vbucket.on_sync_outcomes = self._sync_outcomes
+        vbucket.on_seqno_ack = self._seqno_ack_due
         vbucket.on_dirty = self._state_dirty
         self._state_dirty(vb)  # a new VBucket starts with its state to write
         return vbucket
@@ -324,6 +409,10 @@ class Bucket:
     def _sync_outcomes(self, vb: int, outcomes: list[SyncOutcome]) -> None:
         if self.sync_outcomes is not None:
             self.sync_outcomes(vb, outcomes)
+
+    def _seqno_ack_due(self, vb: int) -> None:
+        for listener in self.seqno_ack_listeners:
+            listener(vb)
 
     def durability_tick(self) -> None:
         """Time passed: every active vbucket's SyncWrites past their timeout abort."""
@@ -434,8 +523,9 @@ class Bucket:
         )
 
     def want_persistence(self) -> None:
-        """A client asked whether a write is on disk and it is not yet: the next flusher tick
-        writes the backlog, sparse or not (``flush_cadence``, case W)."""
+        """A client asked whether a write is on disk and it is not yet, or a SyncWrite's
+        prepare waits to be persisted: the next flusher tick writes the backlog, sparse or not
+        (``flush_cadence``, case W)."""
         self._persistence_wanted = True
 
     def flush_if_due(self, interval_s: float, *, waiting: bool = False) -> int:
@@ -467,6 +557,7 @@ class Bucket:
             assert s is not None
             failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
             vbucket.reset(s, failover, self.storage.load_items(vb))
+            vbucket.load_prepares(self.storage.load_prepares(vb))
             self.flush_once()
         # Wake the DCP streams of this vbucket (as a queued item would): each sees the new
         # generation on its next refill and ends with Rollback, even one idle in memory.

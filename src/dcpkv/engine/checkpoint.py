@@ -24,7 +24,9 @@ Invariants
       cursor has already read past it (that cursor must still see the newer one, so both stay).
       Closed checkpoints never change: dedup happens only in the open one. Prepares and
       aborts (SyncWrites) are never deduplicated and deduplicate nothing: they are queued
-      beside their key's committed versions (:meth:`CheckpointManager.queue_sync`);
+      beside their key's committed versions (:meth:`CheckpointManager.queue_sync`); a commit
+      deduplicates the key's older versions but is never deduplicated itself (a SyncWrite
+      reader needs it to complete its prepare);
     * the persistence cursor (the flusher's) always exists and is never dropped, so an item is
       freed only after it is persisted;
     * the oldest checkpoints are freed as soon as they are closed and no cursor is in them
@@ -73,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dcpkv.core.errors import DcpkvError
-from dcpkv.engine.item import Item, SyncWriteItem
+from dcpkv.engine.item import CommitItem, Item, SyncWriteItem
 
 PERSISTENCE_CURSOR = "persistence"
 DEFAULT_CHECKPOINT_MAX_ITEMS = 10_000
@@ -171,7 +173,8 @@ class CheckpointManager:
         self._lock = lock or threading.RLock()
         self.max_items = max_items
         self.memory_used = 0
-        # Prepares and aborts ever queued: until the first, a reader has none to skip.
+        # Prepares, aborts and commits ever queued: until the first, a reader has none to skip
+        # (and a SyncWrite one none to send as its own message).
         self.sync_items = 0
         self._next_id = 1
         self._checkpoints: list[Checkpoint] = []
@@ -260,8 +263,8 @@ class CheckpointManager:
                     ckpt.last_kept = old
                 return
         stale = ckpt.items[old]
-        if stale is None:
-            return
+        if stale is None or stale.__class__ is CommitItem:
+            return  # a commit stays: a SyncWrite reader must see it (queue_sync)
         size = stale.size()
         ckpt.items[old] = None
         ckpt.memory -= size
@@ -472,13 +475,17 @@ class CheckpointManager:
         raise LookupError("cursor in a freed checkpoint")
 
 
+_OWN_SLOT = (SyncWriteItem, CommitItem)
+
+
 def _collect(into: dict[object, Item], slots: Iterable[Item | None]) -> None:
     # Re-inserting a key moves it to the end: the dict stays in ascending seqno order. A
-    # prepare or an abort has a key of its own (its seqno): it neither replaces nor is
-    # replaced by its key's committed versions (CheckpointManager.queue_sync).
+    # prepare, an abort or a commit has a key of its own (its seqno): it is not replaced by its
+    # key's later versions, so a SyncWrite reader sees every prepare completed
+    # (CheckpointManager.queue_sync); a plain reader's stream drops a superseded commit.
     for item in slots:
         if item is not None:
-            key: object = item.by_seqno if isinstance(item, SyncWriteItem) else item.key
+            key: object = item.by_seqno if isinstance(item, _OWN_SLOT) else item.key
             into.pop(key, None)
             into[key] = item
 

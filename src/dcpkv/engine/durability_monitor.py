@@ -66,6 +66,11 @@ A11  step_down() (leaving active)          Ambiguous(cookie) for every pending p
                                            PassiveDurabilityMonitor
 A12  a *maybe visible* prepare (from       no deadline and no client: never times out, never
      promotion or warm-up)                 doomed; commits once satisfied (A2)
+A13  re_committing(key)                    True while the key's pending prepare is maybe
+                                           visible: a read of the key answers
+                                           SyncWriteReCommitInProgress (the old active may
+                                           have committed it); a client's own prepare hides
+                                           nothing (readers see the committed value)
 ==== ===================================== ==================================================
 
 Replica side: a snapshot's prepares are acknowledged only once the whole snapshot arrived
@@ -91,7 +96,10 @@ P7   commit / abort (disk snapshot)        matched by key; an abort with no prep
 P8   prepare for a key already pending     refused in a memory snapshot; in a disk snapshot
                                            the newer replaces the older (deduplicated)
 P9   promote(node)                         the pending prepares go to the returned
-                                           ActiveDurabilityMonitor as maybe visible (A12)
+                                           ActiveDurabilityMonitor as maybe visible (A12),
+                                           with the replica's HPS (its own first ack), HCS
+                                           and persisted seqno; re_committing(key) is True
+                                           for each of them, here and there (A13)
 P10  a prepare replaced (P8) above the     no longer pending, but a fence until the HPS
      HPS                                   passes it, as a completed one (P6): a
                                            PersistToMajority one of an earlier memory
@@ -235,6 +243,11 @@ class ActiveDurabilityMonitor:
     @property
     def num_pending(self) -> int:
         return len(self._pending)
+
+    def re_committing(self, key: bytes) -> bool:
+        """Whether the key's pending prepare is maybe visible (A13)."""
+        write = self._by_key.get(key)
+        return write is not None and write.maybe_visible
 
     def ack_of(self, node: str) -> int:
         """The highest prepare ``node`` acknowledged (this node: its HPS)."""
@@ -417,6 +430,11 @@ class PassiveDurabilityMonitor:
     @property
     def num_pending(self) -> int:
         return len(self._incomplete)
+
+    def re_committing(self, key: bytes) -> bool:
+        """Whether the key has a pending prepare: every one is maybe visible to a vbucket
+        promoted before it got an active monitor (A13, P9)."""
+        return key in self._by_key
 
     # -- events -------------------------------------------------------------------------
 

@@ -147,10 +147,27 @@ class DurabilityImpossible(EngineError):
     status = Status.DurabilityImpossible
 
 
+class MissingPrepare(Einval):
+    """A replicated commit or abort of a prepare this replica does not hold (lost to a local
+    rollback that landed between the prepare and its completion, say): the replica must roll
+    back below ``prepared_seqno`` and stream it again."""
+
+    def __init__(self, message: str, prepared_seqno: int) -> None:
+        super().__init__(message)
+        self.prepared_seqno = prepared_seqno
+
+
 class SyncWriteInProgress(EngineError):
     """A write to a key whose prepare is pending (the client retries later)."""
 
     status = Status.SyncWriteInProgress
+
+
+class SyncWriteReCommitInProgress(EngineError):
+    """A read of a key whose prepare a newly promoted active is re-committing: the prepare may
+    have been committed by the old active, so neither version may be served yet."""
+
+    status = Status.SyncWriteReCommitInProgress
 
 
 ERRORS: tuple[type[EngineError], ...] = (
@@ -164,4 +181,5 @@ ERRORS: tuple[type[EngineError], ...] = (
     Einval,
     DurabilityImpossible,
     SyncWriteInProgress,
+    SyncWriteReCommitInProgress,
 )

@@ -27,9 +27,11 @@ Column families
     ``local``     the format version and the clean-shutdown flag.
     ``prepares``  the pending SyncWrite prepares: key (vb, key), value the prepare's seqno, its
                   durability level and its log record. A flushed prepare is written here,
-                  never to the log or the key index (a backfill never sees it); its commit (a
-                  committed version) or abort deletes it, in its vbucket's last write batch of
-                  the flush, the one with its state. Warm-up reads them back
+                  never to the log or the key index (a plain backfill never sees it); its
+                  commit (a committed version) deletes it and its abort replaces it (level 0,
+                  ``storage.abort_row``: a SyncWrite consumer's backfill sends it), in its
+                  vbucket's last write batch of the flush, the one with its state. Warm-up
+                  reads the prepares back
                   (:meth:`RocksStorage.load_prepares`). A database made before this family
                   existed gets it, empty, at open.
 
@@ -88,7 +90,7 @@ import rocksdict
 
 from dcpkv.core.files import fsync_dir
 from dcpkv.engine import retention
-from dcpkv.engine.item import Item, PrepareItem
+from dcpkv.engine.item import AbortItem, Item, PrepareItem
 from dcpkv.engine.storage import (
     CompactResult,
     CorruptDatabaseError,
@@ -98,6 +100,7 @@ from dcpkv.engine.storage import (
     StorageReads,
     StreamRow,
     VBState,
+    completion,
     has_sync_writes,
     row_of_stream_row,
     split_sync_writes,
@@ -273,6 +276,7 @@ class RocksScan(Generic[R]):
     def __init__(self, db: _Db, vb: int, start: int, end: int, purge: int, *, stream: bool) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
         self.exhausted = False
+        self.prepares: list[PrepareItem | AbortItem] = []
         self._stream = stream
         self._lock = threading.Lock()
         self._error: str | None = None
@@ -672,7 +676,7 @@ class RocksStorage(StorageReads):
         """The vbucket's persisted pending prepares, in seqno order (warm-up)."""
         with self._write_lock:
             prepares = [_prepare_of(v) for _, v in _scan(self._db.cf["prepares"], *_vb_range(vb))]
-        return sorted(prepares, key=lambda p: p.by_seqno)
+        return sorted((p for p in prepares if p.level), key=lambda p: p.by_seqno)  # no aborts
 
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None:
         """Write the snapshots and states of several vbuckets, each vbucket's end state
@@ -690,6 +694,45 @@ class RocksStorage(StorageReads):
         with self._writing():
             for chunk in _chunks(per_vb, split=self.history_window > 0):
                 self._write(self._flush_batch(chunk, sync))
+
+    def import_vbucket(
+        self,
+        vb: int,
+        state: VBState,
+        versions: Iterable[tuple[Item, int | None]],
+        points: Iterable[int],
+        prepares: Iterable[PrepareItem],
+    ) -> int:
+        """Write a vbucket as another engine kept it (:mod:`dcpkv.engine.migrate`): its
+        versions as (item, the seqno that replaced it or None for the latest), its flush
+        points (each stored with the state, at that high seqno), its pending prepares, and its
+        state last. Not atomic: the caller discards the whole database if it does not finish.
+        Returns the versions written."""
+        written = 0
+        with self._writing():
+            handles, prefix = self._db.handle, _VB.pack(vb)
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for item, replaced_by in versions:
+                tail, packed = _U64.pack(item.by_seqno), _packed(item)
+                batch.put(prefix + tail, _record(item, packed), handles["by_seqno"])
+                if replaced_by is None:
+                    batch.put(prefix + item.key, tail + _U64.pack(packed), handles["by_key"])
+                else:
+                    batch.put(prefix + tail, _U64.pack(replaced_by), handles["replaced"])
+                written += 1
+                if written % GROUP_ITEMS == 0:
+                    self._write(batch)
+                    batch = rocksdict.WriteBatch(raw_mode=True)
+            for p in points:
+                if p < state.high_seqno:
+                    point_state = _copy(state)
+                    point_state.high_seqno = point_state.snap_start = point_state.snap_end = p
+                    batch.put(_seqno_key(vb, p), _state_bytes(point_state), handles["flush_points"])
+            for prepare in prepares:
+                batch.put(prefix + prepare.key, _prepare_bytes(prepare), handles["prepares"])
+            self._put_state(batch, vb, state, merge=False)
+            self._write(batch)
+        return written
 
     def _put_prepares(
         self, batch: rocksdict.WriteBatch, vb: int, words: dict[bytes, PrepareItem | None]
@@ -808,18 +851,34 @@ class RocksStorage(StorageReads):
         return self._open_scan(vb, start_exclusive, end_inclusive, stream=False)
 
     def open_stream_backfill(
-        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+        self,
+        vb: int,
+        start_exclusive: int,
+        end_inclusive: int | None = None,
+        *,
+        prepares: bool = False,
     ) -> RocksScan[StreamRow]:
-        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill)."""
-        return self._open_scan(vb, start_exclusive, end_inclusive, stream=True)
+        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill);
+        ``prepares``: with the pending prepares of the range, read with the iterators."""
+        return self._open_scan(vb, start_exclusive, end_inclusive, stream=True, prepares=prepares)
 
-    def _open_scan(self, vb: int, start: int, end: int | None, *, stream: bool) -> RocksScan[Any]:
+    def _open_scan(
+        self, vb: int, start: int, end: int | None, *, stream: bool, prepares: bool = False
+    ) -> RocksScan[Any]:
         with self._write_lock:  # (no write between the two iterators: one consistent view)
             s = self._states.get(vb)
             high, purge = (s.high_seqno, s.purge_seqno) if s else (0, 0)
             end = high if end is None else min(end, high)
             try:
                 scan: RocksScan[Any] = RocksScan(self._db, vb, start, end, purge, stream=stream)
+                if prepares:
+                    cf = self._db.cf["prepares"]
+                    held = (_prepare_of(v) for _, v in _scan(cf, *_vb_range(vb)))
+                    scan.prepares = [
+                        completion(p)
+                        for p in sorted(held, key=lambda p: p.by_seqno)
+                        if start < p.by_seqno <= end
+                    ]
             except Exception as exc:
                 raise StorageError(f"{self.path}: {exc}") from exc
             self._scans.add(scan)

@@ -27,9 +27,10 @@ Tables
     ``meta``       one row: format version and the ``clean_shutdown`` flag.
     ``prepares``   the pending SyncWrite prepares, PK (vb, key), with their durability level:
                    a flushed prepare is written here, never over its key's committed
-                   ``documents`` row; its commit (a committed document) or abort deletes it.
-                   Warm-up reads them back (:meth:`Storage.load_prepares`); a backfill never
-                   sees them.
+                   ``documents`` row; its commit (a committed document) deletes it, its abort
+                   replaces it (level 0, :func:`abort_row`). Warm-up reads the prepares back
+                   (:meth:`Storage.load_prepares`); a SyncWrite consumer's backfill reads both
+                   (``open_stream_backfill(prepares=True)``), a plain one neither.
 
 Durability. :meth:`Storage.persist` writes the items of one or more snapshots, the vbucket
 states and failover tables in ONE transaction, so the disk moves from one complete snapshot to
@@ -239,6 +240,9 @@ class BackfillScan(Protocol[R]):
     end: int
     purge_seqno: int
     exhausted: bool  # read to its end (and then closed)
+    # the pending prepares and the aborts in the range, in seqno order, read with the snapshot
+    # (asked for: a SyncWrite consumer's backfill; else empty)
+    prepares: list[PrepareItem | AbortItem]
 
     @property
     def closed(self) -> bool:
@@ -281,7 +285,12 @@ class BucketStorage(Protocol):
         self, vb: int, start_exclusive: int, end_inclusive: int | None = None
     ) -> BackfillScan[Row]: ...
     def open_stream_backfill(
-        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+        self,
+        vb: int,
+        start_exclusive: int,
+        end_inclusive: int | None = None,
+        *,
+        prepares: bool = False,
     ) -> BackfillScan[StreamRow]: ...
     def rollback(self, vb: int, seqno: int) -> int: ...
     def flush_points(self, vb: int) -> list[int]: ...
@@ -314,12 +323,13 @@ class SqliteScan(Generic[R]):
     reading to the end closes it too, so a finished scan pins no WAL frames.
     """
 
-    __slots__ = ("_conn", "_cursor", "end", "exhausted", "purge_seqno", "start")
+    __slots__ = ("_conn", "_cursor", "end", "exhausted", "prepares", "purge_seqno", "start")
 
     def __init__(
         self, conn: sqlite3.Connection, columns: str, vb: int, start: int, end: int, purge: int
     ) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
+        self.prepares: list[PrepareItem | AbortItem] = []
         self._conn: sqlite3.Connection | None = conn
         self._cursor = conn.execute(
             f"SELECT {columns} FROM documents WHERE vb = ? AND by_seqno > ?"
@@ -411,11 +421,30 @@ def split_sync_writes(items: Iterable[Item], last: dict[bytes, PrepareItem | Non
         if isinstance(item, PrepareItem):
             last[item.key] = item
             continue
-        if isinstance(item, AbortItem | CommitItem):
+        if isinstance(item, AbortItem):
+            last[item.key] = abort_row(item)
+        elif isinstance(item, CommitItem):
             last[item.key] = None
         if not isinstance(item, SyncWriteItem):
             committed.append(item)
     return committed
+
+
+def abort_row(abort: AbortItem) -> PrepareItem:
+    """An abort as the prepares table keeps it (both engines): level 0, its seqno, CAS and
+    key, the aborted prepare's seqno in the rev seqno's place. It replaces its prepare's row, so
+    a SyncWrite consumer's disk backfill can send it (a replica that held the prepare must
+    drop it); a later prepare of the key replaces it in turn, a commit deletes it."""
+    return PrepareItem(
+        abort.key, b"", 0, 0, abort.cas, abort.prepared_seqno, abort.by_seqno, level=0
+    )
+
+
+def completion(row: PrepareItem) -> PrepareItem | AbortItem:
+    """A prepares-table row as its item: a pending prepare, or an abort (:func:`abort_row`)."""
+    if row.level:
+        return row
+    return AbortItem(row.key, b"", 0, 0, row.cas, 0, row.by_seqno, prepared_seqno=row.rev_seqno)
 
 
 def has_sync_writes(items: Sequence[Item]) -> bool:
@@ -711,7 +740,8 @@ class Storage(StorageReads):
         """The vbucket's persisted pending prepares, in seqno order (warm-up)."""
         with self._write_lock:
             rows = self._db.execute(
-                f"SELECT {_DOC_COLUMNS}, level FROM prepares WHERE vb = ? ORDER BY by_seqno",
+                f"SELECT {_DOC_COLUMNS}, level FROM prepares WHERE vb = ? AND level > 0"
+                " ORDER BY by_seqno",
                 (vb,),
             ).fetchall()
         return [_prepare(row) for row in rows]
@@ -819,6 +849,30 @@ class Storage(StorageReads):
             ).fetchall()
         return [(bytes(key), seqno, by) for key, seqno, by in rows]
 
+    def versions(self, vb: int) -> Iterator[tuple[Item, int | None]]:
+        """Every version kept of a vbucket (a migration's source, :mod:`dcpkv.engine.migrate`):
+        (item, None) for each key's latest, tombstones included, then (item, the seqno that
+        replaced it) for the history; read in pages, from one snapshot."""
+        with self._read_lock:
+            self._reader.execute("BEGIN")
+            try:
+                for table, extra in (("documents", "NULL"), ("history", "replaced_by")):
+                    cursor = self._reader.execute(
+                        f"SELECT {_DOC_COLUMNS}, {extra} FROM {table} WHERE vb = ?", (vb,)
+                    )
+                    while rows := cursor.fetchmany(4096):
+                        for row in rows:
+                            yield _item(row[:-1]), row[-1]
+            finally:
+                self._reader.execute("COMMIT")
+
+    def count_versions(self) -> int:
+        """How many versions :meth:`versions` yields over every vbucket."""
+        with self._read_lock:
+            (docs,) = self._reader.execute("SELECT COUNT(*) FROM documents").fetchone()
+            (hist,) = self._reader.execute("SELECT COUNT(*) FROM history").fetchone()
+        return int(docs) + int(hist)
+
     # -- backfill --------------------------------------------------------------------------
 
     def open_backfill(
@@ -829,10 +883,26 @@ class Storage(StorageReads):
         return self._open_scan(_DOC_COLUMNS, vb, start_exclusive, end_inclusive)
 
     def open_stream_backfill(
-        self, vb: int, start_exclusive: int, end_inclusive: int | None = None
+        self,
+        vb: int,
+        start_exclusive: int,
+        end_inclusive: int | None = None,
+        *,
+        prepares: bool = False,
     ) -> SqliteScan[StreamRow]:
-        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill)."""
-        return self._open_scan(_STREAM_COLUMNS, vb, start_exclusive, end_inclusive)
+        """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill);
+        ``prepares``: with the pending prepares of the range, read in the same transaction."""
+        scan: SqliteScan[StreamRow] = self._open_scan(
+            _STREAM_COLUMNS, vb, start_exclusive, end_inclusive
+        )
+        if prepares and scan._conn is not None:
+            rows = scan._conn.execute(
+                f"SELECT {_DOC_COLUMNS}, level FROM prepares WHERE vb = ? AND by_seqno > ?"
+                " AND by_seqno <= ? ORDER BY by_seqno",
+                (vb, scan.start, scan.end),
+            ).fetchall()
+            scan.prepares = [completion(_prepare(row)) for row in rows]
+        return scan
 
     def _open_scan(
         self, columns: str, vb: int, start_exclusive: int, end_inclusive: int | None

@@ -71,7 +71,21 @@ refused with SyncWriteInProgress (in :meth:`VBucket._check_write`). The flusher'
 periodically: timeouts) feed the monitor. Leaving the active state answers every waiting client
 SyncWriteAmbiguous and keeps the prepares, with no timeout, in a passive monitor (as do
 prepares read back at warm-up): a later topology on an active vbucket re-commits them once
-satisfied.
+satisfied. Until then such a prepare is *maybe visible* (the old active may have committed it):
+a read of its key (Get, a sub-document lookup) answers SyncWriteReCommitInProgress, a write
+SyncWriteInProgress. A client's own pending prepare hides nothing: readers see the committed
+value. :attr:`VBucket.high_prepared_seqno` is what a failover compares. A *pending* vbucket
+(a rebalance's new copy) may be given the topology it takes when a takeover makes it active
+(:meth:`VBucket.set_takeover_topology`). :meth:`VBucket.seqno_acknowledged` feeds a replica's
+acknowledgement (its DCP consumer_name and high prepared seqno) to the monitor.
+
+On a replica, a SyncWrite DCP stream's prepares, commits and aborts arrive through
+:meth:`VBucket.replica_prepare`, :meth:`VBucket.replica_commit` and
+:meth:`VBucket.replica_abort` (the active's seqnos and CAS kept), tracked by the passive
+monitor; :meth:`VBucket.replica_snapshot_end` and the flusher's progress move the replica's
+high prepared seqno, and :meth:`VBucket.take_seqno_ack` hands the acknowledgement due to the
+consumer (``on_seqno_ack`` says one is). In a disk snapshot, a committed version of a key whose
+prepare the replica holds completes that prepare (its commit was deduplicated into it).
 
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
@@ -87,6 +101,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from dcpkv.core import conflict_resolution as cr
 from dcpkv.core.failover_table import FailoverEntry, FailoverTable
 from dcpkv.core.replication_topology import ReplicationTopology
 from dcpkv.core.seqno import SEQNO_MAX
@@ -107,10 +122,12 @@ from dcpkv.engine.item import (
     Item,
     KeyExists,
     KeyNotFound,
+    MissingPrepare,
     NotMyVbucket,
     NotStored,
     PrepareItem,
     SyncWriteInProgress,
+    SyncWriteReCommitInProgress,
     TempFail,
     TooBig,
 )
@@ -123,6 +140,7 @@ MAX_KEY_LENGTH = 250
 DEFAULT_MAX_ITEM_SIZE = 20 * 1024 * 1024
 U64 = 1 << 64
 _FLUSH_ALL = 1 << 62
+_DROPPED_KEPT = 100_000  # dropped tombstones remembered per vbucket (then: always read)
 
 
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
@@ -235,6 +253,10 @@ class VBucket:
         # item queued for DCP; the bucket fans it out to its listeners and notes the vbucket
         # for its flusher.
         self.on_queued: Callable[[int], None] | None = None
+        # Someone waits on this vbucket's disk: a prepare that must be persisted before it can
+        # be acknowledged (levels 2 and 3 on the active, level 3 on a replica). The bucket
+        # flushes at its flusher's next tick rather than letting a sparse backlog gather.
+        self.on_persistence_wanted: Callable[[], None] | None = None
         # Called (under the lock) with the vbucket id when the state or failover table must
         # be written without any item queued: the flusher visits only vbuckets noted by one
         # of the two hooks (a new vbucket starts dirty: its creator notes it).
@@ -246,7 +268,22 @@ class VBucket:
         self.passive_durability: dm.PassiveDurabilityMonitor | None = None
         self.durability_timeout_ms = dm.DEFAULT_TIMEOUT_MS
         self._sync: _SyncRequest | None = None
+        self._takeover_topology: ReplicationTopology | None = None
         self.on_sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
+        # A replica's side (replica_prepare ...): whether the snapshot being received is a
+        # disk one, the last snapshot end told to the passive monitor, the high prepared seqno
+        # to acknowledge to the active (taken by the DCP consumer), and the hook that tells it
+        # one is due (under the lock, from the loop or the flusher thread: take note only).
+        self._replica_disk = False
+        self._replica_snapshot_ended = 0
+        self._seqno_ack_due: int | None = None
+        self.on_seqno_ack: Callable[[int], None] | None = None
+        # How a with-meta write is judged against the local copy (the bucket's setting)
+        self.conflict_mode = cr.ConflictMode.SEQNO
+        # Hashes of the keys whose persisted tombstones left the table (None: unknown, after
+        # a warm-up or a rollback, or too many to keep): a with-meta write of a key absent
+        # from the table reads storage only when it may find a tombstone there.
+        self._dropped: set[int] | None = set() if high_seqno == 0 else None
 
     # -- reading the state ----------------------------------------------------------------
 
@@ -301,6 +338,7 @@ class VBucket:
         self._ensure_resident(key)
         with self.lock:
             self._require_active()
+            self._check_re_commit(key)
             return self._resident_or_fail(self._live_or_fail(key))
 
     def get_resident(self, key: bytes) -> Item | None:
@@ -311,6 +349,8 @@ class VBucket:
         table (atomic under the GIL) of an item that is never changed in place."""
         if self.state is not _ACTIVE:
             return None
+        if self.hash_table.prepared and key in self.hash_table.prepared:
+            return None  # maybe being re-committed: :meth:`get` asks under the lock
         item = self.hash_table.entries.get(key)
         if item is None or item.deleted:
             raise KeyNotFound("no such key")
@@ -378,6 +418,7 @@ class VBucket:
         stored = self._stored_for_edit(key)
         with self.lock:
             self._require_active()
+            self._check_re_commit(key)
             return self._current_for_edit(key, stored)
 
     def edit(self, key: bytes, change: Editor, *, expiry: int = 0) -> Item:
@@ -508,7 +549,7 @@ class VBucket:
 
     # -- replica operations -----------------------------------------------------------------
 
-    def replica_snapshot_marker(self, start: int, end: int) -> None:
+    def replica_snapshot_marker(self, start: int, end: int, *, disk: bool = False) -> None:
         with self.lock:
             self._require_replica_path()
             if not start <= end or end < self.high_seqno:
@@ -517,6 +558,7 @@ class VBucket:
                 raise self._beyond_seqno_max(end, 0)
             self.checkpoints.snapshot_marker(start, end)
             self.replica_snapshot = (start, end)
+            self._replica_disk = disk
 
     def adopt_failover_log(self, entries: Iterable[FailoverEntry]) -> None:
         """A replica's history is its active's: take the producer's log (spec 002); the next
@@ -546,9 +588,63 @@ class VBucket:
             if item.by_seqno > SEQNO_MAX or item.rev_seqno > SEQNO_MAX:
                 raise self._beyond_seqno_max(item.by_seqno, item.rev_seqno)
             self._check_size(item.key, item.value or b"")
+            prepared = self.hash_table.prepared
+            if prepared and self._replica_disk and item.key in prepared:
+                item = self._committed_on_disk(item)
             self._queue(item, self.hash_table.entries.get(item.key))
             self.hlc.observe(item.cas)
             return item
+
+    # -- with-meta writes (XDCR: an active vbucket takes a version made elsewhere) ----------
+
+    def write_with_meta(
+        self, incoming: Item, *, check_conflict: bool = True, regenerate_cas: bool = False,
+        add: bool = False, cas: int = 0,
+    ) -> Item:  # fmt: skip
+        """SetWithMeta/AddWithMeta/DelWithMeta (``incoming.deleted``) on an active vbucket:
+        ``incoming`` keeps its source's CAS (unless ``regenerate_cas``), rev seqno, flags and
+        expiry, and takes the next local seqno. Refused with KeyExists when it loses conflict
+        resolution (``core/conflict_resolution.py``, the bucket's ``conflict_mode``) or is
+        identical, and for ``add`` when a live document exists; ``cas`` (not 0) must be the
+        local CAS. A tombstone the table dropped is read back first: it still takes part."""
+        key = incoming.key
+        disk = None
+        if self.hash_table.entries.get(key) is None and self._may_be_on_disk(key):
+            assert self._fetch is not None
+            disk = self._fetch(self.id, key)  # a persisted tombstone (outside the lock)
+        with self.lock:
+            self._check_write(key, incoming.value or b"")
+            live = self._live(key)
+            stored = self.hash_table.entries.get(key)
+            if add and live is not None:
+                raise KeyExists("key exists")
+            _check_cas(live, cas)
+            local = stored if stored is not None else disk
+            if check_conflict and not cr.incoming_wins(
+                self.conflict_mode, _meta(incoming), None if local is None else _meta(local)
+            ):
+                raise KeyExists("the incoming version loses conflict resolution")
+            seqno = self.high_seqno + 1
+            if seqno > SEQNO_MAX or incoming.rev_seqno > SEQNO_MAX:
+                raise self._beyond_seqno_max(seqno, incoming.rev_seqno)
+            item = dataclasses.replace(
+                incoming, by_seqno=seqno,
+                cas=self.hlc.next_cas() if regenerate_cas else incoming.cas,
+            )  # fmt: skip
+            self.hlc.observe(item.cas)
+            return self._queue(item, stored)
+
+    def _note_dropped(self, key: bytes) -> None:
+        if self._dropped is not None:
+            self._dropped.add(hash(key))
+            if len(self._dropped) > _DROPPED_KEPT:
+                self._dropped = None
+
+    def _may_be_on_disk(self, key: bytes) -> bool:
+        """Whether storage may hold a tombstone of ``key``, which the table does not hold."""
+        if self._fetch is None:
+            return False
+        return self._dropped is None or hash(key) in self._dropped
 
     # -- SyncWrites (module docstring) ----------------------------------------------------------
 
@@ -564,9 +660,39 @@ class VBucket:
             self.durability = monitor
             self._resolve(decisions)
 
+    def set_takeover_topology(self, topology: ReplicationTopology) -> None:
+        """The chains this *pending* copy takes when a takeover makes it active (so durable
+        writes are served from its first moment as the active, not refused until the manager
+        hears of the handover); forgotten if it goes any other way."""
+        with self.lock:
+            if self.state != VBucketState.PENDING:
+                raise Einval(f"vbucket {self.id} is {self.state}: a takeover topology is for a "
+                             "pending vbucket")  # fmt: skip
+            self._takeover_topology = topology
+
     @property
     def topology(self) -> ReplicationTopology | None:
         return None if self.durability is None else self.durability.topology
+
+    @property
+    def high_prepared_seqno(self) -> int:
+        """The highest prepare this copy has locally satisfied (its monitor's HPS; 0 with no
+        monitor): what a failover compares, with the high seqno, to pick the replica to
+        promote (PROTOCOL.md, "SyncWrites": Failover)."""
+        monitor = self.durability or self.passive_durability
+        return 0 if monitor is None else monitor.high_prepared_seqno
+
+    def _check_re_commit(self, key: bytes) -> None:
+        """A read of a key whose maybe visible prepare a promoted active has not re-committed
+        yet: the old active may have committed it, so neither version may be served."""
+        if key not in self.hash_table.prepared:
+            return
+        monitor = self.durability or self.passive_durability
+        if monitor is not None and monitor.re_committing(key):
+            raise SyncWriteReCommitInProgress(
+                f"vbucket {self.id}: key {key!r} has a prepare being re-committed (seqno "
+                f"{self.hash_table.prepared[key].by_seqno}); retry"
+            )
 
     def sync_write(
         self,
@@ -626,6 +752,8 @@ class VBucket:
         self.checkpoints.queue_sync(prepare)
         if self.on_queued is not None:
             self.on_queued(self.id)
+        if sync.level != DurabilityLevel.Majority:
+            self._persistence_wanted()
         self._resolve(
             monitor.add_prepare(
                 prepare.by_seqno,
@@ -637,6 +765,10 @@ class VBucket:
             )
         )
         return prepare
+
+    def _persistence_wanted(self) -> None:
+        if self.on_persistence_wanted is not None:
+            self.on_persistence_wanted()
 
     def _resolve(self, decisions: list[dm.Decision]) -> None:
         """Act on the monitor's decisions in order (the module docstring's table)."""
@@ -671,6 +803,7 @@ class VBucket:
         self.checkpoints.queue_next(
             commit, self.hash_table.store(commit, self.hash_table.entries.get(key))
         )
+        self.checkpoints.sync_items += 1  # (a warmed-up prepare's commit: its first)
         if self.on_queued is not None:
             self.on_queued(self.id)
         return commit
@@ -693,6 +826,152 @@ class VBucket:
         self.durability = None
         self._resolve(decisions)
 
+    # -- SyncWrites on a replica: what a SyncWrite-enabled DCP stream brings -------------------
+
+    def replica_prepare(self, prepare: PrepareItem) -> None:
+        """Keep a prepare the active sent (its seqno, CAS and level): beside the key's committed
+        entry, persisted, tracked by the passive monitor. In a disk snapshot it replaces the
+        key's older prepare (whose completion was deduplicated away)."""
+        with self.lock:
+            self._check_replica_seqno(prepare.by_seqno, prepare.rev_seqno)
+            self._check_size(prepare.key, prepare.value or b"")
+            monitor = self.passive_durability
+            if monitor is None:
+                monitor = self.passive_durability = dm.PassiveDurabilityMonitor(
+                    persisted_seqno=self.persisted_seqno
+                )
+            try:
+                level = DurabilityLevel(prepare.level)
+                monitor.prepare(prepare.by_seqno, prepare.key, level, disk=self._replica_disk)
+            except ValueError as exc:  # (DurabilityMonitorError is one, as is a bad level)
+                raise Einval(f"vbucket {self.id}: {exc}") from None
+            self.hash_table.pop_prepare(prepare.key)
+            self.hash_table.store_prepare(prepare)
+            self.checkpoints.queue_sync(prepare)
+            self.hlc.observe(prepare.cas)
+            if self.on_queued is not None:
+                self.on_queued(self.id)
+            if level == DurabilityLevel.PersistToMajority:  # acknowledged once persisted
+                self._persistence_wanted()
+
+    def replica_commit(self, key: bytes, prepared_seqno: int, seqno: int, cas: int) -> CommitItem:
+        """The active committed the prepare at ``prepared_seqno`` as ``seqno`` (``cas`` its
+        CAS, 0: the prepare's): the prepare becomes the key's committed entry."""
+        with self.lock:
+            p = self._replica_completion(key, prepared_seqno, seqno, "commit")
+            commit = CommitItem(
+                key, p.value, p.flags, p.expiry, cas or p.cas, p.rev_seqno, seqno, p.datatype,
+                p.deleted, int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
+            )  # fmt: skip
+            self.checkpoints.queue_next(
+                commit, self.hash_table.store(commit, self.hash_table.entries.get(key))
+            )
+            self.checkpoints.sync_items += 1
+            self.hlc.observe(commit.cas)
+            if self.on_queued is not None:
+                self.on_queued(self.id)
+            return commit
+
+    def replica_abort(self, key: bytes, prepared_seqno: int, seqno: int, cas: int) -> None:
+        """The active aborted the prepare at ``prepared_seqno`` as ``seqno``. In a disk
+        snapshot its prepare may be one we never got (P7), and an older prepare of the key we
+        hold completed too (a later prepare of a key comes only after the earlier completed)."""
+        with self.lock:
+            held = self.hash_table.prepared.get(key)
+            if self._replica_disk and (held is None or held.by_seqno != prepared_seqno):
+                self._check_replica_seqno(seqno, 0)
+                if held is not None:
+                    self._drop_held(held, "abort")
+            else:
+                self._replica_completion(key, prepared_seqno, seqno, "abort")
+            abort = AbortItem(key, b"", 0, 0, cas, 0, seqno, prepared_seqno=prepared_seqno)
+            self.checkpoints.queue_sync(abort)
+            if self.on_queued is not None:
+                self.on_queued(self.id)
+
+    def replica_snapshot_end(self, seqno: int) -> None:
+        """The snapshot ending at ``seqno`` arrived whole: the passive monitor may move the
+        high prepared seqno (an acknowledgement becomes due, :meth:`take_seqno_ack`)."""
+        with self.lock:
+            monitor = self.passive_durability
+            if monitor is None or seqno <= self._replica_snapshot_ended:
+                return
+            self._replica_snapshot_ended = seqno
+            self._note_acks(monitor.snapshot_end(seqno, disk=self._replica_disk))
+
+    def take_seqno_ack(self) -> int | None:
+        """The high prepared seqno to acknowledge to the active now, if one is due."""
+        with self.lock:
+            seqno, self._seqno_ack_due = self._seqno_ack_due, None
+            return seqno
+
+    def _check_replica_seqno(self, seqno: int, rev: int) -> None:
+        self._require_replica_path()
+        if seqno <= self.high_seqno:
+            raise Einval(f"seqno {seqno} is not above {self.high_seqno}")
+        if seqno > SEQNO_MAX or rev > SEQNO_MAX:
+            raise self._beyond_seqno_max(seqno, rev)
+
+    def _replica_completion(self, key: bytes, prepared: int, seqno: int, what: str) -> PrepareItem:
+        """The prepare a replicated commit or abort completes, taken (refused: Einval)."""
+        self._check_replica_seqno(seqno, 0)
+        p = self.hash_table.prepared.get(key)
+        monitor = self.passive_durability
+        if p is None or p.by_seqno != prepared or monitor is None:
+            held = "none" if p is None else str(p.by_seqno)
+            message = f"vbucket {self.id}: {what} of {key!r} at {prepared}, held: {held}"
+            raise MissingPrepare(message, min(prepared, prepared if p is None else p.by_seqno))
+        try:
+            if what == "commit":
+                monitor.commit(prepared, key, disk=self._replica_disk)
+            else:
+                monitor.abort(prepared, key, disk=self._replica_disk)
+        except dm.DurabilityMonitorError as exc:
+            raise Einval(f"vbucket {self.id}: {exc}") from None
+        return self._take_prepare(prepared, key)
+
+    def _committed_on_disk(self, item: Item) -> CommitItem:
+        """A disk snapshot brings a committed version of a key whose prepare we hold: that
+        prepare completed (its commit was deduplicated into what the disk has). The version is
+        kept as its commit, so the flusher deletes the prepare's stored row too."""
+        p = self.hash_table.prepared[item.key]
+        self._drop_held(p, "commit")
+        self.checkpoints.sync_items += 1
+        return CommitItem(
+            item.key, item.value, item.flags, item.expiry, item.cas, item.rev_seqno,
+            item.by_seqno, item.datatype, item.deleted, item.delete_time, item.expired,
+            p.by_seqno,
+        )  # fmt: skip
+
+    def _drop_held(self, p: PrepareItem, what: str) -> None:
+        """Forget a held prepare a disk snapshot shows completed (P7)."""
+        self.hash_table.pop_prepare(p.key)
+        monitor = self.passive_durability
+        if monitor is not None:
+            complete = monitor.commit if what == "commit" else monitor.abort
+            complete(p.by_seqno, p.key, disk=True)
+
+    def _note_acks(self, decisions: list[dm.Decision]) -> None:
+        for decision in decisions:
+            if isinstance(decision, dm.SeqnoAck):
+                self._seqno_ack_due = decision.seqno
+        if self._seqno_ack_due is not None and self.on_seqno_ack is not None:
+            self.on_seqno_ack(self.id)
+
+    def seqno_acknowledged(self, node: str, seqno: int) -> None:
+        """A replica (``node``, its DCP consumer_name) acknowledged its high prepared seqno:
+        prepares it satisfies may commit (NotMyVbucket unless active; Einval when ``node``
+        names this node)."""
+        with self.lock:
+            self._require_active()
+            if self.durability is None:
+                return  # no topology: no prepare waits for anyone's ack
+            try:
+                decisions = self.durability.seqno_ack(node, seqno)
+            except dm.DurabilityMonitorError as exc:
+                raise Einval(f"vbucket {self.id}: {exc}") from None
+            self._resolve(decisions)
+
     # -- state ------------------------------------------------------------------------------
 
     def set_state(self, state: VBucketState, *, transfer: bool = False) -> None:
@@ -714,6 +993,9 @@ class VBucket:
                 self.replica_snapshot = (self.high_seqno, self.high_seqno)
             self.state = state
             self._dirty_state()
+            waiting, self._takeover_topology = self._takeover_topology, None
+            if waiting is not None and state == VBucketState.ACTIVE:
+                self.set_topology(waiting)
 
     def branch_point(self) -> int:
         """Where a new failover entry starts when this vbucket becomes active.
@@ -784,8 +1066,11 @@ class VBucket:
             for item in batch.items:
                 if item.deleted:
                     self.hash_table.discard(item)
+                    self._note_dropped(item.key)
             if self.durability is not None:
                 self._resolve(self.durability.persisted(self.persisted_seqno))
+            elif self.passive_durability is not None and self.state in _REPLICA_PATH:
+                self._note_acks(self.passive_durability.persisted(self.persisted_seqno))
 
     # -- memory -----------------------------------------------------------------------------
 
@@ -829,8 +1114,12 @@ class VBucket:
             self.replica_snapshot = self.persisted_snapshot
             self.purge_seqno = vbstate.purge_seqno
             self.failover = failover
+            self.passive_durability = None  # the caller loads the prepares storage kept
+            self._replica_snapshot_ended = 0
+            self._seqno_ack_due = None
             self._dirty_state()
             self.rollbacks += 1
+            self._dropped = None
             self.load(items)
 
     # -- internals --------------------------------------------------------------------------
@@ -1001,6 +1290,13 @@ class VBucket:
             expired=expired,
         )
         return self._queue(item, current)
+
+
+def _meta(item: Item) -> cr.Meta:
+    return cr.Meta(
+        cas=item.cas, rev_seqno=item.rev_seqno, expiry=item.expiry, flags=item.flags,
+        deleted=item.deleted, xattrs=bool(item.datatype & _XATTR),
+    )  # fmt: skip
 
 
 def _check_cas(current: Item | None, cas: int) -> None:

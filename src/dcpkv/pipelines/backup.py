@@ -295,8 +295,11 @@ def restore(
     ep: ConnectionSettings,
     to_seqnos: Mapping[int, int] | None = None,
     on_phase: Phase = _quiet,
+    *,
+    durability: str = "none",
 ) -> RestoreResult:
-    """Load the backup in ``root`` (as of ``to_seqnos``, or its end) into ``ep``'s bucket."""
+    """Load the backup in ``root`` (as of ``to_seqnos``, or its end) into ``ep``'s bucket,
+    every write a SyncWrite of ``durability`` (a level name) unless it is ``none``."""
     on_phase(RESTORE_PHASES[0])
     problems = verify(root)
     if problems:
@@ -310,7 +313,8 @@ def restore(
     latest = latest.persist()
     try:
         counts = {r.op: r["count"] for r in latest.groupBy("op").count().collect()}
-        latest.write.format("dcpkv").options(**ep.spark_options()).mode("append").save()
+        sink = latest.write.format("dcpkv").options(**ep.spark_options())
+        sink.option("durability", durability).mode("append").save()
     finally:
         latest.unpersist()
     deletions = sum(n for op, n in counts.items() if op != "mutation")

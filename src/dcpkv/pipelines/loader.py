@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.config import ClientConfig
+from dcpkv.client.durability import DurabilityOption
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.vbucket import vbucket_for_key
@@ -81,9 +82,12 @@ def load_sample(
     seed: int = 42,
     on_progress: Callable[[int], None] = lambda n: None,
     should_stop: Callable[[], bool] = lambda: False,
+    durability: DurabilityOption = None,
 ) -> bool:
-    """Write the sample, then its marker; False when stopped before the end (no marker)."""
-    with KVWriter(ep, num_vbuckets) as writer:
+    """Write the sample, then its marker; False when stopped before the end (no marker).
+    With ``durability`` every write is a SyncWrite of that level (:mod:`dcpkv.client.
+    durability`)."""
+    with KVWriter(ep, num_vbuckets, durability=durability) as writer:
         chunk: list[WriteOp] = []
         for key, value in documents(total, seed):
             chunk.append(WriteOp(key, value=value))
@@ -104,14 +108,16 @@ class ChangeGenerator(threading.Thread):
     """Writes ``rate`` sample changes per second until :meth:`stop`."""
 
     def __init__(
-        self, ep: ConnectionSettings, num_vbuckets: int, total: int, *, rate: float, seed: int
-    ) -> None:
+        self, ep: ConnectionSettings, num_vbuckets: int, total: int, *, rate: float, seed: int,
+        durability: DurabilityOption = None,
+    ) -> None:  # fmt: skip
         super().__init__(name="dcpkv-change-generator", daemon=True)
         self.ep = ep
         self.num_vbuckets = num_vbuckets
         self.total = total
         self.rate = rate
         self.seed = seed
+        self.durability = durability
         self.written = 0
         self.error: BaseException | None = None
         self._stop_event = threading.Event()
@@ -130,7 +136,7 @@ class ChangeGenerator(threading.Thread):
     def _run(self) -> None:
         stream = changes(self.total, self.seed)
         started = time.monotonic()
-        with KVWriter(self.ep, self.num_vbuckets) as writer:
+        with KVWriter(self.ep, self.num_vbuckets, durability=self.durability) as writer:
             while not self._stop_event.wait(GENERATOR_TICK_S):
                 due = int((time.monotonic() - started) * self.rate) - self.written
                 ops = [

@@ -81,6 +81,13 @@ class Opcode(IntEnum):
     SelectBucket = 0x89
     ObserveSeqno = 0x91
     GetMeta = 0xA0
+    GetqMeta = 0xA1
+    SetWithMeta = 0xA2
+    SetqWithMeta = 0xA3
+    AddWithMeta = 0xA4
+    AddqWithMeta = 0xA5
+    DelWithMeta = 0xA8
+    DelqWithMeta = 0xA9
     # sub-document (the single-path ops, then the multi-path ones)
     SubdocGet = 0xC5
     SubdocExists = 0xC6

@@ -14,6 +14,10 @@ timeout 0 or 0xffff (both reserved)                     Einval
 
 A refusal is per request: the frame's boundaries are intact, so the connection goes on. Only
 the first durability item of a frame counts (the reference sends one).
+
+The levels' names in settings (the bucket's ``durability_min_level``, the commands' options)
+are the reference's: ``none``, ``majority``, ``majorityAndPersistActive``,
+``persistToMajority`` (:func:`level_named`; any case, and the SDK's upper-case names).
 """
 
 from __future__ import annotations
@@ -45,6 +49,39 @@ class DurabilityRequirement:
                 raise CodecError(Status.Einval, f"durability timeout {self.timeout_ms} ms")
             data += _TIMEOUT.pack(self.timeout_ms)
         return encode_framing_item(FramingId.RequestDurability, data)
+
+
+LEVEL_NAMES = ("none", "majority", "majorityAndPersistActive", "persistToMajority")
+_BY_NAME: dict[str, DurabilityLevel | None] = {
+    "none": None,
+    "majority": DurabilityLevel.Majority,
+    "majorityandpersistactive": DurabilityLevel.MajorityAndPersistToActive,
+    "majority_and_persist_to_active": DurabilityLevel.MajorityAndPersistToActive,
+    "persisttomajority": DurabilityLevel.PersistToMajority,
+    "persist_to_majority": DurabilityLevel.PersistToMajority,
+}
+
+
+def level_named(name: str) -> DurabilityLevel | None:
+    """The level a setting names (None: ``none``); ValueError for a name that is no level."""
+    try:
+        return _BY_NAME[name.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"durability level {name!r}: use one of {', '.join(LEVEL_NAMES)}"
+        ) from None
+
+
+def at_least(
+    requirement: DurabilityRequirement | None, minimum: DurabilityLevel | None
+) -> DurabilityRequirement | None:
+    """``requirement`` raised to the bucket's ``minimum`` level (its timeout kept); a write
+    with no requirement gets the minimum with the default timeout; no minimum changes
+    nothing."""
+    if minimum is None or (requirement is not None and requirement.level >= minimum):
+        return requirement
+    timeout = None if requirement is None else requirement.timeout_ms
+    return DurabilityRequirement(minimum, timeout)
 
 
 def durability_requirement(framing: Bytes) -> DurabilityRequirement | None:

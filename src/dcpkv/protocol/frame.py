@@ -167,7 +167,12 @@ def tag_stream_id(frame: bytes, stream_id: int) -> bytes:
     """A classic request frame (magic 0x80, key under 256 bytes) rewritten as the flex
     request frame (magic 0x08) carrying ``stream_id`` in its framing extras: how a producer
     tags every message of a stream opened with a stream id."""
-    framing = encode_stream_id(stream_id)
+    return with_framing(frame, encode_stream_id(stream_id))
+
+
+def with_framing(frame: bytes, framing: bytes) -> bytes:
+    """A classic request frame (magic 0x80, key under 256 bytes) rewritten as the flex request
+    frame (magic 0x08) carrying ``framing`` (encoded framing-extras items)."""
     key_len, body = int.from_bytes(frame[2:4], "big"), int.from_bytes(frame[8:12], "big")
     head = (
         bytes((Magic.AltClientRequest, frame[1], len(framing), key_len))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import IntFlag
 from typing import Any
 
 from dcpkv.core.status import Status
@@ -802,6 +803,140 @@ class GetMetaResponse(Response):
         }  # fmt: skip
 
 
+class GetqMeta(GetMeta):
+    """GetMeta's quiet form: a miss (KeyEnoent) is not answered."""
+
+    __slots__ = ()
+    OPCODE = Opcode.GetqMeta
+
+
+class GetqMetaResponse(GetMetaResponse):
+    __slots__ = ()
+    OPCODE = Opcode.GetqMeta
+
+
+# -- with-meta writes (XDCR) -----------------------------------------------------------------
+
+WITH_META = struct.Struct(">IIQQ")  # flags, expiration, rev seqno, cas
+WITH_META_EXTRAS_LENGTHS = (24, 26, 28, 30)
+
+
+class WithMetaOption(IntFlag):
+    """The options word of a with-meta write (its extras' optional u32)."""
+
+    FORCE = 0x01  # skip conflict resolution
+    FORCE_ACCEPT = 0x02  # timestamp (lww) buckets only
+    REGENERATE_CAS = 0x04  # store a new local CAS (needs SKIP_CONFLICT_RESOLUTION)
+    SKIP_CONFLICT_RESOLUTION = 0x08
+    IS_EXPIRATION = 0x10  # a DelWithMeta that is an expiration
+
+
+@dataclass(slots=True, kw_only=True)
+class SetWithMeta(Request):
+    """Store a document with the metadata it had elsewhere (a replicator's write). Extras:
+    flags u32, expiration u32 (absolute unix seconds; a delete's time for DelWithMeta), rev
+    seqno u64, cas u64, then optionally options u32 (lengths 28, 30) and nmeta u16 (26, 30:
+    the count of extended-meta bytes ending the value, which are dropped). The header's CAS
+    is an ordinary compare-and-swap."""
+
+    OPCODE = Opcode.SetWithMeta
+    KEY = Part.REQUIRED
+    VALUE = Part.OPTIONAL
+    key: Bytes
+    value: Bytes = b""
+    flags: int = 0
+    expiration: int = 0
+    rev_seqno: int = 0
+    meta_cas: int = 0
+    options: int | None = None
+    nmeta: int | None = None
+
+    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
+        what = f"{type(self).__name__} extras"
+        extras = pack(WITH_META, what, self.flags, self.expiration, self.rev_seqno, self.meta_cas)
+        if self.options is not None:
+            extras += pack(_U32, what, self.options)
+        if self.nmeta is not None:
+            extras += pack(_U16, what, self.nmeta)
+        return extras, self.key, self.value
+
+    @classmethod
+    def _fields(cls, frame: Frame) -> dict[str, Any]:
+        extras, what = frame.extras, f"{cls.__name__} extras"
+        if len(extras) not in WITH_META_EXTRAS_LENGTHS:
+            raise einval(what, f"must be 24, 26, 28 or 30 bytes, got {len(extras)}")
+        flags, expiration, rev, cas = WITH_META.unpack_from(extras)
+        options = _U32.unpack_from(extras, 24)[0] if len(extras) in (28, 30) else None
+        nmeta = _U16.unpack_from(extras, len(extras) - 2)[0] if len(extras) in (26, 30) else None
+        return {
+            **key_field(cls, frame.key), **value_field(cls, frame.value), "flags": flags,
+            "expiration": expiration, "rev_seqno": rev, "meta_cas": cas, "options": options,
+            "nmeta": nmeta,
+        }  # fmt: skip
+
+
+class SetqWithMeta(SetWithMeta):
+    __slots__ = ()
+    OPCODE = Opcode.SetqWithMeta
+
+
+class AddWithMeta(SetWithMeta):
+    __slots__ = ()
+    OPCODE = Opcode.AddWithMeta
+
+
+class AddqWithMeta(SetWithMeta):
+    __slots__ = ()
+    OPCODE = Opcode.AddqWithMeta
+
+
+class DelWithMeta(SetWithMeta):
+    """A deletion with its source's metadata; the value is empty or the tombstone's xattrs."""
+
+    __slots__ = ()
+    OPCODE = Opcode.DelWithMeta
+
+
+class DelqWithMeta(SetWithMeta):
+    __slots__ = ()
+    OPCODE = Opcode.DelqWithMeta
+
+
+WITH_META_TYPES: tuple[type[SetWithMeta], ...] = (
+    SetWithMeta, SetqWithMeta, AddWithMeta, AddqWithMeta, DelWithMeta, DelqWithMeta,
+)  # fmt: skip
+
+
+class SetWithMetaResponse(MutationResponse):
+    __slots__ = ()
+    OPCODE = Opcode.SetWithMeta
+
+
+class SetqWithMetaResponse(MutationResponse):
+    __slots__ = ()
+    OPCODE = Opcode.SetqWithMeta
+
+
+class AddWithMetaResponse(MutationResponse):
+    __slots__ = ()
+    OPCODE = Opcode.AddWithMeta
+
+
+class AddqWithMetaResponse(MutationResponse):
+    __slots__ = ()
+    OPCODE = Opcode.AddqWithMeta
+
+
+class DelWithMetaResponse(MutationResponse):
+    __slots__ = ()
+    OPCODE = Opcode.DelWithMeta
+
+
+class DelqWithMetaResponse(MutationResponse):
+    __slots__ = ()
+    OPCODE = Opcode.DelqWithMeta
+
+
 @dataclass(slots=True, kw_only=True)
 class SeqnoPersistence(Request):
     """Answered (empty success) once the vbucket in the header has persisted through
@@ -944,7 +1079,7 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     Append, Prepend, Touch, GAT, Increment, Decrement, Quit, Flush, Noop, Version, Stat,
     Hello, SaslListMechs, SaslAuth, SaslStep, SelectBucket, SetVbucket, GetVbucket, DelVbucket,
     GetAllVbSeqnos, ObserveSeqno, GetMeta, SeqnoPersistence, SetClusterConfig,
-    GetClusterConfig, GetErrorMap, RbacRefresh,
+    GetClusterConfig, GetErrorMap, RbacRefresh, GetqMeta, *WITH_META_TYPES,
 )  # fmt: skip
 
 # server requests (magic 0x82)
@@ -957,7 +1092,9 @@ RESPONSE_TYPES: tuple[type[Response], ...] = (
     TouchResponse, IncrementResponse, DecrementResponse, VersionResponse, StatResponse,
     HelloResponse, SaslListMechsResponse, SaslAuthResponse, SaslStepResponse,
     GetVbucketResponse, GetAllVbSeqnosResponse, ObserveSeqnoResponse, GetMetaResponse,
-    GetClusterConfigResponse, GetErrorMapResponse,
+    GetClusterConfigResponse, GetErrorMapResponse, GetqMetaResponse, SetWithMetaResponse,
+    SetqWithMetaResponse, AddWithMetaResponse, AddqWithMetaResponse, DelWithMetaResponse,
+    DelqWithMetaResponse,
 )  # fmt: skip
 
 
@@ -971,5 +1108,11 @@ MUTATION_RESPONSES: dict[int, type[MutationResponse]] = {
         MutationResponse, SetQResponse, AddResponse, AddQResponse, ReplaceResponse,
         ReplaceQResponse, DeleteResponse, DeleteQResponse, AppendResponse, PrependResponse,
         TouchResponse,
+    )
+}  # fmt: skip
+WITH_META_RESPONSES: dict[int, type[MutationResponse]] = {
+    t.OPCODE: t for t in (
+        SetWithMetaResponse, SetqWithMetaResponse, AddWithMetaResponse, AddqWithMetaResponse,
+        DelWithMetaResponse, DelqWithMetaResponse,
     )
 }  # fmt: skip

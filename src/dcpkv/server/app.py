@@ -104,9 +104,11 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import cast
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, cast
 
-from dcpkv.core import event_loop
+from dcpkv.core import event_loop, logs
+from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.tls import server_context
@@ -117,7 +119,7 @@ from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.storage import BucketLock
 from dcpkv.engine.vbucket import SyncOutcome
-from dcpkv.protocol.constants import HEADER_LEN, Magic
+from dcpkv.protocol.constants import HEADER_LEN, HelloFeature, Magic
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import FrameParser, encode_frame
 from dcpkv.server.config import ServerConfig
@@ -126,11 +128,15 @@ from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
 from dcpkv.server.fast_path import serve_chunk
 from dcpkv.server.gc_policy import FREEZE_EVERY_S, CollectorPolicy
+from dcpkv.server.latency import LatencyHistogram
 from dcpkv.server.push_cadence import delay
 from dcpkv.server.replication import Credentials, Replicator
 from dcpkv.server.seqno_persistence import answer_waiters
 from dcpkv.server.state import ServerState
 from dcpkv.server.sync_writes import PendingAnswer, deliver
+
+if TYPE_CHECKING:
+    from dcpkv.server.metrics import MetricsServer
 
 log = logging.getLogger("dcpkv.server")
 
@@ -252,6 +258,8 @@ class KVProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        latency = self.server.state.latency  # (None unless metrics are served)
+        started = perf_counter_ns() if latency is not None else 0
         out: list[bytes] = []
         bucket = self.conn.bucket if self.conn is not None else None
         writes = bucket.writes_admitted if bucket is not None else 0
@@ -274,6 +282,8 @@ class KVProtocol(asyncio.Protocol):
             self.pump()
             if self.conn is not None and self.conn.dcp is not None:
                 self.arm_liveness()  # enable_noop, a Noop answer: the next moment moved
+        if latency is not None:
+            latency.observe(perf_counter_ns() - started)
 
     def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
         conn = self.conn
@@ -298,8 +308,11 @@ class KVProtocol(asyncio.Protocol):
                 log.exception("handler for opcode 0x%02x failed", frame.opcode)
                 answer = error_answer(frame, Status.Einternal)
             if isinstance(answer, PendingAnswer):
-                answer.on_ready = self._release_answers
-                self._deferred.append((len(out), answer))
+                if HelloFeature.UnorderedExecution in conn.features:
+                    answer.on_ready = partial(self._send_decided, answer)
+                else:
+                    answer.on_ready = self._release_answers
+                    self._deferred.append((len(out), answer))
             elif answer:
                 out.append(answer)
             if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
@@ -331,6 +344,12 @@ class KVProtocol(asyncio.Protocol):
             held.popleft()
         if ready:
             self._send_later(b"".join(ready))
+
+    def _send_decided(self, pending: PendingAnswer) -> None:
+        """A SyncWrite's answer on a connection with UnorderedExecution: out once decided,
+        whatever was asked after it (which was answered already)."""
+        if pending.answer:
+            self._send_later(pending.answer)
 
     def _send_later(self, data: bytes) -> None:
         if self.transport is not None and not self.closing and not self.transport.is_closing():
@@ -522,6 +541,7 @@ class DataServer:
         self._locks: list[BucketLock] = []
         self.collector = CollectorPolicy()
         self._loop: asyncio.AbstractEventLoop | None = None  # (set by start: SyncWrite answers)
+        self.metrics: MetricsServer | None = None  # the Prometheus port, when served
 
     # -- start -------------------------------------------------------------------------------
 
@@ -537,6 +557,9 @@ class DataServer:
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 compression_mode=CompressionMode(bc.compression_mode),
                 storage=bc.storage,
+                durability_timeout_ms=bc.durability_timeout_ms,
+                durability_min_level=bc.min_level,
+                conflict_mode=ConflictMode(bc.conflict_resolution),
             )
             bucket.sync_outcomes = self._sync_outcomes
             if not bucket.vbuckets and not self.config.managed:
@@ -590,6 +613,8 @@ class DataServer:
             asyncio.create_task(self._collector()),
         ]
         log.info("dcpkv listening on %s:%d", self.config.host, port)
+        if self.config.metrics_port is not None:
+            self._serve_metrics(loop)
         if port_file is not None:
             # Atomic: a launcher polling for the file never reads a partial port number.
             tmp = port_file.with_name(f".{port_file.name}.{os.getpid()}.tmp")
@@ -597,6 +622,17 @@ class DataServer:
             ports = [port] if self.state.tls_port is None else [port, self.state.tls_port]
             atomic_write(port_file, "".join(f"{p}\n" for p in ports).encode(), tmp)
         return port
+
+    def _serve_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Prometheus metrics on their own port and thread (:mod:`dcpkv.server.metrics`)."""
+        from dcpkv.server.metrics import MetricsServer  # (prometheus_client: only when asked)
+
+        assert self.config.metrics_port is not None
+        self.state.latency = LatencyHistogram()
+        self.metrics = MetricsServer(self.state, loop)
+        host = self.config.metrics_host
+        self.state.metrics_port = self.metrics.start(host, self.config.metrics_port)
+        log.info("metrics on http://%s:%d/metrics", host, self.state.metrics_port)
 
     def _tls_context(self) -> ssl.SSLContext | None:
         c = self.config
@@ -611,7 +647,7 @@ class DataServer:
         for name, bucket in self.state.buckets.items():
             replicator = Replicator(
                 bucket,
-                me=lambda: f"{self.config.host}:{self.state.port}",
+                me=lambda: self.state.node_name,
                 config=partial(self.state.pushed_config, name),
                 credentials=Credentials(user, password),
                 executor=self.executor,
@@ -686,13 +722,14 @@ class DataServer:
                 # The batch stays queued in the engine and is retried; meanwhile the bucket
                 # answers writes TempFail. Said once, not on every retry.
                 if not failing:
-                    log.error("flush failed: %s: %s; writes answer TempFail until a flush "
-                              "succeeds (retrying every %.2f s)", type(exc).__name__, exc,
-                              FLUSH_RETRY_S)  # fmt: skip
+                    logs.event(log, "disk_fault", "flush failed: %s: %s; writes answer TempFail "
+                               "until a flush succeeds (retrying every %.2f s)",
+                               type(exc).__name__, exc, FLUSH_RETRY_S, level=logging.ERROR,
+                               error=f"{type(exc).__name__}: {exc}")  # fmt: skip
                 failing = True
             else:
                 if failing:
-                    log.info("flush succeeded again: writes are accepted")
+                    logs.event(log, "disk_recovered", "flush succeeded again: writes are accepted")
                 failing = False
             if self.state.persistence_waiters:
                 answer_waiters(self.state.persistence_waiters)
@@ -761,6 +798,8 @@ class DataServer:
     # -- stop --------------------------------------------------------------------------------
 
     async def stop(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
         for listener in (self._server, self._tls_server):
             if listener is not None:
                 listener.close()
@@ -805,10 +844,15 @@ async def serve(config: ServerConfig, port_file: Path | None = None) -> None:
         await server.stop()
 
 
-def run(config: ServerConfig, port_file: Path | None = None) -> None:
-    """Configure logging, pick uvloop when installed, serve until a signal."""
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
-    )
+def run(
+    config: ServerConfig,
+    port_file: Path | None = None,
+    *,
+    log_level: str = "info",
+    log_format: str = "text",
+) -> None:
+    """Configure logging (:mod:`dcpkv.core.logs`), pick uvloop when installed, serve until a
+    signal."""
+    logs.configure(log_level, log_format)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     event_loop.run(serve(config, port_file))

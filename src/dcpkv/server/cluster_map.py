@@ -20,6 +20,10 @@ class PushedConfig:
 
     raw: bytes
     version: tuple[int, int]  # (revEpoch, rev): compared as a pair, epoch first
+    # this node's name in the cluster (``nodesExt``'s ``thisNode``): what the manager's maps
+    # and replication topologies call it, which may differ from the address it binds (a
+    # proxy or NAT in front of it)
+    this_node: str | None = None
 
     @classmethod
     def parse(cls, raw: bytes) -> PushedConfig:
@@ -31,7 +35,16 @@ class PushedConfig:
             raise ValueError("the cluster config must be a JSON object")
         rev = _revision(doc, "rev", None)
         epoch = _revision(doc, "revEpoch", 0)
-        return cls(raw, (epoch, rev))
+        return cls(raw, (epoch, rev), _this_node(doc))
+
+
+def _this_node(doc: dict[str, object]) -> str | None:
+    nodes = doc.get("nodesExt")
+    for ext in nodes if isinstance(nodes, list) else ():
+        if isinstance(ext, dict) and ext.get("thisNode"):
+            kv = (ext.get("services") or {}).get("kv")
+            return f"{ext.get('hostname', '')}:{kv}" if kv else None
+    return None
 
 
 def _revision(doc: dict[str, object], name: str, default: int | None) -> int:

@@ -13,7 +13,10 @@ looks like::
     [buckets.default]
     vbuckets = 1024
     memory_quota_mb = 256
-    storage = "sqlite"    # or "rocksdb" (docs/storage.md)
+    storage = "rocksdb"   # or "sqlite" (docs/storage.md)
+    durability_min_level = "none"   # or majority, majorityAndPersistActive, persistToMajority
+    durability_timeout_ms = 30000   # a durable write's timeout when it names none
+    conflict_resolution = "seqno"    # or "lww", fixed at creation (docs/xdcr.md)
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from dcpkv.core.defaults import (
 )
 from dcpkv.core.errors import DcpkvError
 from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
+from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS as DEFAULT_DURABILITY_TIMEOUT_MS
+from dcpkv.protocol.constants import DurabilityLevel
+from dcpkv.protocol.durability import level_named
 
 DEFAULT_VBUCKETS = 1024
 
@@ -47,8 +53,29 @@ class BucketConfig:
     memory_quota_mb: int = 256
     compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
     storage: str = DEFAULT_STORAGE  # the storage engine (dcpkv.engine.bucket.STORAGE_ENGINES)
+    # SyncWrites (docs/server.md): every write at least this level (none, majority,
+    # majorityAndPersistActive, persistToMajority), and the timeout of a durable write that
+    # names none.
+    durability_min_level: str = "none"
+    durability_timeout_ms: int = DEFAULT_DURABILITY_TIMEOUT_MS
+
+    @property
+    def min_level(self) -> DurabilityLevel | None:
+        return level_named(self.durability_min_level)
+
+    # How with-meta (XDCR) writes are judged: seqno or lww, fixed when the bucket is created
+    conflict_resolution: str = "seqno"
 
     def __post_init__(self) -> None:
+        try:
+            level_named(self.durability_min_level)
+        except ValueError as exc:
+            raise ConfigError(f"bucket {self.name!r}: {exc}") from None
+        if not 1 <= self.durability_timeout_ms <= 0xFFFE:
+            raise ConfigError(
+                f"bucket {self.name!r}: durability_timeout_ms must be 1..65534, "
+                f"not {self.durability_timeout_ms}"
+            )
         if self.storage not in STORAGE_ENGINES:
             raise ConfigError(
                 f"bucket {self.name!r}: storage must be {' or '.join(STORAGE_ENGINES)}, "
@@ -57,6 +84,11 @@ class BucketConfig:
         if self.compression_mode not in ("off", "passive", "active"):
             raise ConfigError(
                 f"bucket {self.name!r}: compression_mode must be off, passive or active"
+            )
+        if self.conflict_resolution not in ("seqno", "lww"):
+            raise ConfigError(
+                f"bucket {self.name!r}: conflict_resolution must be seqno or lww, "
+                f"not {self.conflict_resolution!r}"
             )
         if not 1 <= self.vbuckets <= 1024:
             raise ConfigError(
@@ -92,10 +124,16 @@ class ServerConfig:
     # Limits that keep one client from hurting the others (see server/app.py, "Limits").
     max_connections: int = 4096
     unauth_idle_timeout_s: float = 30.0
+    # Prometheus metrics over HTTP on this port (0: a free one; None: not served), on
+    # metrics_host: loopback by default, as the reference's per-node port (server/metrics.py)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be 0..65535, not {self.metrics_port}")
         if self.tls_port is not None and not 0 <= self.tls_port <= 65535:
             raise ConfigError(f"tls_port must be 0..65535, not {self.tls_port}")
         if (self.tls_port is None) != (self.tls_cert is None or self.tls_key is None):
@@ -140,13 +178,14 @@ def load_config(path: Path | None) -> ServerConfig:
 def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
     numbers = (
         "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s",
-        "max_connections", "unauth_idle_timeout_s", "tls_port",
+        "max_connections", "unauth_idle_timeout_s", "tls_port", "metrics_port",
     )  # fmt: skip
-    known = {"host", "data_dir", "users", "buckets", "managed", *numbers, *_PATHS}
+    plain = ("host", "managed", "metrics_host", *numbers)
+    known = {"data_dir", "users", "buckets", *plain, *_PATHS}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {k: doc[k] for k in ("host", "managed", *numbers) if k in doc}
+    kwargs: dict[str, Any] = {k: doc[k] for k in plain if k in doc}
     for name in ("data_dir", *_PATHS):
         if name in doc:
             kwargs[name] = Path(doc[name])
@@ -176,6 +215,9 @@ def with_cli_flags(
     memory_quota_mb: int | None = None,
     compression_mode: str | None = None,
     storage: str | None = None,
+    durability_min_level: str | None = None,
+    durability_timeout_ms: int | None = None,
+    conflict_resolution: str | None = None,
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
@@ -186,6 +228,9 @@ def with_cli_flags(
     given: dict[str, Any] = {
         "name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
         "compression_mode": compression_mode, "storage": storage,
+        "durability_min_level": durability_min_level,
+        "durability_timeout_ms": durability_timeout_ms,
+        "conflict_resolution": conflict_resolution,
     }  # fmt: skip
     if any(value is not None for value in given.values()):
         changed = replace(first, **{k: v for k, v in given.items() if v is not None})

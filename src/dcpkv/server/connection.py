@@ -43,6 +43,8 @@ SUPPORTED_FEATURES = frozenset(
         # only with Duplex (server requests); the map pushes: dcpkv.server.state
         HelloFeature.ClustermapChangeNotification,
         HelloFeature.SyncReplication,
+        # a SyncWrite's answer does not hold back the later requests' (dcpkv.server.app)
+        HelloFeature.UnorderedExecution,
     }
 )
 
@@ -79,6 +81,7 @@ class Connection:
     bucket_name: str | None = None
     sasl: Any = None  # the SASL exchange in progress (dcpkv.server.auth.SaslSession)
     agent: str = ""
+    manager_term: int = 0  # the term a manager's Hello named (dcpkv.core.manager_term)
     # DCP state, set by Open (see dcpkv.server.dcp_handlers)
     dcp: Any = None
     # Bucket selected on login when the client never sends SelectBucket (plain memcached
@@ -116,6 +119,19 @@ class Connection:
     @property
     def bucket(self) -> Any:
         return self.server.buckets[self.bucket_name] if self.bucket_name else None
+
+
+def check_term(conn: Connection, command: str) -> None:
+    """Refuse (Eaccess, logged) a state change from a manager of an older term than the
+    newest this node has seen: a deposed leader's late command."""
+    fence = conn.server.term_fence
+    if not fence.allows(conn.manager_term):
+        conn.server.log.warning(
+            "refused %s from %s: manager term %d is older than term %d",
+            command, conn.peer, conn.manager_term, fence.newest,
+        )  # fmt: skip
+        message = f"manager term {conn.manager_term} is older than term {fence.newest}"
+        raise Reply(Status.Eaccess, message.encode())
 
 
 def not_my_vbucket(conn: Connection) -> Reply:

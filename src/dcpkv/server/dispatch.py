@@ -20,7 +20,9 @@ and the privileges of :mod:`dcpkv.core.rbac` the user's roles must grant on that
    (:mod:`dcpkv.server.fast_path`) asks it too before it answers an opcode of this table
    itself: a gate changed here holds on both paths;
 3. a durability requirement in the framing extras (a SyncWrite) is never ignored: the codec's
-   status when the item is malformed (:mod:`dcpkv.protocol.durability`); otherwise
+   status when the item is malformed (:mod:`dcpkv.protocol.durability`); a bucket's
+   ``durability_min_level`` raises every mutation's requirement to at least that level (a
+   mutation with none gets it: :func:`~dcpkv.protocol.durability.at_least`); otherwise
    :mod:`dcpkv.server.sync_writes` refuses it (Einval on a route that takes none,
    DurabilityImpossible where it cannot be met) or runs the request as a SyncWrite, answered
    when it commits (a :class:`~dcpkv.server.sync_writes.PendingAnswer`). Answering such a
@@ -51,7 +53,7 @@ from dcpkv.core.status import Status
 from dcpkv.protocol import dcp, kv, subdoc
 from dcpkv.protocol.base import GenericResponse, Message
 from dcpkv.protocol.constants import Magic, Opcode
-from dcpkv.protocol.durability import durability_requirement
+from dcpkv.protocol.durability import at_least, durability_requirement
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
@@ -64,6 +66,7 @@ from dcpkv.server import (
     subdoc_handlers,
     sync_writes,
     vbucket_handlers,
+    with_meta,
 )
 from dcpkv.server.connection import Connection, Reply
 
@@ -141,7 +144,9 @@ ROUTES: dict[int, Route] = {
     **_routes(kv_handlers.touch, kv.GAT, needs=_READ_WRITE),
     **_routes(kv_handlers.flush, kv.Flush, needs=_BUCKET_ADMIN),
     **_routes(kv_handlers.observe_seqno, kv.ObserveSeqno),
-    **_routes(kv_handlers.get_meta, kv.GetMeta, needs=_READ),
+    **_routes(kv_handlers.get_meta, kv.GetMeta, kv.GetqMeta, needs=_READ),
+    # XDCR's with-meta writes (a replicator's user needs the write privilege on the bucket)
+    **_routes(with_meta.with_meta, *kv.WITH_META_TYPES, needs=_WRITE),
     # the spec's blocking wait for persistence (any user of the bucket, like ObserveSeqno)
     **_routes(seqno_persistence.seqno_persistence, kv.SeqnoPersistence),
     **_routes(stats.stat, kv.Stat),
@@ -215,11 +220,12 @@ def handle(conn: Connection, frame: Frame) -> Reaction | None:
     route = ROUTES.get(frame.opcode)
     if route is None:
         return error_answer(frame, Status.UnknownCommand)
+    conn.server.ops[frame.opcode] += 1
     closed = closed_gate(conn, route)
     if closed is not None:
         conn.server.eaccess += closed.rbac
         return error_answer(frame, closed.status, closed.message)
-    if frame.framing_extras:
+    if frame.framing_extras or (route.durable and conn.bucket.durability_min_level):
         durable = _with_durability(conn, frame, route)
         if durable is not None:
             return durable
@@ -243,12 +249,13 @@ def _with_durability(conn: Connection, frame: Frame, route: Route) -> Reaction |
         requirement = durability_requirement(frame.framing_extras)
     except CodecError as exc:
         return error_answer(frame, exc.status, exc.message.encode()[:1024])
+    if not route.durable:
+        if requirement is None:
+            return None
+        return error_answer(frame, Status.Einval, b"this command takes no durability requirement")
+    requirement = at_least(requirement, conn.bucket.durability_min_level)
     if requirement is None:
         return None
-    if not route.durable:
-        return error_answer(frame, Status.Einval, b"this command takes no durability requirement")
-    if frame.opcode not in sync_writes.SYNC_WRITE_OPS:
-        return error_answer(frame, Status.DurabilityImpossible, sync_writes.NOT_YET)
     if not sync_writes.usable_topology(conn, frame.vbucket):
         return error_answer(frame, Status.DurabilityImpossible, sync_writes.NO_TOPOLOGY)
     try:

@@ -81,8 +81,13 @@ class _Chunk:
         self.conn, self.append, self.max_value = conn, out.append, max_value
         # opcode -> how it is answered here, once its route's gates have passed (serve_for)
         self.serving: dict[int, Serve] = {}
-        # A bucket that compresses what it stores takes no value as it comes (kv_handlers).
-        self.plain_writes = conn.bucket.compression_mode is not CompressionMode.ACTIVE
+        # A bucket that compresses what it stores takes no value as it comes (kv_handlers);
+        # one with a minimum durability level makes every write a SyncWrite (dispatch).
+        bucket = conn.bucket
+        self.plain_writes = (
+            bucket.compression_mode is not CompressionMode.ACTIVE
+            and bucket.durability_min_level is None
+        )
         self.mask = conn.datatype_mask
         self.seqnos = HelloFeature.MutationSeqno in conn.features
 
@@ -162,6 +167,7 @@ def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_v
     chunk = _Chunk(conn, out, max_value)
     vbuckets = conn.bucket.vbuckets
     unpack, end, serving = HEADER.unpack_from, len(data), chunk.serving.get
+    ops = conn.server.ops
     while end - pos >= HEADER_LEN:
         header = unpack(data, pos)
         magic, opcode, keylen, extlen, _, vb, body, _, _ = header
@@ -174,6 +180,7 @@ def serve_plain(conn: Connection, data: bytes, pos: int, out: list[bytes], max_v
             break
         if not serve(chunk, vbucket, data, pos + HEADER_LEN + extlen, header):
             break
+        ops[opcode] += 1
         pos += size
     return pos
 

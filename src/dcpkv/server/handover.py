@@ -67,7 +67,7 @@ def parse_push(raw: bytes) -> tuple[PushedConfig, dict[int, VBucketState] | None
         return config, None
     when = _adopt_when(section.pop(ADOPT_WHEN))
     stripped = json.dumps(doc, separators=(",", ":")).encode()
-    return PushedConfig(stripped, config.version), when
+    return PushedConfig(stripped, config.version, config.this_node), when
 
 
 def _adopt_when(section: object) -> dict[int, VBucketState]:

@@ -95,7 +95,15 @@ def mutated(
 ) -> kv.MutationResponse | None:
     if req.opcode in _QUIET:
         return None
-    answer = kv.MUTATION_RESPONSES[req.opcode](opaque=req.opaque, cas=item.cas)
+    return mutation_answer(conn, kv.MUTATION_RESPONSES[req.opcode], req, vbucket, item)
+
+
+def mutation_answer(
+    conn: Connection, answer_type: type[kv.MutationResponse], req: kv.Request, vbucket: VBucket,
+    item: Item,
+) -> kv.MutationResponse:  # fmt: skip
+    """A mutation's success: its CAS, and with MutationSeqno the vbucket uuid and seqno."""
+    answer = answer_type(opaque=req.opaque, cas=item.cas)
     if HelloFeature.MutationSeqno in conn.features:
         answer.vbucket_uuid, answer.seqno = vbucket.uuid, item.by_seqno
     return answer
@@ -236,17 +244,21 @@ def _flush_vbucket(conn: Connection, vbucket: VBucket) -> None:
 # -- observe -----------------------------------------------------------------------------------
 
 
-def get_meta(conn: Connection, req: kv.GetMeta) -> kv.GetMetaResponse:
+def get_meta(conn: Connection, req: kv.GetMeta) -> kv.GetMetaResponse | None:
     """Metadata of the key's current version, a tombstone's too (deleted = 1); KeyEnoent
-    when the key never existed or its tombstone was purged."""
+    when the key never existed or its tombstone was purged (GetqMeta: no answer then)."""
     vbucket = active(conn, req.vbucket)
     try:
         item = vbucket.get_meta(bytes(req.key))
     except EngineError as exc:
         raise refusal(conn, exc) from None
+    quiet = req.opcode == Opcode.GetqMeta
     if item is None:
+        if quiet:
+            return None
         raise Reply(Status.KeyEnoent)
-    return kv.GetMetaResponse(
+    answer_type = kv.GetqMetaResponse if quiet else kv.GetMetaResponse
+    return answer_type(
         opaque=req.opaque, cas=item.cas, deleted=item.deleted, flags=item.flags,
         expiry=item.expiry, rev_seqno=item.rev_seqno,
         item_datatype=item.datatype & conn.datatype_mask if req.version == 2 else None,

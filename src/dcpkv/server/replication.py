@@ -34,6 +34,12 @@ rollback point (:mod:`dcpkv.dcp.repair` decides per document; a short-lived KV c
 the source asks GetMeta and writes). The repair is an offer, never a condition: when it fails
 or times out the rollback goes on.
 
+SyncWrites: the link's DCP connection enables them and names itself with the node's name
+(``host:port``, as the active's topology names it), so prepares, commits and aborts are applied
+here and the replica acknowledges its high prepared seqno (DcpSeqnoAcknowledged): at a
+snapshot's end from the loop, or, for a PersistToMajority prepare, once the flusher persisted
+it (the bucket's ``seqno_ack_listeners`` wake the link from the flusher thread).
+
 Front-end writes to a replica are refused by the KV handlers (NotMyVbucket); what arrives
 here is applied with the active's seqnos, CAS and rev seqnos, and persisted by the ordinary
 flusher, one snapshot at a time.
@@ -49,6 +55,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from dcpkv.core import logs
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
@@ -123,14 +130,35 @@ class ReplicationLink:
         self.credentials, self.executor = credentials, executor
         self.repair = repair
         self.repaired = 0  # documents this link wrote to its source before rolling back
-        self.consumer = DcpConsumer(bucket, f"Replica:{me}")
+        # SyncWrites: named as the topology names this node (its host:port)
+        self.consumer = DcpConsumer(bucket, f"Replica:{me}", consumer_name=me)
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._acks_scheduled = False
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self.bucket.seqno_ack_listeners.append(self._ack_due)
+        self._task = self._loop.create_task(self._run())
+
+    def _ack_due(self, vb: int) -> None:
+        # Any thread (the flusher's, under the vbucket's lock): only schedule the send.
+        loop = self._loop
+        if loop is None or self._acks_scheduled or vb not in self.consumer.streams:
+            return
+        self._acks_scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to send to
+            loop.call_soon_threadsafe(self._send_acks)
+
+    def _send_acks(self) -> None:
+        self._acks_scheduled = False
+        if self._writer is not None:  # else they stay due: sent once the stream reads again
+            self._send(self.consumer.seqno_acks())
 
     async def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.bucket.seqno_ack_listeners.remove(self._ack_due)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -209,8 +237,10 @@ class ReplicationLink:
         point = await loop.run_in_executor(
             self.executor, self.bucket.rollback, rollback.vbucket, rollback.seqno
         )
-        log.info("vbucket %d rolled back to %d (asked %d) from %s",
-                 rollback.vbucket, point, rollback.seqno, self.source)  # fmt: skip
+        logs.event(log, "rollback", "vbucket %d rolled back to %d (asked %d) from %s",
+                   rollback.vbucket, point, rollback.seqno, self.source,
+                   bucket=self.bucket.name, vbucket=rollback.vbucket, seqno=point,
+                   asked=rollback.seqno, source=self.source)  # fmt: skip
         self.consumer.rolled_back(rollback.vbucket)
         self._send(self.consumer.requests(_now()))
 

@@ -13,10 +13,13 @@ GetErrorMap) or once in a bucket (GetClusterConfig).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import NoReturn
 
 from dcpkv import __version__
+from dcpkv.core import logs
+from dcpkv.core.manager_term import term_of
 from dcpkv.core.rbac import RbacError, UsersDoc
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
@@ -24,7 +27,13 @@ from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import Datatype, HelloFeature
 from dcpkv.server import datatype
 from dcpkv.server.auth import AuthFailed, SaslSession
-from dcpkv.server.connection import SUPPORTED_FEATURES, CloseConnection, Connection, Reply
+from dcpkv.server.connection import (
+    SUPPORTED_FEATURES,
+    CloseConnection,
+    Connection,
+    Reply,
+    check_term,
+)
 from dcpkv.server.error_map import error_map_json
 
 _AGENT_MAX = 200  # characters of a Hello agent kept for logs and stats
@@ -49,6 +58,8 @@ def quit_(conn: Connection, req: kv.Quit) -> None:
 
 def hello(conn: Connection, req: kv.Hello) -> kv.HelloResponse:
     conn.agent = req.agent[:_AGENT_MAX]
+    conn.manager_term = term_of(conn.agent)
+    conn.server.term_fence.saw(conn.manager_term)
     conn.features = {HelloFeature(f) for f in req.features if f in SUPPORTED_FEATURES}
     if HelloFeature.Duplex not in conn.features:  # a notification is a server request
         conn.features.discard(HelloFeature.ClustermapChangeNotification)
@@ -68,7 +79,15 @@ def sasl_list_mechs(conn: Connection, req: kv.SaslListMechs) -> kv.SaslListMechs
 def sasl_auth(conn: Connection, req: kv.SaslAuth) -> kv.SaslAuthResponse:
     server = conn.server
     if server.login_throttle.blocked(conn.peer_host, time.monotonic()):
-        server.log.info("login from %s refused: too many failed logins", conn.peer)
+        logs.event(
+            server.log,
+            "auth_failure",
+            "login from %s refused: too many failed logins",
+            conn.peer,
+            level=logging.WARNING,
+            peer=conn.peer_host,
+            reason="throttled",
+        )
         conn.user = None
         raise Reply(Status.AuthError, b"Too many failed logins from this address; retry later")
     server.users.refresh()  # `dcpkv user` may have changed the users file
@@ -95,7 +114,16 @@ def sasl_step(conn: Connection, req: kv.SaslStep) -> kv.SaslStepResponse:
 
 
 def _refuse_login(conn: Connection, exc: AuthFailed) -> NoReturn:
-    conn.server.log.info("auth failed from %s: %s", conn.peer, exc)
+    logs.event(
+        conn.server.log,
+        "auth_failure",
+        "auth failed from %s: %s",
+        conn.peer,
+        exc,
+        level=logging.WARNING,
+        peer=conn.peer_host,
+        reason=str(exc),
+    )
     conn.server.auth_errors += 1
     conn.server.login_throttle.failed(conn.peer_host, time.monotonic())
     conn.user = None
@@ -126,6 +154,7 @@ def set_cluster_config(conn: Connection, req: kv.SetClusterConfig) -> GenericRes
     name = req.bucket or conn.bucket_name
     if name is None or name not in conn.server.buckets:
         raise Reply(Status.KeyEnoent, f"no bucket named {name!r}".encode())
+    check_term(conn, f"SetClusterConfig {name}")
     try:
         conn.server.set_cluster_config(name, bytes(req.config))
     except ValueError as exc:

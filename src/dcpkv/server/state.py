@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.core.files import atomic_write
+from dcpkv.core.manager_term import TermFence
 from dcpkv.core.rbac import USERS_FILE
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import kv
@@ -26,6 +27,7 @@ from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.handover import Handovers, StagedMap, parse_push
+from dcpkv.server.latency import LatencyHistogram
 from dcpkv.server.login_throttle import LoginThrottle
 
 CLUSTER_CONFIG_SUFFIX = ".cluster-config.json"  # <data dir>/<bucket><suffix>: the last map kept
@@ -48,6 +50,8 @@ class ServerState:
     dcp_producers: dict[tuple[str, str], Any] = field(default_factory=dict)
     # bucket -> the newest map a cluster manager pushed (SetClusterConfig)
     cluster_configs: dict[str, PushedConfig] = field(default_factory=dict)
+    # the newest manager term a connection named (dcpkv.core.manager_term)
+    term_fence: TermFence = field(default_factory=TermFence)
     # bucket -> the map served: the pushed one or a newer staged one adopted at a handover
     served_configs: dict[str, PushedConfig] = field(default_factory=dict)
     # bucket -> its staged maps and handover times (dcpkv.server.handover)
@@ -65,15 +69,46 @@ class ServerState:
     eaccess: int = 0  # requests refused for want of a role (stat rbac_eaccess)
     # SeqnoPersistence requests waiting for the flusher (dcpkv.server.seqno_persistence)
     persistence_waiters: list[Any] = field(default_factory=list)
+    # Requests received, by opcode, on both paths (the metric kv_ops: dcpkv.server.metrics)
+    ops: list[int] = field(default_factory=lambda: [0] * 256)
+    # The time to answer each read, while metrics are served (dcpkv.server.latency)
+    latency: LatencyHistogram | None = None
+    metrics_port: int | None = None  # the Prometheus port bound (--metrics-port), when on
+    # bucket -> its SyncWrites [accepted as prepares, committed, aborted or ambiguous]
+    sync_writes: dict[str, list[int]] = field(default_factory=dict)
+    # durability level -> the time from prepare to commit of the SyncWrites that committed
+    sync_write_durations: dict[str, LatencyHistogram] = field(default_factory=dict)
+
+    def sync_duration(self, level: str) -> LatencyHistogram:
+        histogram = self.sync_write_durations.get(level)
+        if histogram is None:
+            histogram = self.sync_write_durations[level] = LatencyHistogram()
+        return histogram
+
+    def sync_counts(self, bucket: str) -> list[int]:
+        counts = self.sync_writes.get(bucket)
+        if counts is None:
+            counts = self.sync_writes[bucket] = [0, 0, 0]
+        return counts
 
     def __post_init__(self) -> None:
         self.users = UserStore(dict(self.config.users), path=self.config.data_dir / USERS_FILE)
 
     @property
+    def cluster_name(self) -> str | None:
+        """The name the manager's map gives this node (``thisNode``), once one was pushed:
+        what topologies and replicas call it, which may differ from the address it binds (a
+        proxy, NAT or ``0.0.0.0`` in front of it)."""
+        for pushed in self.cluster_configs.values():
+            if pushed.this_node is not None:
+                return pushed.this_node
+        return None
+
+    @property
     def node_name(self) -> str:
-        """This node's name in a vbucket's replication topology: ``host:port`` as configured
-        and bound, the name a cluster map's serverList gives it (server/sync_writes.py)."""
-        return f"{self.config.host}:{self.port}"
+        """This node's name as a replica's DCP ``consumer_name`` (server/sync_writes.py): its
+        :attr:`cluster_name`, else ``host:port`` as configured and bound."""
+        return self.cluster_name or f"{self.config.host}:{self.port}"
 
     def set_cluster_config(self, bucket: str, config: bytes) -> bool:
         """Keep ``config`` (a manager's map) for ``bucket`` if it is newer than the one held;
@@ -89,6 +124,11 @@ class ServerState:
             return self._stage(bucket, pushed, when)
         held = self.cluster_configs.get(bucket)
         if held is not None and pushed.version <= held.version:
+            if pushed.version[0] < held.version[0]:  # a deposed manager's late command
+                self.log.warning(
+                    "bucket %s: refused a map of an older manager term (revEpoch %d, rev %d; "
+                    "holding revEpoch %d, rev %d)", bucket, *pushed.version, *held.version,
+                )  # fmt: skip
             return False
         self.cluster_configs[bucket] = pushed
         self._serve(bucket, pushed)

@@ -5,7 +5,9 @@ Theory of operation
 The request's key names a group and, after a space, an argument (``vbucket-seqno 5``). Each
 group is a generator of (name, value) pairs over the selected bucket: the default group
 (process, memory, persistence), ``vbucket-seqno``, ``failovers``, ``vbucket`` (states),
-``dcp`` (every producer of the bucket, spec 002 naming: ``stat:name`` per connection and
+``vbucket-details`` (per vbucket: seqnos, SyncWrites, replication topology),
+``vbucket-topology`` (each active vbucket's topology alone), ``dcp`` (every
+producer of the bucket, spec 002 naming: ``stat:name`` per connection and
 ``stat:vbucket:name`` per stream, plus bucket totals) and ``handover`` (when vbuckets changed
 hands and the map served named their new actives). An unknown group answers KeyEnoent.
 """
@@ -67,6 +69,7 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "rejected_conns", conn.server.rejected_conns
     yield "unauth_timeouts", conn.server.unauth_timeouts
     yield "write_holds", conn.server.write_holds
+    yield "metrics_port", conn.server.metrics_port or 0  # ours: Prometheus (0: not served)
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
     yield "ep_total_persisted", bucket.items_persisted
@@ -76,6 +79,8 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "ep_flushes_deferred", bucket.flushes_deferred
     yield "ep_disk_error", bucket.disk_error or ""
     yield "ep_max_size", bucket.memory_quota
+    # kv_engine's name: how with-meta (XDCR) writes are judged, "seqno" or "lww"
+    yield "ep_conflict_resolution_type", bucket.conflict_mode.value
     for state in VBucketState:
         yield f"vb_{state.label}_num", sum(1 for vb in vbuckets if vb.state == state)
 
@@ -100,6 +105,23 @@ def _failovers(conn: Connection, arg: str) -> Stats:
 def _vbuckets(conn: Connection, arg: str) -> Stats:
     for vb in _selected(conn, arg):
         yield f"vb_{vb.id}", vb.state.label
+
+
+def _vbucket_details(conn: Connection, arg: str) -> Stats:
+    """Per vbucket, the reference's names: the state, the seqnos a failover compares (high
+    prepared seqno, high seqno), the SyncWrites pending and the replication topology (JSON, as
+    SetVbucket gave it; empty: none)."""
+    for vb in _selected(conn, arg):
+        p = f"vb_{vb.id}:"
+        monitor = vb.durability or vb.passive_durability
+        topology = vb.topology
+        yield p + "state", vb.state.label
+        yield p + "high_seqno", vb.high_seqno
+        yield p + "high_prepared_seqno", vb.high_prepared_seqno
+        yield p + "high_completed_seqno", 0 if monitor is None else monitor.high_completed_seqno
+        yield p + "persistence_seqno", vb.persisted_seqno
+        yield p + "sync_write_pending", 0 if monitor is None else monitor.num_pending
+        yield p + "topology", "" if topology is None else topology.to_json().decode()
 
 
 def dcp_stats(conn: Connection, arg: str = "") -> Stats:
@@ -127,11 +149,22 @@ def _handover(conn: Connection, arg: str) -> Stats:
     yield from conn.server.handover(conn.bucket_name or "").stats()
 
 
+def _vbucket_topology(conn: Connection, arg: str) -> Stats:
+    """Each active vbucket's replication topology (its SetVbucket JSON value; empty: none),
+    one line each: what the manager compares with the map (cluster/topology_sync.py)."""
+    for vb in _selected(conn, arg):
+        if vb.state == VBucketState.ACTIVE:
+            topology = vb.topology
+            yield f"vb_{vb.id}", "" if topology is None else topology.to_json().decode()
+
+
 _GROUPS: dict[str, Callable[[Connection, str], Stats]] = {
     "": _general,
     "vbucket-seqno": _seqnos,
     "failovers": _failovers,
     "vbucket": _vbuckets,
+    "vbucket-details": _vbucket_details,
+    "vbucket-topology": _vbucket_topology,
     "dcp": dcp_stats,
     "handover": _handover,
 }

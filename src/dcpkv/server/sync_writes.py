@@ -3,14 +3,14 @@
 Theory of operation
 -------------------
 The dispatcher (:mod:`dcpkv.server.dispatch`, step 3) hands a request whose framing extras
-carry a durability requirement here, after its gates:
+carry a durability requirement here, after its gates (and a mutation without one on a bucket
+with a ``durability_min_level``, given that level):
 
 ============================================ ==================================================
 request                                      answer
 ============================================ ==================================================
-a route that takes no durability             Einval
-a mutation not in :data:`SYNC_WRITE_OPS`     DurabilityImpossible (Append, Prepend, Incr, Decr
-                                             and sub-document mutations: not yet)
+a route that takes no durability (reads,     Einval
+sub-document lookups, Touch...)
 its vbucket active here without a topology   DurabilityImpossible (a standalone node, or a
 (or with one that cannot reach a majority)   cluster whose manager set none)
 anything else                                the handler runs as a SyncWrite
@@ -19,46 +19,60 @@ anything else                                the handler runs as a SyncWrite
                                              and the request is answered later
 ============================================ ==================================================
 
-The later answer is a :class:`PendingAnswer`, the cookie the vbucket hands back with the
-outcome: Success with the commit's CAS (and, with MutationSeqno, the commit's seqno) once the
-prepare commits; SyncWriteAmbiguous when it times out or the vbucket leaves the active state.
-Outcomes arrive from the loop or the flusher thread; the shell delivers them on the loop
-(:func:`deliver`). Answers keep the request order: the shell holds every answer of a later
-request on the connection until the pending one before it is decided (the server does not
-offer UnorderedExecution).
+Every mutation route (:data:`SYNC_WRITE_OPS`: Set, Add, Replace, Delete, Append, Prepend,
+Incr, Decr and the sub-document mutations, and the quiet forms) takes the one write path: the
+handler runs as it always does, and the version it makes becomes the prepare. Its answer, built
+from the prepare (Incr's counter, a sub-document mutation's results), is kept and sent once the
+prepare commits, re-stamped with the commit's CAS (and, with MutationSeqno, the commit's seqno:
+:func:`restamp`).
 
-A node's name in a topology is ``host:port`` as its config and bound port say
-(:attr:`ServerState.node_name`), the name a cluster map's ``serverList`` gives it: the first
-chain of a SetVbucket topology must name this node.
+The later answer is a :class:`PendingAnswer`, the cookie the vbucket hands back with the
+outcome: the kept answer once the prepare commits; SyncWriteAmbiguous when it times out or the
+vbucket leaves the active state. Outcomes arrive from the loop or the flusher thread; the
+shell delivers them on the loop (:func:`deliver`). Answers keep the request order: the shell
+holds every answer of a later request on the connection until the pending one before it is
+decided, unless the connection's Hello asked for UnorderedExecution (the official SDKs do):
+then later requests are answered at once and a SyncWrite's answer goes out when decided.
+Requests still execute in order either way; only answers pass one another.
+
+A node's name in a topology is the name the manager's map gives it (``thisNode``,
+:attr:`ServerState.cluster_name`): the first chain of a SetVbucket topology must name this node
+once a map did; a replica's DCP connection names itself so too (``consumer_name``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import EngineError, Item
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
-from dcpkv.protocol import kv
-from dcpkv.protocol.base import GenericResponse
-from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol import kv, subdoc
+from dcpkv.protocol.base import GenericResponse, Message
+from dcpkv.protocol.constants import DurabilityLevel, Opcode
 from dcpkv.protocol.durability import DurabilityRequirement
 from dcpkv.server.connection import Connection
-from dcpkv.server.kv_handlers import active, mutated, refusal
+from dcpkv.server.kv_handlers import active, refusal
 
 SYNC_WRITE_OPS = frozenset(
     {
         Opcode.Set, Opcode.SetQ, Opcode.Add, Opcode.AddQ, Opcode.Replace, Opcode.ReplaceQ,
-        Opcode.Delete, Opcode.DeleteQ,
+        Opcode.Delete, Opcode.DeleteQ, Opcode.Append, Opcode.Prepend, Opcode.Increment,
+        Opcode.Decrement,
     }
+    | (subdoc.ALL_OPS - subdoc.LOOKUP_OPS)
 )  # fmt: skip
 
-NOT_YET = (
-    b"durability requirements are not supported for this command yet "
-    b"(only Set, Add, Replace and Delete)"
-)
+# A level as the reference's metrics label it (kv_sync_write_commit_duration_seconds{level})
+LEVEL_LABELS = {
+    DurabilityLevel.Majority: "majority",
+    DurabilityLevel.MajorityAndPersistToActive: "majority_and_persist_on_master",
+    DurabilityLevel.PersistToMajority: "persist_to_majority",
+}
+
 NO_TOPOLOGY = (
     b"durability requirements are not supported on this vbucket: it has no replication "
     b"topology that can satisfy one (synchronous replication needs the cluster manager's)"
@@ -66,12 +80,16 @@ NO_TOPOLOGY = (
 
 
 class PendingAnswer:
-    """A SyncWrite's answer to come: its request, and the bytes once decided."""
+    """A SyncWrite's answer to come: its request, the handler's answer built from the prepare
+    (None: a quiet opcode's), and the bytes once decided."""
 
-    __slots__ = ("answer", "conn", "on_ready", "req", "vbucket")
+    __slots__ = ("answer", "conn", "level", "on_ready", "prepared", "req", "started", "vbucket")
 
-    def __init__(self, conn: Connection, req: kv.Request, vbucket: VBucket) -> None:
+    def __init__(self, conn: Connection, req: kv.Request, vbucket: VBucket, level: str) -> None:
         self.conn, self.req, self.vbucket = conn, req, vbucket
+        self.prepared: Message | None = None
+        self.level = level  # (the metric's label: LEVEL_LABELS)
+        self.started = perf_counter_ns()  # (the commit's duration, a metric)
         self.answer: bytes | None = None
         # The shell's hook: an answer held behind this one may go out now.
         self.on_ready: Callable[[], None] | None = None
@@ -79,8 +97,8 @@ class PendingAnswer:
     def resolve(self, status: Status, item: Item | None) -> None:
         req = self.req
         if status == Status.Success and item is not None:
-            answer = mutated(self.conn, req, self.vbucket, item)
-            self.answer = b"" if answer is None else answer.encode()
+            answer = self.prepared
+            self.answer = b"" if answer is None else restamp(answer, item).encode()
         else:
             self.answer = GenericResponse(
                 opcode=req.opcode, opaque=req.opaque, status=status
@@ -107,9 +125,9 @@ def sync_write(
 ) -> PendingAnswer:
     """Run ``handler`` on ``req`` as a SyncWrite; its refusal raises as the handler's would."""
     vbucket = active(conn, req.vbucket)
-    pending = PendingAnswer(conn, req, vbucket)
+    pending = PendingAnswer(conn, req, vbucket, LEVEL_LABELS[requirement.level])
     try:
-        vbucket.sync_write(
+        answer = vbucket.sync_write(
             lambda: handler(conn, req),
             requirement.level,
             timeout_ms=requirement.timeout_ms,
@@ -117,7 +135,25 @@ def sync_write(
         )
     except EngineError as exc:
         raise refusal(conn, exc) from None
+    if answer is not None and not isinstance(answer, Message):
+        raise AssertionError(f"a mutation's handler answered {type(answer).__name__}")
+    pending.prepared = answer
+    conn.server.sync_counts(conn.bucket_name or "")[0] += 1
     return pending
+
+
+_SEQNO_EXTRAS = 16  # a sub-document mutation's (vbucket uuid, seqno) extras, with MutationSeqno
+
+
+def restamp(answer: Message, commit: Item) -> Message:
+    """``answer``, built from a prepare, as the commit's: its CAS, and its seqno where the
+    answer carries one (MutationSeqno)."""
+    answer.cas = commit.cas
+    if getattr(answer, "seqno", None) is not None:
+        answer.seqno = commit.by_seqno  # type: ignore[attr-defined]
+    elif isinstance(answer, GenericResponse) and len(answer.extras) == _SEQNO_EXTRAS:
+        answer.extras = bytes(answer.extras[:8]) + commit.by_seqno.to_bytes(8, "big")
+    return answer
 
 
 def deliver(outcomes: list[SyncOutcome]) -> None:
@@ -125,4 +161,9 @@ def deliver(outcomes: list[SyncOutcome]) -> None:
     for outcome in outcomes:
         cookie = outcome.cookie
         if isinstance(cookie, PendingAnswer):
+            server = cookie.conn.server
+            committed = outcome.status == Status.Success
+            server.sync_counts(cookie.conn.bucket_name or "")[1 if committed else 2] += 1
+            if committed:
+                server.sync_duration(cookie.level).observe(perf_counter_ns() - cookie.started)
             cookie.resolve(outcome.status, outcome.item)

@@ -13,8 +13,9 @@ state; DelVbucket drops a vbucket and its data; GetAllVbSeqnos lists high seqnos
 one state only (dead vbuckets are left out unless asked for). SetVbucket's optional JSON value
 ``{"topology": [[...], [...]]}`` gives an active vbucket the chains its SyncWrites must reach
 (:mod:`dcpkv.core.replication_topology`; the first chain's active is this node, named as
-:attr:`~dcpkv.server.state.ServerState.node_name` says); a malformed one is refused with Einval
-and changes nothing. On a cluster, the manager is the
+:attr:`~dcpkv.server.state.ServerState.cluster_name` says); given with the pending state (a
+rebalance's new copy), it is the topology the copy takes when its takeover makes it active. A
+malformed one is refused with Einval and changes nothing. On a cluster, the manager is the
 one client of these opcodes.
 """
 
@@ -26,11 +27,12 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.item import EngineError
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
-from dcpkv.server.connection import Connection, Reply, not_my_vbucket
+from dcpkv.server.connection import Connection, Reply, check_term, not_my_vbucket
 from dcpkv.server.kv_handlers import present, refusal
 
 
 def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
+    check_term(conn, f"SetVbucket {req.vbucket}")
     bucket = conn.bucket
     if not 0 <= req.vbucket < bucket.num_vbuckets:
         raise Reply(Status.Einval, b"vbucket id out of range")
@@ -38,7 +40,9 @@ def set_vbucket(conn: Connection, req: kv.SetVbucket) -> GenericResponse:
     topology = _topology(conn, req, state)
     try:
         vbucket = bucket.set_vbucket_state(req.vbucket, state, cas=req.cas)
-        if topology is not None:
+        if topology is not None and state == VBucketState.PENDING:
+            vbucket.set_takeover_topology(topology)
+        elif topology is not None:
             vbucket.set_topology(topology)
     except EngineError as exc:
         raise refusal(conn, exc) from None
@@ -50,13 +54,17 @@ def _topology(
 ) -> ReplicationTopology | None:
     """The replication topology SetVbucket's value carries (None: none); Einval when it is
     malformed, names another node as the first chain's active, or the state is not active.
-    Checked before the state changes, so a refused request changes nothing."""
+    Checked before the state changes, so a refused request changes nothing. The active's name
+    is checked against the one the manager's map gives this node; before a map names it (a
+    bucket's first states come before its first map), the manager's word is taken."""
     if not req.meta:
         return None
-    if state != VBucketState.ACTIVE:
-        raise Reply(Status.Einval, b"a replication topology is for an active vbucket only")
+    if state not in (VBucketState.ACTIVE, VBucketState.PENDING):
+        raise Reply(
+            Status.Einval, b"a replication topology is for an active or pending vbucket only"
+        )
     try:
-        return parse_topology(bytes(req.meta), conn.server.node_name)
+        return parse_topology(bytes(req.meta), conn.server.cluster_name)
     except TopologyError as exc:
         raise Reply(Status.Einval, str(exc).encode()[:1024]) from None
 
@@ -72,6 +80,7 @@ def get_vbucket(conn: Connection, req: kv.GetVbucket) -> kv.GetVbucketResponse:
 
 
 def del_vbucket(conn: Connection, req: kv.DelVbucket) -> GenericResponse:
+    check_term(conn, f"DelVbucket {req.vbucket}")
     present(conn, req.vbucket)
     bucket = conn.bucket
     # Storage I/O on the loop: rare and admin-only; the bucket's I/O lock orders it against

@@ -17,6 +17,10 @@ TLS: ``tls=true`` (or ``nodes`` given as ``couchbases://host:port``, the nodes' 
 makes every connection speak TLS; ``tlsCa`` is the CA file to trust (on every executor, at
 the same path), ``tlsVerify=false`` skips verification (development only), ``tlsCert`` and
 ``tlsKey`` present a client certificate.
+
+Sink only: ``durability`` (``none``, ``majority``, ``majorityAndPersistActive``,
+``persistToMajority``) makes every write a SyncWrite answered once committed at that level;
+``durabilityTimeoutMs`` is how long the server may take (default: the bucket's, 30 s).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dcpkv.client.config import ClientConfig
+from dcpkv.client.durability import ServerDurability, parse_durability, server_durability
 from dcpkv.client.settings import (
     ConnectionSettings,
     Node,
@@ -63,6 +68,7 @@ class SourceOptions:
     num_partitions: int | None = None  # None: plan.default_tasks (by the batch's size)
     include_values: bool = True
     mode: str = "changes"  # batch reads only
+    durability: ServerDurability | None = None  # the sink's writes (None: plain writes)
 
     @property
     def host(self) -> str:
@@ -112,7 +118,18 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         num_partitions=_positive(opts, "numpartitions"),
         include_values=_bool(opts.get("includevalues", "true"), "includeValues"),
         mode=_mode(opts.get("mode", "changes")),
+        durability=_durability(opts),
     )
+
+
+def _durability(opts: Mapping[str, str]) -> ServerDurability | None:
+    try:
+        level = parse_durability(opts.get("durability", "none"))
+        timeout = _positive(opts, "durabilitytimeoutms")
+        required = ServerDurability(level, None if timeout is None else timeout / 1000)
+    except ValueError as exc:
+        raise OptionError(f"durability: {exc}") from None
+    return server_durability(required)
 
 
 def parse_vbuckets(text: str) -> tuple[int, ...]:

@@ -76,6 +76,7 @@ from dcpkv.spark.sparkoffsets import SparkOffsets
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from dcpkv.client.durability import ServerDurability
     from dcpkv.client.writer import WriteOp
 
 DELETE_OPS = frozenset({"deletion", "expiration", "delete"})
@@ -290,11 +291,11 @@ class DcpkvCommit(WriterCommitMessage):
 
 def _sink_setup(
     opts: SourceOptions, schema: StructType
-) -> tuple[ConnectionSettings, int, tuple[str, ...]]:
+) -> tuple[ConnectionSettings, int, tuple[str, ...], ServerDurability | None]:
     columns = tuple(schema.fieldNames())
     if "key" not in columns:
         raise SinkError(f"the dcpkv sink needs a key column; the DataFrame has {list(columns)}")
-    return opts.connection, len(server_seqnos(opts)), columns
+    return opts.connection, len(server_seqnos(opts)), columns, opts.durability
 
 
 def row_op(row: Any, columns: tuple[str, ...]) -> WriteOp | None:
@@ -330,17 +331,22 @@ def _bytes(value: Any, what: str) -> bytes:
 
 class _SinkTask:
     def __init__(
-        self, connection: ConnectionSettings, num_vbuckets: int, columns: tuple[str, ...]
+        self,
+        connection: ConnectionSettings,
+        num_vbuckets: int,
+        columns: tuple[str, ...],
+        durability: ServerDurability | None = None,
     ) -> None:
         self.connection = connection
         self.num_vbuckets = num_vbuckets
         self.columns = columns
+        self.durability = durability
 
     def write(self, iterator: Iterator[Any]) -> DcpkvCommit:
         from dcpkv.client.writer import KVWriter
 
         ops = (op for op in (row_op(r, self.columns) for r in iterator) if op is not None)
-        with KVWriter(self.connection, self.num_vbuckets) as writer:
+        with KVWriter(self.connection, self.num_vbuckets, durability=self.durability) as writer:
             return DcpkvCommit(writer.write(ops))
 
 

@@ -1,0 +1,327 @@
+"""One replication at work: the source's DCP changes written to the target with their metadata.
+
+Theory of operation
+-------------------
+A thin shell over the client library and the sans-I/O decisions of ``pipeline.py`` and
+``checkpoints.py``:
+
+* the source is read with the client's :class:`~dcpkv.client.consumer.Consumer` (named
+  ``xdcr:<id>``): one DCP connection per source node, one stream per active vbucket to
+  infinity, routed by the source's cluster map; a lost node, a failover or a rebalance on the
+  source resumes the streams on the new actives from the consumer's offsets (a Rollback event
+  first when history branched: the checkpoints above its point are dropped);
+* the target is written with :class:`~dcpkv.client.cluster.ClusterKV`: each write to the
+  active of its vbucket by the target's map, re-routed after NotMyVbucket or a lost node (a
+  failover or rebalance on the target);
+* start: for each vbucket the checkpoint :func:`~.checkpoints.pick_resume` chooses (source and
+  target failover logs, target high seqnos), else 0;
+* each chunk of events the consumer has ready (at most a batch) is filtered, batched
+  (:class:`~.pipeline.Batcher`), the large documents checked with GetMeta first, and written
+  all at once (every request of a batch in flight together); a batch is written before the
+  next chunk is asked for, so the consumer's offsets never run ahead of the target;
+* every checkpoint interval, the offsets of the vbuckets that moved are recorded with the
+  target's uuid and high seqno, and saved through ``save`` (the manager's store).
+
+A failure (the target unreachable past the client's retry timeout, a refused login) ends
+:meth:`Replicator.run` with the error; the service restarts it after the restart interval,
+from the checkpoints. Counters use the reference's stat names (``stats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from dcpkv.client.cluster import NODE_ERRORS, ClusterKV
+from dcpkv.client.config import ClientConfig
+from dcpkv.client.consumer import Consumer
+from dcpkv.client.events import Deletion, Event, Expiration, Mutation, Rollback
+from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
+from dcpkv.client.settings import ConnectionSettings, Node
+from dcpkv.cluster.xdcr import pipeline
+from dcpkv.cluster.xdcr.checkpoints import Checkpoint, CheckpointLog, pick_resume
+from dcpkv.cluster.xdcr.spec import ReplicationSettings
+from dcpkv.core.conflict_resolution import ConflictMode
+from dcpkv.core.deadline import within
+from dcpkv.core.errors import DcpkvError
+from dcpkv.core.status import Status, status_name
+from dcpkv.protocol import kv
+from dcpkv.protocol.base import Message
+
+log = logging.getLogger("dcpkv.xdcr")
+
+SaveCheckpoints = Callable[[CheckpointLog], None]
+_RETRY = frozenset({Status.Etmpfail, Status.Ebusy, Status.Enomem, Status.SyncWriteInProgress})
+# A batch is hundreds of requests: a busy target may take seconds to answer them all. After a
+# timeout the batch takes the slow path, where a write the target had applied is refused as
+# identical (counted as docs_failed_cr_target instead of docs_written; the data is the same).
+_BATCH_TIMEOUT_S = 15.0
+_WRITE_RETRIES = 50  # a target short of memory: ~10 s of pauses before the batch fails
+
+
+class ReplicationError(DcpkvError):
+    """The replication cannot go on (it is restarted after the restart interval)."""
+
+
+def stat_names() -> tuple[str, ...]:
+    return (
+        "docs_processed", "docs_written", "docs_failed_cr_source", "docs_failed_cr_target",
+        "docs_filtered", "docs_failed", "checkpoints", "deduplicated",
+    )  # fmt: skip
+
+
+class Replicator:
+    def __init__(
+        self,
+        rid: str,
+        source: ConnectionSettings,
+        target: ConnectionSettings,
+        settings: ReplicationSettings,
+        checkpoints: CheckpointLog,
+        save: SaveCheckpoints,
+    ) -> None:
+        self.id = rid
+        self.source = ClientConfig(source, name=f"xdcr:{rid}", retry_timeout=60.0)
+        self.target = ClientConfig(target, name=f"xdcr-target:{rid}", retry_timeout=60.0)
+        self.settings = settings
+        self.checkpoints = checkpoints
+        self._save = save
+        self.stats = dict.fromkeys(stat_names(), 0)
+        self.target_mode = ConflictMode.SEQNO
+        self._consumer: Consumer | None = None
+        self._saved: dict[int, VbucketOffset] = {}
+        self._between_batches = True  # every change pulled so far is written
+
+    async def run(self) -> None:
+        """Replicate until cancelled or failed (see the module docstring)."""
+        async with (
+            await ClusterKV.open(self.source) as source,
+            await ClusterKV.open(self.target) as target,
+            Consumer(self.source) as consumer,
+        ):
+            self._consumer = consumer
+            vbuckets = _same_widths(source, target)
+            self.target_mode = await _target_mode(target)
+            start = await self._resume_offsets(source, target, vbuckets)
+            batcher = pipeline.Batcher(self.settings.batch_items, self.settings.batch_kb * 1024)
+            last_checkpoint = time.monotonic()
+            chunks = consumer.stream_chunks(
+                vbuckets, start=start, each=_same, most=self.settings.batch_items
+            )
+            try:
+                async for chunk in chunks:
+                    self._between_batches = False
+                    for event in chunk:
+                        full = self._take(event, batcher)
+                        if full:
+                            await self._write(target, full)
+                    if len(batcher):
+                        await self._write(target, batcher.take())
+                    self._between_batches = True
+                    self.stats["deduplicated"] = batcher.deduplicated
+                    if time.monotonic() - last_checkpoint >= self.settings.checkpoint_interval_s:
+                        await self.checkpoint(target)
+                        last_checkpoint = time.monotonic()
+            except asyncio.CancelledError:
+                # Paused or stopped: keep the progress made, unless a batch was half written
+                # (the offsets are then ahead of the target).
+                if self._between_batches:
+                    with contextlib.suppress(Exception):
+                        await within(self.checkpoint(target), 5)
+                raise
+
+    async def changes_left(self) -> int:
+        """Source changes not yet processed: high seqnos minus the offsets."""
+        consumer = self._consumer
+        if consumer is None:
+            return 0
+        seqnos = await consumer.vbucket_seqnos()
+        offsets = consumer.offsets
+        return sum(
+            max(0, high - (offsets[vb].seqno if vb in offsets else 0))
+            for vb, (_, high) in seqnos.items()
+        )
+
+    # -- the pipeline -----------------------------------------------------------------------
+
+    def _take(self, event: Event, batcher: pipeline.Batcher) -> list[pipeline.Change] | None:
+        if isinstance(event, Mutation | Deletion | Expiration):
+            self.stats["docs_processed"] += 1
+            if not self.settings.filter.passes(event):
+                self.stats["docs_filtered"] += 1
+                return None
+            return batcher.add(event)
+        if isinstance(event, Rollback):
+            self.checkpoints.rolled_back(event.vbucket, event.rollback_seqno)
+        return None
+
+    async def _write(self, target: ClusterKV, batch: list[pipeline.Change]) -> None:
+        threshold = self.settings.optimistic_threshold
+        checked = [c for c in batch if pipeline.needs_get_meta(c, threshold)]
+        if checked:
+            asks = [(c.vbucket, _get_meta_request(c)) for c in checked]
+            metas = await _pipelined(target, asks)
+            losers = set()
+            for c, answer in zip(checked, metas, strict=True):
+                meta = await _get_meta(target, c) if answer is None else _meta_of(c, answer)
+                if not pipeline.would_win(self.target_mode, c, meta):
+                    losers.add(id(c))
+            if losers:
+                self.stats["docs_failed_cr_source"] += len(losers)
+                batch = [c for c in batch if id(c) not in losers]
+        writes = [
+            (c.vbucket, pipeline.write_request(c, self.target_mode, c.vbucket)) for c in batch
+        ]
+        answers = await _pipelined(target, writes)
+        statuses: list[int | None] = [_status(a) for a in answers]
+        again = [i for i, got in enumerate(statuses) if got is None or got in _RETRY]
+        if again:  # the slow path: routed one by one, retried through failovers and moves
+            redone = await asyncio.gather(*(self._send(target, writes[i]) for i in again))
+            for i, got in zip(again, redone, strict=True):
+                statuses[i] = got
+        for status in statuses:
+            if status == Status.Success:
+                self.stats["docs_written"] += 1
+            elif status == Status.KeyEexists:
+                self.stats["docs_failed_cr_target"] += 1
+            else:
+                self.stats["docs_failed"] += 1
+
+    async def _send(self, target: ClusterKV, write: tuple[int, kv.SetWithMeta]) -> int:
+        vbucket, request = write
+        status = int(Status.Success)
+        for _ in range(_WRITE_RETRIES):
+            answer = await target.call(vbucket, request)
+            status = int(getattr(answer, "status", Status.Success))
+            if status not in _RETRY:
+                if status not in (Status.Success, Status.KeyEexists):
+                    log.warning("xdcr %s: %r refused: %s", self.id, request.key,
+                                status_name(status))  # fmt: skip
+                return status
+            await asyncio.sleep(0.2)
+        raise ReplicationError(f"the target kept answering {status_name(status)}")
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    async def checkpoint(self, target: ClusterKV) -> None:
+        """Record the offsets that moved since the last checkpoint, with the target's state."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        offsets = consumer.offsets
+        moved = {vb: offsets[vb] for vb in offsets if self._saved.get(vb) != offsets[vb]}
+        if not moved:
+            return
+        target_seqnos = await target.vbucket_seqnos()
+        for vb, at in moved.items():
+            t_uuid, t_high = target_seqnos.get(vb, (0, 0))
+            cp = Checkpoint(at.vb_uuid, at.seqno, at.snap_start, at.snap_end, t_uuid, t_high)
+            self.checkpoints.record(vb, cp)
+            self._saved[vb] = at
+        self._save(self.checkpoints)
+        self.stats["checkpoints"] += 1
+
+    async def _resume_offsets(
+        self, source: ClusterKV, target: ClusterKV, vbuckets: list[int]
+    ) -> Offsets:
+        offsets = Offsets()
+        kept = [vb for vb in vbuckets if self.checkpoints.of(vb)]
+        if not kept:
+            return offsets
+        source_logs = await source.failover_logs(kept)
+        target_logs = await target.failover_logs(kept)
+        target_seqnos = await target.vbucket_seqnos()
+        for vb in kept:
+            high = target_seqnos.get(vb, (0, 0))[1]
+            cp = pick_resume(self.checkpoints.of(vb), source_logs[vb], target_logs[vb], high)
+            if cp is None:
+                continue
+            at = VbucketOffset(cp.source_uuid, cp.seqno, cp.snap_start, cp.snap_end)
+            offsets.set_progress(vb, VbucketProgress(at, failover_log=source_logs[vb]))
+            self._saved[vb] = at
+        log.info("xdcr %s: resumed %d of %d vbuckets from checkpoints", self.id,
+                 len(self._saved), len(vbuckets))  # fmt: skip
+        return offsets
+
+
+def _same_widths(source: ClusterKV, target: ClusterKV) -> list[int]:
+    """The source's vbuckets; the target must have as many (a change goes to the same
+    vbucket number, whose checkpoint names the target's)."""
+    source_map, target_map = source.router.map, target.router.map
+    if source_map is None or target_map is None:
+        raise ReplicationError("a cluster map is missing (is each side a cluster?)")
+    if source_map.num_vbuckets != target_map.num_vbuckets:
+        raise ReplicationError(
+            f"the source has {source_map.num_vbuckets} vbuckets, the target "
+            f"{target_map.num_vbuckets}: XDCR here needs the same count on both sides"
+        )
+    return list(range(source_map.num_vbuckets))
+
+
+def _same(event: Event) -> Event:
+    return event
+
+
+def _status(answer: Message | None) -> int | None:
+    return None if answer is None else int(getattr(answer, "status", Status.Success))
+
+
+async def _pipelined(
+    target: ClusterKV, requests: Sequence[tuple[int, kv.Request]]
+) -> list[Message | None]:
+    """Each request's answer from its vbucket's active by the target's map, every node's
+    share sent in one write; None where it must take the slow path (no active in the map,
+    NotMyVbucket, the node unreachable): :meth:`ClusterKV.call` routes and retries it."""
+    answers: list[Message | None] = [None] * len(requests)
+    by_node: dict[Node, list[int]] = {}
+    for i, (vbucket, _) in enumerate(requests):
+        node = target.router.active(vbucket)
+        if node is not None:
+            by_node.setdefault(node, []).append(i)
+
+    async def on(node: Node, indexes: list[int]) -> None:
+        try:
+            session = await within(target.session(node), target.config.connect_timeout)
+            got = await within(
+                session.conn.call_many([requests[i][1] for i in indexes]),
+                max(target.config.request_timeout, _BATCH_TIMEOUT_S),
+            )
+        except NODE_ERRORS:
+            await target.drop(node)
+            return
+        for i, answer in zip(indexes, got, strict=True):
+            if getattr(answer, "status", Status.Success) == Status.NotMyVbucket:
+                target.router.offer(bytes(getattr(answer, "value", b"") or b""))
+            else:
+                answers[i] = answer
+
+    await asyncio.gather(*(on(node, indexes) for node, indexes in by_node.items()))
+    return answers
+
+
+def _get_meta_request(change: pipeline.Change) -> kv.GetMeta:
+    return kv.GetMeta(key=change.key, vbucket=change.vbucket, version=2)
+
+
+async def _get_meta(target: ClusterKV, change: pipeline.Change) -> kv.GetMetaResponse | None:
+    return _meta_of(change, await target.call(change.vbucket, _get_meta_request(change)))
+
+
+def _meta_of(change: pipeline.Change, answer: Message) -> kv.GetMetaResponse | None:
+    if isinstance(answer, kv.GetMetaResponse):
+        return answer
+    status = int(getattr(answer, "status", 0))
+    if status == Status.KeyEnoent:
+        return None
+    raise ReplicationError(f"GetMeta {change.key!r}: {status_name(status)}")
+
+
+async def _target_mode(target: ClusterKV) -> ConflictMode:
+    """The target bucket's conflict-resolution mode, from any node's stats."""
+    node = target.router.nodes()[0] if target.router.nodes() else target.router.seeds[0]
+    session = await target.session(node)
+    stats = dict(await session.conn.stats())
+    return ConflictMode(stats.get("ep_conflict_resolution_type", ConflictMode.SEQNO.value))
