@@ -217,11 +217,14 @@ class DurableLoad:
         return report
 
     def _final(self, key: str) -> int:
+        error: CouchbaseException | None = None
         for _ in range(50):  # the cluster settled, but a map may still be on its way
             try:
                 return int(self.coll.get(key).content_as[dict]["v"])
             except DocumentNotFoundException:
                 return 0
-            except CouchbaseException:
+            except CouchbaseException as exc:
+                error = exc
                 time.sleep(0.2)
+        self.world.log(f"{key} unreadable at the end: {error!r}"[:300])
         return 0

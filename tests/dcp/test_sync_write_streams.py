@@ -516,3 +516,27 @@ def test_a_commit_of_a_prepare_the_replica_lost_rolls_it_back_below_the_prepare(
     assert [(i.key, i.by_seqno, i.cas) for i in rvb.items()] == [
         (i.key, i.by_seqno, i.cas) for i in avb.items()
     ]
+
+
+def test_a_rollback_between_a_prepare_and_its_commit_gives_the_prepare_back(
+    buckets: Buckets,
+) -> None:
+    """Storage replaces a prepare's row by its commit, so a replica rolled back to a point
+    between the two (asked by an active that restarted without the commit) would hold neither,
+    and the restarted active, re-committing the prepare, would wait for its ack for ever: reads
+    of the key answered SyncWriteReCommitInProgress (found by the chaos suite). The prepare
+    comes back pending, and the reopened stream acknowledges it."""
+    active, replica, link = replica_pair(buckets)
+    avb, rvb = active.vbuckets[0], replica.vbuckets[0]
+    durable_set(avb, b"k", b"v", MAJORITY)
+    assert link.producer is not None
+    link.to_consumer(link.producer.next_messages())  # the prepare (seqno 1)
+    replica.flush_once()  # a flush point at 1
+    link.pump()  # acknowledged, committed (seqno 2)
+    assert value(rvb, b"k") == b"v" and not rvb.hash_table.prepared
+    replica.flush_once()
+    replica.rollback(0, 1)
+    held = rvb.hash_table.prepared[b"k"]
+    assert (held.by_seqno, held.value) == (1, b"v")
+    rvb.acknowledge_held()
+    assert rvb.take_seqno_ack() == 1

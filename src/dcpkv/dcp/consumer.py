@@ -145,7 +145,8 @@ class DcpConsumer:
         if isinstance(msg, dcp.DcpNoop):
             return [GenericResponse(opcode=Opcode.DcpNoop, opaque=msg.opaque).encode()], []
         if isinstance(msg, dcp.StreamRequestOk | dcp.StreamRequestRollback | GenericResponse):
-            return [], self._answer(msg, now)
+            rollbacks = self._answer(msg, now)
+            return self._due_ack(msg), rollbacks
         stream = self.streams.get(msg.opaque - OPAQUE_BASE)
         if isinstance(msg, dcp.SetVbucketState):
             return [self._takeover_state(stream, msg), *self._ack(size)], []
@@ -170,6 +171,14 @@ class DcpConsumer:
         stream.told_to_roll_back(seqno)
         close = dcp.CloseStream(opaque=self._next(), vbucket=stream.vbid).encode()
         return [close, *self._ack(size)], [RollbackOrder(stream.vbid, seqno)]
+
+    def _due_ack(self, msg: Message) -> list[bytes]:
+        """The acknowledgement a stream just accepted owes (its vbucket's held prepares)."""
+        stream = self.streams.get(msg.opaque - OPAQUE_BASE)
+        if self.consumer_name is None or stream is None:
+            return []
+        ack = stream.seqno_ack()
+        return [] if ack is None else [ack.encode()]
 
     def seqno_acks(self) -> list[bytes]:
         """The DcpSeqnoAcknowledged due now (a replica persisted a PersistToMajority prepare:
@@ -198,6 +207,7 @@ class DcpConsumer:
             return []  # an Open/Control/CloseStream answer, or one for a forgotten stream
         if isinstance(msg, dcp.StreamRequestOk):
             stream.accepted(msg.failover_log)
+            stream.vbucket.acknowledge_held()
         elif isinstance(msg, dcp.StreamRequestRollback):
             stream.told_to_roll_back(msg.rollback_seqno)
             return [RollbackOrder(stream.vbid, msg.rollback_seqno)]

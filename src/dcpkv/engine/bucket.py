@@ -552,12 +552,15 @@ class Bucket:
             raise NotMyVbucket(f"vbucket {vb} is {vbucket.state}: only replicas roll back")
         with self._io_lock:
             self.flush_once()
+            revived = vbucket.completions_above(seqno)
             point = self.storage.rollback(vb, seqno)
             s = self.storage.vbucket_state(vb)
             assert s is not None
             failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
             vbucket.reset(s, failover, self.storage.load_items(vb))
-            vbucket.load_prepares(self.storage.load_prepares(vb))
+            kept = [p for p in revived if p.by_seqno <= point]
+            stored = self.storage.load_prepares(vb)
+            vbucket.load_prepares(sorted([*stored, *kept], key=lambda p: p.by_seqno))
             self.flush_once()
         # Wake the DCP streams of this vbucket (as a queued item would): each sees the new
         # generation on its next refill and ends with Rollback, even one idle in memory.

@@ -1103,6 +1103,38 @@ class VBucket:
                     persisted_seqno=self.persisted_seqno, prepares=writes
                 )
 
+    def completions_above(self, seqno: int) -> list[PrepareItem]:
+        """The prepares a rollback to ``seqno`` must give back: those at or below it whose
+        commit lies above it (storage replaced the prepare's row by its commit, so rolling the
+        commit back would drop both). Each comes back from its committed version, pending
+        again (the active re-commits it once this replica acknowledges it); an ejected value
+        is not revived (rare: a commit still above a rollback point is recent)."""
+        with self.lock:
+            revived = [
+                _pending_again(item)
+                for item in self.hash_table.values()
+                if isinstance(item, CommitItem)
+                and item.prepared_seqno <= seqno < item.by_seqno
+                and item.value is not None
+            ]
+            return sorted(revived, key=lambda p: p.by_seqno)
+
+    def acknowledge_held(self) -> None:
+        """A replica's stream was (re)opened: acknowledge the prepares it holds now (a rollback
+        or a restart may have brought back ones the active still waits for, and no snapshot
+        need come to end before it commits them)."""
+        with self.lock:
+            monitor = self.passive_durability
+            if monitor is None:
+                return
+            # Held and persisted (warm-up, a rollback's point): this replica has them
+            held = [p.by_seqno for p in self.hash_table.prepared.values()]
+            seqno = max(
+                [monitor.high_prepared_seqno, *(s for s in held if s <= self.persisted_seqno)]
+            )
+            if seqno > 0:
+                self._seqno_ack_due = seqno
+
     def reset(self, vbstate: VBState, failover: FailoverTable, items: Iterable[Item]) -> None:
         """Replace the whole in-memory state by what storage holds (after a rollback)."""
         with self.lock:
@@ -1306,3 +1338,12 @@ def _check_cas(current: Item | None, cas: int) -> None:
         raise KeyNotFound("no such key")
     if current.cas != cas:
         raise KeyExists("CAS mismatch")
+
+
+def _pending_again(commit: CommitItem) -> PrepareItem:
+    """The prepare ``commit`` completed, rebuilt from it (its level unknown: the strictest)."""
+    return PrepareItem(
+        commit.key, commit.value, commit.flags, commit.expiry, commit.cas, commit.rev_seqno,
+        commit.prepared_seqno, commit.datatype, commit.deleted, commit.delete_time,
+        level=DurabilityLevel.PersistToMajority,
+    )  # fmt: skip
