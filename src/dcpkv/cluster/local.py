@@ -67,6 +67,7 @@ class Child:
     log_path: Path
     port_file: Path
     proc: subprocess.Popen[bytes] | None = None
+    terminated: subprocess.Popen[bytes] | None = None  # the process SIGTERM was sent to
     port: int = 0
     restartable: bool = False  # managers: started again when they exit by themselves
     reported: bool = False  # its exit was reported (cleared by a new start)
@@ -127,12 +128,15 @@ class Child:
         """SIGTERM by PID, without waiting."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            self.terminated = self.proc
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after the grace period; by PID, this child only."""
+        """SIGTERM (once: a second one, arriving while the child shuts down after the first,
+        would kill it mid-way), then SIGKILL after the grace period; by PID, this child only."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
+        if self.terminated is not self.proc:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
