@@ -12,7 +12,7 @@ import pytest
 from dcpkv.core.failover_table import FailoverTable
 from dcpkv.engine.bucket import open_storage, storage_path
 from dcpkv.engine.item import Item
-from dcpkv.engine.rocks_storage import GROUP_ITEMS, RocksStorage
+from dcpkv.engine.rocks_storage import GROUP_BYTES, GROUP_ITEMS, RocksStorage
 from dcpkv.engine.storage import (
     BucketStorage,
     CorruptDatabaseError,
@@ -351,6 +351,25 @@ def test_a_large_vbucket_is_written_in_bounded_batches(
     _put(storage, *[(i, b"k%05d" % i, b"v") for i in range(1, 2 * GROUP_ITEMS + 100)])
     assert len(writes) == 3 and max(writes) <= 2 * GROUP_ITEMS + 16  # (2 entries an item)
     assert len(list(storage.scan_by_seqno(0, 0))) == 2 * GROUP_ITEMS + 99
+    storage.close()
+
+
+def test_large_values_are_written_in_batches_of_bounded_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is held several times over while written, outside the bucket's quota: large
+    values cut a flush at about GROUP_BYTES, in a vbucket too, and every value reaches disk."""
+    storage = _rocks(tmp_path)
+    sizes: list[int] = []
+    write = storage._write
+    monkeypatch.setattr(
+        storage, "_write", lambda batch: (sizes.append(batch.size_in_bytes()), write(batch))
+    )
+    value = b"v" * 4096
+    count = 3 * GROUP_BYTES // len(value)
+    _put(storage, *[(i, b"k%05d" % i, value) for i in range(1, count + 1)])
+    assert len(sizes) >= 3 and max(sizes) <= GROUP_BYTES + 64 * 1024  # (keys and records)
+    assert [d.value for d in storage.scan_by_seqno(0, 0)] == [value] * count
     storage.close()
 
 

@@ -89,7 +89,7 @@ def test_ejected_values_are_read_back_from_disk(server_factory: type, tmp_path: 
 
 # The quota bounds the process: while a client writes four quotas' worth, the server's RSS
 # grows by at most RSS_MARGIN x the quota plus RSS_SLACK_MB of fixed costs that do not scale
-# with the data (SQLite's page cache and WAL, the allocator's arenas, socket buffers). The
+# with the data (the storage's cache and write buffers, the allocator's arenas, socket buffers). The
 # same figures are stated in docs/server.md.
 RSS_QUOTA_MB = 8
 RSS_MARGIN = 1.25

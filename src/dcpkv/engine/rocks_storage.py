@@ -108,6 +108,10 @@ from dcpkv.engine.storage import (
 
 FORMAT_VERSION = b"1"
 GROUP_ITEMS = 1024  # items per write batch (whole vbuckets): the interpreter lock's longest hold
+# Bytes per write batch: a batch is held three times over while written (the records, the
+# batch, the memtable), memory the bucket's quota does not count (4 KiB values: 1024 items
+# made the RSS grow 10 MiB past a small quota).
+GROUP_BYTES = 1 << 20
 _CFS = ("by_key", "by_seqno", "replaced", "flush_points", "local", "prepares")
 _VB = struct.Struct(">H")
 _VB_SEQNO = struct.Struct(">HQ")
@@ -1034,24 +1038,42 @@ def _chunks(
     """The vbuckets in id order, each one's items in key order (a memtable insert is a
     skiplist search, and one next to the last one finds its path in the cache: 2.6 -> 1.0 us
     an entry for 6,000 random keys), cut into write batches of about :data:`GROUP_ITEMS`
-    items. A vbucket's state goes with its last items; ``split``: a vbucket's items may span
-    batches (a torn tail is repaired at open, :meth:`RocksStorage._repair`; without history
-    there is nothing to repair it from, so a vbucket then stays whole)."""
+    items and :data:`GROUP_BYTES` bytes. A vbucket's state goes with its last items;
+    ``split``: a vbucket's items may span batches (a torn tail is repaired at open,
+    :meth:`RocksStorage._repair`; without history there is nothing to repair it from, so a
+    vbucket then stays whole)."""
     chunk: list[Chunk] = []
-    size = 0
+    count = size = 0
     for vb in sorted(per_vb):
         latest, state = per_vb[vb]
         items = sorted(latest.items())
-        if size and size + len(items) > GROUP_ITEMS:
+        nbytes = sum(_bytes_of(item) for _, item in items)
+        if chunk and (count + len(items) > GROUP_ITEMS or size + nbytes > GROUP_BYTES):
             yield chunk
-            chunk, size = [], 0
-        while split and len(items) > GROUP_ITEMS:
-            yield [(vb, items[:GROUP_ITEMS], None)]
-            items = items[GROUP_ITEMS:]
+            chunk, count, size = [], 0, 0
+        while split and (len(items) > GROUP_ITEMS or nbytes > GROUP_BYTES):
+            n, head_bytes = _head_within_limits(items)
+            yield [(vb, items[:n], None)]
+            items, nbytes = items[n:], nbytes - head_bytes
         chunk.append((vb, items, state))
-        size += len(items) + 1
+        count, size = count + len(items) + 1, size + nbytes
     if chunk:
         yield chunk
+
+
+def _bytes_of(item: Item) -> int:
+    return len(item.key) + len(item.value or b"")
+
+
+def _head_within_limits(items: list[tuple[bytes, Item]]) -> tuple[int, int]:
+    """How many of the first ``items`` (at least one) fit one write batch, and their bytes."""
+    n = total = 0
+    for _, item in items[:GROUP_ITEMS]:
+        size = _bytes_of(item)
+        if n and total + size > GROUP_BYTES:
+            break
+        n, total = n + 1, total + size
+    return n, total
 
 
 def _copy(s: VBState) -> VBState:
