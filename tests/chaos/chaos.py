@@ -197,6 +197,25 @@ class World:
     def live(self) -> list[ServerProcess]:
         return [n for n in self.cluster.nodes if self.cluster.name(n) not in self.down]
 
+    def details(self, key: str) -> str:
+        """What every live node holds of ``key``'s vbucket (its ``vbucket-details`` stats):
+        why a key cannot be read, in the report."""
+        vb_map = self.current_map()
+        if vb_map is None:
+            return "no map"
+        vb = vbucket_for_key(key.encode(), vb_map.num_vbuckets)
+        found = []
+        for node in self.live():
+            try:
+                with KVClient(node.port, timeout=2) as kv:
+                    kv.login()
+                    stats = kv.stats(b"vbucket-details %d" % vb)
+            except (OSError, AssertionError) as exc:
+                stats = {"error": repr(exc)}
+            fields = ", ".join(f"{k.split(':', 1)[-1]}={v}" for k, v in stats.items())
+            found.append(f"{self.cluster.name(node)}: {fields}")
+        return f"vbucket {vb}: " + "; ".join(found)
+
     def current_map(self) -> VBucketMap | None:
         best = None
         for node in self.live():

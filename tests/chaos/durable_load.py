@@ -62,6 +62,8 @@ class Clock(Protocol):
 
     def log(self, what: str) -> None: ...
 
+    def details(self, key: str) -> str: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Write:
@@ -227,4 +229,5 @@ class DurableLoad:
                 error = exc
                 time.sleep(0.2)
         self.world.log(f"{key} unreadable at the end: {error!r}"[:300])
+        self.world.log(self.world.details(key))
         return 0

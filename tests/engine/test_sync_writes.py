@@ -287,6 +287,37 @@ def test_prepares_persist_apart_and_come_back_at_warmup(
     assert again.storage.get(0, b"k").value == b"prepared"  # type: ignore[union-attr]
 
 
+
+@pytest.mark.parametrize("acked", [True, False], ids=["acked-before-topology", "never-acked"])
+def test_a_replica_ack_before_the_topology_commits_a_prepare_read_back_at_warmup(
+    open_bucket: Callable[..., Bucket], acked: bool
+) -> None:
+    """A restarted active reads its prepares back with no topology; its replica's stream
+    reopens and acknowledges them at once, before the manager sets the topology again. The
+    replica will not acknowledge the same prepares twice: the ack is kept for the monitor
+    (found by the chaos suite: a PersistToMajority write unreadable, 0xa4, for good)."""
+    bucket = open_bucket()
+    vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    vb.set_topology(WITH_ABSENT_REPLICA)
+    vb.sync_write(lambda: vb.set(b"k", b"prepared"), PERSIST)
+    bucket.flush_once()
+    bucket.shutdown()
+
+    again = open_bucket()
+    vb = again.get_vbucket(0)
+    seqno = vb.hash_table.prepared[b"k"].by_seqno
+    if acked:
+        vb.seqno_acknowledged("replica1", seqno)
+    vb.set_topology(WITH_ABSENT_REPLICA)
+    if acked:
+        assert vb.get(b"k").value == b"prepared"
+    else:
+        with pytest.raises(SyncWriteReCommitInProgress):
+            vb.get(b"k")
+        vb.seqno_acknowledged("replica1", seqno)
+        assert vb.get(b"k").value == b"prepared"
+    again.shutdown()
+
 def test_sync_write_items_are_their_own_namespace() -> None:
     assert issubclass(PrepareItem, SyncWriteItem) and issubclass(AbortItem, SyncWriteItem)
     assert not issubclass(CommitItem, SyncWriteItem)

@@ -269,6 +269,10 @@ class VBucket:
         self.durability_timeout_ms = dm.DEFAULT_TIMEOUT_MS
         self._sync: _SyncRequest | None = None
         self._takeover_topology: ReplicationTopology | None = None
+        # Replicas' acks that came before the topology (a restarted active's replicas ack the
+        # prepares it read back as soon as their streams reopen; the manager's topology comes
+        # later, and they will not ack the same prepares again): the monitor gets them.
+        self._early_acks: dict[str, int] = {}
         self.on_sync_outcomes: Callable[[int, list[SyncOutcome]], None] | None = None
         # A replica's side (replica_prepare ...): whether the snapshot being received is a
         # disk one, the last snapshot end told to the passive monitor, the high prepared seqno
@@ -658,6 +662,10 @@ class VBucket:
                 monitor = self._new_monitor(topology.first.active)
             decisions = monitor.set_topology(topology)  # raises before anything changed
             self.durability = monitor
+            early, self._early_acks = self._early_acks, {}
+            for node, seqno in early.items():
+                if node != monitor.node:  # (named so by a consumer before a rename: dropped)
+                    decisions += monitor.seqno_ack(node, seqno)
             self._resolve(decisions)
 
     def set_takeover_topology(self, topology: ReplicationTopology) -> None:
@@ -820,6 +828,7 @@ class VBucket:
 
     def _step_down(self) -> None:
         """Leaving the active state: answer the waiting clients, keep the prepares."""
+        self._early_acks.clear()
         if self.durability is None:
             return
         decisions, self.passive_durability = self.durability.step_down()
@@ -964,8 +973,9 @@ class VBucket:
         names this node)."""
         with self.lock:
             self._require_active()
-            if self.durability is None:
-                return  # no topology: no prepare waits for anyone's ack
+            if self.durability is None:  # no topology yet: kept for the monitor it brings
+                self._early_acks[node] = max(seqno, self._early_acks.get(node, 0))
+                return
             try:
                 decisions = self.durability.seqno_ack(node, seqno)
             except dm.DurabilityMonitorError as exc:
