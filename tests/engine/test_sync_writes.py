@@ -287,7 +287,6 @@ def test_prepares_persist_apart_and_come_back_at_warmup(
     assert again.storage.get(0, b"k").value == b"prepared"  # type: ignore[union-attr]
 
 
-
 @pytest.mark.parametrize("acked", [True, False], ids=["acked-before-topology", "never-acked"])
 def test_a_replica_ack_before_the_topology_commits_a_prepare_read_back_at_warmup(
     open_bucket: Callable[..., Bucket], acked: bool
@@ -317,6 +316,7 @@ def test_a_replica_ack_before_the_topology_commits_a_prepare_read_back_at_warmup
         vb.seqno_acknowledged("replica1", seqno)
         assert vb.get(b"k").value == b"prepared"
     again.shutdown()
+
 
 def test_sync_write_items_are_their_own_namespace() -> None:
     assert issubclass(PrepareItem, SyncWriteItem) and issubclass(AbortItem, SyncWriteItem)
