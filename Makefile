@@ -33,13 +33,14 @@ run: $(STAMP)
 
 ## test: the lock's freshness, the Debian packages tests use (tools/install_test_packages.sh:
 ## etcd-server, prometheus, chromium; when missing and run as root), lint, the whole test suite
+## on two pytest-xdist workers (the Spark tests together on one: tests/conftest.py)
 test: lock-check $(STAMP)
 	tools/install_test_packages.sh
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25
 
 ## test-fast: the tests that start no process (sans-I/O cores, codec, engine, planners):
 ## a minute or two, for the edit-test loop; make test runs them too, with everything else
