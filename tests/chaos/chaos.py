@@ -71,6 +71,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from couchbase.cluster import Cluster as SdkCluster  # noqa: E402
 from couchbase.exceptions import CouchbaseException  # noqa: E402
 from durable_load import DurableLoad, DurableReport  # noqa: E402
+from load_threads import LoadThreads  # noqa: E402
 
 from dcpkv.cluster.admin_client import AdminError  # noqa: E402
 from dcpkv.cluster.vbucket_map import NOBODY, VBucketMap  # noqa: E402
@@ -263,31 +264,15 @@ class Load:
         # key -> (highest value read, crashes then, when)
         self.seen: dict[str, tuple[int, int, float]] = {}
         self.lock = threading.Lock()
-        self.threads = [
-            threading.Thread(target=self._guard(self._write), daemon=True),
-            threading.Thread(target=self._guard(self._confirm), daemon=True),
-            threading.Thread(target=self._guard(self._read), daemon=True),
-        ]
-
-    def _guard(self, loop: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                loop()
-            except Exception as exc:  # a load thread must not die silently
-                self.world.log(f"load thread {loop.__name__} failed: {exc!r}")
-                raise
-
-        return run
+        self.threads = LoadThreads(world.log, "load thread", self._write, self._confirm, self._read)
 
     def start(self) -> None:
-        for t in self.threads:
-            t.start()
+        self.threads.start()
         if self.durable is not None:
             self.durable.start()
 
     def join(self) -> None:
-        for t in self.threads:
-            t.join(timeout=60)
+        self.threads.join()
         if self.durable is not None:
             self.durable.join()
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -46,6 +45,7 @@ from couchbase.exceptions import (
     DurabilitySyncWriteAmbiguousException,
 )
 from couchbase.options import UpsertOptions
+from load_threads import LoadThreads
 
 KEYS = 200
 LEVELS = (DurabilityLevel.MAJORITY, DurabilityLevel.PERSIST_TO_MAJORITY)
@@ -116,28 +116,13 @@ class DurableLoad:
         self.maybe: list[tuple[str, int]] = []  # ambiguous answers, resolved at the end
         self.seen: dict[str, tuple[int, int]] = {}  # key -> (highest value read, restarts)
         self.lock = threading.Lock()
-        self.threads = [
-            threading.Thread(target=self._guard(self._write), daemon=True),
-            threading.Thread(target=self._guard(self._read), daemon=True),
-        ]
-
-    def _guard(self, loop: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                loop()
-            except Exception as exc:  # a load thread must not die silently
-                self.world.log(f"durable load {loop.__name__} failed: {exc!r}")
-                raise
-
-        return run
+        self.threads = LoadThreads(world.log, "durable load", self._write, self._read)
 
     def start(self) -> None:
-        for t in self.threads:
-            t.start()
+        self.threads.start()
 
     def join(self) -> None:
-        for t in self.threads:
-            t.join(timeout=60)
+        self.threads.join()
 
     def _write(self) -> None:
         n = 0

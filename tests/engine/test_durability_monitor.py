@@ -49,6 +49,7 @@ from dcpkv.engine.durability_monitor import (
     SyncWrite,
     SyncWriteInProgress,
 )
+from dcpkv.engine.item import EngineError
 from dcpkv.protocol.constants import DurabilityLevel
 
 Monitor = Any  # an ActiveDurabilityMonitor or a PassiveDurabilityMonitor, as the case says
@@ -1081,6 +1082,8 @@ def test_the_replica_acks_only_whole_satisfied_snapshots_and_in_the_end_everythi
 
 
 def test_a_refusal_carries_the_status_the_engine_answers() -> None:
+    """Each refusal is an engine error (a server answers its status as any other's); a plain
+    one is still a ValueError, as the vbucket catches it."""
     monitor = ActiveDurabilityMonitor("a")
     with pytest.raises(DurabilityImpossible) as impossible:
         monitor.add_prepare(1, k(1), L1, now=0)
@@ -1093,3 +1096,6 @@ def test_a_refusal_carries_the_status_the_engine_answers() -> None:
     assert impossible.value.status == Status.DurabilityImpossible
     assert in_progress.value.status == Status.SyncWriteInProgress
     assert other.value.status == Status.Einval
+    for refusal in (impossible.value, in_progress.value, other.value):
+        assert isinstance(refusal, EngineError)
+    assert isinstance(other.value, ValueError)

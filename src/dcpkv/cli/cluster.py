@@ -19,10 +19,18 @@ from typing import Annotated, Any
 
 import typer
 
-from dcpkv.cli.options import LogFormat, LogLevel
+from dcpkv.cli.options import (
+    DEFAULT_MANAGER_PORT,
+    DEFAULT_MANAGER_URL,
+    ClusterAdmin,
+    ClusterAdminPassword,
+    JsonAnswer,
+    LogFormat,
+    LogLevel,
+    ManagerUrl,
+    manager_call,
+)
 from dcpkv.core.defaults import DEFAULT_BUCKET, DEFAULT_HOST, DEFAULT_PASSWORD, DEFAULT_USER
-
-DEFAULT_MANAGER_PORT = 8091  # Couchbase's REST port
 
 cluster_app = typer.Typer(
     help="Talk to the cluster manager (status, add-node, failover, rebalance, remove-node, "
@@ -33,12 +41,7 @@ cluster_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-Url = Annotated[str, typer.Option(help="The manager's admin API.", envvar="DCPKV_MANAGER_URL")]
-User = Annotated[str, typer.Option(help="The cluster admin.")]
-Password = Annotated[str, typer.Option(help="Its password.")]
-Json = Annotated[bool, typer.Option("--json", help="Print the manager's JSON answer.")]
 Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="Show progress until it ends.")]
-DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_MANAGER_PORT}"
 
 
 def register(app: typer.Typer) -> None:
@@ -64,8 +67,8 @@ def manager(
     bucket: Annotated[str, typer.Option(help="The bucket's name (new cluster).")] = (
         DEFAULT_BUCKET
     ),
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
@@ -172,21 +175,16 @@ def _link_tls(ca: Path | None, offset: int) -> Any:
 def _call(
     url: str, method: str, path: str, user: str, password: str, **params: str
 ) -> dict[str, Any]:
-    from dcpkv.cluster.admin_client import AdminError, admin_request
-
-    try:
-        return admin_request(url, method, path, user=user, password=password, params=params)
-    except AdminError as exc:
-        typer.echo(f"dcpkv cluster: {exc}", err=True)
-        raise typer.Exit(1) from None
+    result: dict[str, Any] = manager_call("cluster", url, method, path, user, password, params)
+    return result
 
 
 @cluster_app.command()
 def status(
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
-    json_: Json = False,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
+    json_: JsonAnswer = False,
 ) -> None:
     """Nodes (membership, health), vbuckets active and replica on each, replication lag.
 
@@ -276,9 +274,9 @@ def _echo_auto_failover(auto: dict[str, Any]) -> None:
 @cluster_app.command("add-node")
 def add_node(
     node: Annotated[str, typer.Argument(help="The data node, host:port of its memcached port.")],
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Add a data node to the cluster.
 
@@ -296,9 +294,9 @@ def add_node(
 @cluster_app.command()
 def failover(
     node: Annotated[str, typer.Argument(help="The node to fail over, host:port.")],
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Fail a node over: its vbuckets become active on their replicas.
 
@@ -323,9 +321,9 @@ def rebalance(
     ] = None,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running rebalance.")] = False,
     wait: Wait = True,
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Move vbuckets so every node holds an even share (nodes added in, ejected ones out).
 
@@ -386,9 +384,9 @@ def _follow_rebalance(url: str, user: str, password: str) -> None:
 def remove_node(
     node: Annotated[str, typer.Argument(help="The node to take out, host:port.")],
     wait: Wait = True,
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Remove a node gracefully: a rebalance moves its vbuckets away, then it leaves.
 
@@ -409,9 +407,9 @@ def recover(
         typer.Option("--full/--delta", help="Wipe it first (full), or keep its data (delta)."),
     ] = False,
     wait: Wait = True,
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Take a failed-over node back in, then rebalance.
 
@@ -455,9 +453,9 @@ def settings(
             "documents it has that the new active did not change since (spec 002's repair).",
         ),
     ] = None,
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Show the cluster's settings, or change them (stored by the manager).
 

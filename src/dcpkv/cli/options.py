@@ -1,7 +1,8 @@
 """The options several commands share, declared once: where the node is and who connects
 (``--host``, ``--port``, ``--bucket``, ``--user``, ``--password``, ``--tls``, ``--tls-ca``),
-the Spark master of the commands that run a Spark job, and ``--durability`` of the commands
-that write.
+the Spark master of the commands that run a Spark job, ``--durability`` of the commands
+that write, and the cluster manager's admin API (``--url``, ``--user``, ``--password``,
+``--json``) of the commands that send it one request each (:func:`manager_call`).
 
 A command declares ``host: Host = DEFAULT_HOST`` and so on, and turns them into the client's
 settings with :func:`connection_settings`; the client library is imported only then, so that
@@ -11,10 +12,11 @@ settings with :func:`connection_settings`; the client library is imported only t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dcpkv.core.defaults import DEFAULT_HOST
 from dcpkv.core.tls import TlsOptions
 
 if TYPE_CHECKING:
@@ -85,3 +87,31 @@ LogFormat = Annotated[
     str,
     typer.Option(help="Log lines as text, or json (one object a line, events with their fields)."),
 ]
+
+DEFAULT_MANAGER_PORT = 8091  # Couchbase's REST port
+DEFAULT_MANAGER_URL = f"http://{DEFAULT_HOST}:{DEFAULT_MANAGER_PORT}"
+ManagerUrl = Annotated[
+    str, typer.Option(help="The manager's admin API.", envvar="DCPKV_MANAGER_URL")
+]
+ClusterAdmin = Annotated[str, typer.Option(help="The cluster admin.")]
+ClusterAdminPassword = Annotated[str, typer.Option(help="Its password.")]
+JsonAnswer = Annotated[bool, typer.Option("--json", help="Print the manager's JSON answer.")]
+
+
+def manager_call(
+    command: str,
+    url: str,
+    method: str,
+    path: str,
+    user: str,
+    password: str,
+    params: dict[str, str] | None = None,
+) -> Any:
+    """One admin API request; a refusal prints ``dcpkv COMMAND: reason`` and exits 1."""
+    from dcpkv.cluster.admin_client import AdminError, admin_request
+
+    try:
+        return admin_request(url, method, path, user=user, password=password, params=params)
+    except AdminError as exc:
+        typer.echo(f"dcpkv {command}: {exc}", err=True)
+        raise typer.Exit(1) from None

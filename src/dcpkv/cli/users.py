@@ -25,6 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dcpkv.cli.options import manager_call
 from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
 
 user_app = typer.Typer(
@@ -65,12 +66,7 @@ def _fail(message: str) -> typer.Exit:
 def _manager_call(
     url: str, method: str, path: str, user: str, password: str, params: dict[str, str] | None = None
 ) -> Any:
-    from dcpkv.cluster.admin_client import AdminError, admin_request
-
-    try:
-        return admin_request(url, method, path, user=user, password=password, params=params)
-    except AdminError as exc:
-        raise _fail(str(exc)) from None
+    return manager_call("user", url, method, path, user, password, params)
 
 
 def _edit_file(data_dir: Path, change: Any) -> None:

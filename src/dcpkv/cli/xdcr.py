@@ -15,7 +15,14 @@ from urllib.parse import quote
 
 import typer
 
-from dcpkv.cli.cluster import DEFAULT_URL, Json, Password, Url, User
+from dcpkv.cli.options import (
+    DEFAULT_MANAGER_URL,
+    ClusterAdmin,
+    ClusterAdminPassword,
+    JsonAnswer,
+    ManagerUrl,
+    manager_call,
+)
 from dcpkv.core.defaults import DEFAULT_BUCKET, DEFAULT_PASSWORD, DEFAULT_USER
 
 xdcr_app = typer.Typer(
@@ -31,13 +38,7 @@ xdcr_app.add_typer(remote_app, name="remote")
 def _call(
     url: str, method: str, path: str, user: str, password: str, params: dict[str, str] | None = None
 ) -> Any:
-    from dcpkv.cluster.admin_client import AdminError, admin_request
-
-    try:
-        return admin_request(url, method, path, user=user, password=password, params=params)
-    except AdminError as exc:
-        typer.echo(f"dcpkv xdcr: {exc}", err=True)
-        raise typer.Exit(1) from None
+    return manager_call("xdcr", url, method, path, user, password, params)
 
 
 Id = Annotated[str, typer.Argument(help="The replication's id: remote/fromBucket/toBucket.")]
@@ -52,9 +53,9 @@ def remote_add(
     certificate: Annotated[
         str | None, typer.Option(help="A CA file: talk to the remote over TLS.")
     ] = None,
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Add a remote cluster (the target of replications)."""
     params = {"name": name, "hostname": hostname, "username": username,
@@ -67,9 +68,11 @@ def remote_add(
 
 @remote_app.command("list")
 def remote_list(
-    url: Url = DEFAULT_URL, user: User = DEFAULT_USER, password: Password = DEFAULT_PASSWORD,
-    json_: Json = False,
-) -> None:  # fmt: skip
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
+    json_: JsonAnswer = False,
+) -> None:
     """The remote clusters (without passwords)."""
     doc: Any = _call(url, "GET", "/pools/default/remoteClusters", user, password)
     if json_:
@@ -83,9 +86,9 @@ def remote_list(
 @remote_app.command("remove")
 def remote_remove(
     name: Annotated[str, typer.Argument(help="The remote cluster.")],
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Forget a remote cluster (refused while a replication uses it)."""
     _call(url, "DELETE", f"/pools/default/remoteClusters/{quote(name, safe='')}", user, password)
@@ -105,9 +108,9 @@ def create(
     checkpoint_interval: Annotated[
         float | None, typer.Option(help="Seconds between checkpoints [default: 10].")
     ] = None,
-    url: Url = DEFAULT_URL,
-    user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
 ) -> None:
     """Start replicating a bucket to a remote cluster, continuously."""
     params = {"fromBucket": from_bucket, "toCluster": to_cluster, "toBucket": to_bucket,
@@ -124,36 +127,41 @@ def create(
     typer.echo(f"replication {doc['id']} created")
 
 
-def _settings(url: str, user: str, password: str, rid: str, **params: str) -> None:
+def _pause(url: str, user: str, password: str, rid: str, paused: bool) -> None:
     path = f"/settings/replications/{quote(rid, safe='')}"
-    _call(url, "POST", path, user, password, params)
+    _call(url, "POST", path, user, password, {"pauseRequested": "true" if paused else "false"})
+    typer.echo(f"replication {rid} {'paused' if paused else 'resumed'}")
 
 
 @xdcr_app.command()
 def pause(
-    rid: Id, url: Url = DEFAULT_URL, user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
-) -> None:  # fmt: skip
+    rid: Id,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
+) -> None:
     """Pause a replication (it keeps its checkpoints)."""
-    _settings(url, user, password, rid, pauseRequested="true")
-    typer.echo(f"replication {rid} paused")
+    _pause(url, user, password, rid, paused=True)
 
 
 @xdcr_app.command()
 def resume(
-    rid: Id, url: Url = DEFAULT_URL, user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
-) -> None:  # fmt: skip
+    rid: Id,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
+) -> None:
     """Resume a paused replication from its checkpoints."""
-    _settings(url, user, password, rid, pauseRequested="false")
-    typer.echo(f"replication {rid} resumed")
+    _pause(url, user, password, rid, paused=False)
 
 
 @xdcr_app.command()
 def delete(
-    rid: Id, url: Url = DEFAULT_URL, user: User = DEFAULT_USER,
-    password: Password = DEFAULT_PASSWORD,
-) -> None:  # fmt: skip
+    rid: Id,
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
+) -> None:
     """Stop a replication and forget it."""
     _call(url, "DELETE", f"/controller/cancelXDCR/{quote(rid, safe='')}", user, password)
     typer.echo(f"replication {rid} deleted")
@@ -161,9 +169,11 @@ def delete(
 
 @xdcr_app.command()
 def status(
-    url: Url = DEFAULT_URL, user: User = DEFAULT_USER, password: Password = DEFAULT_PASSWORD,
-    json_: Json = False,
-) -> None:  # fmt: skip
+    url: ManagerUrl = DEFAULT_MANAGER_URL,
+    user: ClusterAdmin = DEFAULT_USER,
+    password: ClusterAdminPassword = DEFAULT_PASSWORD,
+    json_: JsonAnswer = False,
+) -> None:
     """Each replication: running or paused, changes left, docs written, conflicts lost at
     the source and at the target, rate, restarts."""
     doc: Any = _call(url, "GET", "/pools/default/tasks", user, password)

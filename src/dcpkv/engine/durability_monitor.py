@@ -114,9 +114,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dcpkv.core.errors import DcpkvError
 from dcpkv.core.replication_topology import ReplicationTopology, TopologyError
-from dcpkv.core.status import Status
+from dcpkv.engine.item import DurabilityImpossible, Einval, SyncWriteInProgress
 from dcpkv.protocol.constants import DurabilityLevel
 
 DEFAULT_TIMEOUT_MS = 30_000  # the reference's default; a bucket setting
@@ -124,22 +123,11 @@ REASON_TIMEOUT = "timeout"
 REASON_IMPOSSIBLE = "durability impossible"
 
 
-class DurabilityMonitorError(DcpkvError, ValueError):
-    """An event the monitor refuses (the message says why); nothing changed."""
-
-    status = Status.Einval
-
-
-class DurabilityImpossible(DurabilityMonitorError):
-    """A prepare the topology cannot satisfy (A1)."""
-
-    status = Status.DurabilityImpossible
-
-
-class SyncWriteInProgress(DurabilityMonitorError):
-    """A prepare for a key that has one pending (A1)."""
-
-    status = Status.SyncWriteInProgress
+class DurabilityMonitorError(Einval, ValueError):
+    """An event the monitor refuses (the message says why); nothing changed. The two
+    refusals of a prepare a client can act on (A1) are the engine's own errors:
+    :class:`DurabilityImpossible` (the topology cannot satisfy it) and
+    :class:`SyncWriteInProgress` (its key has one pending)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -16,6 +16,9 @@ instead of code:
 ``VALUE`` / ``VALUE_FIELD`` / ``VALUE_TEXT`` / ``VALUE_STRUCT`` / ``VALUE_FIELDS``
     the same for the value; ``VALUE_STRUCT`` makes a fixed-size binary value (e.g. the u64 of
     an Increment response) unpacked into ``VALUE_FIELDS``.
+``VALUE_CODEC``
+    a :class:`ValueCodec` for a value of a variable layout (a list: a failover log, HELLO's
+    features), held decoded in ``VALUE_FIELD``.
 
 :func:`generic_parts` and :func:`generic_fields` turn those tables into bytes and back; types
 with a variable layout (optional extras, lists in the value) override ``_parts`` and
@@ -29,9 +32,10 @@ Every malformed input raises :class:`CodecError` naming the message type and the
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NamedTuple, Self
 
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import MAX_KEY_LEN, Magic, Opcode
@@ -86,6 +90,14 @@ def pack(layout: struct.Struct, what: str, *values: Any) -> bytes:
         raise einval(what, f"a field is out of range or of the wrong type ({exc})") from None
 
 
+class ValueCodec(NamedTuple):
+    """A value's layout as two functions, each given the field's name for its errors
+    (:class:`CodecError` on a malformed value)."""
+
+    encode: Callable[[Any, str], Bytes]
+    decode: Callable[[Bytes, str], Any]
+
+
 @dataclass(slots=True, kw_only=True)
 class Message:
     """Fields common to every message; see the module docstring for the class variables."""
@@ -101,6 +113,7 @@ class Message:
     VALUE_TEXT: ClassVar[bool] = False
     VALUE_STRUCT: ClassVar[struct.Struct | None] = None
     VALUE_FIELDS: ClassVar[tuple[str, ...]] = ()
+    VALUE_CODEC: ClassVar[ValueCodec | None] = None
 
     opaque: int = 0
     cas: int = 0
@@ -144,6 +157,9 @@ def generic_parts(msg: Message) -> tuple[Bytes, Bytes, Bytes]:
         value = pack(
             cls.VALUE_STRUCT, f"{what} value", *[getattr(msg, f) for f in cls.VALUE_FIELDS]
         )
+    elif cls.VALUE_CODEC is not None:
+        field = cls.VALUE_FIELD
+        value = cls.VALUE_CODEC.encode(getattr(msg, field), f"{what} {field}")
     elif cls.VALUE:
         raw_value = getattr(msg, cls.VALUE_FIELD)  # str when VALUE_TEXT, else bytes
         value = raw_value.encode() if cls.VALUE_TEXT else raw_value
@@ -165,6 +181,9 @@ def generic_fields(cls: type[Message], frame: Frame) -> dict[str, Any]:
     if cls.VALUE_STRUCT is not None:
         values = unpack_exact(cls.VALUE_STRUCT, frame.value, f"{what} value")
         fields.update(zip(cls.VALUE_FIELDS, values, strict=True))
+    elif cls.VALUE_CODEC is not None:
+        field = cls.VALUE_FIELD
+        fields[field] = cls.VALUE_CODEC.decode(frame.value, f"{what} {field}")
     else:
         fields.update(value_field(cls, frame.value))
     return fields

@@ -44,12 +44,12 @@ from dcpkv.protocol.base import (
     Part,
     Request,
     Response,
+    ValueCodec,
     check_frame,
     einval,
     generic_fields,
     generic_parts,
     key_field,
-    no_extras,
     pack,
     unpack_exact,
 )
@@ -110,6 +110,9 @@ def _failover_log(body: Bytes, what: str) -> tuple[FailoverEntry, ...]:
         return tuple(decode_wire(body))
     except FailoverTableError as exc:
         raise einval(what, str(exc)) from None
+
+
+FAILOVER_LOG = ValueCodec(_failover_body, _failover_log)
 
 
 # -- connection ------------------------------------------------------------------------------
@@ -296,16 +299,9 @@ class StreamRequestOk(Response):
     """Success: the body is the producer's failover log, newest first."""
 
     OPCODE = Opcode.DcpStreamRequest
+    VALUE_FIELD = "failover_log"
+    VALUE_CODEC = FAILOVER_LOG
     failover_log: tuple[FailoverEntry, ...] = ()
-
-    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
-        return b"", b"", _failover_body(self.failover_log, "StreamRequestOk failover_log")
-
-    @classmethod
-    def _fields(cls, frame: Frame) -> dict[str, Any]:
-        no_extras(cls, frame)
-        key_field(cls, frame.key)
-        return {"failover_log": _failover_log(frame.value, "StreamRequestOk failover_log")}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -328,16 +324,9 @@ class GetFailoverLog(Request):
 @dataclass(slots=True, kw_only=True)
 class GetFailoverLogResponse(Response):
     OPCODE = Opcode.DcpGetFailoverLog
+    VALUE_FIELD = "failover_log"
+    VALUE_CODEC = FAILOVER_LOG
     failover_log: tuple[FailoverEntry, ...] = ()
-
-    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
-        return b"", b"", _failover_body(self.failover_log, "GetFailoverLogResponse failover_log")
-
-    @classmethod
-    def _fields(cls, frame: Frame) -> dict[str, Any]:
-        no_extras(cls, frame)
-        key_field(cls, frame.key)
-        return {"failover_log": _failover_log(frame.value, "GetFailoverLogResponse failover_log")}
 
 
 @dataclass(slots=True, kw_only=True)

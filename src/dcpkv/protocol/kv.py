@@ -36,6 +36,7 @@ from dcpkv.protocol.base import (
     Part,
     Request,
     Response,
+    ValueCodec,
     check_frame,
     einval,
     generic_fields,
@@ -497,6 +498,9 @@ def _features(value: Bytes, what: str) -> tuple[int, ...]:
     return tuple(_FEATURE_BY_VALUE.get(f, f) for (f,) in _U16.iter_unpack(value))
 
 
+FEATURES = ValueCodec(_features_value, _features)
+
+
 @dataclass(slots=True, kw_only=True)
 class Hello(Request):
     """Key = user agent (often JSON), value = the features asked for (u16 each)."""
@@ -505,32 +509,18 @@ class Hello(Request):
     KEY = Part.OPTIONAL
     KEY_FIELD = "agent"
     KEY_TEXT = True
+    VALUE_FIELD = "features"
+    VALUE_CODEC = FEATURES
     agent: str = ""
     features: tuple[int, ...] = ()
-
-    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
-        extras, key, _ = generic_parts(self)
-        return extras, key, _features_value(self.features, "Hello features")
-
-    @classmethod
-    def _fields(cls, frame: Frame) -> dict[str, Any]:
-        no_extras(cls, frame)
-        return {**key_field(cls, frame.key), "features": _features(frame.value, "Hello features")}
 
 
 @dataclass(slots=True, kw_only=True)
 class HelloResponse(Response):
     OPCODE = Opcode.Hello
+    VALUE_FIELD = "features"
+    VALUE_CODEC = FEATURES
     features: tuple[int, ...] = ()
-
-    def _parts(self) -> tuple[Bytes, Bytes, Bytes]:
-        return b"", b"", _features_value(self.features, "HelloResponse features")
-
-    @classmethod
-    def _fields(cls, frame: Frame) -> dict[str, Any]:
-        no_extras(cls, frame)
-        key_field(cls, frame.key)
-        return {"features": _features(frame.value, "HelloResponse features")}
 
 
 @dataclass(slots=True, kw_only=True)
