@@ -540,3 +540,37 @@ def test_a_rollback_between_a_prepare_and_its_commit_gives_the_prepare_back(
     assert (held.by_seqno, held.value) == (1, b"v")
     rvb.acknowledge_held()
     assert rvb.take_seqno_ack() == 1
+
+
+@pytest.mark.parametrize(
+    ("controls", "write", "waiting"),
+    [
+        ({"enable_sync_writes": "true", "consumer_name": REPLICA}, "prepare", True),
+        ({"enable_sync_writes": "true", "consumer_name": REPLICA}, "plain", False),
+        ({"enable_sync_writes": "true"}, "prepare", False),  # it cannot acknowledge
+        ({}, "prepare", False),  # committed items only
+    ],
+    ids=["replica-prepare", "replica-plain", "no-consumer-name", "no-sync-writes"],
+)
+def test_a_replica_connection_notes_a_waiting_sync_write_until_the_next_pump(
+    buckets: Buckets, controls: dict[str, str], write: str, waiting: bool
+) -> None:
+    """What the server's push cadence asks (case S): a write to a streamed vbucket that holds
+    a prepare, on a connection whose consumer acknowledges prepares, means a SyncWrite's
+    client waits on the next pump; the pump that takes the notification clears it."""
+    bucket = active_bucket(buckets)
+    producer = DcpProducer(bucket, "replica", OpenFlag.Producer, clock=bucket.clock)
+    for key, value in controls.items():
+        producer.control(key, value)
+    for vb in (0, 1):
+        decode([producer.stream_request(dcp.StreamRequest(opaque=vb, vbucket=vb))])
+    producer.next_messages()
+    vb = bucket.vbuckets[0]
+    if write == "prepare":
+        durable_set(vb, b"k", b"v", MAJORITY)
+    else:
+        vb.set(b"k", b"v")
+    bucket.vbuckets[1].set(b"elsewhere", b"v")  # no prepare held there: no note of its own
+    assert producer.sync_write_waiting is waiting
+    assert producer.next_messages()
+    assert producer.sync_write_waiting is False

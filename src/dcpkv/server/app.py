@@ -437,7 +437,10 @@ class KVProtocol(asyncio.Protocol):
         producer = self.producer
         if self._pump_scheduled or self._pump_timer is not None or producer is None:
             return
-        wait = delay(self._last_pump, producer.notified, self.server.monotonic())
+        now = self.server.monotonic()
+        wait = delay(self._last_pump, producer.notified, now, producer.sync_write_waiting)
+        if wait is None:
+            return  # a pump since took them (no timer: it would hold the next items back)
         if wait <= 0.0:
             self.schedule_pump()
         else:
