@@ -279,7 +279,8 @@ def test_a_persist_to_majority_prepare_waits_for_both_flushes(buckets: Buckets) 
     active.flush_once()
     assert got == []  # persisted on the active only
     replica.flush_once()  # persisted on the replica: its ack is due now
-    link.to_producer(link.consumer.seqno_acks())
+    assert link.consumer.seqno_acks([1, 2]) == []  # asked for others: this one stays due
+    link.to_producer(link.due_acks())
     assert [(o.cookie, o.status) for o in got] == [(b"k", Status.Success)]
     link.pump()
     assert value(rvb, b"k") == b"v"
@@ -387,7 +388,7 @@ def test_a_replica_built_from_disk_takes_the_prepares_and_acknowledges_them(
     assert value(rvb, b"k") is None  # never a dirty read
     assert got == []  # a disk snapshot is acknowledged once persisted
     replica.flush_once()
-    link.to_producer(link.consumer.seqno_acks())
+    link.to_producer(link.due_acks())
     assert [(o.cookie, o.status) for o in got] == [(b"k", Status.Success), (b"j", Status.Success)]
     link.pump()
     assert (value(rvb, b"k"), value(rvb, b"j")) == (b"v", b"w") and not rvb.hash_table.prepared
@@ -429,7 +430,7 @@ def test_a_prepare_aborted_while_its_replica_was_away_is_dropped_from_disk(
     durable_set(avb, b"j", b"w", MAJORITY)  # the next SyncWrite replicates and commits
     again.pump()
     replica.flush_once()  # (once the disk snapshot before it is persisted: P3, P5)
-    again.to_producer(again.consumer.seqno_acks())
+    again.to_producer(again.due_acks())
     again.pump()
     assert [o.status for o in got] == [Status.SyncWriteAmbiguous, Status.Success]
     assert value(rvb, b"j") == b"w"
@@ -540,3 +541,37 @@ def test_a_rollback_between_a_prepare_and_its_commit_gives_the_prepare_back(
     assert (held.by_seqno, held.value) == (1, b"v")
     rvb.acknowledge_held()
     assert rvb.take_seqno_ack() == 1
+
+
+@pytest.mark.parametrize(
+    ("controls", "write", "waiting"),
+    [
+        ({"enable_sync_writes": "true", "consumer_name": REPLICA}, "prepare", True),
+        ({"enable_sync_writes": "true", "consumer_name": REPLICA}, "plain", False),
+        ({"enable_sync_writes": "true"}, "prepare", False),  # it cannot acknowledge
+        ({}, "prepare", False),  # committed items only
+    ],
+    ids=["replica-prepare", "replica-plain", "no-consumer-name", "no-sync-writes"],
+)
+def test_a_replica_connection_notes_a_waiting_sync_write_until_the_next_pump(
+    buckets: Buckets, controls: dict[str, str], write: str, waiting: bool
+) -> None:
+    """What the server's push cadence asks (case S): a write to a streamed vbucket that holds
+    a prepare, on a connection whose consumer acknowledges prepares, means a SyncWrite's
+    client waits on the next pump; the pump that takes the notification clears it."""
+    bucket = active_bucket(buckets)
+    producer = DcpProducer(bucket, "replica", OpenFlag.Producer, clock=bucket.clock)
+    for key, value in controls.items():
+        producer.control(key, value)
+    for vb in (0, 1):
+        decode([producer.stream_request(dcp.StreamRequest(opaque=vb, vbucket=vb))])
+    producer.next_messages()
+    vb = bucket.vbuckets[0]
+    if write == "prepare":
+        durable_set(vb, b"k", b"v", MAJORITY)
+    else:
+        vb.set(b"k", b"v")
+    bucket.vbuckets[1].set(b"elsewhere", b"v")  # no prepare held there: no note of its own
+    assert producer.sync_write_waiting is waiting
+    assert producer.next_messages()
+    assert producer.sync_write_waiting is False

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dcpkv.core.replication_topology import parse_topology
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
 from dcpkv.dcp.producer import DcpProducer
@@ -103,29 +104,47 @@ def test_backpressure_pauses_and_resumes_reading(proto: KVProtocol) -> None:
     assert not proto.transport.paused  # type: ignore[union-attr]
 
 
+class CadenceRig:
+    """A server's connection whose producer streams every vbucket of a 4-vbucket bucket, on
+    a monotonic clock the test moves (``now[0]``); ``writes`` is what the shell sent."""
+
+    def __init__(self, tmp_path: Path, *, sync_writes: bool = False) -> None:
+        config = ServerConfig(port=0, data_dir=tmp_path, buckets=(BucketConfig(vbuckets=4),))
+        self.server = server = DataServer(config)
+        server.open_buckets()
+        self.bucket = bucket = server.state.buckets[config.buckets[0].name]
+        self.now = [100.0]
+        server.monotonic = lambda: self.now[0]
+        self.proto = proto = KVProtocol(server)
+        proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+        assert proto.conn is not None and isinstance(proto.transport, FakeTransport)
+        self.writes = proto.transport.writes
+        producer = DcpProducer(bucket, "cadence", OpenFlag.Producer, clock=SystemClock())
+        if sync_writes:  # a replica's connection: it gets prepares and acknowledges them
+            producer.sync_writes, producer.consumer_name = True, "replica1"
+        self.producer = producer
+        proto.conn.bucket_name, proto.conn.dcp = bucket.name, producer
+        for vb in range(4):
+            high = bucket.vbuckets[vb].high_seqno
+            producer.stream_request(dcp.StreamRequest(
+                opaque=vb, vbucket=vb, start_seqno=high, end_seqno=U64_MAX,
+                vbucket_uuid=bucket.vbuckets[vb].uuid, snap_start_seqno=high,
+                snap_end_seqno=high,
+            ))  # fmt: skip
+
+    def close(self) -> None:
+        self.producer.disconnect()
+        self.server._shutdown_buckets()
+        self.server.executor.shutdown()
+
+
 def test_a_trickle_of_writes_is_pumped_once_after_the_gap(tmp_path: Path) -> None:
     """The push cadence, wired (on a clock the test moves): the producer tells the shell of
     every write, the shell decides once per loop turn; a write after a quiet moment is pumped
     at once; writes within the gap wait and go out together in one write when it ends; a
     batch goes at once. A pump that drained everything does not come back."""
-    config = ServerConfig(port=0, data_dir=tmp_path, buckets=(BucketConfig(vbuckets=4),))
-    server = DataServer(config)
-    server.open_buckets()
-    bucket = server.state.buckets[config.buckets[0].name]
-    now = [100.0]
-    server.monotonic = lambda: now[0]
-    proto = KVProtocol(server)
-    proto.connection_made(FakeTransport())  # type: ignore[arg-type]
-    assert proto.conn is not None and isinstance(proto.transport, FakeTransport)
-    writes = proto.transport.writes
-    producer = DcpProducer(bucket, "cadence", OpenFlag.Producer, clock=SystemClock())
-    proto.conn.bucket_name, proto.conn.dcp = bucket.name, producer
-    for vb in range(4):
-        high = bucket.vbuckets[vb].high_seqno
-        producer.stream_request(dcp.StreamRequest(
-            opaque=vb, vbucket=vb, start_seqno=high, end_seqno=U64_MAX,
-            vbucket_uuid=bucket.vbuckets[vb].uuid, snap_start_seqno=high, snap_end_seqno=high,
-        ))  # fmt: skip
+    rig = CadenceRig(tmp_path)
+    bucket, now, proto, writes = rig.bucket, rig.now, rig.proto, rig.writes
 
     def set_one(i: int) -> None:
         bucket.vbuckets[i % 4].set(b"k%d" % i, b"v")
@@ -160,9 +179,43 @@ def test_a_trickle_of_writes_is_pumped_once_after_the_gap(tmp_path: Path) -> Non
     try:
         asyncio.run(scenario())
     finally:
-        producer.disconnect()
-        server._shutdown_buckets()
-        server.executor.shutdown()
+        rig.close()
+
+
+def test_a_prepare_is_pushed_at_once_and_a_drained_pump_arms_no_timer(tmp_path: Path) -> None:
+    """The push cadence's cases N and S, wired: items a pump already took arm no timer (one
+    would hold the next items back), and on a connection that acknowledges prepares, a
+    SyncWrite's prepare goes out at once even just after a pump, where a plain write waits
+    for the gap's end."""
+    rig = CadenceRig(tmp_path, sync_writes=True)
+    bucket, now, proto, writes = rig.bucket, rig.now, rig.proto, rig.writes
+    vbucket = bucket.vbuckets[1]
+    vbucket.set_topology(parse_topology(b'{"topology": [["active", "replica1"]]}'))
+
+    def opcodes(data: bytes) -> list[int]:
+        return [f.opcode for f in frames(data) if f.opcode != Opcode.DcpSnapshotMarker]
+
+    async def scenario() -> None:
+        proto.pump()  # the streams register their cursors; the shell hooks the producer
+        bucket.vbuckets[0].set(b"plain", b"v")
+        proto.pump()  # as the pump after a read does: it takes the item at once
+        await asyncio.sleep(0)
+        assert proto._pump_timer is None and not proto._pump_scheduled  # N
+        assert [opcodes(w) for w in writes] == [[Opcode.DcpMutation]]
+        now[0] += QUIET_S / 10
+        vbucket.sync_write(lambda: vbucket.set(b"durable", b"v"), DurabilityLevel.Majority)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert [opcodes(w) for w in writes[1:]] == [[Opcode.DcpPrepare]]  # S: at once
+        now[0] += QUIET_S / 10
+        bucket.vbuckets[2].set(b"trickle", b"v")  # no prepare held in its vbucket: T
+        await asyncio.sleep(0)
+        assert proto._pump_timer is not None and len(writes) == 2
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        rig.close()
 
 
 def test_cli_flags_override_the_first_bucket_and_the_user() -> None:

@@ -21,10 +21,16 @@ class Case:
     name: str
     last_pump: float
     waiting: int
-    wait: float
+    wait: float | None
+    sync_write: bool = False
 
 
 CASES = [
+    Case("N: nothing waits, just after a pump", NOW - 0.0001, 0, None),
+    Case("N: nothing waits, a SyncWrite's neither", NOW, 0, None, sync_write=True),
+    Case("N: nothing waits after a quiet moment", NOW - 10.0, 0, None),
+    Case("S: a prepare just after a pump", NOW - 0.0001, 1, 0.0, sync_write=True),
+    Case("S: at the pump's moment", NOW, BATCH_ITEMS - 1, 0.0, sync_write=True),
     Case("Q: never pumped", -math.inf, 1, 0.0),
     Case("Q: the last pump a quiet moment ago", NOW - QUIET_S * 1.01, 1, 0.0),
     Case("Q: a paced writer's next batch of two, 1 ms on", NOW - 0.001, 2, 0.0),
@@ -40,19 +46,26 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_the_case_table(case: Case) -> None:
-    assert delay(case.last_pump, case.waiting, NOW) == pytest.approx(case.wait)
+    wait = delay(case.last_pump, case.waiting, NOW, case.sync_write)
+    assert wait == (None if case.wait is None else pytest.approx(case.wait))
 
 
 @given(
     since=st.floats(min_value=-1.0, max_value=1.0, allow_nan=False),
     waiting=st.integers(min_value=0, max_value=10_000),
+    sync_write=st.booleans(),
 )
-def test_a_wait_is_at_most_one_gap_and_only_for_a_trickle(since: float, waiting: int) -> None:
+def test_a_wait_is_at_most_one_gap_and_only_for_a_trickle(
+    since: float, waiting: int, sync_write: bool
+) -> None:
     last = NOW - since
-    wait = delay(last, waiting, NOW)
+    wait = delay(last, waiting, NOW, sync_write)
+    assert (wait is None) == (waiting == 0)  # a pump only for something, a timer neither
+    if wait is None:
+        return
     assert 0.0 <= wait <= GAP
     if wait > 0.0:
-        assert waiting < BATCH_ITEMS and NOW - last < QUIET_S
+        assert waiting < BATCH_ITEMS and NOW - last < QUIET_S and not sync_write
         # waiting ends at the gap's end (or, for a clock that stepped back, one gap from now)
         assert wait == pytest.approx(min(GAP - since, GAP))
 

@@ -379,3 +379,30 @@ def test_with_unordered_execution_a_waiting_sync_write_holds_back_no_answer(
     assert (first.opaque, first.status) == (behind, 0x01)  # KeyEnoent, not held back
     assert (second.opaque, second.status) == (durable, AMBIGUOUS)
     writer.close()
+
+
+@pytest.mark.parametrize("unordered", [False, True], ids=["ordered", "unordered"])
+def test_a_sync_write_committed_within_its_own_request_is_answered_with_the_commit(
+    node: ServerProcess, unordered: bool
+) -> None:
+    """A majority of one commits a Majority prepare inside its own request, and the answer
+    is given on the loop at once: it still carries the commit's CAS and seqno (built from
+    the handler's answer once that returned), in either answer order, pipelined."""
+    features = (ALT_REQUEST, MUTATION_SEQNO, SYNC_REPLICATION) + ((0x0E,) if unordered else ())
+    writer = RawClient(node.port)
+    writer.hello(*features)
+    writer.login()
+    keys = [b"own-%d-%d" % (unordered, i) for i in range(8)]
+    sent = {
+        writer.send(SET, k, b"v%d" % i, SET_EXTRAS, vbucket=ALONE_VB, framing=durability(1)): k
+        for i, k in enumerate(keys)
+    }
+    answers = [writer.recv() for _ in keys]
+    assert sorted(a.opaque for a in answers) == sorted(sent)
+    for answer in answers:
+        assert answer.status == SUCCESS, answer
+        _uuid, seqno = struct.unpack(">QQ", answer.extras)
+        read = writer.call(GET, sent[answer.opaque], vbucket=ALONE_VB)
+        assert (read.status, read.cas) == (SUCCESS, answer.cas)
+        assert 0 < seqno <= writer.high_seqno(ALONE_VB)
+    writer.close()

@@ -26,6 +26,15 @@ class Link:
         self.producer: DcpProducer | None = None
         self.rollbacks: list[RollbackOrder] = []
         self.now = 0.0
+        # the vbuckets the replica said have an ack due (as the shell hears them)
+        self.acks_due: list[int] = []
+        replica.seqno_ack_listeners.append(self.acks_due.append)
+
+    def due_acks(self) -> list[bytes]:
+        """The acks due for the vbuckets the replica named since the last call (the shell's
+        ``_send_acks``)."""
+        due, self.acks_due[:] = set(self.acks_due), []
+        return self.consumer.seqno_acks(due)
 
     def connect(self) -> None:
         self.producer = None

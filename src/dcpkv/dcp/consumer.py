@@ -180,10 +180,12 @@ class DcpConsumer:
         ack = stream.seqno_ack()
         return [] if ack is None else [ack.encode()]
 
-    def seqno_acks(self) -> list[bytes]:
-        """The DcpSeqnoAcknowledged due now (a replica persisted a PersistToMajority prepare:
-        the shell asks when the bucket's ``seqno_ack_listeners`` say so)."""
-        acks = (s.seqno_ack() for s in self.streams.values())
+    def seqno_acks(self, vbuckets: Iterable[int]) -> list[bytes]:
+        """The DcpSeqnoAcknowledged due now for ``vbuckets`` (a replica persisted a
+        PersistToMajority prepare: the shell asks for the vbuckets the bucket's
+        ``seqno_ack_listeners`` named; asking every stream cost O(streams) a snapshot)."""
+        streams = (self.streams.get(vb) for vb in vbuckets)
+        acks = (s.seqno_ack() for s in streams if s is not None)
         return [a.encode() for a in acks if a is not None]
 
     def _takeover_state(self, stream: PassiveStream | None, msg: dcp.SetVbucketState) -> bytes:

@@ -69,8 +69,9 @@ Driving it (the server's side)
     connection name). For every decoded frame from the consumer: ``answer = handle(msg)``
     and write ``answer`` when not None. Whenever the socket is writable, and after every
     handled frame and every engine write to a streamed vbucket: write ``next_messages()``
-    (bounded or not; ``has_ready`` says whether a call stopped with more to send, and
-    ``notified`` how many writes wait for the next). On a timer: write ``noop_due(now)`` if
+    (bounded or not; ``has_ready`` says whether a call stopped with more to send,
+    ``notified`` how many writes wait for the next, and ``sync_write_waiting`` whether a
+    SyncWrite's client waits on them). On a timer: write ``noop_due(now)`` if
     any, close when ``is_dead(now)``. After a vbucket state change:
     ``vbucket_state_changed(vb)``. On close: ``disconnect()``. To
     read backfills off the loop: ``attach(runner, wakeup)`` before the first
@@ -209,6 +210,9 @@ class DcpProducer:
         self._ready: deque[int] = deque()  # streams that may have something to send, in turn
         self._in_ready: set[int] = set()  # exactly the vbuckets in _ready
         self._notified: deque[int] = deque()  # vbuckets that queued items (any thread)
+        # a notified vbucket held a prepare and the consumer acks them: a SyncWrite's client
+        # waits on the next pump (the server's push cadence, case S); cleared by that pump
+        self.sync_write_waiting = False
         self.stream_polls = 0  # visits to a stream by next_messages (work, counted)
         self._barriers: deque[_Barrier] = deque()
         self._last_send = clock.time()
@@ -510,12 +514,22 @@ class DcpProducer:
                 return
             self._notified.extend(keys)
         elif vbucket in self._streams:
+            if self.consumer_name is not None and self.sync_writes:
+                self._note_sync_write(vbucket)
             self._notified.append(vbucket)
         else:
             return
         hook = self.queued_hook
         if hook is not None:
             hook()
+
+    def _note_sync_write(self, vbucket: int) -> None:
+        # Noted before the notification is queued, and a pump clears the flag before it
+        # drains: a prepare that pump did not take keeps the flag for the next decision (at
+        # worst a flag outlives its prepare, and one pump comes at once).
+        vb = self.bucket.vbuckets.get(vbucket)
+        if vb is not None and vb.holds_prepares:
+            self.sync_write_waiting = True
 
     def wake(self, vbid: int) -> None:
         """Put a stream in the ready queue (the producer's own thread)."""
@@ -531,6 +545,7 @@ class DcpProducer:
             wakeup()
 
     def _drain_notified(self) -> None:
+        self.sync_write_waiting = False  # (before the drain: a later note is for a later pump)
         notified, in_ready, ready = self._notified, self._in_ready, self._ready
         while notified:
             vbid = notified.popleft()

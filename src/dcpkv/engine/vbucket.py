@@ -304,6 +304,12 @@ class VBucket:
         return self.hash_table.memory + self.checkpoints.memory_used
 
     @property
+    def holds_prepares(self) -> bool:
+        """Whether a prepare is pending here (on an active: a SyncWrite's client may wait on
+        its replicas' acks). O(1), read without the lock (a hint)."""
+        return bool(self.hash_table.prepared)
+
+    @property
     def table_entries(self) -> int:
         """Entries in the hash table, tombstones and ejected items included (O(1))."""
         return len(self.hash_table)

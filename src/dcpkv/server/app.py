@@ -310,6 +310,8 @@ class KVProtocol(asyncio.Protocol):
             if isinstance(answer, PendingAnswer):
                 if HelloFeature.UnorderedExecution in conn.features:
                     answer.on_ready = partial(self._send_decided, answer)
+                    if answer.answer is not None:  # decided in its own request (a majority
+                        self._send_decided(answer)  # of one): its answer goes out now
                 else:
                     answer.on_ready = self._release_answers
                     self._deferred.append((len(out), answer))
@@ -437,9 +439,15 @@ class KVProtocol(asyncio.Protocol):
         producer = self.producer
         if self._pump_scheduled or self._pump_timer is not None or producer is None:
             return
-        wait = delay(self._last_pump, producer.notified, self.server.monotonic())
+        now = self.server.monotonic()
+        wait = delay(self._last_pump, producer.notified, now, producer.sync_write_waiting)
+        if wait is None:
+            return  # a pump since took them (no timer: it would hold the next items back)
         if wait <= 0.0:
-            self.schedule_pump()
+            # This is a loop turn of its own already (call_soon, after the reads that
+            # wrote): pumping here, not a turn later, takes a SyncWrite's prepare to its
+            # replica one turn sooner. A bounded pump still comes back after other work.
+            self.pump()
         else:
             self._pump_timer = asyncio.get_running_loop().call_later(wait, self._gap_ended)
 
@@ -541,6 +549,7 @@ class DataServer:
         self._locks: list[BucketLock] = []
         self.collector = CollectorPolicy()
         self._loop: asyncio.AbstractEventLoop | None = None  # (set by start: SyncWrite answers)
+        self._loop_thread = 0  # (set by start: SyncWrite answers decided on the loop go now)
         self.metrics: MetricsServer | None = None  # the Prometheus port, when served
 
     # -- start -------------------------------------------------------------------------------
@@ -579,6 +588,7 @@ class DataServer:
 
     async def start(self, port_file: Path | None = None) -> int:
         loop = self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         tls = self._tls_context()  # before anything else: a bad certificate fails at once
         await loop.run_in_executor(self.executor, self.open_buckets)
         self.collector.settle()  # the items warm-up loaded are never scanned again
@@ -758,9 +768,16 @@ class DataServer:
                          policy.last_full_pause_s, policy.freed_by_full)  # fmt: skip
 
     def _sync_outcomes(self, vb: int, outcomes: list[SyncOutcome]) -> None:
-        # From the loop or the flusher thread, under the vbucket's lock: only hand over.
+        # From the loop or the flusher thread, under the vbucket's lock. On the loop (the
+        # replica's ack that committed them was just read) the clients are answered now: a
+        # hop would hold every answer behind the rest of the loop's turn (the pump of the
+        # commits, other connections' reads). Answering only writes bytes. From the flusher
+        # (a persistence completed a fence): handed over.
         assert self._loop is not None  # buckets open once the loop runs
-        self._loop.call_soon_threadsafe(deliver, outcomes)
+        if threading.get_ident() == self._loop_thread:
+            deliver(outcomes)
+        else:
+            self._loop.call_soon_threadsafe(deliver, outcomes)
 
     async def _every_bucket(
         self, interval_s: float, chore: str, run: Callable[[Bucket], object]

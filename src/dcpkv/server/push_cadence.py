@@ -13,11 +13,18 @@ the server has written its answer, so a pump per write put that fixed cost into 
 trip: with one consumer on all 1,024 vbuckets such a client's Sets/s fell to 0.42-0.48x.
 
 So items that trickle in are gathered. :func:`delay` decides, when items are queued, from
-when the connection was last pumped (a pump that wrote something) and how many items wait:
+when the connection was last pumped (a pump that wrote something), how many items wait, and
+whether a SyncWrite's client waits on them:
 
 ====  ==============================================================  ======================
 case  situation                                                       pump
 ====  ==============================================================  ======================
+N     nothing waits (a pump since the items were queued took them:    none (and no timer)
+      the ack that commits a prepare is read, the commit queued, and
+      the pump after that read sends it)
+S     a SyncWrite waits (its vbucket holds a prepare and the          at once
+      consumer acknowledges prepares: the client's answer waits on
+      this push, the replica's ack and the way back)
 Q     no pump within :data:`QUIET_S` (a write after a quiet moment,   at once
       or a paced writer's next batch, goes out with no wait)
 B     :data:`BATCH_ITEMS` or more items wait (a pipelined or paced    at once
@@ -25,6 +32,13 @@ B     :data:`BATCH_ITEMS` or more items wait (a pipelined or paced    at once
 T     a trickle: a few items, soon after the last pump                at the last pump +
                                                                       :data:`PUMP_GAP_S`
 ====  ==============================================================  ======================
+
+Why N and S. A timer armed for nothing held every item queued while it ran: a durable
+writer's next prepare, queued a moment after the pump that carried the last commit, waited
+out that commit's gap (2 ms, and on a busy host the process's wake-up after it). Gathering
+buys nothing for a SyncWrite: its writer sends the next write only once this one is
+answered, and the answer waits for this push, so each prepare went out alone and late
+anyway. A SyncWrite-free load (what the gathering is for) decides as before.
 
 Only notifications wait (case T); every other reason to pump does not: a consumer's own
 request (a stream opening, a BufferAck opening the flow-control window), a backfill batch
@@ -54,10 +68,15 @@ QUIET_S = 0.0005
 BATCH_ITEMS = 4
 
 
-def delay(last_pump: float, waiting: int, now: float) -> float:
+def delay(last_pump: float, waiting: int, now: float, sync_write: bool = False) -> float | None:
     """Seconds to wait before pumping a connection whose vbuckets queued items (the module
     docstring's table): ``last_pump`` is when it was last pumped (``-inf``: never),
-    ``waiting`` about how many items wait; 0.0 pumps at once."""
+    ``waiting`` about how many items wait, ``sync_write`` whether a SyncWrite's client waits
+    on them; 0.0 pumps at once, None not at all (nothing waits)."""
+    if waiting <= 0:
+        return None  # N
+    if sync_write:
+        return 0.0  # S
     if now - last_pump >= QUIET_S:
         return 0.0  # Q
     if waiting >= BATCH_ITEMS:

@@ -51,6 +51,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -135,26 +137,40 @@ class ReplicationLink:
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._acks_scheduled = False
+        self._acks_due: deque[int] = deque()  # vbuckets named by _ack_due (any thread)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self.bucket.seqno_ack_listeners.append(self._ack_due)
         self._task = self._loop.create_task(self._run())
 
     def _ack_due(self, vb: int) -> None:
-        # Any thread (the flusher's, under the vbucket's lock): only schedule the send.
+        # Any thread (the flusher's, under the vbucket's lock): only note the vbucket and
+        # schedule the send. Noted before the flag is read, and _send_acks clears the flag
+        # before it drains: a vbucket noted after a drain always finds the flag clear.
         loop = self._loop
-        if loop is None or self._acks_scheduled or vb not in self.consumer.streams:
+        if loop is None or vb not in self.consumer.streams:
+            return
+        self._acks_due.append(vb)
+        if self._acks_scheduled:
             return
         self._acks_scheduled = True
+        if threading.get_ident() == self._loop_thread:
+            loop.call_soon(self._send_acks)  # (no wake-up write for the loop's own turn)
+            return
         with contextlib.suppress(RuntimeError):  # the loop is closing: nothing to send to
             loop.call_soon_threadsafe(self._send_acks)
 
     def _send_acks(self) -> None:
         self._acks_scheduled = False
+        due, vbuckets = self._acks_due, set()
+        while due:
+            vbuckets.add(due.popleft())
         if self._writer is not None:  # else they stay due: sent once the stream reads again
-            self._send(self.consumer.seqno_acks())
+            self._send(self.consumer.seqno_acks(vbuckets))
 
     async def stop(self) -> None:
         with contextlib.suppress(ValueError):

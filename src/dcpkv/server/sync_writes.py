@@ -83,11 +83,16 @@ class PendingAnswer:
     """A SyncWrite's answer to come: its request, the handler's answer built from the prepare
     (None: a quiet opcode's), and the bytes once decided."""
 
-    __slots__ = ("answer", "conn", "level", "on_ready", "prepared", "req", "started", "vbucket")
+    __slots__ = (
+        "answer", "conn", "handled", "level", "on_ready", "outcome", "prepared", "req",
+        "started", "vbucket",
+    )  # fmt: skip
 
     def __init__(self, conn: Connection, req: kv.Request, vbucket: VBucket, level: str) -> None:
         self.conn, self.req, self.vbucket = conn, req, vbucket
         self.prepared: Message | None = None
+        self.handled = False  # the handler returned: ``prepared`` is its answer
+        self.outcome: tuple[Status, Item | None] | None = None
         self.level = level  # (the metric's label: LEVEL_LABELS)
         self.started = perf_counter_ns()  # (the commit's duration, a metric)
         self.answer: bytes | None = None
@@ -95,7 +100,20 @@ class PendingAnswer:
         self.on_ready: Callable[[], None] | None = None
 
     def resolve(self, status: Status, item: Item | None) -> None:
-        req = self.req
+        """Decided: the answer is built now, or, when decided inside its own request (a
+        majority of one commits at once, answered on the loop), once the handler returned."""
+        self.outcome = (status, item)
+        if self.handled:
+            self._build()
+
+    def handler_answered(self, answer: Message | None) -> None:
+        self.prepared, self.handled = answer, True
+        if self.outcome is not None:
+            self._build()
+
+    def _build(self) -> None:
+        assert self.outcome is not None
+        (status, item), req = self.outcome, self.req
         if status == Status.Success and item is not None:
             answer = self.prepared
             self.answer = b"" if answer is None else restamp(answer, item).encode()
@@ -137,7 +155,7 @@ def sync_write(
         raise refusal(conn, exc) from None
     if answer is not None and not isinstance(answer, Message):
         raise AssertionError(f"a mutation's handler answered {type(answer).__name__}")
-    pending.prepared = answer
+    pending.handler_answered(answer)
     conn.server.sync_counts(conn.bucket_name or "")[0] += 1
     return pending
 
