@@ -17,20 +17,30 @@ A thin shell over the client library and the sans-I/O decisions of ``pipeline.py
   target failover logs, target high seqnos), else 0;
 * each chunk of events the consumer has ready (at most a batch) is filtered, batched
   (:class:`~.pipeline.Batcher`), the large documents checked with GetMeta first, and written
-  all at once (every request of a batch in flight together); a batch is written before the
-  next chunk is asked for, so the consumer's offsets never run ahead of the target;
-* every checkpoint interval, the offsets of the vbuckets that moved are recorded with the
-  target's uuid and high seqno, and saved through ``save`` (the manager's store).
+  all at once (every request of a batch in flight together, a node's share in one write on
+  its one connection); each batch is written by its own task while the next chunk is read,
+  up to :data:`~.window.DEPTH` batches in flight (so one connection per target node carries
+  thousands of requests at once);
+* the consumer's offsets run ahead of the target by what is in flight: the progress the
+  target acknowledged is kept by :class:`~.window.Window` (a batch's offsets count once it
+  and every batch cut before it are written). A Rollback event waits for the writes in
+  flight, then drops the checkpoints above its point;
+* every checkpoint interval, and when the replicator stops (paused, deleted, failed), the
+  acknowledged offsets of the vbuckets that moved are recorded with the target's uuid and
+  high seqno (read after those writes), and saved through ``save`` (the manager's store).
 
 A failure (the target unreachable past the client's retry timeout, a refused login) ends
-:meth:`Replicator.run` with the error; the service restarts it after the restart interval,
-from the checkpoints. Counters use the reference's stat names (``stats``).
+:meth:`Replicator.run` with the error (the writes in flight are cancelled: never
+acknowledged, they are sent again at resume, and refused as identical where they landed);
+the service restarts it after the restart interval, from the checkpoints. Counters use the
+reference's stat names (``stats``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +54,7 @@ from dcpkv.client.settings import ConnectionSettings, Node
 from dcpkv.cluster.xdcr import pipeline
 from dcpkv.cluster.xdcr.checkpoints import Checkpoint, CheckpointLog, pick_resume
 from dcpkv.cluster.xdcr.spec import ReplicationSettings
+from dcpkv.cluster.xdcr.window import DEPTH, Window
 from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
@@ -93,7 +104,8 @@ class Replicator:
         self.target_mode = ConflictMode.SEQNO
         self._consumer: Consumer | None = None
         self._saved: dict[int, VbucketOffset] = {}
-        self._between_batches = True  # every change pulled so far is written
+        self._window = Window()
+        self._writes: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         """Replicate until cancelled or failed (see the module docstring)."""
@@ -106,56 +118,94 @@ class Replicator:
             vbuckets = _same_widths(source, target)
             self.target_mode = await _target_mode(target)
             start = await self._resume_offsets(source, target, vbuckets)
-            batcher = pipeline.Batcher(self.settings.batch_items, self.settings.batch_kb * 1024)
-            last_checkpoint = time.monotonic()
-            chunks = consumer.stream_chunks(
-                vbuckets, start=start, each=_same, most=self.settings.batch_items
-            )
+            self._window = Window({vb: start[vb] for vb in start})
             try:
-                async for chunk in chunks:
-                    self._between_batches = False
-                    for event in chunk:
-                        full = self._take(event, batcher)
-                        if full:
-                            await self._write(target, full)
-                    if len(batcher):
-                        await self._write(target, batcher.take())
-                    self._between_batches = True
-                    self.stats["deduplicated"] = batcher.deduplicated
-                    if time.monotonic() - last_checkpoint >= self.settings.checkpoint_interval_s:
-                        await self.checkpoint(target)
-                        last_checkpoint = time.monotonic()
-            except asyncio.CancelledError:
-                # Paused or stopped: keep the progress made, unless a batch was half written
-                # (the offsets are then ahead of the target).
-                if self._between_batches:
-                    with contextlib.suppress(Exception):
-                        await within(self.checkpoint(target), 5)
-                raise
+                async with asyncio.TaskGroup() as writes:
+                    await self._replicate(consumer, target, vbuckets, start, writes)
+            except BaseExceptionGroup as group:  # a batch failed: the first error says why
+                raise group.exceptions[0] from None
+            finally:
+                # Stopped, paused or failed: keep the progress the target acknowledged.
+                with contextlib.suppress(Exception):
+                    await within(self.checkpoint(target), 5)
+
+    async def _replicate(
+        self,
+        consumer: Consumer,
+        target: ClusterKV,
+        vbuckets: list[int],
+        start: Offsets,
+        writes: asyncio.TaskGroup,
+    ) -> None:
+        """Read the source and cut batches, each written by its own task in ``writes``
+        (at most :data:`~.window.DEPTH` at once) while the next is read."""
+        batcher = pipeline.Batcher(self.settings.batch_items, self.settings.batch_kb * 1024)
+        last_checkpoint = time.monotonic()
+        chunks = consumer.stream_chunks(
+            vbuckets, start=start, each=_same, most=self.settings.batch_items
+        )
+        async for chunk in chunks:
+            for event in chunk:
+                full = self._take(event, batcher)
+                if full is not None:
+                    await self._cut(target, full, writes)
+            await self._cut(target, batcher.take(), writes)
+            last = chunk[-1]
+            if isinstance(last, Rollback):  # always a chunk's last event
+                await self._drain()  # the changes above the point are written first
+                self.checkpoints.rolled_back(last.vbucket, last.rollback_seqno)
+            self.stats["deduplicated"] = batcher.deduplicated
+            if time.monotonic() - last_checkpoint >= self.settings.checkpoint_interval_s:
+                await self.checkpoint(target)
+                last_checkpoint = time.monotonic()
+
+    async def _cut(
+        self, target: ClusterKV, batch: list[pipeline.Change], writes: asyncio.TaskGroup
+    ) -> None:
+        """Send ``batch`` (its acknowledgement moves the window), once a write slot is free."""
+        window = self._window
+        ticket = window.cut()
+        if not batch:
+            window.done(ticket)
+            return
+        while len(self._writes) >= DEPTH:
+            await asyncio.wait(self._writes, return_when=asyncio.FIRST_COMPLETED)
+        task = writes.create_task(self._write(target, batch))
+        self._writes.add(task)
+        task.add_done_callback(functools.partial(self._written, ticket))
+
+    def _written(self, ticket: int, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            self._window.done(ticket)
+
+    async def _drain(self) -> None:
+        while self._writes:
+            await asyncio.wait(self._writes)
 
     async def changes_left(self) -> int:
-        """Source changes not yet processed: high seqnos minus the offsets."""
+        """Source changes not yet done (written, refused or filtered): high seqnos minus the
+        acknowledged offsets."""
         consumer = self._consumer
         if consumer is None:
             return 0
         seqnos = await consumer.vbucket_seqnos()
-        offsets = consumer.offsets
+        acked = self._window.acked
         return sum(
-            max(0, high - (offsets[vb].seqno if vb in offsets else 0))
+            max(0, high - (acked[vb].seqno if vb in acked else 0))
             for vb, (_, high) in seqnos.items()
         )
 
     # -- the pipeline -----------------------------------------------------------------------
 
     def _take(self, event: Event, batcher: pipeline.Batcher) -> list[pipeline.Change] | None:
+        self._window.took(event.vbucket, event.offset)
         if isinstance(event, Mutation | Deletion | Expiration):
             self.stats["docs_processed"] += 1
             if not self.settings.filter.passes(event):
                 self.stats["docs_filtered"] += 1
                 return None
             return batcher.add(event)
-        if isinstance(event, Rollback):
-            self.checkpoints.rolled_back(event.vbucket, event.rollback_seqno)
         return None
 
     async def _write(self, target: ClusterKV, batch: list[pipeline.Change]) -> None:
@@ -207,12 +257,10 @@ class Replicator:
     # -- checkpoints ------------------------------------------------------------------------
 
     async def checkpoint(self, target: ClusterKV) -> None:
-        """Record the offsets that moved since the last checkpoint, with the target's state."""
-        consumer = self._consumer
-        if consumer is None:
-            return
-        offsets = consumer.offsets
-        moved = {vb: offsets[vb] for vb in offsets if self._saved.get(vb) != offsets[vb]}
+        """Record the acknowledged offsets that moved since the last checkpoint, with the
+        target's state (read after their writes were acknowledged)."""
+        acked = self._window.acked
+        moved = {vb: at for vb, at in acked.items() if self._saved.get(vb) != at}
         if not moved:
             return
         target_seqnos = await target.vbucket_seqnos()
