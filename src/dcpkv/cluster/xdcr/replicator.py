@@ -70,6 +70,7 @@ _RETRY = frozenset({Status.Etmpfail, Status.Ebusy, Status.Enomem, Status.SyncWri
 # timeout the batch takes the slow path, where a write the target had applied is refused as
 # identical (counted as docs_failed_cr_target instead of docs_written; the data is the same).
 _BATCH_TIMEOUT_S = 15.0
+_SUCCESS = int(Status.Success)
 _WRITE_RETRIES = 50  # a target short of memory: ~10 s of pauses before the batch fails
 
 
@@ -209,39 +210,43 @@ class Replicator:
         return None
 
     async def _write(self, target: ClusterKV, batch: list[pipeline.Change]) -> None:
-        threshold = self.settings.optimistic_threshold
-        checked = [c for c in batch if pipeline.needs_get_meta(c, threshold)]
-        if checked:
-            asks = [(c.vbucket, _get_meta_request(c)) for c in checked]
-            metas = await _pipelined(target, asks)
-            losers = set()
-            for c, answer in zip(checked, metas, strict=True):
-                meta = await _get_meta(target, c) if answer is None else _meta_of(c, answer)
-                if not pipeline.would_win(self.target_mode, c, meta):
-                    losers.add(id(c))
-            if losers:
-                self.stats["docs_failed_cr_source"] += len(losers)
-                batch = [c for c in batch if id(c) not in losers]
-        writes = [
-            (c.vbucket, pipeline.write_request(c, self.target_mode, c.vbucket)) for c in batch
-        ]
-        answers = await _pipelined(target, writes)
-        statuses: list[int | None] = [_status(a) for a in answers]
+        batch = await self._winners(target, batch)
+        options = pipeline.write_options(self.target_mode)
+        statuses = await _quiet_writes(target, batch, options)
         again = [i for i, got in enumerate(statuses) if got is None or got in _RETRY]
         if again:  # the slow path: routed one by one, retried through failovers and moves
-            redone = await asyncio.gather(*(self._send(target, writes[i]) for i in again))
+            redone = await asyncio.gather(*(self._send(target, batch[i]) for i in again))
             for i, got in zip(again, redone, strict=True):
                 statuses[i] = got
-        for status in statuses:
-            if status == Status.Success:
-                self.stats["docs_written"] += 1
-            elif status == Status.KeyEexists:
-                self.stats["docs_failed_cr_target"] += 1
-            else:
-                self.stats["docs_failed"] += 1
+        written = statuses.count(Status.Success)
+        refused = statuses.count(Status.KeyEexists)
+        self.stats["docs_written"] += written
+        self.stats["docs_failed_cr_target"] += refused
+        self.stats["docs_failed"] += len(statuses) - written - refused
 
-    async def _send(self, target: ClusterKV, write: tuple[int, kv.SetWithMeta]) -> int:
-        vbucket, request = write
+    async def _winners(
+        self, target: ClusterKV, batch: list[pipeline.Change]
+    ) -> list[pipeline.Change]:
+        """``batch`` without the large documents the target's metadata says would lose."""
+        threshold = self.settings.optimistic_threshold
+        checked = [c for c in batch if pipeline.needs_get_meta(c, threshold)]
+        if not checked:
+            return batch
+        asks = [(c.vbucket, _get_meta_request(c)) for c in checked]
+        metas = await _pipelined(target, asks)
+        losers = set()
+        for c, answer in zip(checked, metas, strict=True):
+            meta = await _get_meta(target, c) if answer is None else _meta_of(c, answer)
+            if not pipeline.would_win(self.target_mode, c, meta):
+                losers.add(id(c))
+        if not losers:
+            return batch
+        self.stats["docs_failed_cr_source"] += len(losers)
+        return [c for c in batch if id(c) not in losers]
+
+    async def _send(self, target: ClusterKV, change: pipeline.Change) -> int:
+        vbucket = change.vbucket
+        request = pipeline.write_request(change, self.target_mode, vbucket)
         status = int(Status.Success)
         for _ in range(_WRITE_RETRIES):
             answer = await target.call(vbucket, request)
@@ -324,11 +329,7 @@ async def _pipelined(
     share sent in one write; None where it must take the slow path (no active in the map,
     NotMyVbucket, the node unreachable): :meth:`ClusterKV.call` routes and retries it."""
     answers: list[Message | None] = [None] * len(requests)
-    by_node: dict[Node, list[int]] = {}
-    for i, (vbucket, _) in enumerate(requests):
-        node = target.router.active(vbucket)
-        if node is not None:
-            by_node.setdefault(node, []).append(i)
+    by_node = _by_node(target, [vbucket for vbucket, _ in requests])
 
     async def on(node: Node, indexes: list[int]) -> None:
         try:
@@ -348,6 +349,54 @@ async def _pipelined(
 
     await asyncio.gather(*(on(node, indexes) for node, indexes in by_node.items()))
     return answers
+
+
+async def _quiet_writes(
+    target: ClusterKV, batch: list[pipeline.Change], options: int | None
+) -> list[int | None]:
+    """Each change's status, written with a quiet with-meta write to its vbucket's active by
+    the target's map, every node's share in one write ending with a Noop
+    (:meth:`~dcpkv.client.connection.Connection.call_quiet`: only the failures answer).
+    None where it must take the slow path (as in :func:`_pipelined`)."""
+    statuses: list[int | None] = [None] * len(batch)
+
+    async def on(node: Node, indexes: list[int]) -> None:
+        try:
+            session = await within(target.session(node), target.config.connect_timeout)
+            conn = session.conn
+            opaques = [conn.next_opaque() for _ in indexes]
+            frame = pipeline.write_frame
+            frames = b"".join([frame(batch[i], options, opaques[n]) for n, i in enumerate(indexes)])
+            failures = await within(
+                conn.call_quiet(frames, opaques),
+                max(target.config.request_timeout, _BATCH_TIMEOUT_S),
+            )
+        except NODE_ERRORS:
+            await target.drop(node)
+            return
+        for i, opaque in zip(indexes, opaques, strict=True):
+            answer = failures.get(opaque)
+            status = _status(answer) if answer is not None else _SUCCESS
+            if status == Status.NotMyVbucket:
+                target.router.offer(bytes(getattr(answer, "value", b"") or b""))
+            else:
+                statuses[i] = status
+
+    by_node = _by_node(target, [c.vbucket for c in batch])
+    await asyncio.gather(*(on(node, indexes) for node, indexes in by_node.items()))
+    return statuses
+
+
+def _by_node(target: ClusterKV, vbuckets: Sequence[int]) -> dict[Node, list[int]]:
+    """The indexes of ``vbuckets`` by the node holding each active (none: left out)."""
+    by_node: dict[Node, list[int]] = {}
+    nodes: dict[int, Node | None] = {}
+    active = target.router.active
+    for i, vbucket in enumerate(vbuckets):
+        node = nodes[vbucket] if vbucket in nodes else nodes.setdefault(vbucket, active(vbucket))
+        if node is not None:
+            by_node.setdefault(node, []).append(i)
+    return by_node
 
 
 def _get_meta_request(change: pipeline.Change) -> kv.GetMeta:
