@@ -25,9 +25,13 @@ A thin shell over the client library and the sans-I/O decisions of ``pipeline.py
   target acknowledged is kept by :class:`~.window.Window` (a batch's offsets count once it
   and every batch cut before it are written). A Rollback event waits for the writes in
   flight, then drops the checkpoints above its point;
-* every checkpoint interval, and when the replicator stops (paused, deleted, failed), the
-  acknowledged offsets of the vbuckets that moved are recorded with the target's uuid and
-  high seqno (read after those writes), and saved through ``save`` (the manager's store).
+* every checkpoint interval (by a task of its own: an idle source too), and when the
+  replicator stops (paused, deleted, failed), the acknowledged offsets of the vbuckets that
+  moved are recorded with the target's uuid and high seqno (read after those writes), and
+  saved through ``save`` (the manager's store). A target vbucket whose uuid changed or whose
+  high seqno went down since the last look (a failover, an unclean restart: writes it
+  acknowledged may be gone) fails the replicator instead, so the next one resumes from a
+  checkpoint the target still holds and sends those writes again.
 
 A failure (the target unreachable past the client's retry timeout, a refused login) ends
 :meth:`Replicator.run` with the error (the writes in flight are cancelled: never
@@ -42,7 +46,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from dcpkv.client.cluster import NODE_ERRORS, ClusterKV
@@ -52,7 +55,12 @@ from dcpkv.client.events import Deletion, Event, Expiration, Mutation, Rollback
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
 from dcpkv.client.settings import ConnectionSettings, Node
 from dcpkv.cluster.xdcr import pipeline
-from dcpkv.cluster.xdcr.checkpoints import Checkpoint, CheckpointLog, pick_resume
+from dcpkv.cluster.xdcr.checkpoints import (
+    Checkpoint,
+    CheckpointLog,
+    pick_resume,
+    target_branch_changed,
+)
 from dcpkv.cluster.xdcr.spec import ReplicationSettings
 from dcpkv.cluster.xdcr.window import DEPTH, Window
 from dcpkv.core.conflict_resolution import ConflictMode
@@ -107,6 +115,9 @@ class Replicator:
         self._saved: dict[int, VbucketOffset] = {}
         self._window = Window()
         self._writes: set[asyncio.Task[None]] = set()
+        # vbucket -> the target's (uuid, high seqno) when last read: a branch change is noticed
+        self._target_seen: dict[int, tuple[int, int]] = {}
+        self._checkpointing = asyncio.Lock()
 
     async def run(self) -> None:
         """Replicate until cancelled or failed (see the module docstring)."""
@@ -120,8 +131,10 @@ class Replicator:
             self.target_mode = await _target_mode(target)
             start = await self._resume_offsets(source, target, vbuckets)
             self._window = Window({vb: start[vb] for vb in start})
+            self._target_seen = await target.vbucket_seqnos()
             try:
                 async with asyncio.TaskGroup() as writes:
+                    writes.create_task(self._checkpoints(target))
                     await self._replicate(consumer, target, vbuckets, start, writes)
             except BaseExceptionGroup as group:  # a batch failed: the first error says why
                 raise group.exceptions[0] from None
@@ -141,7 +154,6 @@ class Replicator:
         """Read the source and cut batches, each written by its own task in ``writes``
         (at most :data:`~.window.DEPTH` at once) while the next is read."""
         batcher = pipeline.Batcher(self.settings.batch_items, self.settings.batch_kb * 1024)
-        last_checkpoint = time.monotonic()
         chunks = consumer.stream_chunks(
             vbuckets, start=start, each=_same, most=self.settings.batch_items
         )
@@ -153,12 +165,10 @@ class Replicator:
             await self._cut(target, batcher.take(), writes)
             last = chunk[-1]
             if isinstance(last, Rollback):  # always a chunk's last event
-                await self._drain()  # the changes above the point are written first
-                self.checkpoints.rolled_back(last.vbucket, last.rollback_seqno)
+                async with self._checkpointing:
+                    await self._drain()  # the changes above the point are written first
+                    self.checkpoints.rolled_back(last.vbucket, last.rollback_seqno)
             self.stats["deduplicated"] = batcher.deduplicated
-            if time.monotonic() - last_checkpoint >= self.settings.checkpoint_interval_s:
-                await self.checkpoint(target)
-                last_checkpoint = time.monotonic()
 
     async def _cut(
         self, target: ClusterKV, batch: list[pipeline.Change], writes: asyncio.TaskGroup
@@ -263,19 +273,36 @@ class Replicator:
 
     async def checkpoint(self, target: ClusterKV) -> None:
         """Record the acknowledged offsets that moved since the last checkpoint, with the
-        target's state (read after their writes were acknowledged)."""
-        acked = self._window.acked
-        moved = {vb: at for vb, at in acked.items() if self._saved.get(vb) != at}
-        if not moved:
-            return
-        target_seqnos = await target.vbucket_seqnos()
-        for vb, at in moved.items():
-            t_uuid, t_high = target_seqnos.get(vb, (0, 0))
-            cp = Checkpoint(at.vb_uuid, at.seqno, at.snap_start, at.snap_end, t_uuid, t_high)
-            self.checkpoints.record(vb, cp)
-            self._saved[vb] = at
-        self._save(self.checkpoints)
-        self.stats["checkpoints"] += 1
+        target's state (read after their writes were acknowledged); fail instead when a
+        target vbucket changed branch (``checkpoints.py``: it may have lost writes)."""
+        async with self._checkpointing:
+            acked = self._window.acked
+            moved = {vb: at for vb, at in acked.items() if self._saved.get(vb) != at}
+            target_seqnos = await target.vbucket_seqnos()
+            changed = target_branch_changed(self._target_seen, target_seqnos)
+            if changed:  # (what was seen stays: the final checkpoint as it stops fails too)
+                raise ReplicationError(
+                    f"the target's vbuckets {changed[:8]} changed history (a failover or an "
+                    "unclean restart): resuming from the checkpoints"
+                )
+            self._target_seen = {**self._target_seen, **target_seqnos}
+            if not moved:
+                return
+            for vb, at in moved.items():
+                if vb not in target_seqnos:  # no active there right now: next time
+                    continue
+                t_uuid, t_high = target_seqnos[vb]
+                cp = Checkpoint(at.vb_uuid, at.seqno, at.snap_start, at.snap_end, t_uuid, t_high)
+                self.checkpoints.record(vb, cp)
+                self._saved[vb] = at
+            self._save(self.checkpoints)
+            self.stats["checkpoints"] += 1
+
+    async def _checkpoints(self, target: ClusterKV) -> None:
+        """Every checkpoint interval, whether the source is busy or idle."""
+        while True:
+            await asyncio.sleep(self.settings.checkpoint_interval_s)
+            await self.checkpoint(target)
 
     async def _resume_offsets(
         self, source: ClusterKV, target: ClusterKV, vbuckets: list[int]
