@@ -87,6 +87,14 @@ def _wait_done(pairs: list[tuple[LocalCluster, str, int]], timeout_s: float) -> 
     return time.perf_counter() - start
 
 
+def _restarts(*clusters: LocalCluster) -> None:
+    """A replication that restarted (and resent from its checkpoints) took longer for it."""
+    for cluster in clusters:
+        for task in _api(cluster, "GET", "/pools/default/tasks"):
+            if task.get("restarts"):
+                print(f"  {task['id']}: {task['restarts']} restarts ({task['lastError']})")
+
+
 async def _lag(source: ConnectionSettings, target: ConnectionSettings, rate: int,
                duration: float) -> list[float]:  # fmt: skip
     acked: dict[bytes, float] = {}
@@ -149,6 +157,7 @@ def main(
             # replication is done with its own history: 3 x count changes
             both = _wait_done([(a, a_to_b, 3 * count), (b, b_to_a, 3 * count)], 900)
             print(f"  both ways, {count:,} new docs each side: {both:.2f} s")
+            _restarts(a, b)
             lags = asyncio.run(_lag(_conn(a), _conn(b), rate, duration))
         finally:
             a.stop()

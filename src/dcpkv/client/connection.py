@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dcpkv.client.flow_control import Liveness, counts_for_flow_control
@@ -103,6 +103,7 @@ class Connection:
         self._opaques = opaques if opaques is not None else itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._stats: dict[int, tuple[list[tuple[str, str]], asyncio.Future[Message]]] = {}
+        self._quiet: dict[int, dict[int, Message]] = {}  # call_quiet: opaque -> its failures
         self._inbox: deque[Pushed] = deque()
         self._wake = wake if wake is not None else asyncio.Event()
         self._error: BaseException | None = None
@@ -174,6 +175,30 @@ class Connection:
         finally:
             for msg in msgs:
                 self._waiting.pop(msg.opaque, None)
+
+    async def call_quiet(self, frames: bytes, opaques: Iterable[int]) -> dict[int, Message]:
+        """Send ``frames``: quiet requests (answered only when they fail) stamped with
+        ``opaques``, then a Noop. The server answers a connection's requests in order, so
+        the Noop's answer means it is done with all of them: the failures' answers, by
+        opaque (none: every request succeeded). A batch of N writes costs one answer, not N."""
+        failures: dict[int, Message] = {}
+        quiet = self._quiet
+        mine = list(opaques)
+        for opaque in mine:
+            quiet[opaque] = failures
+        noop = kv.Noop(opaque=self.next_opaque())
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._waiting[noop.opaque] = future
+        try:
+            if self._error is not None:
+                raise ConnectionError(f"connection lost: {self._error}")
+            self._writer.write(frames + noop.encode())
+            await future
+            return failures
+        finally:
+            self._waiting.pop(noop.opaque, None)
+            for opaque in mine:
+                quiet.pop(opaque, None)
 
     async def call_ok(self, msg: Request) -> Message:
         answer = await self.call(msg)
@@ -312,7 +337,11 @@ class Connection:
             return True
         waiter = self._waiting.get(frame.opaque)
         if waiter is None:
-            return False
+            failures = self._quiet.get(frame.opaque)
+            if failures is None:
+                return False
+            failures[frame.opaque] = decode_message(frame)
+            return True
         if not waiter.done():
             waiter.set_result(decode_message(frame))
         return True

@@ -63,6 +63,14 @@ class Item:
             self.datatype, self.deleted, self.delete_time, self.expired,
         )  # fmt: skip
 
+    def placed(self, by_seqno: int, cas: int) -> Item:
+        """This version at ``by_seqno`` with ``cas`` (a with-meta write taking its local
+        seqno), built positionally like :meth:`with_value`."""
+        return Item(
+            self.key, self.value, self.flags, self.expiry, cas, self.rev_seqno, by_seqno,
+            self.datatype, self.deleted, self.delete_time, self.expired,
+        )  # fmt: skip
+
     def is_expired(self, now: int) -> bool:
         return not self.deleted and self.expiry != 0 and self.expiry <= now
 

@@ -637,10 +637,7 @@ class VBucket:
             seqno = self.high_seqno + 1
             if seqno > SEQNO_MAX or incoming.rev_seqno > SEQNO_MAX:
                 raise self._beyond_seqno_max(seqno, incoming.rev_seqno)
-            item = dataclasses.replace(
-                incoming, by_seqno=seqno,
-                cas=self.hlc.next_cas() if regenerate_cas else incoming.cas,
-            )  # fmt: skip
+            item = incoming.placed(seqno, self.hlc.next_cas() if regenerate_cas else incoming.cas)
             self.hlc.observe(item.cas)
             return self._queue(item, stored)
 

@@ -19,9 +19,9 @@ Get) and :meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set). It stops at th
 that is anything else (another opcode, a flex frame, a partial frame, a gate the user does not
 pass, a value with xattrs or compressed, a Get the engine cannot answer from memory) and
 returns where it stopped; the caller
-gives that one frame to the parser and the general path (:mod:`dcpkv.server.dispatch`) and
-comes back here for the next (:func:`frame_end`); a partial frame and what follows it go to
-the parser. A declined
+gives that frame, with the whole frames right after it whose opcodes this module never serves
+(:func:`general_run_end`), to the parser and the general path (:mod:`dcpkv.server.dispatch`)
+and comes back here for the next; a partial frame and what follows it go to the parser. A declined
 frame has changed nothing, so the general path answers it exactly as if this module did not
 exist; a test holds both paths to the same bytes. An engine refusal (KeyEnoent, TempFail,
 NotMyVbucket) is answered here, as the general path would answer it.
@@ -211,7 +211,7 @@ def serve_chunk(
             pos = serve_plain(conn, data, pos, out, parser.max_value_len)
             if pos == end:
                 return
-        frame_at = frame_end(data, pos)
+        frame_at = general_run_end(data, pos)
         if not general(data[pos:frame_at], out) or frame_at is None:
             return
         pos = frame_at
@@ -225,6 +225,20 @@ def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:
         return None
     need = HEADER_LEN + body_length(head) - buffered
     return need if 0 < need <= available else None
+
+
+def general_run_end(data: bytes, pos: int) -> int | None:
+    """Where the general path's share from ``pos`` ends: the frame there (the fast path
+    declined it) and the whole frames after it whose opcodes this module never serves (it
+    would decline each in turn: handed over in one go, a run of XDCR's with-meta writes
+    costs one call, not one per frame); None when the first frame is not whole."""
+    end = frame_end(data, pos)
+    while end is not None:
+        after = frame_end(data, end)
+        if after is None or data[end + 1] in _SERVE:  # (byte 1 of a header: the opcode)
+            break
+        end = after
+    return end
 
 
 def frame_end(data: bytes, pos: int) -> int | None:

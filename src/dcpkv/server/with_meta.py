@@ -42,6 +42,11 @@ _KNOWN = int(
     Option.FORCE | Option.FORCE_ACCEPT | Option.REGENERATE_CAS
     | Option.SKIP_CONFLICT_RESOLUTION | Option.IS_EXPIRATION
 )  # fmt: skip
+# The options as plain ints: an int & an IntFlag member builds an IntFlag (the reflected
+# operator), which cost a with-meta write a sixth of its time on the server.
+_FORCE, _FORCE_ACCEPT = int(Option.FORCE), int(Option.FORCE_ACCEPT)
+_REGENERATE_CAS, _SKIP_CR = int(Option.REGENERATE_CAS), int(Option.SKIP_CONFLICT_RESOLUTION)
+_IS_EXPIRATION = int(Option.IS_EXPIRATION)
 
 
 def with_meta(conn: Connection, req: kv.SetWithMeta) -> kv.MutationResponse | None:
@@ -53,8 +58,8 @@ def with_meta(conn: Connection, req: kv.SetWithMeta) -> kv.MutationResponse | No
     try:
         item = vbucket.write_with_meta(
             incoming,
-            check_conflict=not options & (Option.FORCE | Option.SKIP_CONFLICT_RESOLUTION),
-            regenerate_cas=bool(options & Option.REGENERATE_CAS),
+            check_conflict=not options & (_FORCE | _SKIP_CR),
+            regenerate_cas=bool(options & _REGENERATE_CAS),
             add=req.opcode in _ADD,
             cas=req.cas,
         )
@@ -68,11 +73,11 @@ def with_meta(conn: Connection, req: kv.SetWithMeta) -> kv.MutationResponse | No
 def _check_options(conn: Connection, options: int, delete: bool) -> None:
     if options & ~_KNOWN:
         raise Reply(Status.Einval, f"unknown with-meta options 0x{options:x}".encode())
-    if options & Option.REGENERATE_CAS and not options & Option.SKIP_CONFLICT_RESOLUTION:
+    if options & _REGENERATE_CAS and not options & _SKIP_CR:
         raise Reply(Status.Einval, b"regenerate CAS needs skip conflict resolution")
-    if options & Option.FORCE_ACCEPT and conn.bucket.conflict_mode is not ConflictMode.LWW:
+    if options & _FORCE_ACCEPT and conn.bucket.conflict_mode is not ConflictMode.LWW:
         raise Reply(Status.Einval, b"force-accept is for timestamp (lww) buckets")
-    if options & Option.IS_EXPIRATION and not delete:
+    if options & _IS_EXPIRATION and not delete:
         raise Reply(Status.Einval, b"is-expiration is for DelWithMeta")
 
 
@@ -90,7 +95,7 @@ def _incoming(conn: Connection, req: kv.SetWithMeta, options: int) -> Item:
         )
     if value and not dt & document.XATTR:
         raise Reply(Status.Einval, b"DelWithMeta carries no value but xattrs")
-    expired = bool(options & Option.IS_EXPIRATION)
+    expired = bool(options & _IS_EXPIRATION)
     delete_time = req.expiration or int(conn.bucket.clock.time())
     return Item(
         bytes(req.key), value, req.flags, 0, req.meta_cas, req.rev_seqno, 0, dt,

@@ -12,6 +12,7 @@ from dcpkv.cluster.xdcr.checkpoints import (
     CheckpointLog,
     pick_after_rollback,
     pick_resume,
+    target_branch_changed,
 )
 from dcpkv.core.failover_table import FailoverEntry as E
 
@@ -86,3 +87,20 @@ def test_after_a_rollback_no_checkpoint_above_the_point_survives(
     picked = log.rolled_back(0, rollback)
     assert all(cp.seqno <= rollback for cp in log.of(0))
     assert picked is None or picked == max(log.of(0), key=lambda cp: cp.seqno)
+
+
+@pytest.mark.parametrize(
+    ("now", "changed"),
+    [
+        ({0: (0xB1, 10), 1: (0xB2, 7)}, []),  # the same branches, writes went on
+        ({0: (0xB1, 5), 1: (0xB2, 7)}, []),  # nothing new
+        ({0: (0xB1, 10), 1: (0xC9, 9)}, [1]),  # vbucket 1 restarted uncleanly / failed over
+        ({0: (0xB1, 4), 1: (0xB2, 7)}, [0]),  # the same uuid, but writes are gone
+        ({0: (0xD0, 0), 1: (0xC9, 3)}, [0, 1]),
+        ({0: (0xB1, 10), 1: (0xB2, 7), 2: (0xE0, 1)}, []),  # one not seen before
+    ],
+)
+def test_a_target_vbucket_on_another_branch_is_noticed(
+    now: dict[int, tuple[int, int]], changed: list[int]
+) -> None:
+    assert target_branch_changed({0: (0xB1, 5), 1: (0xB2, 3)}, now) == changed

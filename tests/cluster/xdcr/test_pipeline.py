@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dcpkv.client.events import Deletion, Expiration, Mutation
 from dcpkv.client.offsets import VbucketOffset
 from dcpkv.cluster.xdcr.pipeline import (
     Batcher,
+    Change,
     ChangeFilter,
     needs_get_meta,
     would_win,
+    write_frame,
+    write_options,
     write_request,
 )
 from dcpkv.core.conflict_resolution import ConflictMode
@@ -73,3 +80,24 @@ def test_requests_carry_the_source_metadata() -> None:
     assert isinstance(gone, kv.DelWithMeta)
     assert gone.options == WithMetaOption.IS_EXPIRATION | WithMetaOption.FORCE_ACCEPT
     assert (gone.expiration, gone.rev_seqno, gone.meta_cas) == (1234, 8, 80)
+
+
+U32, U64 = st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)
+KEYS = st.binary(min_size=1, max_size=250)
+CHANGES = st.one_of(
+    st.builds(Mutation, st.integers(0, 1023), KEYS, st.binary(max_size=300), U64, U64, U32,
+              U32, U64, st.integers(0, 7), st.just(AT)),
+    st.builds(Deletion, st.integers(0, 1023), KEYS, U64, U64, U64, st.just(AT), U32),
+    st.builds(Expiration, st.integers(0, 1023), KEYS, U64, U64, U64, st.just(AT), U32),
+)  # fmt: skip
+QUIET = {kv.SetWithMeta: kv.SetqWithMeta, kv.DelWithMeta: kv.DelqWithMeta}
+
+
+@given(CHANGES, st.sampled_from(ConflictMode), U32)
+def test_the_fused_frame_is_the_quiet_form_of_the_request(
+    change: Change, mode: ConflictMode, opaque: int
+) -> None:
+    loud = write_request(change, mode, change.vbucket)
+    fields = {f.name: getattr(loud, f.name) for f in dataclasses.fields(loud)}
+    quiet = QUIET[type(loud)](**{**fields, "opaque": opaque})
+    assert write_frame(change, write_options(mode), opaque) == quiet.encode()

@@ -199,3 +199,35 @@ def test_a_restarted_manager_resumes_its_replication_from_the_checkpoints(
     stats = tasks(a)[0]["stats"]
     # resumed where it stood: the new docs, not the 200 before them again
     assert stats["docs_written"] == len(more) and stats["docs_processed"] < len(first)
+
+
+def test_a_replication_survives_its_target_node_killed_and_restarted_mid_stream(
+    server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
+) -> None:
+    """B keeps its writes in memory only (a flusher that never runs), so its kill -9 loses
+    every write it had acknowledged: the replicator notices the target's new history at its
+    next checkpoint and resumes from a checkpoint B still holds (here: from 0)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = start_cluster(server_factory, manager_factory, tmp_path / "a", nodes=1, replicas=0)
+    b = start_cluster(server_factory, manager_factory, tmp_path / "b", nodes=1, replicas=0,
+                      node_args=("--flush-interval", "100000"))  # fmt: skip
+    a.manager.api("POST", "/pools/default/remoteClusters", name="b", hostname=seeds(b),
+                  username="Administrator", password="password")  # fmt: skip
+    a.manager.api("POST", "/controller/createReplication", fromBucket="default", toCluster="b",
+                  toBucket="default", replicationType="continuous", checkpointInterval="1",
+                  failureRestartInterval="1")  # fmt: skip
+    before = [f"kill-{i}".encode() for i in range(300)]
+    write(a, before, b'{"before":1}')
+    wait_for(lambda: converged(a, b, before), "the first docs on B", timeout_s=60)
+    time.sleep(1.5)  # a checkpoint past them: they are acknowledged, and only in B's memory
+    victim = b.nodes[0]
+    victim.kill9()
+    during = [f"kill-during-{i}".encode() for i in range(100)]
+    write(a, during, b'{"during":1}')  # the replicator retries them while B is down
+    victim.start(same_port=True)
+    after = [f"kill-after-{i}".encode() for i in range(100)]
+    write(a, after, b'{"after":1}')
+    everything = before + during + after
+    wait_for(lambda: converged(a, b, everything), "every doc on B again", timeout_s=120)
+    assert tasks(a)[0]["restarts"] >= 1  # it noticed B's new history

@@ -28,6 +28,13 @@ Picking one at resume (:func:`pick_resume`), newest first, the first that passes
 None passing: the vbucket starts from 0 (everything is sent again; conflict resolution
 refuses what the target already has, so a restart from 0 costs time, never correctness).
 
+While it runs, a replicator also watches the target's branch of every vbucket: a vbucket
+whose uuid changed since it last looked, or whose high seqno went down
+(:func:`target_branch_changed`), failed over or restarted uncleanly, and may have lost
+writes it had acknowledged, past the checkpoints too. The replicator then stops with an
+error instead of recording anything (then or later); the next one resumes by the rules
+above, which send those writes again.
+
 After a rollback answer from the source (the consumer's Rollback event to seqno R),
 :func:`pick_after_rollback` keeps the newest checkpoint at or below R and drops the newer ones
 (:meth:`CheckpointLog.rolled_back`): they name changes the source no longer has.
@@ -35,7 +42,7 @@ After a rollback answer from the source (the consumer's Rollback event to seqno 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +100,20 @@ def pick_resume(
         if source_knows(cp, source_log) and target_holds(cp, target_log, target_high):
             return cp
     return None
+
+
+def target_branch_changed(
+    seen: Mapping[int, tuple[int, int]], now: Mapping[int, tuple[int, int]]
+) -> list[int]:
+    """The vbuckets whose target state ``now`` (vbucket -> (uuid, high seqno)) is on another
+    branch than the one ``seen`` last, or below its high seqno then (history was lost either
+    way); a vbucket not in ``seen`` has not changed."""
+    changed = []
+    for vb, (uuid, high) in now.items():
+        was = seen.get(vb)
+        if was is not None and (was[0] != uuid or high < was[1]):
+            changed.append(vb)
+    return sorted(changed)
 
 
 def pick_after_rollback(

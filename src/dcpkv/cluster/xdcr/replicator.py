@@ -17,22 +17,35 @@ A thin shell over the client library and the sans-I/O decisions of ``pipeline.py
   target failover logs, target high seqnos), else 0;
 * each chunk of events the consumer has ready (at most a batch) is filtered, batched
   (:class:`~.pipeline.Batcher`), the large documents checked with GetMeta first, and written
-  all at once (every request of a batch in flight together); a batch is written before the
-  next chunk is asked for, so the consumer's offsets never run ahead of the target;
-* every checkpoint interval, the offsets of the vbuckets that moved are recorded with the
-  target's uuid and high seqno, and saved through ``save`` (the manager's store).
+  all at once (every request of a batch in flight together, a node's share in one write on
+  its one connection); each batch is written by its own task while the next chunk is read,
+  up to :data:`~.window.DEPTH` batches in flight (so one connection per target node carries
+  thousands of requests at once);
+* the consumer's offsets run ahead of the target by what is in flight: the progress the
+  target acknowledged is kept by :class:`~.window.Window` (a batch's offsets count once it
+  and every batch cut before it are written). A Rollback event waits for the writes in
+  flight, then drops the checkpoints above its point;
+* every checkpoint interval (by a task of its own: an idle source too), and when the
+  replicator stops (paused, deleted, failed), the acknowledged offsets of the vbuckets that
+  moved are recorded with the target's uuid and high seqno (read after those writes), and
+  saved through ``save`` (the manager's store). A target vbucket whose uuid changed or whose
+  high seqno went down since the last look (a failover, an unclean restart: writes it
+  acknowledged may be gone) fails the replicator instead, so the next one resumes from a
+  checkpoint the target still holds and sends those writes again.
 
 A failure (the target unreachable past the client's retry timeout, a refused login) ends
-:meth:`Replicator.run` with the error; the service restarts it after the restart interval,
-from the checkpoints. Counters use the reference's stat names (``stats``).
+:meth:`Replicator.run` with the error (the writes in flight are cancelled: never
+acknowledged, they are sent again at resume, and refused as identical where they landed);
+the service restarts it after the restart interval, from the checkpoints. Counters use the
+reference's stat names (``stats``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from dcpkv.client.cluster import NODE_ERRORS, ClusterKV
@@ -42,8 +55,14 @@ from dcpkv.client.events import Deletion, Event, Expiration, Mutation, Rollback
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
 from dcpkv.client.settings import ConnectionSettings, Node
 from dcpkv.cluster.xdcr import pipeline
-from dcpkv.cluster.xdcr.checkpoints import Checkpoint, CheckpointLog, pick_resume
+from dcpkv.cluster.xdcr.checkpoints import (
+    Checkpoint,
+    CheckpointLog,
+    pick_resume,
+    target_branch_changed,
+)
 from dcpkv.cluster.xdcr.spec import ReplicationSettings
+from dcpkv.cluster.xdcr.window import DEPTH, Window
 from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
@@ -59,6 +78,7 @@ _RETRY = frozenset({Status.Etmpfail, Status.Ebusy, Status.Enomem, Status.SyncWri
 # timeout the batch takes the slow path, where a write the target had applied is refused as
 # identical (counted as docs_failed_cr_target instead of docs_written; the data is the same).
 _BATCH_TIMEOUT_S = 15.0
+_SUCCESS = int(Status.Success)
 _WRITE_RETRIES = 50  # a target short of memory: ~10 s of pauses before the batch fails
 
 
@@ -93,7 +113,11 @@ class Replicator:
         self.target_mode = ConflictMode.SEQNO
         self._consumer: Consumer | None = None
         self._saved: dict[int, VbucketOffset] = {}
-        self._between_batches = True  # every change pulled so far is written
+        self._window = Window()
+        self._writes: set[asyncio.Task[None]] = set()
+        # vbucket -> the target's (uuid, high seqno) when last read: a branch change is noticed
+        self._target_seen: dict[int, tuple[int, int]] = {}
+        self._checkpointing = asyncio.Lock()
 
     async def run(self) -> None:
         """Replicate until cancelled or failed (see the module docstring)."""
@@ -106,92 +130,133 @@ class Replicator:
             vbuckets = _same_widths(source, target)
             self.target_mode = await _target_mode(target)
             start = await self._resume_offsets(source, target, vbuckets)
-            batcher = pipeline.Batcher(self.settings.batch_items, self.settings.batch_kb * 1024)
-            last_checkpoint = time.monotonic()
-            chunks = consumer.stream_chunks(
-                vbuckets, start=start, each=_same, most=self.settings.batch_items
-            )
+            self._window = Window({vb: start[vb] for vb in start})
+            self._target_seen = await target.vbucket_seqnos()
             try:
-                async for chunk in chunks:
-                    self._between_batches = False
-                    for event in chunk:
-                        full = self._take(event, batcher)
-                        if full:
-                            await self._write(target, full)
-                    if len(batcher):
-                        await self._write(target, batcher.take())
-                    self._between_batches = True
-                    self.stats["deduplicated"] = batcher.deduplicated
-                    if time.monotonic() - last_checkpoint >= self.settings.checkpoint_interval_s:
-                        await self.checkpoint(target)
-                        last_checkpoint = time.monotonic()
-            except asyncio.CancelledError:
-                # Paused or stopped: keep the progress made, unless a batch was half written
-                # (the offsets are then ahead of the target).
-                if self._between_batches:
-                    with contextlib.suppress(Exception):
-                        await within(self.checkpoint(target), 5)
-                raise
+                async with asyncio.TaskGroup() as writes:
+                    writes.create_task(self._checkpoints(target))
+                    await self._replicate(consumer, target, vbuckets, start, writes)
+            except BaseExceptionGroup as group:  # a batch failed: the first error says why
+                raise group.exceptions[0] from None
+            finally:
+                # Stopped, paused or failed: keep the progress the target acknowledged.
+                with contextlib.suppress(Exception):
+                    await within(self.checkpoint(target), 5)
+
+    async def _replicate(
+        self,
+        consumer: Consumer,
+        target: ClusterKV,
+        vbuckets: list[int],
+        start: Offsets,
+        writes: asyncio.TaskGroup,
+    ) -> None:
+        """Read the source and cut batches, each written by its own task in ``writes``
+        (at most :data:`~.window.DEPTH` at once) while the next is read."""
+        batcher = pipeline.Batcher(self.settings.batch_items, self.settings.batch_kb * 1024)
+        chunks = consumer.stream_chunks(
+            vbuckets, start=start, each=_same, most=self.settings.batch_items
+        )
+        async for chunk in chunks:
+            for event in chunk:
+                full = self._take(event, batcher)
+                if full is not None:
+                    await self._cut(target, full, writes)
+            await self._cut(target, batcher.take(), writes)
+            last = chunk[-1]
+            if isinstance(last, Rollback):  # always a chunk's last event
+                async with self._checkpointing:
+                    await self._drain()  # the changes above the point are written first
+                    self.checkpoints.rolled_back(last.vbucket, last.rollback_seqno)
+            self.stats["deduplicated"] = batcher.deduplicated
+
+    async def _cut(
+        self, target: ClusterKV, batch: list[pipeline.Change], writes: asyncio.TaskGroup
+    ) -> None:
+        """Send ``batch`` (its acknowledgement moves the window), once a write slot is free."""
+        window = self._window
+        ticket = window.cut()
+        if not batch:
+            window.done(ticket)
+            return
+        while len(self._writes) >= DEPTH:
+            await asyncio.wait(self._writes, return_when=asyncio.FIRST_COMPLETED)
+        task = writes.create_task(self._write(target, batch))
+        self._writes.add(task)
+        task.add_done_callback(functools.partial(self._written, ticket))
+
+    def _written(self, ticket: int, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            self._window.done(ticket)
+
+    async def _drain(self) -> None:
+        while self._writes:
+            await asyncio.wait(self._writes)
 
     async def changes_left(self) -> int:
-        """Source changes not yet processed: high seqnos minus the offsets."""
+        """Source changes not yet done (written, refused or filtered): high seqnos minus the
+        acknowledged offsets."""
         consumer = self._consumer
         if consumer is None:
             return 0
         seqnos = await consumer.vbucket_seqnos()
-        offsets = consumer.offsets
+        acked = self._window.acked
         return sum(
-            max(0, high - (offsets[vb].seqno if vb in offsets else 0))
+            max(0, high - (acked[vb].seqno if vb in acked else 0))
             for vb, (_, high) in seqnos.items()
         )
 
     # -- the pipeline -----------------------------------------------------------------------
 
     def _take(self, event: Event, batcher: pipeline.Batcher) -> list[pipeline.Change] | None:
+        self._window.took(event.vbucket, event.offset)
         if isinstance(event, Mutation | Deletion | Expiration):
             self.stats["docs_processed"] += 1
             if not self.settings.filter.passes(event):
                 self.stats["docs_filtered"] += 1
                 return None
             return batcher.add(event)
-        if isinstance(event, Rollback):
-            self.checkpoints.rolled_back(event.vbucket, event.rollback_seqno)
         return None
 
     async def _write(self, target: ClusterKV, batch: list[pipeline.Change]) -> None:
-        threshold = self.settings.optimistic_threshold
-        checked = [c for c in batch if pipeline.needs_get_meta(c, threshold)]
-        if checked:
-            asks = [(c.vbucket, _get_meta_request(c)) for c in checked]
-            metas = await _pipelined(target, asks)
-            losers = set()
-            for c, answer in zip(checked, metas, strict=True):
-                meta = await _get_meta(target, c) if answer is None else _meta_of(c, answer)
-                if not pipeline.would_win(self.target_mode, c, meta):
-                    losers.add(id(c))
-            if losers:
-                self.stats["docs_failed_cr_source"] += len(losers)
-                batch = [c for c in batch if id(c) not in losers]
-        writes = [
-            (c.vbucket, pipeline.write_request(c, self.target_mode, c.vbucket)) for c in batch
-        ]
-        answers = await _pipelined(target, writes)
-        statuses: list[int | None] = [_status(a) for a in answers]
+        batch = await self._winners(target, batch)
+        options = pipeline.write_options(self.target_mode)
+        statuses = await _quiet_writes(target, batch, options)
         again = [i for i, got in enumerate(statuses) if got is None or got in _RETRY]
         if again:  # the slow path: routed one by one, retried through failovers and moves
-            redone = await asyncio.gather(*(self._send(target, writes[i]) for i in again))
+            redone = await asyncio.gather(*(self._send(target, batch[i]) for i in again))
             for i, got in zip(again, redone, strict=True):
                 statuses[i] = got
-        for status in statuses:
-            if status == Status.Success:
-                self.stats["docs_written"] += 1
-            elif status == Status.KeyEexists:
-                self.stats["docs_failed_cr_target"] += 1
-            else:
-                self.stats["docs_failed"] += 1
+        written = statuses.count(Status.Success)
+        refused = statuses.count(Status.KeyEexists)
+        self.stats["docs_written"] += written
+        self.stats["docs_failed_cr_target"] += refused
+        self.stats["docs_failed"] += len(statuses) - written - refused
 
-    async def _send(self, target: ClusterKV, write: tuple[int, kv.SetWithMeta]) -> int:
-        vbucket, request = write
+    async def _winners(
+        self, target: ClusterKV, batch: list[pipeline.Change]
+    ) -> list[pipeline.Change]:
+        """``batch`` without the large documents the target's metadata says would lose."""
+        threshold = self.settings.optimistic_threshold
+        checked = [c for c in batch if pipeline.needs_get_meta(c, threshold)]
+        if not checked:
+            return batch
+        asks = [(c.vbucket, _get_meta_request(c)) for c in checked]
+        metas = await _pipelined(target, asks)
+        losers = set()
+        for c, answer in zip(checked, metas, strict=True):
+            meta = await _get_meta(target, c) if answer is None else _meta_of(c, answer)
+            if not pipeline.would_win(self.target_mode, c, meta):
+                losers.add(id(c))
+        if not losers:
+            return batch
+        self.stats["docs_failed_cr_source"] += len(losers)
+        return [c for c in batch if id(c) not in losers]
+
+    async def _send(self, target: ClusterKV, change: pipeline.Change) -> int:
+        vbucket = change.vbucket
+        request = pipeline.write_request(change, self.target_mode, vbucket)
         status = int(Status.Success)
         for _ in range(_WRITE_RETRIES):
             answer = await target.call(vbucket, request)
@@ -207,22 +272,37 @@ class Replicator:
     # -- checkpoints ------------------------------------------------------------------------
 
     async def checkpoint(self, target: ClusterKV) -> None:
-        """Record the offsets that moved since the last checkpoint, with the target's state."""
-        consumer = self._consumer
-        if consumer is None:
-            return
-        offsets = consumer.offsets
-        moved = {vb: offsets[vb] for vb in offsets if self._saved.get(vb) != offsets[vb]}
-        if not moved:
-            return
-        target_seqnos = await target.vbucket_seqnos()
-        for vb, at in moved.items():
-            t_uuid, t_high = target_seqnos.get(vb, (0, 0))
-            cp = Checkpoint(at.vb_uuid, at.seqno, at.snap_start, at.snap_end, t_uuid, t_high)
-            self.checkpoints.record(vb, cp)
-            self._saved[vb] = at
-        self._save(self.checkpoints)
-        self.stats["checkpoints"] += 1
+        """Record the acknowledged offsets that moved since the last checkpoint, with the
+        target's state (read after their writes were acknowledged); fail instead when a
+        target vbucket changed branch (``checkpoints.py``: it may have lost writes)."""
+        async with self._checkpointing:
+            acked = self._window.acked
+            moved = {vb: at for vb, at in acked.items() if self._saved.get(vb) != at}
+            target_seqnos = await target.vbucket_seqnos()
+            changed = target_branch_changed(self._target_seen, target_seqnos)
+            if changed:  # (what was seen stays: the final checkpoint as it stops fails too)
+                raise ReplicationError(
+                    f"the target's vbuckets {changed[:8]} changed history (a failover or an "
+                    "unclean restart): resuming from the checkpoints"
+                )
+            self._target_seen = {**self._target_seen, **target_seqnos}
+            if not moved:
+                return
+            for vb, at in moved.items():
+                if vb not in target_seqnos:  # no active there right now: next time
+                    continue
+                t_uuid, t_high = target_seqnos[vb]
+                cp = Checkpoint(at.vb_uuid, at.seqno, at.snap_start, at.snap_end, t_uuid, t_high)
+                self.checkpoints.record(vb, cp)
+                self._saved[vb] = at
+            self._save(self.checkpoints)
+            self.stats["checkpoints"] += 1
+
+    async def _checkpoints(self, target: ClusterKV) -> None:
+        """Every checkpoint interval, whether the source is busy or idle."""
+        while True:
+            await asyncio.sleep(self.settings.checkpoint_interval_s)
+            await self.checkpoint(target)
 
     async def _resume_offsets(
         self, source: ClusterKV, target: ClusterKV, vbuckets: list[int]
@@ -276,11 +356,7 @@ async def _pipelined(
     share sent in one write; None where it must take the slow path (no active in the map,
     NotMyVbucket, the node unreachable): :meth:`ClusterKV.call` routes and retries it."""
     answers: list[Message | None] = [None] * len(requests)
-    by_node: dict[Node, list[int]] = {}
-    for i, (vbucket, _) in enumerate(requests):
-        node = target.router.active(vbucket)
-        if node is not None:
-            by_node.setdefault(node, []).append(i)
+    by_node = _by_node(target, [vbucket for vbucket, _ in requests])
 
     async def on(node: Node, indexes: list[int]) -> None:
         try:
@@ -300,6 +376,54 @@ async def _pipelined(
 
     await asyncio.gather(*(on(node, indexes) for node, indexes in by_node.items()))
     return answers
+
+
+async def _quiet_writes(
+    target: ClusterKV, batch: list[pipeline.Change], options: int | None
+) -> list[int | None]:
+    """Each change's status, written with a quiet with-meta write to its vbucket's active by
+    the target's map, every node's share in one write ending with a Noop
+    (:meth:`~dcpkv.client.connection.Connection.call_quiet`: only the failures answer).
+    None where it must take the slow path (as in :func:`_pipelined`)."""
+    statuses: list[int | None] = [None] * len(batch)
+
+    async def on(node: Node, indexes: list[int]) -> None:
+        try:
+            session = await within(target.session(node), target.config.connect_timeout)
+            conn = session.conn
+            opaques = [conn.next_opaque() for _ in indexes]
+            frame = pipeline.write_frame
+            frames = b"".join([frame(batch[i], options, opaques[n]) for n, i in enumerate(indexes)])
+            failures = await within(
+                conn.call_quiet(frames, opaques),
+                max(target.config.request_timeout, _BATCH_TIMEOUT_S),
+            )
+        except NODE_ERRORS:
+            await target.drop(node)
+            return
+        for i, opaque in zip(indexes, opaques, strict=True):
+            answer = failures.get(opaque)
+            status = _status(answer) if answer is not None else _SUCCESS
+            if status == Status.NotMyVbucket:
+                target.router.offer(bytes(getattr(answer, "value", b"") or b""))
+            else:
+                statuses[i] = status
+
+    by_node = _by_node(target, [c.vbucket for c in batch])
+    await asyncio.gather(*(on(node, indexes) for node, indexes in by_node.items()))
+    return statuses
+
+
+def _by_node(target: ClusterKV, vbuckets: Sequence[int]) -> dict[Node, list[int]]:
+    """The indexes of ``vbuckets`` by the node holding each active (none: left out)."""
+    by_node: dict[Node, list[int]] = {}
+    nodes: dict[int, Node | None] = {}
+    active = target.router.active
+    for i, vbucket in enumerate(vbuckets):
+        node = nodes[vbucket] if vbucket in nodes else nodes.setdefault(vbucket, active(vbucket))
+        if node is not None:
+            by_node.setdefault(node, []).append(i)
+    return by_node
 
 
 def _get_meta_request(change: pipeline.Change) -> kv.GetMeta:
