@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 
-.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check
+.PHONY: run test test-fast lint bench clean venv fuzz chaos chaos-test lock lock-check
 
 ## venv: a fresh .venv from the lock (tools/lock.py): every package pinned and hash-checked, the
 ## project itself editable with the pinned build backend; made again whenever the lock changes
@@ -84,6 +84,11 @@ CHAOS_SEED ?=
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(BIN)/python tests/chaos/chaos.py --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
+
+## chaos-test: the short seeded chaos runs, the long ones too (marked long: make test skips
+## them), the managers-on-etcd run among them
+chaos-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "long or not long" tests/chaos
 
 ## bench: the peers (bench/install_peers.sh: Debian's memcached, Redis, PostgreSQL when missing
 ## and run as root), the machine and every version it runs with, the yardstick, every benchmark
