@@ -111,6 +111,7 @@ class Report:
     unfinished: list[str] = field(default_factory=list)
     shared_terms: list[str] = field(default_factory=list)
     stale_refused: int | None = None
+    failover_times: list[float] = field(default_factory=list)  # a node's kill to its failover
     history: list[str] = field(default_factory=list)
 
     @property
@@ -137,10 +138,17 @@ class Report:
         )
 
     def _managers(self) -> str:
+        times = sorted(self.failover_times)
+        failovers = (
+            f", nodes failed over by the next leader {times[len(times) // 2]:.1f} s (median) "
+            f"and at most {times[-1]:.1f} s after their kill"
+            if times
+            else ""
+        )
         return (
             f"; managers on etcd: {len(self.unfinished)} failovers or rebalances left "
             f"unfinished by a new leader, {len(self.shared_terms)} terms led by two managers, "
-            f"{self.stale_refused} stale-term commands refused by nodes"
+            f"{self.stale_refused} stale-term commands refused by nodes{failovers}"
         )
 
 
@@ -589,9 +597,11 @@ def leader_failover(world: World, rng: random.Random, node: ServerProcess) -> bo
     """A node killed and left down, then the leader killed before it failed the node over:
     the next leader does (within the failover timeout plus a lease, and some slack)."""
     name = leave_down(world, node, "automatic failover by the next leader")
+    killed = time.monotonic()
     time.sleep(rng.uniform(0.2, FAILOVER_TIMEOUT_S - 0.5))
     leader(world, rng)
-    wait_failed_over(world, node, name)
+    if wait_failed_over(world, node, name):  # (the time includes up to 0.1 s of polling)
+        world.report.failover_times.append(time.monotonic() - killed)
     return True
 
 
