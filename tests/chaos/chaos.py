@@ -32,6 +32,18 @@ a failure can be replayed):
     swap      a rebalance out of a node (its vbuckets move away with takeover streams), then
               the node is added back and rebalanced in
 
+With ``--etcd`` (``make chaos CHAOS_ARGS=--etcd``): three etcd members and a manager per node
+(``etcd_mode.py``, lease 3 s), the API asked of the leader; ``manager`` kills any of them, and
+
+    leader            kill -9 the leading manager, restart it
+    stall             SIGSTOP the leading manager past its lease, then SIGCONT (it wakes up
+                      deposed)
+    etcd              kill -9 an etcd member, restart it 0.5-3 s later
+    leader-failover   kill -9 a node and leave it down, then the leader 0.2-2.5 s later: the
+                      next leader fails the node over (the time is reported)
+    leader-rebalance  a rebalance out of a node, the leader killed 0-0.5 s into it: the next
+                      leader runs it to its end; then the node is added back
+
 Checks at the end (faults stopped, the cluster settled)
     lost       a write a replica persisted whose key now reads an older value, or nothing
     divergent  a replica whose documents, seqnos, CAS or failover log differ from its active's
@@ -43,6 +55,12 @@ Checks at the end (faults stopped, the cluster settled)
                write acknowledged at Majority lost without a kill -9 and restart since, none
                at PersistToMajority lost at all, no dirty read, every ambiguous answer
                resolved by a read
+    --etcd     every failover and rebalance a killed leader left is finished by the next;
+               a manager leads at the end; no term won by two managers (their logs); the
+               commands of a stale term the nodes refused are counted (a fence at work)
+
+Before the checks a node left failed over is taken back in (delta recovery, a rebalance), so
+every vbucket has its replica again.
 """
 
 from __future__ import annotations
