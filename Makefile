@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 
-.PHONY: run test test-fast lint bench clean venv fuzz chaos lock lock-check
+.PHONY: run test test-fast lint bench clean venv fuzz chaos chaos-test lock lock-check
 
 ## venv: a fresh .venv from the lock (tools/lock.py): every package pinned and hash-checked, the
 ## project itself editable with the pinned build backend; made again whenever the lock changes
@@ -76,11 +76,19 @@ fuzz: $(STAMP)
 	DCPKV_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/server/test_fuzz.py
 
 ## chaos: the fault-injection suite on a local cluster under load (kill -9, SIGSTOP, cut
-## connections, manager restarts, a failover), then the checks; CHAOS_SEED replays a run
+## connections, manager restarts, a failover), then the checks; CHAOS_SEED replays a run;
+## CHAOS_ARGS=--etcd: 3 etcd members and a manager per node, and faults of the leading
+## manager (kill -9 mid-failover or mid-rebalance, SIGSTOP past its lease) and of etcd members
 CHAOS_DURATION ?= 1800
 CHAOS_SEED ?=
+CHAOS_ARGS ?=
 chaos: $(STAMP)
-	$(BIN)/python tests/chaos/chaos.py --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+	$(BIN)/python tests/chaos/chaos.py --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
+
+## chaos-test: the short seeded chaos runs, the long ones too (marked long: make test skips
+## them), the managers-on-etcd run among them
+chaos-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "long or not long" tests/chaos
 
 ## bench: the peers (bench/install_peers.sh: Debian's memcached, Redis, PostgreSQL when missing
 ## and run as root), the machine and every version it runs with, the yardstick, every benchmark

@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Under pytest-xdist (make test runs two workers), the tests on the one session-scoped
     # SparkSession run on one worker: one JVM, started once.
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+    # A test marked long (minutes) runs only when a -m expression names it: make test stays
+    # within its budget, make chaos-test runs them.
+    if "long" not in (config.option.markexpr or ""):
+        skip = pytest.mark.skip(reason="long: run with pytest -m long (make chaos-test)")
+        for item in items:
+            if item.get_closest_marker("long") is not None:
+                item.add_marker(skip)

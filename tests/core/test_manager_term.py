@@ -45,3 +45,10 @@ def test_the_fence(seen: list[int], asking: int, allowed: bool) -> None:
     for term in seen:
         fence.saw(term)
     assert fence.allows(asking) is allowed
+
+
+def test_only_a_newer_term_raises_the_fence() -> None:
+    """``saw`` says when the fence rose: the node writes the term down then, and only then."""
+    fence = TermFence()
+    assert [fence.saw(t) for t in (0, 7, 7, 5, 9)] == [False, True, False, False, True]
+    assert fence.newest == 9

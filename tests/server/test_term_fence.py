@@ -71,3 +71,26 @@ def test_without_terms_nothing_is_fenced(node: ServerProcess) -> None:
     plain = manager(node.port, 0)
     assert plain.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=1, cas=cas_of(plain, 1)).status == 0
     assert push(plain, rev=1, epoch=1) == Status.Success
+
+
+@pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
+def test_a_restarted_node_still_fences_the_terms_before_the_newest_it_saw(
+    node: ServerProcess, stop: str
+) -> None:
+    """The newest term is kept in the data folder before the Hello is answered: a deposed
+    leader that connects again after the node restarted (kill -9 included) is refused."""
+    manager(node.port, 5).close()
+    manager(node.port, 9).close()  # the next leader's Hello: then the node stops
+    if stop == "kill -9":
+        node.kill9()
+    else:
+        assert node.terminate() == 0
+    node.start(same_port=True)
+    old = manager(node.port, 5)
+    refused = old.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=2, cas=cas_of(old, 2))
+    assert refused.status == Status.Eaccess
+    assert b"manager term 5 is older than term 9" in bytes(refused.value)
+    assert push(old, rev=3, epoch=5) == Status.Eaccess
+    new = manager(node.port, 9)
+    assert new.call(Opcode.SetVbucket, extras=ACTIVE, vbucket=2, cas=cas_of(new, 2)).status == 0
+    assert push(new, rev=3, epoch=9) == Status.Success

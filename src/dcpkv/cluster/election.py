@@ -14,6 +14,11 @@ keep-alive answered in time: etcd down, its quorum lost, this process stopped fo
 or etcd says the lease is gone, the ``deposed`` callback stops the manager at once and the
 manager campaigns again as any follower. A deposed leader that has not noticed yet can still
 write nothing: its store writes are fenced on its term (:mod:`~dcpkv.cluster.etcd_store`).
+
+A manager that steps down deletes the leader key and gives up the lease that held it (revoked,
+never kept alive again): it campaigns on a new one. The delete can fail (etcd electing a new
+raft leader, which also extends every lease); a lease still kept alive would then keep the
+key, naming a manager that no longer acts, and no manager would lead again.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class Elector:
         self.leader_url: str | None = None
         self._elected, self._deposed = elected, deposed
         self._acting: asyncio.Task[None] | None = None
+        self._give_up_lease = False  # stepped down: the session's lease held the leader key
 
     @property
     def leading(self) -> bool:
@@ -80,10 +86,15 @@ class Elector:
         """One lease's life: listed, campaigning or leading, until etcd says it is gone."""
         ttl = max(1, round(self.state.ttl_s))
         lease = await call(self.client.lease(ttl))
+        self._give_up_lease = False
         me = json.dumps({"name": self.name, "url": self.url}).encode()
         await call(self.client.put(MANAGERS_PREFIX + self.name.encode(), me, lease=lease.id))
         keepalive_at = time.monotonic() + ttl / 3
         while True:
+            if self._give_up_lease:  # (its leader key goes with it: revoked, or expired)
+                with contextlib.suppress(EtcdUnavailable):
+                    await call(self.client.revoke_lease(lease.id))
+                return
             if self.state.role == "follower":
                 await self._campaign(lease.id, me)
             if time.monotonic() >= keepalive_at:
@@ -133,6 +144,7 @@ class Elector:
         term = self.state.term
         self.state = self.state.lost()
         self.leader_url = None
+        self._give_up_lease = True
         log.warning("manager %s stops leading (term %d): %s", self.name, term, why)
         if self._acting is not None and not self._acting.done():
             self._acting.cancel()

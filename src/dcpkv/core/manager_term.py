@@ -5,12 +5,15 @@ Theory of operation
 Several managers over etcd elect one leader (``dcpkv.cluster.leadership``); its term (the
 etcd revision it won at) only grows from leader to leader. A manager names its term in the
 agent of the HELLO that opens each connection to a node (:func:`agent_for`). The node keeps
-the newest term any connection named (:class:`TermFence`, also raised by the ``revEpoch`` of
-the maps it kept, which is the term of the manager that sent them) and refuses the commands
-that change what it holds (SetVbucket, DelVbucket, SetClusterConfig) on a connection of an
-older term: a deposed leader's late command cannot undo its successor's. A connection that
-names no term (a one-manager cluster, an operator's tool) is term 0: refused only on a node
-that has seen a term.
+the newest term any connection named (:class:`TermFence`) and refuses the commands that
+change what it holds (SetVbucket, DelVbucket, SetClusterConfig) on a connection of an older
+term: a deposed leader's late command cannot undo its successor's. A managed node writes the
+newest term to its data folder before it answers the Hello that raised it and reads it back at
+start, so a restart (even a kill -9) does not open the fence to a deposed leader that connects
+again. A connection that names no term (a one-manager cluster, an operator's tool) is term 0:
+refused only on a node that has seen a term. (The fence is not raised by the ``revEpoch`` of
+the maps a node keeps: a one-manager cluster's maps carry ``revEpoch`` 1 and its manager
+names no term.)
 
 ===============================  =============================================
 agent                            term
@@ -47,8 +50,12 @@ class TermFence:
 
     newest: int = 0
 
-    def saw(self, term: int) -> None:
-        self.newest = max(self.newest, term)
+    def saw(self, term: int) -> bool:
+        """Note ``term``; whether it raised the fence (a newer term: the shell keeps it)."""
+        if term <= self.newest:
+            return False
+        self.newest = term
+        return True
 
     def allows(self, term: int) -> bool:
         return term >= self.newest

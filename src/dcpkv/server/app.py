@@ -585,6 +585,7 @@ class DataServer:
             self.max_value_len = max(self.max_value_len, bucket.max_item_size + VALUE_SLACK)
         if self.config.managed:
             self.state.load_cluster_configs()
+            self.state.load_term_fence()
 
     async def start(self, port_file: Path | None = None) -> int:
         loop = self._loop = asyncio.get_running_loop()

@@ -59,7 +59,7 @@ def quit_(conn: Connection, req: kv.Quit) -> None:
 def hello(conn: Connection, req: kv.Hello) -> kv.HelloResponse:
     conn.agent = req.agent[:_AGENT_MAX]
     conn.manager_term = term_of(conn.agent)
-    conn.server.term_fence.saw(conn.manager_term)
+    conn.server.saw_term(conn.manager_term)
     conn.features = {HelloFeature(f) for f in req.features if f in SUPPORTED_FEATURES}
     if HelloFeature.Duplex not in conn.features:  # a notification is a server request
         conn.features.discard(HelloFeature.ClustermapChangeNotification)

@@ -31,6 +31,7 @@ from dcpkv.server.latency import LatencyHistogram
 from dcpkv.server.login_throttle import LoginThrottle
 
 CLUSTER_CONFIG_SUFFIX = ".cluster-config.json"  # <data dir>/<bucket><suffix>: the last map kept
+TERM_FILE = "manager-term"  # <data dir>/manager-term: the newest manager term a managed node saw
 
 
 @dataclass
@@ -214,6 +215,28 @@ class ServerState:
                 self.log.warning("%s: the last cluster map kept is unreadable (%s)", path, exc)
                 continue
             self._serve(name, self.cluster_configs[name], notify=False)
+
+    def saw_term(self, term: int) -> None:
+        """A connection named manager ``term`` (its Hello): a newer term raises the fence and,
+        on a managed node, is written down before the Hello is answered (a fence a crash
+        could forget would let a deposed leader back in; a new term comes once a leader)."""
+        if self.term_fence.saw(term) and self.config.managed:
+            path = self.config.data_dir / TERM_FILE
+            try:
+                atomic_write(path, b"%d\n" % term, path.with_name(f".{TERM_FILE}.tmp"))
+            except OSError as exc:  # (the fence holds in memory still)
+                self.log.warning("manager term %d could not be written: %s", term, exc)
+
+    def load_term_fence(self) -> None:
+        """The newest manager term seen before a restart (a managed node); an unreadable file
+        is left out with a warning (the next leader's Hello raises the fence again)."""
+        path = self.config.data_dir / TERM_FILE
+        try:
+            self.term_fence.saw(int(path.read_text()))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            self.log.warning("%s: the manager term kept is unreadable (%s)", path, exc)
 
     def _config_path(self, bucket: str) -> Path:
         return self.config.data_dir / f"{bucket}{CLUSTER_CONFIG_SUFFIX}"
