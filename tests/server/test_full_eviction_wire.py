@@ -92,6 +92,7 @@ def test_a_bucket_of_several_quotas_of_small_items(
         # The window is a safety net for a busy machine: a refusal lasts until the next flush.
         assert write_all(c, keys, window_s=60.0) == []
         stats = c.stats()
+        assert stats["ep_item_eviction_policy"] == "full_eviction"
         assert int(stats["curr_items"]) == ITEMS
         assert int(stats["mem_used"]) <= int(stats["ep_max_size"])
         read_all(c, keys)
