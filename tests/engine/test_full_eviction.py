@@ -147,6 +147,22 @@ def test_other_writes_to_an_evicted_key(open_bucket: BucketFactory, policy: Evic
     assert len(vb) == len(KEYS)
 
 
+def test_an_evicted_key_that_expired_is_deleted_when_read(
+    open_bucket: BucketFactory, policy: EvictionPolicy, clock: ManualClock
+) -> None:
+    bucket, vb = evicted_bucket(open_bucket, policy)
+    vb.set(b"short-lived", b"v", expiry=10)
+    bucket.flush_once()
+    vb.eject()
+    assert len(vb) == len(KEYS) + 1
+    clock.advance(11)
+    with pytest.raises(KeyNotFound):
+        vb.get(b"short-lived")
+    assert len(vb) == len(KEYS)  # the expiration is queued: DCP and the disk see it
+    meta = vb.get_meta(b"short-lived")
+    assert meta is not None and meta.deleted and meta.expired
+
+
 def test_counter_of_an_evicted_key(open_bucket: BucketFactory, policy: EvictionPolicy) -> None:
     bucket, vb = evicted_bucket(open_bucket, policy)
     vb.set(b"counter", b"41")

@@ -373,6 +373,8 @@ class VBucket:
         table = self.hash_table
         if self._fetch is None or not table.nonresident or key in table.entries:
             return False, None
+        if self.state is not _ACTIVE:
+            return False, None  # refused under the lock: no read for it
         return True, self._fetch(self.id, key)
 
     def get_resident(self, key: bytes) -> Item | None:
