@@ -306,6 +306,10 @@ def test_replica_counts_and_rollback(open_bucket: BucketFactory, policy: Evictio
     assert len(vb) == 2
     assert bucket.rollback(0, 6) == 6
     assert len(vb) == 3 and bucket.storage.item_count(0) == 3
+    assert resident_keys(vb) == (0 if policy is FULL else 3)  # as warm-up: no items loaded
+    vb.replica_snapshot_marker(7, 7)  # a replica write over a key left on disk: counted once
+    vb.set_with_meta(Item(b"b", b"again", cas=7, by_seqno=7, rev_seqno=7))
+    assert len(vb) == 3
     bucket.shutdown()
     again = open_bucket(num_vbuckets=1, history_window=1000, eviction_policy=policy)
     assert len(again.get_vbucket(0)) == 3

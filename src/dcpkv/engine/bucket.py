@@ -574,7 +574,10 @@ class Bucket:
             s = self.storage.vbucket_state(vb)
             assert s is not None
             failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
-            vbucket.reset(s, failover, self.storage.load_items(vb))
+            if self.eviction_policy is EvictionPolicy.FULL:  # as warm-up: no items, the count
+                vbucket.reset(s, failover, (), self.storage.item_count(vb))
+            else:
+                vbucket.reset(s, failover, self.storage.load_items(vb))
             kept = [p for p in revived if p.by_seqno <= point]
             stored = self.storage.load_prepares(vb)
             vbucket.load_prepares(sorted([*stored, *kept], key=lambda p: p.by_seqno))

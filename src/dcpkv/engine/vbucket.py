@@ -1185,8 +1185,11 @@ class VBucket:
             if seqno > 0:
                 self._seqno_ack_due = seqno
 
-    def reset(self, vbstate: VBState, failover: FailoverTable, items: Iterable[Item]) -> None:
-        """Replace the whole in-memory state by what storage holds (after a rollback)."""
+    def reset(
+        self, vbstate: VBState, failover: FailoverTable, items: Iterable[Item], nonresident: int = 0
+    ) -> None:
+        """Replace the whole in-memory state by what storage holds (after a rollback): its
+        ``items``, and ``nonresident`` live items left on disk (full eviction)."""
         with self.lock:
             self.hash_table.clear()
             self._unacked = None
@@ -1203,6 +1206,7 @@ class VBucket:
             self.rollbacks += 1
             self._dropped = None
             self.load(items)
+            self.hash_table.nonresident = nonresident
 
     # -- internals --------------------------------------------------------------------------
 
