@@ -406,3 +406,26 @@ def _model_write(vb: VBucket, model: dict[bytes, bytes], op: str, key: bytes, va
         model[key] += value
     else:
         model[key] = value
+
+
+def test_an_edit_whose_admission_evicts_its_key_counts_it_once(
+    open_bucket: BucketFactory, policy: EvictionPolicy
+) -> None:
+    """A sub-document mutation reads the document first and is admitted after (its size is
+    known only then): the reclaim that admits it may evict the very key it read."""
+    quota, grown = 32 * 1024, b"!" * 2000  # the edit's charge: ~4.4 kB, under 15% of the quota
+    bucket = open_bucket(num_vbuckets=1, memory_quota=quota, eviction_policy=policy)
+    vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    vb.set(b"doc", b"v")  # the oldest entry: the first a reclaim evicts
+    others = 0
+    while bucket.memory_used < quota - 1000:  # the hash table's alone: checkpoints freed
+        vb.set(b"other%d" % others, b"x" * 200)
+        others += 1
+        bucket.flush_once()
+        bucket.reclaim(quota)  # (closes the checkpoints; nothing to evict under the quota)
+    assert vb.peek(b"doc") is not None
+    vb.edit(b"doc", lambda current, cas, seqno: _Edit((current.value or b"") + grown))
+    assert len(vb) == others + 1
+    if policy is FULL:
+        assert vb.table_entries < others  # the reclaim evicted items (the edited key first)
+    assert vb.get(b"doc").value == b"v" + grown

@@ -480,7 +480,8 @@ class VBucket:
                 rev, seqno, out.datatype, deleted,
                 int(self.clock.time()) if deleted else 0,
             )  # fmt: skip
-            return self._queue(item, self.hash_table.entries.get(key))
+            # (_entry: admitting the write may have evicted the entry read above)
+            return self._queue(item, self._entry(key))
 
     def _stored_for_edit(self, key: bytes) -> Item | None:
         """The persisted version, read outside the lock, when memory may not have the value:
