@@ -112,6 +112,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/fanout.py --json $(RESULTS)/fanout.json
 	$(BIN)/python bench/latency.py --json $(RESULTS)/latency.json
 	$(BIN)/python bench/memory.py --json $(RESULTS)/memory.json
+	$(BIN)/python bench/eviction.py --json $(RESULTS)/eviction.json
 	$(BIN)/python bench/replication.py --json $(RESULTS)/replication.json
 	$(BIN)/python bench/rebalance.py --json $(RESULTS)/rebalance.json
 	$(BIN)/python bench/durability.py --nodes 3 --json $(RESULTS)/durability.json

@@ -232,6 +232,7 @@ def test_cli_flags_override_the_first_bucket_and_the_user() -> None:
         (["--vbuckets", "0"], "vbuckets must be 1..1024"),
         (["--port", "70000"], "port must be 0..65535"),
         (["--config", "/nonexistent/x.toml"], "cannot read config file"),
+        (["--eviction-policy", "full"], "eviction_policy must be valueOnly or fullEviction"),
     ],
 )
 def test_bad_settings_are_one_line_errors(args: list[str], message: str, tmp_path: Path) -> None:
@@ -257,3 +258,12 @@ def test_durability_settings_from_a_config_file_and_flags(tmp_path: Path) -> Non
     for bad in ({"durability_min_level": "all"}, {"durability_timeout_ms": 0}):
         with pytest.raises(ConfigError):
             BucketConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_eviction_policy_from_a_config_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "server.toml"
+    path.write_text('[buckets.default]\neviction_policy = "fullEviction"\n')
+    assert load_config(path).buckets[0].eviction_policy == "fullEviction"
+    flagged = with_cli_flags(load_config(path), eviction_policy="valueOnly").buckets[0]
+    assert flagged.eviction_policy == "valueOnly"
+    assert BucketConfig().eviction_policy == "valueOnly"

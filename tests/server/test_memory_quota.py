@@ -136,13 +136,18 @@ def write_past_quota(c: KVClient, total_bytes: int, value: bytes) -> tuple[int, 
     return accepted, False
 
 
-@pytest.mark.parametrize("value_size", [100, 4096], ids=["small-values", "4KiB-values"])
+@pytest.mark.parametrize(
+    ("value_size", "policy"),
+    [(100, "valueOnly"), (4096, "valueOnly"), (100, "fullEviction")],
+    ids=["small-values", "4KiB-values", "small-values-full-eviction"],
+)
 def test_rss_growth_stays_within_the_quota_margin(
-    server_factory: type, tmp_path: Path, value_size: int
+    server_factory: type, tmp_path: Path, value_size: int, policy: str
 ) -> None:
     srv: ServerProcess = server_factory(
-        tmp_path / "data", tmp_path / "log", "--memory-quota-mb", str(RSS_QUOTA_MB)
-    )
+        tmp_path / "data", tmp_path / "log", "--memory-quota-mb", str(RSS_QUOTA_MB),
+        "--eviction-policy", policy,
+    )  # fmt: skip
     srv.start()
     with KVClient(srv.port, timeout=60) as c:
         c.login()
@@ -152,9 +157,10 @@ def test_rss_growth_stays_within_the_quota_margin(
         value = b"r" * value_size
         accepted, full = write_past_quota(c, 4 * RSS_QUOTA_MB * MIB, value)
         peak_kib = _proc_kib(pid, "VmHWM")  # the kernel's high-water mark: no peak is missed
-    if value_size > 1000:
-        # ejecting persisted values makes room: the whole four quotas are accepted
-        assert not full and accepted * value_size == 4 * RSS_QUOTA_MB * MIB
+    if value_size > 1000 or policy == "fullEviction":
+        # ejecting persisted values, or evicting persisted items whole, makes room: the whole
+        # four quotas are accepted
+        assert not full and accepted == 4 * RSS_QUOTA_MB * MIB // value_size
     else:
         # small items are mostly key and metadata, which stay resident: the bucket fills up
         # and refuses, rather than growing past its quota

@@ -525,6 +525,13 @@ def up(
         int | None,
         typer.Option(help="The bucket's timeout of durable writes that name none [30000]."),
     ] = None,
+    eviction_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="The bucket's eviction policy on every node: valueOnly or fullEviction "
+            "[valueOnly]."
+        ),
+    ] = None,
     etcd: Annotated[
         bool | None,
         typer.Option(
@@ -553,6 +560,8 @@ def up(
         node_flags += ["--durability-min-level", durability_min_level]
     if durability_timeout_ms is not None:
         node_flags += ["--durability-timeout-ms", str(durability_timeout_ms)]
+    if eviction_policy is not None:
+        node_flags += ["--eviction-policy", eviction_policy]
     members = _etcd_members(nodes, etcd)
     cluster = LocalCluster(
         data_dir, nodes, replicas, vbuckets, manager_port,

@@ -71,6 +71,14 @@ def server(
     memory_quota_mb: Annotated[
         int | None, typer.Option(help="Its memory quota [default: 256].")
     ] = None,
+    eviction_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="What leaves memory over the quota: valueOnly (persisted values; every key "
+            "stays) or fullEviction (whole persisted items: the bucket may outgrow memory) "
+            "[default: valueOnly]."
+        ),
+    ] = None,
     compression_mode: Annotated[
         str | None,
         typer.Option(help="Its Snappy mode: off, passive or active [default: passive]."),
@@ -168,6 +176,7 @@ def server(
             bucket=bucket,
             vbuckets=vbuckets,
             memory_quota_mb=memory_quota_mb,
+            eviction_policy=eviction_policy,
             compression_mode=compression_mode,
             storage=storage,
             durability_min_level=durability_min_level,

@@ -15,7 +15,10 @@ Life cycle
     ``shutdown()``             flush everything, mark the shutdown *clean*, close
     ========================= ======================================================
 
-Warm-up reads each vbucket's state, failover table (sanitised) and documents. After an
+Warm-up reads each vbucket's state, failover table (sanitised) and documents: every key, and
+values while they fit in :data:`WARMUP_VALUE_FRACTION` of the quota; under full eviction
+(``eviction_policy``) no document at all, only the item count its state keeps, and the
+pending prepares. After an
 unclean shutdown (the flag is still 0: the process died without :meth:`Bucket.shutdown`)
 every *active* vbucket cuts a new history branch at the end of its last persisted snapshot:
 clients may have seen mutations that never reached the disk, and the new uuid tells their
@@ -42,8 +45,10 @@ on. (Replica writes are still taken, into memory: the active decides.)
 
 Memory: a write is admitted while the bucket's memory use is under its quota. Over it, the
 bucket first drops DCP cursors that pin old checkpoints (their streams fall back to a backfill),
-then ejects persisted values down to a low watermark; if still over quota, the write fails
-with TempFail (the flusher must catch up first). The memory use is the vbuckets' own figure
+then ejects persisted values (``valueOnly``, the default) or evicts whole persisted items, key
+and metadata too (``fullEviction``: the bucket may be larger than memory), down to a low
+watermark (:class:`~.hash_table.EvictionPolicy`); if still over quota, the write fails with
+TempFail (the flusher must catch up first). The memory use is the vbuckets' own figure
 (:meth:`Item.size` per hash-table entry and per checkpoint entry) plus
 :data:`~.hash_table.HT_ENTRY_OVERHEAD` per hash-table entry: what a key costs the process beyond
 those bytes (measured, see there), so that the quota bounds the process's RSS rather than a lower
@@ -91,7 +96,7 @@ from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS
 from dcpkv.engine.flush_cadence import Backlog, due
-from dcpkv.engine.hash_table import HT_ENTRY_OVERHEAD
+from dcpkv.engine.hash_table import HT_ENTRY_OVERHEAD, EvictionPolicy
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
 from dcpkv.engine.rocks_storage import RocksStorage
@@ -257,8 +262,11 @@ class Bucket:
         durability_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         durability_min_level: DurabilityLevel | None = None,
         conflict_mode: ConflictMode = ConflictMode.SEQNO,
+        eviction_policy: EvictionPolicy = EvictionPolicy.VALUE_ONLY,
     ) -> None:
         self.name = name
+        # What leaves memory over the quota: values only, or whole items (module docstring)
+        self.eviction_policy = EvictionPolicy(eviction_policy)
         # Fixed when the bucket is created: a file beside its storage keeps it (XDCR)
         self.conflict_mode = fixed_conflict_mode(Path(path), name, conflict_mode)
         # A SyncWrite's timeout when its request names none (the reference's 30 s).
@@ -395,6 +403,7 @@ class Bucket:
             max_item_size=self.max_item_size,
             fetch=self.storage.get,
             admit=self._admit,
+            eviction=self.eviction_policy,
         )
         vbucket.on_queued = self._queued
         vbucket.on_persistence_wanted = self.want_persistence
@@ -442,12 +451,20 @@ class Bucket:
                         failover.create_entry(s.snap_end)
                     vbucket = self._make(vb, state, failover, s)
                     self.vbuckets[vb] = vbucket
-                    with_values = self.memory_used < self.memory_quota * WARMUP_VALUE_FRACTION
-                    vbucket.load(self.storage.load_items(vb, values=with_values))
+                    self._load(vbucket)
                     vbucket.load_prepares(self.storage.load_prepares(vb))
             self.storage.set_clean_shutdown(False)
             self.flush_once()  # the new failover entries must be durable before anyone sees them
             return clean
+
+    def _load(self, vbucket: VBucket) -> None:
+        """Warm-up's documents of one vbucket: all its keys (values while they fit), or none
+        under full eviction (they are counted non-resident)."""
+        if self.eviction_policy is EvictionPolicy.FULL:
+            vbucket.load_nonresident(self.storage.item_count(vbucket.id))
+            return
+        with_values = self.memory_used < self.memory_quota * WARMUP_VALUE_FRACTION
+        vbucket.load(self.storage.load_items(vbucket.id, values=with_values))
 
     def shutdown(self) -> None:
         """Flush everything, record a clean shutdown, close storage."""
@@ -561,7 +578,10 @@ class Bucket:
             s = self.storage.vbucket_state(vb)
             assert s is not None
             failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
-            vbucket.reset(s, failover, self.storage.load_items(vb))
+            if self.eviction_policy is EvictionPolicy.FULL:  # as warm-up: no items, the count
+                vbucket.reset(s, failover, (), self.storage.item_count(vb))
+            else:
+                vbucket.reset(s, failover, self.storage.load_items(vb))
             kept = [p for p in revived if p.by_seqno <= point]
             stored = self.storage.load_prepares(vb)
             vbucket.load_prepares(sorted([*stored, *kept], key=lambda p: p.by_seqno))

@@ -6,15 +6,28 @@ A :class:`HashTable` maps a key to its *stored value* (kv_engine's StoredValue):
 version of the key the vbucket holds, an :class:`~dcpkv.engine.item.Item` that is never changed
 in place (a write stores a new one), so a reader may hold an entry without a lock. A deleted key
 stays as a tombstone until the deletion is persisted (the flusher and DCP send it), then goes
-(:meth:`HashTable.discard`); a persisted value may be *ejected* (``value=None``,
-:meth:`HashTable.eject`) and read back from storage.
+(:meth:`HashTable.discard`). Under memory pressure the bucket's *eviction policy*
+(:class:`EvictionPolicy`, Couchbase's ``evictionPolicy``) says what of a persisted entry may
+leave memory:
+
+=============== ===============================================================================
+valueOnly       its value (``value=None``, :meth:`HashTable.eject`), read back from storage when
+                asked for; every key and its metadata stay
+fullEviction    the whole entry (:meth:`HashTable.evict`): the key is *non-resident*, storage
+                alone holds it, and the vbucket reads it back (:meth:`HashTable.restore`) before
+                any write to a key the table does not hold
+=============== ===============================================================================
 
 The table keeps, by arithmetic on every change rather than by walking it:
 
 ========================= =====================================================================
 ``memory``                 the sum of :meth:`Item.size` over the entries (an ejected value
                            counts 0): the hash table's part of the vbucket's memory figure
-``live``                   entries that are not tombstones (the ``curr_items`` stat)
+``live``                   entries that are not tombstones
+``nonresident``            live items storage holds that are not in the table (full eviction:
+                           evicted, or never loaded by warm-up); ``live + nonresident`` is the
+                           ``curr_items`` stat, exact as long as every write to a key the table
+                           does not hold restores it first while ``nonresident`` is above 0
 ``len(table)``             entries, tombstones and ejected values included
 ``max_deleted_rev``        the highest rev seqno of a tombstone stored: a key created after its
                            tombstone left the table still gets a rev seqno above it
@@ -44,8 +57,18 @@ key with a prepare (SyncWriteInProgress).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 
 from dcpkv.engine.item import ITEM_OVERHEAD, Item, PrepareItem
+
+
+class EvictionPolicy(StrEnum):
+    """What a bucket drops from memory under pressure (module docstring), by Couchbase's
+    names for its ``evictionPolicy`` setting."""
+
+    VALUE_ONLY = "valueOnly"
+    FULL = "fullEviction"
+
 
 # What a hash-table entry costs the process beyond Item.size() (ITEM_OVERHEAD + key + value),
 # measured with tracemalloc and RSS deltas on CPython 3.11 (16-byte keys; bench/memory.py):
@@ -69,7 +92,8 @@ class HashTable:
     vbucket's lock guards every change)."""
 
     __slots__ = (
-        "_entries", "entries", "live", "max_deleted_rev", "may_expire", "memory", "prepared",
+        "_entries", "entries", "live", "max_deleted_rev", "may_expire", "memory", "nonresident",
+        "prepared",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -81,6 +105,7 @@ class HashTable:
         self.entries: Mapping[bytes, StoredValue] = self._entries
         self.memory = 0
         self.live = 0
+        self.nonresident = 0
         self.max_deleted_rev = 0
         self.may_expire = False
         # Key -> its pending prepare (empty unless SyncWrites are in flight: writes test it
@@ -145,7 +170,7 @@ class HashTable:
         ``max_deleted_rev`` is kept: rev seqnos never go back."""
         self._entries.clear()
         self.prepared.clear()
-        self.memory = self.live = 0
+        self.memory = self.live = self.nonresident = 0
 
     def eject(self, persisted_seqno: int, target_bytes: int | None = None) -> int:
         """Drop the values of live entries persisted at or below ``persisted_seqno`` (until
@@ -159,6 +184,37 @@ class HashTable:
             freed += len(item.value)
             self.store(item.with_value(None), item)
         return freed
+
+    def evict(self, persisted_seqno: int, target_bytes: int | None = None) -> int:
+        """Full eviction: remove the entries persisted at or below ``persisted_seqno``, whole
+        (until ``target_bytes`` are freed, if given), but those of keys with a pending prepare
+        (its commit replaces the entry in place). Returns the bytes freed, each entry's
+        :data:`HT_ENTRY_OVERHEAD` included. The oldest entries go first (the dict's order:
+        a key's first store), and the walk stops at the target rather than copying the table."""
+        freed, gone = 0, []
+        prepared = self.prepared
+        for item in self._entries.values():
+            if target_bytes is not None and freed >= target_bytes:
+                break
+            if item.by_seqno > persisted_seqno or (prepared and item.key in prepared):
+                continue
+            gone.append(item)
+            freed += item.size() + HT_ENTRY_OVERHEAD
+        for item in gone:
+            del self._entries[item.key]
+            self.memory -= item.size()
+            if not item.deleted:
+                self.live -= 1
+                self.nonresident += 1
+        return freed
+
+    def restore(self, item: StoredValue) -> None:
+        """Put back ``item``, its key's version read from storage, for a key the table does
+        not hold: a live one is no longer counted non-resident."""
+        assert item.key not in self._entries, "restore only a key the table does not hold"
+        self.store(item, None)
+        if not item.deleted:
+            self.nonresident -= 1
 
     def expiring(self) -> list[StoredValue]:
         """The live entries with an expiry (clears ``may_expire`` when there are none)."""

@@ -21,7 +21,10 @@ Column families
     ``flush_points`` one entry per committed flush of a vbucket inside the history window,
                   key (vb, its high seqno), value the vbucket's state as that flush left it
                   (state, failover table, persisted snapshot, purge seqno, max CAS, history
-                  start). The keys are the exact rollback targets; the newest entry is the
+                  start, and its live documents when the flush gave their count: a rollback
+                  to the point finds the count there, warm-up under full eviction in the
+                  newest; without one, :meth:`RocksStorage.item_count` counts the key
+                  index). The keys are the exact rollback targets; the newest entry is the
                   vbucket's state (a vbucket's flush writes one entry, not a point and a
                   state: the flusher pays ~1 us per entry, per vbucket it touches).
     ``local``     the format version and the clean-shutdown flag.
@@ -183,15 +186,20 @@ def _state_bytes(s: VBState) -> bytes:
     head = _STATE.pack(
         s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno, s.max_cas, s.history_start
     )
-    return head + s.state.encode() + b"\n" + s.failover_json.encode()
+    # The item count, when known, after a second newline (the failover JSON has none): a
+    # state written without one reads back as None.
+    count = b"" if s.item_count is None else b"\n%d" % s.item_count
+    return head + s.state.encode() + b"\n" + s.failover_json.encode() + count
 
 
 def _state_of(data: bytes) -> VBState:
     high, snap_start, snap_end, purge, max_cas, history = _STATE.unpack_from(data)
-    state, _, failover = data[_STATE.size :].partition(b"\n")
+    state, _, rest = data[_STATE.size :].partition(b"\n")
+    failover, counted, count = rest.partition(b"\n")
     return VBState(
-        state.decode(), failover.decode(), high, snap_start, snap_end, purge, max_cas, history
-    )
+        state.decode(), failover.decode(), high, snap_start, snap_end, purge, max_cas, history,
+        int(count) if counted else None,
+    )  # fmt: skip
 
 
 def _empty(db: _Db) -> bool:
@@ -611,7 +619,7 @@ class RocksStorage(StorageReads):
             s.purge_seqno, 0)  # fmt: skip
         return VBState(
             s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, purge, s.max_cas,
-            start,
+            start, s.item_count,
         )  # fmt: skip
 
     def _put_state(
@@ -675,6 +683,19 @@ class RocksStorage(StorageReads):
                     key, value if values else None, (flags_expiry >> 32) & _U32,
                     flags_expiry & _U32, cas & _U64_MAX, rev, seqno, packed & 0xFF,
                 )  # fmt: skip
+
+    def item_count(self, vb: int) -> int:
+        """The vbucket's live (not deleted) documents (warm-up under full eviction): the count
+        its state keeps, else (a state written without one) a count of the key index."""
+        with self._write_lock:
+            s = self._states.get(vb)
+            if s is not None and s.item_count is not None:
+                return s.item_count
+            return sum(
+                1
+                for _, meta in _scan(self._db.cf["by_key"], *_vb_range(vb))
+                if not (_KEY_META.unpack(meta)[1] >> 8) & 3
+            )
 
     def load_prepares(self, vb: int) -> list[PrepareItem]:
         """The vbucket's persisted pending prepares, in seqno order (warm-up)."""
@@ -904,7 +925,9 @@ class RocksStorage(StorageReads):
                 point = 0
                 self._wipe(batch, vb)
                 state.history_start = 0
+                state.item_count = 0
             else:
+                state.item_count = self._count_at(vb, point)
                 self._restore(batch, vb, point)
                 self._drop_prepares_above(batch, vb, point)
             state.high_seqno = state.snap_start = state.snap_end = point
@@ -913,6 +936,11 @@ class RocksStorage(StorageReads):
             self._put_state(batch, vb, state, merge=False)
             self._write(batch)
             return point
+
+    def _count_at(self, vb: int, point: int) -> int | None:
+        """The item count the flush point at ``point`` recorded (None: none)."""
+        data = self._db.cf["flush_points"].get(_seqno_key(vb, point))
+        return None if data is None else _state_of(data).item_count
 
     def _drop_prepares_above(self, batch: rocksdict.WriteBatch, vb: int, point: int) -> None:
         # (a prepare completed above the point is not brought back: its entry is gone)
@@ -1079,5 +1107,5 @@ def _head_within_limits(items: list[tuple[bytes, Item]]) -> tuple[int, int]:
 def _copy(s: VBState) -> VBState:
     return VBState(
         s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno,
-        s.max_cas, s.history_start,
+        s.max_cas, s.history_start, s.item_count,
     )  # fmt: skip

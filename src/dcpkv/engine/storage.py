@@ -205,6 +205,9 @@ class VBState:
     purge_seqno: int = 0
     max_cas: int = 0
     history_start: int = 0  # owned by storage: ignored when persisted
+    # Live documents as of ``high_seqno`` (None: not recorded). The RocksDB engine keeps it
+    # with the state (warm-up under full eviction starts from it); SQLite counts its rows.
+    item_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +276,7 @@ class BucketStorage(Protocol):
     def get(self, vb: int, key: bytes) -> Item | None: ...
     def load_items(self, vb: int, *, values: bool = True) -> Iterator[Item]: ...
     def load_prepares(self, vb: int) -> list[PrepareItem]: ...
+    def item_count(self, vb: int) -> int: ...
     def persist(self, batches: Iterable[tuple[int, Iterable[Item], VBState]]) -> None: ...
     def persist_snapshot(self, vb: int, items: Iterable[Item], vbstate: VBState) -> None: ...
     def scan_by_seqno(
@@ -735,6 +739,14 @@ class Storage(StorageReads):
         for key, seqno, cas, rev, flags, expiry, datatype, value in rows:
             yield Item(key, value, flags, expiry, cas if cas >= 0 else cas + _TWO_64, rev, seqno,
                        datatype)  # fmt: skip
+
+    def item_count(self, vb: int) -> int:
+        """The vbucket's live (not deleted) documents (warm-up under full eviction)."""
+        with self._write_lock:
+            row = self._db.execute(
+                "SELECT count(*) FROM documents WHERE vb = ? AND deleted = 0", (vb,)
+            ).fetchone()
+        return int(row[0])
 
     def load_prepares(self, vb: int) -> list[PrepareItem]:
         """The vbucket's persisted pending prepares, in seqno order (warm-up)."""

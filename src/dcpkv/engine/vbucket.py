@@ -87,10 +87,22 @@ high prepared seqno, and :meth:`VBucket.take_seqno_ack` hands the acknowledgemen
 consumer (``on_seqno_ack`` says one is). In a disk snapshot, a committed version of a key whose
 prepare the replica holds completes that prepare (its commit was deduplicated into it).
 
+Full eviction (the bucket's ``eviction`` policy, ``hash_table.EvictionPolicy``): a persisted
+entry may leave the table whole, and warm-up loads none. While the table counts such
+*non-resident* items (``hash_table.nonresident``), a key the table does not hold may still be
+on disk: every write reads it back into the table first (:meth:`VBucket._live`,
+:meth:`VBucket._entry`), so a CAS, an Add, a Replace, a rev seqno and the item count see it; a
+Get answers from storage without putting it back (reads do not grow memory), and GetMeta reads
+storage for any key the table lacks. ``len(vbucket)`` (``curr_items``) is the table's live
+entries plus the non-resident ones, and every flush writes it with the vbucket state
+(``VBState.item_count``): what warm-up starts from.
+
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
-storage call is made under the lock: a value fetch for an ejected item happens between two
-short critical sections.
+storage call is made under the lock, but one: a write's read of a non-resident key (full
+eviction), a point read that a bloom filter makes cheap for a new key. A value fetch for an
+ejected item, and a Get's read of a non-resident key, happen between two short critical
+sections.
 """
 
 from __future__ import annotations
@@ -110,7 +122,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine import document
 from dcpkv.engine import durability_monitor as dm
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager
-from dcpkv.engine.hash_table import HashTable
+from dcpkv.engine.hash_table import EvictionPolicy, HashTable
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
 from dcpkv.engine.item import (
     ITEM_OVERHEAD,
@@ -226,6 +238,7 @@ class VBucket:
         max_item_size: int = DEFAULT_MAX_ITEM_SIZE,
         fetch: Fetcher | None = None,
         admit: Admitter | None = None,
+        eviction: EvictionPolicy = EvictionPolicy.VALUE_ONLY,
     ) -> None:
         self.id = vbid
         self.state = VBucketState(state)
@@ -243,6 +256,7 @@ class VBucket:
         self.max_item_size = max_item_size
         self._fetch = fetch
         self._admit = admit
+        self.eviction = eviction
         self.hash_table = HashTable()  # changed only under ``lock``
         self._state_dirty = True
         self._unacked: FlushBatch | None = None
@@ -315,8 +329,8 @@ class VBucket:
         return len(self.hash_table)
 
     def __len__(self) -> int:
-        """Live (not deleted) keys in the hash table (O(1))."""
-        return self.hash_table.live
+        """Live (not deleted) keys, resident or not (O(1)): the ``curr_items`` stat."""
+        return self.hash_table.live + self.hash_table.nonresident
 
     def peek(self, key: bytes) -> Item | None:
         """The hash table's entry for a key, whatever the state, tombstones included."""
@@ -346,10 +360,28 @@ class VBucket:
         if item is not None:
             return item
         self._ensure_resident(key)
+        read, stored = self._read_nonresident(key)
         with self.lock:
             self._require_active()
             self._check_re_commit(key)
+            if read and key not in self.hash_table.entries:
+                # Storage's version, read as the table did not hold the key (nor does now):
+                # answered, not put back. An expired one is expired by the path below.
+                if stored is None or stored.deleted:
+                    raise KeyNotFound("no such key")
+                if not stored.is_expired(int(self.clock.time())):
+                    return stored
             return self._resident_or_fail(self._live_or_fail(key))
+
+    def _read_nonresident(self, key: bytes) -> tuple[bool, Item | None]:
+        """Full eviction: (True, storage's version of ``key``, or None) when the table does
+        not hold the key and may have evicted it; (False, None) without a read otherwise."""
+        table = self.hash_table
+        if self._fetch is None or not table.nonresident or key in table.entries:
+            return False, None
+        if self.state is not _ACTIVE:
+            return False, None  # refused under the lock: no read for it
+        return True, self._fetch(self.id, key)
 
     def get_resident(self, key: bytes) -> Item | None:
         """The first step of :meth:`get`, for a key whose value is in memory and due to
@@ -363,6 +395,8 @@ class VBucket:
             return None  # maybe being re-committed: :meth:`get` asks under the lock
         item = self.hash_table.entries.get(key)
         if item is None or item.deleted:
+            if item is None and self.hash_table.nonresident:
+                return None  # maybe evicted: :meth:`get` reads storage
             raise KeyNotFound("no such key")
         if item.value is None or (item.expiry and item.expiry <= int(self.clock.time())):
             return None
@@ -452,7 +486,8 @@ class VBucket:
                 rev, seqno, out.datatype, deleted,
                 int(self.clock.time()) if deleted else 0,
             )  # fmt: skip
-            return self._queue(item, self.hash_table.entries.get(key))
+            # (_entry: admitting the write may have evicted the entry read above)
+            return self._queue(item, self._entry(key))
 
     def _stored_for_edit(self, key: bytes) -> Item | None:
         """The persisted version, read outside the lock, when memory may not have the value:
@@ -601,7 +636,7 @@ class VBucket:
             prepared = self.hash_table.prepared
             if prepared and self._replica_disk and item.key in prepared:
                 item = self._committed_on_disk(item)
-            self._queue(item, self.hash_table.entries.get(item.key))
+            self._queue(item, self._entry(item.key))
             self.hlc.observe(item.cas)
             return item
 
@@ -811,9 +846,7 @@ class VBucket:
             self.checkpoints.high_seqno + 1, p.datatype, p.deleted,
             int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
         )  # fmt: skip
-        self.checkpoints.queue_next(
-            commit, self.hash_table.store(commit, self.hash_table.entries.get(key))
-        )
+        self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
         self.checkpoints.sync_items += 1  # (a warmed-up prepare's commit: its first)
         if self.on_queued is not None:
             self.on_queued(self.id)
@@ -875,9 +908,7 @@ class VBucket:
                 key, p.value, p.flags, p.expiry, cas or p.cas, p.rev_seqno, seqno, p.datatype,
                 p.deleted, int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
             )  # fmt: skip
-            self.checkpoints.queue_next(
-                commit, self.hash_table.store(commit, self.hash_table.entries.get(key))
-            )
+            self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
             self.checkpoints.sync_items += 1
             self.hlc.observe(commit.cas)
             if self.on_queued is not None:
@@ -1036,6 +1067,8 @@ class VBucket:
             snap_end=snapshot[1],
             purge_seqno=self.purge_seqno,
             max_cas=self.hlc.max_cas,
+            # Exact at the batch's high seqno: the flusher takes every queued item at once.
+            item_count=len(self),
         )
 
     # -- flusher ----------------------------------------------------------------------------
@@ -1088,8 +1121,11 @@ class VBucket:
     # -- memory -----------------------------------------------------------------------------
 
     def eject(self, target_bytes: int | None = None) -> int:
-        """Drop persisted values from the hash table (until ``target_bytes`` are freed)."""
+        """Drop persisted values, or whole persisted items under full eviction, from the hash
+        table (until ``target_bytes`` are freed); returns the bytes freed."""
         with self.lock:
+            if self.eviction is EvictionPolicy.FULL:
+                return self.hash_table.evict(self.persisted_seqno, target_bytes)
             return self.hash_table.eject(self.persisted_seqno, target_bytes)
 
     # -- loading (warm-up, rollback) -------------------------------------------------------
@@ -1100,6 +1136,11 @@ class VBucket:
             for item in items:
                 self.hash_table.replace(item)
                 self.hlc.observe(item.cas)
+
+    def load_nonresident(self, count: int) -> None:
+        """Warm-up under full eviction: ``count`` live items are on disk, none in the table."""
+        with self.lock:
+            self.hash_table.nonresident += count
 
     def load_prepares(self, prepares: Iterable[PrepareItem]) -> None:
         """Take back the prepares storage holds (warm-up, in seqno order): pending, with no
@@ -1148,8 +1189,11 @@ class VBucket:
             if seqno > 0:
                 self._seqno_ack_due = seqno
 
-    def reset(self, vbstate: VBState, failover: FailoverTable, items: Iterable[Item]) -> None:
-        """Replace the whole in-memory state by what storage holds (after a rollback)."""
+    def reset(
+        self, vbstate: VBState, failover: FailoverTable, items: Iterable[Item], nonresident: int = 0
+    ) -> None:
+        """Replace the whole in-memory state by what storage holds (after a rollback): its
+        ``items``, and ``nonresident`` live items left on disk (full eviction)."""
         with self.lock:
             self.hash_table.clear()
             self._unacked = None
@@ -1166,6 +1210,7 @@ class VBucket:
             self.rollbacks += 1
             self._dropped = None
             self.load(items)
+            self.hash_table.nonresident = nonresident
 
     # -- internals --------------------------------------------------------------------------
 
@@ -1221,14 +1266,30 @@ class VBucket:
 
     def _live(self, key: bytes) -> Item | None:
         """The key's live entry, or None (missing, deleted, or expired now: then expire it).
-        Where every write reads the key's entry (after :meth:`_check_write`)."""
+        Where every write reads the key's entry (after :meth:`_check_write`); a non-resident
+        one is read back into the table first (:meth:`_entry`)."""
         item = self.hash_table.entries.get(key)
+        if item is None and self.hash_table.nonresident:
+            item = self._entry(key)
         if item is None or item.deleted:
             return None
         if item.expiry and item.expiry <= int(self.clock.time()):  # Item.is_expired, inlined
             if self.state is _ACTIVE:
                 self._tombstone(item, expired=True)
             return None
+        return item
+
+    def _entry(self, key: bytes) -> Item | None:
+        """The key's entry, tombstones included, under the lock: when the table does not hold
+        it but counts non-resident items (full eviction), storage's version is read back into
+        the table first, so the write that follows replaces it (its CAS, rev seqno, xattrs,
+        and whether it adds a live key: the item count stays exact)."""
+        table = self.hash_table
+        item = table.entries.get(key)
+        if item is None and table.nonresident and self._fetch is not None:
+            item = self._fetch(self.id, key)
+            if item is not None:
+                table.restore(item)
         return item
 
     def _live_or_fail(self, key: bytes) -> Item:

@@ -117,6 +117,7 @@ from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.document import CompressionMode
+from dcpkv.engine.hash_table import EvictionPolicy
 from dcpkv.engine.storage import BucketLock
 from dcpkv.engine.vbucket import SyncOutcome
 from dcpkv.protocol.constants import HEADER_LEN, HelloFeature, Magic
@@ -564,6 +565,7 @@ class DataServer:
                 path,
                 num_vbuckets=bc.vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
+                eviction_policy=EvictionPolicy(bc.eviction_policy),
                 compression_mode=CompressionMode(bc.compression_mode),
                 storage=bc.storage,
                 durability_timeout_ms=bc.durability_timeout_ms,

@@ -13,6 +13,7 @@ looks like::
     [buckets.default]
     vbuckets = 1024
     memory_quota_mb = 256
+    eviction_policy = "valueOnly"   # or "fullEviction": whole items leave memory (docs/server.md)
     storage = "rocksdb"   # or "sqlite" (docs/storage.md)
     durability_min_level = "none"   # or majority, majorityAndPersistActive, persistToMajority
     durability_timeout_ms = 30000   # a durable write's timeout when it names none
@@ -36,6 +37,7 @@ from dcpkv.core.defaults import (
 from dcpkv.core.errors import DcpkvError
 from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
 from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS as DEFAULT_DURABILITY_TIMEOUT_MS
+from dcpkv.engine.hash_table import EvictionPolicy
 from dcpkv.protocol.constants import DurabilityLevel
 from dcpkv.protocol.durability import level_named
 
@@ -51,6 +53,8 @@ class BucketConfig:
     name: str = DEFAULT_BUCKET
     vbuckets: int = DEFAULT_VBUCKETS
     memory_quota_mb: int = 256
+    # What leaves memory over the quota: values only, or whole items (EvictionPolicy)
+    eviction_policy: str = EvictionPolicy.VALUE_ONLY.value
     compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
     storage: str = DEFAULT_STORAGE  # the storage engine (dcpkv.engine.bucket.STORAGE_ENGINES)
     # SyncWrites (docs/server.md): every write at least this level (none, majority,
@@ -80,6 +84,11 @@ class BucketConfig:
             raise ConfigError(
                 f"bucket {self.name!r}: storage must be {' or '.join(STORAGE_ENGINES)}, "
                 f"not {self.storage!r}"
+            )
+        if self.eviction_policy not in {p.value for p in EvictionPolicy}:
+            raise ConfigError(
+                f"bucket {self.name!r}: eviction_policy must be valueOnly or fullEviction, "
+                f"not {self.eviction_policy!r}"
             )
         if self.compression_mode not in ("off", "passive", "active"):
             raise ConfigError(
@@ -213,6 +222,7 @@ def with_cli_flags(
     bucket: str | None = None,
     vbuckets: int | None = None,
     memory_quota_mb: int | None = None,
+    eviction_policy: str | None = None,
     compression_mode: str | None = None,
     storage: str | None = None,
     durability_min_level: str | None = None,
@@ -227,6 +237,7 @@ def with_cli_flags(
     first = config.buckets[0]
     given: dict[str, Any] = {
         "name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
+        "eviction_policy": eviction_policy,
         "compression_mode": compression_mode, "storage": storage,
         "durability_min_level": durability_min_level,
         "durability_timeout_ms": durability_timeout_ms,

@@ -22,6 +22,7 @@ from dcpkv import __version__
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.producer import DcpProducer
+from dcpkv.engine.hash_table import EvictionPolicy
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import kv
 from dcpkv.server.connection import Connection, Reply, not_my_vbucket
@@ -53,6 +54,12 @@ def _selected(conn: Connection, arg: str) -> list[VBucket]:
     return [vbucket]
 
 
+_EVICTION_POLICY_STAT = {
+    EvictionPolicy.VALUE_ONLY: "value_only",
+    EvictionPolicy.FULL: "full_eviction",
+}
+
+
 def _general(conn: Connection, arg: str) -> Stats:
     bucket = conn.bucket
     vbuckets = list(bucket.vbuckets.values())
@@ -79,6 +86,8 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "ep_flushes_deferred", bucket.flushes_deferred
     yield "ep_disk_error", bucket.disk_error or ""
     yield "ep_max_size", bucket.memory_quota
+    # kv_engine's name and values: what leaves memory over the quota (hash_table.EvictionPolicy)
+    yield "ep_item_eviction_policy", _EVICTION_POLICY_STAT[bucket.eviction_policy]
     # kv_engine's name: how with-meta (XDCR) writes are judged, "seqno" or "lww"
     yield "ep_conflict_resolution_type", bucket.conflict_mode.value
     for state in VBucketState:
