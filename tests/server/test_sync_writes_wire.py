@@ -187,6 +187,8 @@ def test_leaving_active_answers_ambiguous_and_a_promoted_copy_re_commits(
     prefix = b"vb_%d:" % vb
     assert details[prefix + b"sync_write_pending"] == b"1"
     assert json.loads(details[prefix + b"topology"]) == {"topology": [[me, "replica1"]]}
+    hps = details[prefix + b"high_prepared_seqno"].decode()
+    assert details[prefix + b"acks"] == f"{me}={hps},replica1=0".encode()  # waits for replica1
     set_state(admin, vb, replica)
     answer = writer.recv()
     assert (answer.opaque, answer.status) == (durable, AMBIGUOUS)

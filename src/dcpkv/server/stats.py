@@ -118,8 +118,8 @@ def _vbuckets(conn: Connection, arg: str) -> Stats:
 
 def _vbucket_details(conn: Connection, arg: str) -> Stats:
     """Per vbucket, the reference's names: the state, the seqnos a failover compares (high
-    prepared seqno, high seqno), the SyncWrites pending and the replication topology (JSON, as
-    SetVbucket gave it; empty: none)."""
+    prepared seqno, high seqno), the SyncWrites pending, the replication topology (JSON, as
+    SetVbucket gave it; empty: none) and, on an active, what each node of it acknowledged."""
     for vb in _selected(conn, arg):
         p = f"vb_{vb.id}:"
         monitor = vb.durability or vb.passive_durability
@@ -131,6 +131,10 @@ def _vbucket_details(conn: Connection, arg: str) -> Stats:
         yield p + "persistence_seqno", vb.persisted_seqno
         yield p + "sync_write_pending", 0 if monitor is None else monitor.num_pending
         yield p + "topology", "" if topology is None else topology.to_json().decode()
+        if vb.durability is not None and topology is not None:
+            nodes = sorted({n for chain in topology.chains for n in chain.nodes})
+            acks = (f"{n}={vb.durability.ack_of(n)}" for n in nodes)
+            yield p + "acks", ",".join(acks)
 
 
 def dcp_stats(conn: Connection, arg: str = "") -> Stats:
