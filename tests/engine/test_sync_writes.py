@@ -318,6 +318,42 @@ def test_a_replica_ack_before_the_topology_commits_a_prepare_read_back_at_warmup
     again.shutdown()
 
 
+@pytest.mark.parametrize("engine", ["rocksdb"])  # (SQLite keeps no high prepared seqno)
+def test_a_restarted_replica_reports_the_high_prepared_seqno_it_persisted(
+    open_bucket: Callable[..., Bucket],
+) -> None:
+    """A failover promotes the replica with the highest (high prepared seqno, high seqno): a
+    restarted replica reporting 0 would lose to one holding fewer prepares. The HPS persists
+    with the state (capped at what the flush held), comes back at warm-up, is acknowledged
+    once the stream reopens. A rollback claims nothing: a prepare below the point whose commit
+    lay above it may be gone with its commit."""
+    bucket = open_bucket()
+    vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)
+    vb.replica_snapshot_marker(1, 2)
+    vb.replica_prepare(PrepareItem(b"a", b"1", cas=5, by_seqno=1, level=1))
+    vb.replica_commit(b"a", 1, 2, 6)
+    vb.replica_snapshot_end(2)
+    bucket.flush_once()  # a flush point at 2
+    vb.replica_snapshot_marker(3, 4)
+    vb.replica_prepare(PrepareItem(b"b", b"2", cas=7, by_seqno=3, level=3))
+    vb.replica_prepare(PrepareItem(b"c", b"3", cas=8, by_seqno=4, level=1))
+    vb.replica_snapshot_end(4)
+    assert vb.high_prepared_seqno == 1  # 3 waits to be persisted
+    bucket.flush_once()
+    assert vb.high_prepared_seqno == 4
+    bucket.shutdown()
+
+    again = open_bucket()
+    vb = again.get_vbucket(0)
+    assert vb.high_prepared_seqno == 4
+    assert sorted(vb.hash_table.prepared) == [b"b", b"c"]  # still pending, kept
+    vb.acknowledge_held()
+    assert vb.take_seqno_ack() == 4
+    assert again.rollback(0, 3) == 2
+    assert again.get_vbucket(0).high_prepared_seqno == 0
+    again.shutdown()
+
+
 def test_sync_write_items_are_their_own_namespace() -> None:
     assert issubclass(PrepareItem, SyncWriteItem) and issubclass(AbortItem, SyncWriteItem)
     assert not issubclass(CommitItem, SyncWriteItem)

@@ -404,6 +404,7 @@ class Bucket:
             fetch=self.storage.get,
             admit=self._admit,
             eviction=self.eviction_policy,
+            high_prepared_seqno=s.high_prepared_seqno if s else 0,
         )
         vbucket.on_queued = self._queued
         vbucket.on_persistence_wanted = self.want_persistence

@@ -187,18 +187,22 @@ def _state_bytes(s: VBState) -> bytes:
         s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno, s.max_cas, s.history_start
     )
     # The item count, when known, after a second newline (the failover JSON has none): a
-    # state written without one reads back as None.
+    # state written without one reads back as None; the high prepared seqno, when not 0,
+    # after a third (an empty count before it: unknown).
     count = b"" if s.item_count is None else b"\n%d" % s.item_count
+    if s.high_prepared_seqno:
+        count = (count or b"\n") + b"\n%d" % s.high_prepared_seqno
     return head + s.state.encode() + b"\n" + s.failover_json.encode() + count
 
 
 def _state_of(data: bytes) -> VBState:
     high, snap_start, snap_end, purge, max_cas, history = _STATE.unpack_from(data)
     state, _, rest = data[_STATE.size :].partition(b"\n")
-    failover, counted, count = rest.partition(b"\n")
+    failover, _, rest = rest.partition(b"\n")
+    count, _, prepared = rest.partition(b"\n")
     return VBState(
         state.decode(), failover.decode(), high, snap_start, snap_end, purge, max_cas, history,
-        int(count) if counted else None,
+        int(count) if count else None, int(prepared) if prepared else 0,
     )  # fmt: skip
 
 
@@ -619,7 +623,7 @@ class RocksStorage(StorageReads):
             s.purge_seqno, 0)  # fmt: skip
         return VBState(
             s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, purge, s.max_cas,
-            start, s.item_count,
+            start, s.item_count, s.high_prepared_seqno,
         )  # fmt: skip
 
     def _put_state(
@@ -933,6 +937,7 @@ class RocksStorage(StorageReads):
             state.high_seqno = state.snap_start = state.snap_end = point
             state.failover_json = retention.prune_failover(state.failover_json, point)
             state.purge_seqno = min(state.purge_seqno, point)
+            state.high_prepared_seqno = 0  # (VBucket.reset: a rollback claims nothing)
             self._put_state(batch, vb, state, merge=False)
             self._write(batch)
             return point
@@ -1107,5 +1112,5 @@ def _head_within_limits(items: list[tuple[bytes, Item]]) -> tuple[int, int]:
 def _copy(s: VBState) -> VBState:
     return VBState(
         s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno,
-        s.max_cas, s.history_start, s.item_count,
+        s.max_cas, s.history_start, s.item_count, s.high_prepared_seqno,
     )  # fmt: skip

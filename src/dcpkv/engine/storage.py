@@ -208,6 +208,10 @@ class VBState:
     # Live documents as of ``high_seqno`` (None: not recorded). The RocksDB engine keeps it
     # with the state (warm-up under full eviction starts from it); SQLite counts its rows.
     item_count: int | None = None
+    # SyncWrites: the high prepared seqno as of ``high_seqno`` (a lower bound: every prepare at
+    # or below it is persisted), so a restarted replica reports and acknowledges it at once.
+    # Kept by the RocksDB engine; SQLite reads back 0.
+    high_prepared_seqno: int = 0
 
 
 @dataclass(frozen=True, slots=True)
