@@ -405,6 +405,68 @@ def test_storage_rollback_and_deletion_drop_prepares(tmp_path: Path, engine: str
 
 
 @pytest.mark.parametrize(
+    ("completion", "point", "pending"),
+    [
+        # a commit above the point: its prepare (stored at an earlier flush) is pending again
+        (CommitItem(b"a", b"p", by_seqno=4, prepared_seqno=2), 3, [2]),
+        # so is an aborted one (the abort's row goes, the prepare comes back)
+        (AbortItem(b"a", b"", by_seqno=4, prepared_seqno=2), 3, [2]),
+        # a completion at or below the point stays completed
+        (CommitItem(b"a", b"p", by_seqno=4, prepared_seqno=2), 4, []),
+        # a point below the prepare drops both
+        (CommitItem(b"a", b"p", by_seqno=4, prepared_seqno=2), 1, []),
+    ],
+    ids=["commit-above", "abort-above", "completed-below", "prepare-above"],
+)
+def test_rocksdb_rollback_revives_a_prepare_whose_completion_it_undoes(
+    tmp_path: Path, completion: Item, point: int, pending: list[int]
+) -> None:
+    """Storage keeps a completed prepare until the history no longer reaches below its
+    completion, so a rollback between the two gives it back from disk: a replica restarted
+    since, or whose committed value was overwritten or ejected, has nothing in memory to
+    revive it from (the active, restarted without the completion, waits for its ack)."""
+    storage = open_storage("rocksdb", tmp_path, "b", history_window=10, cache_bytes=0)
+    try:
+        storage.persist_snapshot(0, [Item(b"x", b"1", by_seqno=1, cas=1)], _state(1))
+        storage.persist_snapshot(0, [_prepare(2, b"a", b"p")], _state(2))
+        storage.persist_snapshot(0, [Item(b"y", b"1", by_seqno=3, cas=3)], _state(3))
+        storage.persist_snapshot(0, [completion], _state(4))
+        storage.persist_snapshot(0, [Item(b"a", b"newer", by_seqno=5, cas=5)], _state(5))
+        assert storage.load_prepares(0) == []
+        assert storage.rollback(0, point) == point
+        revived = storage.load_prepares(0)
+        assert [p.by_seqno for p in revived] == pending
+        assert all((p.key, p.value, p.level) == (b"a", b"p", 2) for p in revived)
+        assert storage.rollback(0, 1) == 1  # a second rollback drops what the first revived
+        assert storage.load_prepares(0) == []
+    finally:
+        storage.close()
+
+
+def test_rocksdb_forgets_completed_prepares_with_the_history(tmp_path: Path) -> None:
+    """A completion at or below the history's start is never rolled back: its kept prepare
+    goes when the history is trimmed past it."""
+    storage = open_storage("rocksdb", tmp_path, "b", history_window=4, cache_bytes=0)
+    try:
+        storage.persist_snapshot(0, [_prepare(1, b"a", b"p")], _state(1))
+        storage.persist_snapshot(0, [CommitItem(b"a", b"p", by_seqno=2, prepared_seqno=1)],
+                                 _state(2))  # fmt: skip
+        assert storage.rollback(0, 1) == 1  # (kept: revived)
+        storage.persist_snapshot(0, [CommitItem(b"a", b"p", by_seqno=2, prepared_seqno=1)],
+                                 _state(2))  # fmt: skip
+        for seqno in range(3, 40):
+            storage.persist_snapshot(0, [Item(b"x%d" % seqno, b"v", by_seqno=seqno, cas=seqno)],
+                                     _state(seqno))  # fmt: skip
+        assert storage.flush_points(0)[0] > 2  # the history starts above the completion
+        assert storage.rollback(0, storage.flush_points(0)[0]) > 2
+        assert storage.load_prepares(0) == []
+        kept = storage._db.cf["completed"]  # type: ignore[attr-defined]
+        assert list(kept.keys()) == []  # (the prepare kept for a rollback is gone)
+    finally:
+        storage.close()
+
+
+@pytest.mark.parametrize(
     ("level", "wanted"),
     [
         (DurabilityLevel.Majority, False),  # acknowledged from memory

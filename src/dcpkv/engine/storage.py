@@ -419,11 +419,15 @@ def _prepare(row: tuple) -> PrepareItem:
     )  # fmt: skip
 
 
-def split_sync_writes(items: Iterable[Item], last: dict[bytes, PrepareItem | None]) -> list[Item]:
+def split_sync_writes(
+    items: Iterable[Item], last: dict[bytes, PrepareItem | None],
+    ended: dict[bytes, int] | None = None,
+) -> list[Item]:  # fmt: skip
     """The committed items of a flush's batch (what the documents get), for both engines; each
     key's last SyncWrite word goes to ``last`` (shared by a vbucket's batches of one flush, so
     the flush's last word per key wins): its pending prepare, or None when its prepare
-    completed (a commit, an abort) and the stored prepare is to be deleted."""
+    completed (a commit, an abort) and the stored prepare is to be deleted. ``ended`` (given):
+    each key whose prepare completed, with the seqno of its last completion."""
     committed: list[Item] = []
     for item in items:
         if isinstance(item, PrepareItem):
@@ -433,6 +437,8 @@ def split_sync_writes(items: Iterable[Item], last: dict[bytes, PrepareItem | Non
             last[item.key] = abort_row(item)
         elif isinstance(item, CommitItem):
             last[item.key] = None
+        if ended is not None and isinstance(item, AbortItem | CommitItem):
+            ended[item.key] = item.by_seqno
         if not isinstance(item, SyncWriteItem):
             committed.append(item)
     return committed
