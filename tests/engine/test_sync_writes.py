@@ -318,6 +318,42 @@ def test_a_replica_ack_before_the_topology_commits_a_prepare_read_back_at_warmup
     again.shutdown()
 
 
+@pytest.mark.parametrize("engine", ["rocksdb"])  # (SQLite keeps no high prepared seqno)
+def test_a_restarted_replica_reports_the_high_prepared_seqno_it_persisted(
+    open_bucket: Callable[..., Bucket],
+) -> None:
+    """A failover promotes the replica with the highest (high prepared seqno, high seqno): a
+    restarted replica reporting 0 would lose to one holding fewer prepares. The HPS persists
+    with the state (capped at what the flush held), comes back at warm-up, is acknowledged
+    once the stream reopens. A rollback claims nothing: a prepare below the point whose commit
+    lay above it may be gone with its commit."""
+    bucket = open_bucket()
+    vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)
+    vb.replica_snapshot_marker(1, 2)
+    vb.replica_prepare(PrepareItem(b"a", b"1", cas=5, by_seqno=1, level=1))
+    vb.replica_commit(b"a", 1, 2, 6)
+    vb.replica_snapshot_end(2)
+    bucket.flush_once()  # a flush point at 2
+    vb.replica_snapshot_marker(3, 4)
+    vb.replica_prepare(PrepareItem(b"b", b"2", cas=7, by_seqno=3, level=3))
+    vb.replica_prepare(PrepareItem(b"c", b"3", cas=8, by_seqno=4, level=1))
+    vb.replica_snapshot_end(4)
+    assert vb.high_prepared_seqno == 1  # 3 waits to be persisted
+    bucket.flush_once()
+    assert vb.high_prepared_seqno == 4
+    bucket.shutdown()
+
+    again = open_bucket()
+    vb = again.get_vbucket(0)
+    assert vb.high_prepared_seqno == 4
+    assert sorted(vb.hash_table.prepared) == [b"b", b"c"]  # still pending, kept
+    vb.acknowledge_held()
+    assert vb.take_seqno_ack() == 4
+    assert again.rollback(0, 3) == 2
+    assert again.get_vbucket(0).high_prepared_seqno == 0
+    again.shutdown()
+
+
 def test_sync_write_items_are_their_own_namespace() -> None:
     assert issubclass(PrepareItem, SyncWriteItem) and issubclass(AbortItem, SyncWriteItem)
     assert not issubclass(CommitItem, SyncWriteItem)
@@ -364,6 +400,68 @@ def test_storage_rollback_and_deletion_drop_prepares(tmp_path: Path, engine: str
         assert [p.key for p in storage.load_prepares(0)] == [b"a"]
         storage.delete_vbucket(0)
         assert storage.load_prepares(0) == []
+    finally:
+        storage.close()
+
+
+@pytest.mark.parametrize(
+    ("completion", "point", "pending"),
+    [
+        # a commit above the point: its prepare (stored at an earlier flush) is pending again
+        (CommitItem(b"a", b"p", by_seqno=4, prepared_seqno=2), 3, [2]),
+        # so is an aborted one (the abort's row goes, the prepare comes back)
+        (AbortItem(b"a", b"", by_seqno=4, prepared_seqno=2), 3, [2]),
+        # a completion at or below the point stays completed
+        (CommitItem(b"a", b"p", by_seqno=4, prepared_seqno=2), 4, []),
+        # a point below the prepare drops both
+        (CommitItem(b"a", b"p", by_seqno=4, prepared_seqno=2), 1, []),
+    ],
+    ids=["commit-above", "abort-above", "completed-below", "prepare-above"],
+)
+def test_rocksdb_rollback_revives_a_prepare_whose_completion_it_undoes(
+    tmp_path: Path, completion: Item, point: int, pending: list[int]
+) -> None:
+    """Storage keeps a completed prepare until the history no longer reaches below its
+    completion, so a rollback between the two gives it back from disk: a replica restarted
+    since, or whose committed value was overwritten or ejected, has nothing in memory to
+    revive it from (the active, restarted without the completion, waits for its ack)."""
+    storage = open_storage("rocksdb", tmp_path, "b", history_window=10, cache_bytes=0)
+    try:
+        storage.persist_snapshot(0, [Item(b"x", b"1", by_seqno=1, cas=1)], _state(1))
+        storage.persist_snapshot(0, [_prepare(2, b"a", b"p")], _state(2))
+        storage.persist_snapshot(0, [Item(b"y", b"1", by_seqno=3, cas=3)], _state(3))
+        storage.persist_snapshot(0, [completion], _state(4))
+        storage.persist_snapshot(0, [Item(b"a", b"newer", by_seqno=5, cas=5)], _state(5))
+        assert storage.load_prepares(0) == []
+        assert storage.rollback(0, point) == point
+        revived = storage.load_prepares(0)
+        assert [p.by_seqno for p in revived] == pending
+        assert all((p.key, p.value, p.level) == (b"a", b"p", 2) for p in revived)
+        assert storage.rollback(0, 1) == 1  # a second rollback drops what the first revived
+        assert storage.load_prepares(0) == []
+    finally:
+        storage.close()
+
+
+def test_rocksdb_forgets_completed_prepares_with_the_history(tmp_path: Path) -> None:
+    """A completion at or below the history's start is never rolled back: its kept prepare
+    goes when the history is trimmed past it."""
+    storage = open_storage("rocksdb", tmp_path, "b", history_window=4, cache_bytes=0)
+    try:
+        storage.persist_snapshot(0, [_prepare(1, b"a", b"p")], _state(1))
+        storage.persist_snapshot(0, [CommitItem(b"a", b"p", by_seqno=2, prepared_seqno=1)],
+                                 _state(2))  # fmt: skip
+        assert storage.rollback(0, 1) == 1  # (kept: revived)
+        storage.persist_snapshot(0, [CommitItem(b"a", b"p", by_seqno=2, prepared_seqno=1)],
+                                 _state(2))  # fmt: skip
+        for seqno in range(3, 40):
+            storage.persist_snapshot(0, [Item(b"x%d" % seqno, b"v", by_seqno=seqno, cas=seqno)],
+                                     _state(seqno))  # fmt: skip
+        assert storage.flush_points(0)[0] > 2  # the history starts above the completion
+        assert storage.rollback(0, storage.flush_points(0)[0]) > 2
+        assert storage.load_prepares(0) == []
+        kept = storage._db.cf["completed"]  # type: ignore[attr-defined]
+        assert list(kept.keys()) == []  # (the prepare kept for a rollback is gone)
     finally:
         storage.close()
 

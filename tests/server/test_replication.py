@@ -12,8 +12,9 @@ import pytest
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
-from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol.constants import HelloFeature, Opcode
 from support.kvclient import poll_rounds
+from support.rawclient import RawClient
 from support.replicacheck import VBUCKETS, admin, contents, failover_logs, seqnos, wait_caught_up
 from support.serverproc import ServerProcess
 
@@ -125,12 +126,21 @@ def test_a_replica_rolls_back_what_its_active_lost(
     assert all(f"source=127.0.0.1:{a.port}" in line for line in events), events
 
 
-def push(srv: ServerProcess, servers: list[str], rows: list[list[int]], rev: int) -> None:
-    config = json.dumps({
+def push(
+    srv: ServerProcess, servers: list[str], rows: list[list[int]], rev: int,
+    this_node: str | None = None,
+) -> None:  # fmt: skip
+    """The map as the manager pushes it; ``this_node`` (one of ``servers``): the name it gives
+    ``srv`` (nodesExt's ``thisNode``)."""
+    doc: dict[str, object] = {
         "rev": rev, "name": "default", "nodeLocator": "vbucket",
         "vBucketServerMap": {"hashAlgorithm": "CRC", "numReplicas": len(rows[0]) - 1,
                              "serverList": servers, "vBucketMap": rows},
-    }).encode()  # fmt: skip
+    }  # fmt: skip
+    if this_node is not None:
+        host, port = this_node.rsplit(":", 1)
+        doc["nodesExt"] = [{"hostname": host, "services": {"kv": int(port)}, "thisNode": True}]
+    config = json.dumps(doc).encode()
     with admin(srv.port) as c:
         assert c.call(Opcode.SetClusterConfig, key=b"default", value=config).status == 0
 
@@ -180,3 +190,41 @@ def test_failover_promotes_a_replica_and_the_other_replica_rolls_back(
     with admin(c.port) as client:
         stats = client.stats(b"dcp")
     assert sum(int(v) for k, v in stats.items() if k.startswith("rollbacks:")) > 0
+
+
+def test_a_replica_named_by_a_later_map_acknowledges_under_that_name(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """An active counts a replica's acknowledgements under the name its topology gives the
+    replica: the manager's name for it (``thisNode``), which may differ from the address it
+    binds. A replica that streamed before a map named it (or that was ejected and added back,
+    as the chaos suite's swap does) reopens its links under the name the newer map gives it,
+    so a durable write on its active commits instead of waiting for an ack under a name no
+    topology holds."""
+    a, b = (server_factory(tmp_path / n, tmp_path / f"{n}.log", "--managed") for n in "ab")
+    for srv in (a, b):
+        srv.start()
+    me, named = f"127.0.0.1:{a.port}", f"localhost:{b.port}"  # the manager's names
+    set_states(a, VBucketState.ACTIVE)
+    set_states(b, VBucketState.REPLICA)
+    push(b, [me, named], [[0, 1]] * VBUCKETS, rev=1)  # names no node: b goes by its address
+    write(a.port, [b"before-%d" % i for i in range(20)], b"v")
+    wait_caught_up(a.port, b.port)  # b's link streams, acknowledging as 127.0.0.1:<port>
+    push(b, [me, named], [[0, 1]] * VBUCKETS, rev=2, this_node=named)
+    key = b"durable"
+    vb = vbucket_for_key(key, VBUCKETS)
+    raw = RawClient(a.port)
+    features = (HelloFeature.AltRequestSupport, HelloFeature.SyncReplication)
+    assert HelloFeature.SyncReplication in raw.hello(*features)
+    raw.login()
+    topology = json.dumps({"topology": [[me, named]]}).encode()
+    state = raw.call(Opcode.SetVbucket, value=topology, extras=bytes((VBucketState.ACTIVE,)),
+                     vbucket=vb)  # fmt: skip
+    assert state.status == Status.Success, state
+    majority = bytes((0x13, 1)) + struct.pack(">H", 60_000)  # level Majority, 60 s timeout
+    answer = raw.call(Opcode.Set, key, b"v", struct.pack(">II", 0, 0), vbucket=vb,
+                      framing=majority)  # fmt: skip
+    assert answer.status == Status.Success, answer  # (SyncWriteAmbiguous: acked by no name)
+    raw.close()
+    with admin(a.port) as c:
+        assert f"items_sent:{vb}:Replica:{named}" in c.stats(b"dcp")

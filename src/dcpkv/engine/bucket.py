@@ -404,6 +404,7 @@ class Bucket:
             fetch=self.storage.get,
             admit=self._admit,
             eviction=self.eviction_policy,
+            high_prepared_seqno=s.high_prepared_seqno if s else 0,
         )
         vbucket.on_queued = self._queued
         vbucket.on_persistence_wanted = self.want_persistence
@@ -582,8 +583,9 @@ class Bucket:
                 vbucket.reset(s, failover, (), self.storage.item_count(vb))
             else:
                 vbucket.reset(s, failover, self.storage.load_items(vb))
-            kept = [p for p in revived if p.by_seqno <= point]
-            stored = self.storage.load_prepares(vb)
+            stored = self.storage.load_prepares(vb)  # (RocksDB: completed ones revived too)
+            held = {p.key for p in stored}
+            kept = [p for p in revived if p.by_seqno <= point and p.key not in held]
             vbucket.load_prepares(sorted([*stored, *kept], key=lambda p: p.by_seqno))
             self.flush_once()
         # Wake the DCP streams of this vbucket (as a queued item would): each sees the new

@@ -37,6 +37,12 @@ Column families
                   reads the prepares back
                   (:meth:`RocksStorage.load_prepares`). A database made before this family
                   existed gets it, empty, at open.
+    ``completed`` with history kept: each flushed prepare a later flush completed, key (vb,
+                  the completion's seqno), value its ``prepares`` entry. A rollback to a point
+                  between the two makes it pending again (the active re-commits it once the
+                  replica acknowledges it): rolling the completion back must not drop the
+                  prepare too. Trimmed with the history (a completion at or below the
+                  history's start is never rolled back).
 
 What is kept, trimmed, thinned and where a rollback lands is decided by
 :mod:`dcpkv.engine.retention`, exactly as for the SQLite engine (``storage.py``).
@@ -115,7 +121,7 @@ GROUP_ITEMS = 1024  # items per write batch (whole vbuckets): the interpreter lo
 # batch, the memtable), memory the bucket's quota does not count (4 KiB values: 1024 items
 # made the RSS grow 10 MiB past a small quota).
 GROUP_BYTES = 1 << 20
-_CFS = ("by_key", "by_seqno", "replaced", "flush_points", "local", "prepares")
+_CFS = ("by_key", "by_seqno", "replaced", "flush_points", "local", "prepares", "completed")
 _VB = struct.Struct(">H")
 _VB_SEQNO = struct.Struct(">HQ")
 _U64 = struct.Struct(">Q")
@@ -137,6 +143,8 @@ _MEMTABLES_MIN, _MEMTABLES_MAX = 4 << 20, 32 << 20
 Chunk = tuple[int, list[tuple[bytes, Item]], VBState | None]
 # Per vbucket of a flush, each key's last SyncWrite word (storage.split_sync_writes).
 SyncWords = dict[int, dict[bytes, PrepareItem | None]]
+# Per vbucket of a flush, each key whose prepare completed and its completion's seqno.
+Completions = dict[int, dict[bytes, int]]
 
 
 def _stream_row(seqno: int, record: bytes) -> StreamRow:
@@ -187,18 +195,22 @@ def _state_bytes(s: VBState) -> bytes:
         s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno, s.max_cas, s.history_start
     )
     # The item count, when known, after a second newline (the failover JSON has none): a
-    # state written without one reads back as None.
+    # state written without one reads back as None; the high prepared seqno, when not 0,
+    # after a third (an empty count before it: unknown).
     count = b"" if s.item_count is None else b"\n%d" % s.item_count
+    if s.high_prepared_seqno:
+        count = (count or b"\n") + b"\n%d" % s.high_prepared_seqno
     return head + s.state.encode() + b"\n" + s.failover_json.encode() + count
 
 
 def _state_of(data: bytes) -> VBState:
     high, snap_start, snap_end, purge, max_cas, history = _STATE.unpack_from(data)
     state, _, rest = data[_STATE.size :].partition(b"\n")
-    failover, counted, count = rest.partition(b"\n")
+    failover, _, rest = rest.partition(b"\n")
+    count, _, prepared = rest.partition(b"\n")
     return VBState(
         state.decode(), failover.decode(), high, snap_start, snap_end, purge, max_cas, history,
-        int(count) if counted else None,
+        int(count) if count else None, int(prepared) if prepared else 0,
     )  # fmt: skip
 
 
@@ -619,7 +631,7 @@ class RocksStorage(StorageReads):
             s.purge_seqno, 0)  # fmt: skip
         return VBState(
             s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, purge, s.max_cas,
-            start, s.item_count,
+            start, s.item_count, s.high_prepared_seqno,
         )  # fmt: skip
 
     def _put_state(
@@ -645,7 +657,7 @@ class RocksStorage(StorageReads):
 
     def _wipe(self, batch: rocksdict.WriteBatch, vb: int) -> None:
         lower, upper = _vb_range(vb)
-        for name in ("by_key", "by_seqno", "replaced", "flush_points", "prepares"):
+        for name in ("by_key", "by_seqno", "replaced", "flush_points", "prepares", "completed"):
             batch.delete_range(lower, upper, self._db.handle[name])
         self._trimmed_at.pop(vb, None)
         self._thinned_at.pop(vb, None)
@@ -708,17 +720,18 @@ class RocksStorage(StorageReads):
         atomically, synced once (module docstring)."""
         per_vb: dict[int, tuple[dict[bytes, Item], VBState]] = {}
         sync: SyncWords = {}
+        ended: Completions = {}
         for vb, items, vbstate in batches:
             latest = per_vb[vb][0] if vb in per_vb else {}
             items = list(items)
             if has_sync_writes(items):
-                items = split_sync_writes(items, sync.setdefault(vb, {}))
+                items = split_sync_writes(items, sync.setdefault(vb, {}), ended.setdefault(vb, {}))
             for item in items:  # (one version per key: its latest)
                 latest[item.key] = item
             per_vb[vb] = (latest, vbstate)
         with self._writing():
             for chunk in _chunks(per_vb, split=self.history_window > 0):
-                self._write(self._flush_batch(chunk, sync))
+                self._write(self._flush_batch(chunk, sync, ended))
 
     def import_vbucket(
         self,
@@ -760,17 +773,37 @@ class RocksStorage(StorageReads):
         return written
 
     def _put_prepares(
-        self, batch: rocksdict.WriteBatch, vb: int, words: dict[bytes, PrepareItem | None]
-    ) -> None:
-        """A vbucket's pending prepares written, its completed ones deleted (module docstring)."""
+        self, batch: rocksdict.WriteBatch, vb: int, words: dict[bytes, PrepareItem | None],
+        ended: dict[bytes, int],
+    ) -> None:  # fmt: skip
+        """A vbucket's pending prepares written, its completed ones deleted (module docstring);
+        with history, each stored prepare completed now kept in ``completed``."""
         handle, prefix = self._db.handle["prepares"], _VB.pack(vb)
+        if ended and self.history_window > 0:
+            self._keep_completed(batch, vb, ended)
         for key, prepare in words.items():
             if prepare is None:
                 batch.delete(prefix + key, handle)
             else:
                 batch.put(prefix + key, _prepare_bytes(prepare), handle)
 
-    def _flush_batch(self, chunk: list[Chunk], sync: SyncWords) -> Any:
+    def _keep_completed(
+        self, batch: rocksdict.WriteBatch, vb: int, ended: dict[bytes, int]
+    ) -> None:
+        """The stored pending prepares of ``ended``'s keys, kept under their completion's seqno
+        (one prepared and completed within this flush was never stored: no rollback lands
+        between the two)."""
+        prefix, keys = _VB.pack(vb), list(ended)
+        try:
+            stored = self._db.cf["prepares"].get([prefix + key for key in keys])
+        except Exception as exc:
+            raise StorageError(f"{self.path}: {exc}") from exc
+        handle = self._db.handle["completed"]
+        for key, row in zip(keys, stored, strict=True):
+            if row is not None and _PREPARE.unpack_from(row)[1]:  # (level 0: an abort's row)
+                batch.put(_seqno_key(vb, ended[key]), row, handle)
+
+    def _flush_batch(self, chunk: list[Chunk], sync: SyncWords, ended: Completions) -> Any:
         """One write batch: items of some vbuckets, and the state of those it ends."""
         db = self._db
         keys = [_VB.pack(vb) + key for vb, items, _ in chunk for key, _ in items]
@@ -803,7 +836,7 @@ class RocksStorage(StorageReads):
                         delete(prefix + old_tail, by_seqno)
             if vbstate is not None:
                 if vb in sync:
-                    self._put_prepares(batch, vb, sync[vb])
+                    self._put_prepares(batch, vb, sync[vb], ended.get(vb, {}))
                 self._put_state(batch, vb, vbstate)
                 if history:
                     self._retain(batch, vb, vbstate.high_seqno)
@@ -865,6 +898,7 @@ class RocksStorage(StorageReads):
         for p in points:
             if p < start:
                 batch.delete(_seqno_key(vb, p), handles["flush_points"])
+        batch.delete_range(_seqno_key(vb, 0), _seqno_key(vb, start + 1), handles["completed"])
 
     # -- backfill --------------------------------------------------------------------------
 
@@ -930,9 +964,11 @@ class RocksStorage(StorageReads):
                 state.item_count = self._count_at(vb, point)
                 self._restore(batch, vb, point)
                 self._drop_prepares_above(batch, vb, point)
+                self._revive_completed(batch, vb, point)
             state.high_seqno = state.snap_start = state.snap_end = point
             state.failover_json = retention.prune_failover(state.failover_json, point)
             state.purge_seqno = min(state.purge_seqno, point)
+            state.high_prepared_seqno = 0  # (VBucket.reset: a rollback claims nothing)
             self._put_state(batch, vb, state, merge=False)
             self._write(batch)
             return point
@@ -943,11 +979,21 @@ class RocksStorage(StorageReads):
         return None if data is None else _state_of(data).item_count
 
     def _drop_prepares_above(self, batch: rocksdict.WriteBatch, vb: int, point: int) -> None:
-        # (a prepare completed above the point is not brought back: its entry is gone)
         handle = self._db.handle["prepares"]
         for key, value in _scan(self._db.cf["prepares"], *_vb_range(vb)):
             if _PREPARE.unpack_from(value)[0] > point:
                 batch.delete(key, handle)
+
+    def _revive_completed(self, batch: rocksdict.WriteBatch, vb: int, point: int) -> None:
+        """Every completion above ``point`` is rolled back: its prepare, if at or below the
+        point, is pending again (after :meth:`_drop_prepares_above`: the batch applies in
+        order, so it replaces an abort's row dropped there)."""
+        prefix, handles = _VB.pack(vb), self._db.handle
+        lower, upper = _seqno_key(vb, point + 1), _vb_range(vb)[1]
+        for _, row in _scan(self._db.cf["completed"], lower, upper):
+            if _PREPARE.unpack_from(row)[0] <= point:
+                batch.put(prefix + _prepare_of(row).key, row, handles["prepares"])
+        batch.delete_range(lower, upper, handles["completed"])
 
     def _rollback_point(self, vb: int, seqno: int, state: VBState) -> int | None:
         return retention.rollback_point(
@@ -1107,5 +1153,5 @@ def _head_within_limits(items: list[tuple[bytes, Item]]) -> tuple[int, int]:
 def _copy(s: VBState) -> VBState:
     return VBState(
         s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno,
-        s.max_cas, s.history_start, s.item_count,
+        s.max_cas, s.history_start, s.item_count, s.high_prepared_seqno,
     )  # fmt: skip

@@ -208,6 +208,10 @@ class VBState:
     # Live documents as of ``high_seqno`` (None: not recorded). The RocksDB engine keeps it
     # with the state (warm-up under full eviction starts from it); SQLite counts its rows.
     item_count: int | None = None
+    # SyncWrites: the high prepared seqno as of ``high_seqno`` (a lower bound: every prepare at
+    # or below it is persisted), so a restarted replica reports and acknowledges it at once.
+    # Kept by the RocksDB engine; SQLite reads back 0.
+    high_prepared_seqno: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,11 +419,15 @@ def _prepare(row: tuple) -> PrepareItem:
     )  # fmt: skip
 
 
-def split_sync_writes(items: Iterable[Item], last: dict[bytes, PrepareItem | None]) -> list[Item]:
+def split_sync_writes(
+    items: Iterable[Item], last: dict[bytes, PrepareItem | None],
+    ended: dict[bytes, int] | None = None,
+) -> list[Item]:  # fmt: skip
     """The committed items of a flush's batch (what the documents get), for both engines; each
     key's last SyncWrite word goes to ``last`` (shared by a vbucket's batches of one flush, so
     the flush's last word per key wins): its pending prepare, or None when its prepare
-    completed (a commit, an abort) and the stored prepare is to be deleted."""
+    completed (a commit, an abort) and the stored prepare is to be deleted. ``ended`` (given):
+    each key whose prepare completed, with the seqno of its last completion."""
     committed: list[Item] = []
     for item in items:
         if isinstance(item, PrepareItem):
@@ -429,6 +437,8 @@ def split_sync_writes(items: Iterable[Item], last: dict[bytes, PrepareItem | Non
             last[item.key] = abort_row(item)
         elif isinstance(item, CommitItem):
             last[item.key] = None
+        if ended is not None and isinstance(item, AbortItem | CommitItem):
+            ended[item.key] = item.by_seqno
         if not isinstance(item, SyncWriteItem):
             committed.append(item)
     return committed

@@ -239,6 +239,7 @@ class VBucket:
         fetch: Fetcher | None = None,
         admit: Admitter | None = None,
         eviction: EvictionPolicy = EvictionPolicy.VALUE_ONLY,
+        high_prepared_seqno: int = 0,
     ) -> None:
         self.id = vbid
         self.state = VBucketState(state)
@@ -295,6 +296,10 @@ class VBucket:
         self._replica_disk = False
         self._replica_snapshot_ended = 0
         self._seqno_ack_due: int | None = None
+        # The high prepared seqno persisted with the state (storage's VBState): what a
+        # restarted copy reports, and acknowledges once its stream reopens, before any prepare
+        # arrives (a failover compares it: a copy reporting 0 might lose to one holding less).
+        self._stored_hps = min(high_prepared_seqno, high_seqno)
         self.on_seqno_ack: Callable[[int], None] | None = None
         # How a with-meta write is judged against the local copy (the bucket's setting)
         self.conflict_mode = cr.ConflictMode.SEQNO
@@ -1069,7 +1074,27 @@ class VBucket:
             max_cas=self.hlc.max_cas,
             # Exact at the batch's high seqno: the flusher takes every queued item at once.
             item_count=len(self),
+            high_prepared_seqno=self._persistable_hps(snapshot[1], high_seqno),
         )
+
+    def _persistable_hps(self, snapshot_end: int, high_seqno: int) -> int:
+        """The high prepared seqno a state persisted at ``high_seqno`` may claim: a lower bound
+        of what the copy holds once the batch is on disk. The monitor's HPS if the batch holds
+        it; on a replica whose batch ends a snapshot that arrived whole, ``high_seqno`` itself
+        (every prepare up to it is then received whole and persisted, as a disk snapshot's end
+        moves the HPS, P4); else the last claim."""
+        claim = self.high_prepared_seqno
+        if claim > high_seqno:
+            claim = 0
+        if (
+            self.state in _REPLICA_PATH
+            and high_seqno == snapshot_end
+            and self._replica_snapshot_ended >= high_seqno
+            and self.passive_durability is not None
+        ):
+            claim = high_seqno
+        self._stored_hps = max(self._stored_hps, claim)
+        return self._stored_hps
 
     # -- flusher ----------------------------------------------------------------------------
 
@@ -1152,9 +1177,11 @@ class VBucket:
                 self.hlc.observe(prepare.cas)
                 level = DurabilityLevel(prepare.level)
                 writes.append(dm.SyncWrite(prepare.by_seqno, prepare.key, level))
-            if writes:
+            if writes or self._stored_hps:
                 self.passive_durability = dm.PassiveDurabilityMonitor(
-                    persisted_seqno=self.persisted_seqno, prepares=writes
+                    persisted_seqno=self.persisted_seqno,
+                    high_prepared_seqno=self._stored_hps,
+                    prepares=writes,
                 )
 
     def completions_above(self, seqno: int) -> list[PrepareItem]:
@@ -1206,6 +1233,9 @@ class VBucket:
             self.passive_durability = None  # the caller loads the prepares storage kept
             self._replica_snapshot_ended = 0
             self._seqno_ack_due = None
+            # No claim: a prepare at or below the point whose commit lay above it is gone
+            # with its commit unless completions_above revived it from memory.
+            self._stored_hps = 0
             self._dirty_state()
             self.rollbacks += 1
             self._dropped = None

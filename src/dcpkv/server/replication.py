@@ -172,11 +172,16 @@ class ReplicationLink:
         if self._writer is not None:  # else they stay due: sent once the stream reads again
             self._send(self.consumer.seqno_acks(vbuckets))
 
-    async def stop(self) -> None:
+    def cancel(self) -> None:
+        """Stop at once: from here on the link applies nothing and acknowledges nothing."""
         with contextlib.suppress(ValueError):
             self.bucket.seqno_ack_listeners.remove(self._ack_due)
         if self._task is not None:
             self._task.cancel()
+
+    async def stop(self) -> None:
+        self.cancel()
+        if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
@@ -363,6 +368,7 @@ class Replicator:
         self.bucket, self.me, self.config = bucket, me, config
         self.credentials, self.executor = credentials, executor
         self.links: dict[str, ReplicationLink] = {}
+        self._named = ""  # the name the links acknowledge prepares under (their consumer_name)
         self._scheduled = False
 
     def schedule(self) -> None:
@@ -374,6 +380,8 @@ class Replicator:
     def _reconcile(self) -> None:
         self._scheduled = False
         me = self.me()
+        if me != self._named:
+            self._rename(me)
         wanted = replica_sources(self.config(), self.bucket, me)
         for source in set(self.links) - set(wanted):
             link = self.links.pop(source)
@@ -390,6 +398,19 @@ class Replicator:
             self.links[source] = link
             link.set_vbuckets(vbuckets)
             link.start()
+
+    def _rename(self, me: str) -> None:
+        """This node's name changed (a map named it ``thisNode`` for the first time, or again
+        after it was ejected and added back): every link is opened anew under the new name.
+        An active counts a replica's acknowledgements under the name its topology gives it, so
+        a link kept under the old name would acknowledge prepares that never commit."""
+        if self.links:
+            log.info("named %s (was %s): reopening %d replication link(s)",
+                     me, self._named, len(self.links))  # fmt: skip
+        for link in self.links.values():
+            link.cancel()  # before its successor opens: never two streams for one vbucket
+        self.links.clear()
+        self._named = me
 
     async def stop(self) -> None:
         for link in self.links.values():
