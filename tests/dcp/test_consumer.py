@@ -165,6 +165,19 @@ def test_a_refused_stream_asks_again_only_after_a_pause(
     assert len(consumer.requests(now=1.0 + RETRY_S)) == 1
 
 
+def test_a_stream_waits_to_ask_while_its_vbucket_rolls_back(
+    buckets: Callable[[str, VBucketState], Bucket],
+) -> None:
+    """A rollback under way (ordered on a connection the shell replaced, say): asking now
+    would ask from where the vbucket stands before it, and what came would land after it."""
+    consumer = DcpConsumer(buckets("b", VBucketState.REPLICA), "Replica:test", [0, 1])
+    (request,) = _decode(consumer.requests(now=0.0, held={0}))
+    assert isinstance(request, dcp.StreamRequest) and request.vbucket == 1
+    assert consumer.requests(now=0.0, held={0}) == []
+    (request,) = _decode(consumer.requests(now=0.0))
+    assert request.vbucket == 0
+
+
 def test_a_pending_vbucket_is_taken_over_with_its_failover_log(
     buckets: Callable[[str, VBucketState], Bucket],
 ) -> None:

@@ -374,6 +374,20 @@ def test_a_disk_backfill_brings_the_pending_prepares_to_sync_write_connections_o
     assert summary(got) == expected
 
 
+def test_a_disk_snapshot_marker_carries_the_high_completed_seqno(buckets: Buckets) -> None:
+    """A V2 disk marker's high completed seqno: the highest prepare the disk holds completed
+    (PROTOCOL.md, "SyncWrites"); a memory snapshot's is 0."""
+    bucket = history(buckets)
+    from_memory = stream(bucket, {"enable_sync_writes": "true"})
+    (marker,) = [m for m in from_memory if isinstance(m, dcp.SnapshotMarkerV2_0)]
+    assert marker.flags & SnapshotFlag.Memory and marker.high_completed_seqno == 0
+    on_disk_only(bucket)
+    from_disk = stream(bucket, {"enable_sync_writes": "true"})
+    (marker,) = [m for m in from_disk if isinstance(m, dcp.SnapshotMarkerV2_0)]
+    assert marker.flags & SnapshotFlag.Disk
+    assert marker.high_completed_seqno == 4  # j's prepare, aborted at 5 (k's, 2, committed at 3)
+
+
 def test_a_replica_built_from_disk_takes_the_prepares_and_acknowledges_them(
     buckets: Buckets,
 ) -> None:

@@ -346,6 +346,8 @@ def test_a_restarted_replica_reports_the_high_prepared_seqno_it_persisted(
     again = open_bucket()
     vb = again.get_vbucket(0)
     assert vb.high_prepared_seqno == 4
+    assert vb.passive_durability is not None
+    assert vb.passive_durability.high_completed_seqno == 1  # a's, committed at 2
     assert sorted(vb.hash_table.prepared) == [b"b", b"c"]  # still pending, kept
     vb.acknowledge_held()
     assert vb.take_seqno_ack() == 4

@@ -309,7 +309,7 @@ class ActiveStream:
         self.backfill_first = False
         if bf.end > self.queued_seqno:
             start = self.stream.marker_start(self.queued_seqno)
-            self._marker(start, bf.end, _DISK, bf.purge_seqno)
+            self._marker(start, bf.end, _DISK, bf.purge_seqno, bf.high_completed_seqno)
         if bf.end < self.stream.end:
             vb = self.owner.bucket.vbuckets[self.stream.vbucket]
             self.cursor = vb.checkpoints.register_cursor(self.cursor_name, bf.end)
@@ -457,18 +457,24 @@ class ActiveStream:
             self.backfill.close()  # ends the SQLite read transaction now (or when it lands)
             self.backfill = None
 
-    def _marker(self, start: int, end: int, flags: int, purge: int | None) -> None:
+    def _marker(
+        self, start: int, end: int, flags: int, purge: int | None, completed: int = 0
+    ) -> None:
         """Queue a snapshot marker (:meth:`_marker_bytes`)."""
-        self.pending.append((self._marker_bytes(start, end, flags, purge), 0, 0, 0))
+        self.pending.append(
+            (self._marker_bytes(start, end, flags, purge, None, completed), 0, 0, 0)
+        )
 
     def _marker_bytes(
         self, start: int, end: int, flags: int, purge: int | None = None,
-        max_visible: list[int] | None = None,
+        max_visible: list[int] | None = None, completed: int = 0,
     ) -> bytes:  # fmt: skip
         """A snapshot marker, counted as sent; ``purge`` None: the vbucket's purge seqno now
         (looked up only for the V2.2 marker that carries it). ``max_visible``: [the highest
         committed seqno in the snapshot], or [] when it holds none (then the one before);
-        None: ``end``. A SyncWrite connection gets V2.0 at least."""
+        None: ``end``. ``completed``: the high completed seqno a disk snapshot's V2 marker
+        carries (the disk's, as of its end; 0 in a memory snapshot's). A SyncWrite connection
+        gets V2.0 at least."""
         stream = self.stream
         version = self.owner.marker_version
         if version == "1.0" and self.owner.sync_writes:
@@ -488,6 +494,7 @@ class ActiveStream:
                 "end_seqno": end,
                 "flags": int(flags),
                 "max_visible_seqno": self.max_visible_seqno,
+                "high_completed_seqno": completed,
             }
             if version == "2.0":
                 data = dcp.SnapshotMarkerV2_0(**common).encode()

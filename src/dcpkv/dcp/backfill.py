@@ -204,7 +204,7 @@ class DiskBackfill:
         self._closed = False
         self._error: BaseException | None = None
         # Set by the reader once the snapshot is open; ``end`` before ``opened``.
-        self.start = self.end = self.purge_seqno = 0
+        self.start = self.end = self.purge_seqno = self.high_completed_seqno = 0
         self.opened = False
         self.exhausted = False  # every row read (maybe not all taken yet)
 
@@ -264,6 +264,7 @@ class DiskBackfill:
             if self._scan is None:
                 scan = self._scan = self._open_scan()
                 self.start, self.end, self.purge_seqno = scan.start, scan.end, scan.purge_seqno
+                self.high_completed_seqno = scan.high_completed_seqno
                 self.opened = True
             rows = self._scan.read(BATCH_ROWS)
             batch = self._encode(rows)

@@ -34,7 +34,7 @@ ended). :meth:`set_vbuckets` follows the map: new vbuckets are requested, droppe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from dcpkv.core.status import Status
@@ -102,15 +102,19 @@ class DcpConsumer:
                 stream.state = PassiveState.PENDING  # a new connection: every stream asks again
         return out + self.requests(now)
 
-    def requests(self, now: float) -> list[bytes]:
+    def requests(self, now: float, held: Container[int] = ()) -> list[bytes]:
         """Stream requests for every stream that should ask now (a vbucket that became
-        active or dead meanwhile waits for the shell's next ``set_vbuckets`` to drop it)."""
+        active or dead meanwhile waits for the shell's next ``set_vbuckets`` to drop it).
+        ``held``: vbuckets a rollback is under way for (ordered on another connection, say,
+        one the shell replaced): a request now would ask from where the vbucket stands before
+        the rollback, and what it streamed would land on the rolled-back vbucket with a gap."""
         return [
             s.request().encode()
             for s in self.streams.values()
             if s.state is PassiveState.PENDING
             and s.retry_at <= now
             and s.vbucket.state in _STREAMED
+            and s.vbid not in held
         ]
 
     def set_vbuckets(self, vbuckets: Iterable[int]) -> list[bytes]:

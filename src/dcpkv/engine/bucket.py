@@ -405,6 +405,7 @@ class Bucket:
             admit=self._admit,
             eviction=self.eviction_policy,
             high_prepared_seqno=s.high_prepared_seqno if s else 0,
+            high_completed_seqno=s.high_completed_seqno if s else 0,
         )
         vbucket.on_queued = self._queued
         vbucket.on_persistence_wanted = self.want_persistence

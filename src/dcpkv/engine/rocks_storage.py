@@ -194,23 +194,28 @@ def _state_bytes(s: VBState) -> bytes:
     head = _STATE.pack(
         s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno, s.max_cas, s.history_start
     )
-    # The item count, when known, after a second newline (the failover JSON has none): a
-    # state written without one reads back as None; the high prepared seqno, when not 0,
-    # after a third (an empty count before it: unknown).
-    count = b"" if s.item_count is None else b"\n%d" % s.item_count
-    if s.high_prepared_seqno:
-        count = (count or b"\n") + b"\n%d" % s.high_prepared_seqno
-    return head + s.state.encode() + b"\n" + s.failover_json.encode() + count
+    # After the failover JSON (which has no newline), each on a line of its own: the item
+    # count (empty: unknown, read back as None), the high prepared and the high completed
+    # seqnos (empty: 0); trailing empty ones are left out (a state written without them).
+    tail = [
+        b"" if s.item_count is None else b"%d" % s.item_count,
+        b"%d" % s.high_prepared_seqno if s.high_prepared_seqno else b"",
+        b"%d" % s.high_completed_seqno if s.high_completed_seqno else b"",
+    ]
+    while tail and not tail[-1]:
+        tail.pop()
+    return b"\n".join([head + s.state.encode(), s.failover_json.encode(), *tail])
 
 
 def _state_of(data: bytes) -> VBState:
     high, snap_start, snap_end, purge, max_cas, history = _STATE.unpack_from(data)
     state, _, rest = data[_STATE.size :].partition(b"\n")
-    failover, _, rest = rest.partition(b"\n")
-    count, _, prepared = rest.partition(b"\n")
+    failover, *tail = rest.split(b"\n")
+    count, prepared, completed = (*tail, b"", b"", b"")[:3]
     return VBState(
         state.decode(), failover.decode(), high, snap_start, snap_end, purge, max_cas, history,
         int(count) if count else None, int(prepared) if prepared else 0,
+        int(completed) if completed else 0,
     )  # fmt: skip
 
 
@@ -299,6 +304,7 @@ class RocksScan(Generic[R]):
 
     def __init__(self, db: _Db, vb: int, start: int, end: int, purge: int, *, stream: bool) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
+        self.high_completed_seqno = 0  # (the opener's: the state's, when ``end`` is its high)
         self.exhausted = False
         self.prepares: list[PrepareItem | AbortItem] = []
         self._stream = stream
@@ -631,7 +637,7 @@ class RocksStorage(StorageReads):
             s.purge_seqno, 0)  # fmt: skip
         return VBState(
             s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, purge, s.max_cas,
-            start, s.item_count, s.high_prepared_seqno,
+            start, s.item_count, s.high_prepared_seqno, s.high_completed_seqno,
         )  # fmt: skip
 
     def _put_state(
@@ -930,6 +936,8 @@ class RocksStorage(StorageReads):
             end = high if end is None else min(end, high)
             try:
                 scan: RocksScan[Any] = RocksScan(self._db, vb, start, end, purge, stream=stream)
+                if s is not None and end == s.high_seqno:
+                    scan.high_completed_seqno = s.high_completed_seqno
                 if prepares:
                     cf = self._db.cf["prepares"]
                     held = (_prepare_of(v) for _, v in _scan(cf, *_vb_range(vb)))
@@ -955,13 +963,15 @@ class RocksStorage(StorageReads):
                 return state.high_seqno
             batch = rocksdict.WriteBatch(raw_mode=True)
             point = self._rollback_point(vb, seqno, state)
+            at_point = None if point is None else self._state_at(vb, point)
+            counted = at_point.item_count if at_point else None
+            state.item_count = 0 if point is None else counted
+            state.high_completed_seqno = at_point.high_completed_seqno if at_point else 0
             if point is None:
                 point = 0
                 self._wipe(batch, vb)
                 state.history_start = 0
-                state.item_count = 0
             else:
-                state.item_count = self._count_at(vb, point)
                 self._restore(batch, vb, point)
                 self._drop_prepares_above(batch, vb, point)
                 self._revive_completed(batch, vb, point)
@@ -973,10 +983,10 @@ class RocksStorage(StorageReads):
             self._write(batch)
             return point
 
-    def _count_at(self, vb: int, point: int) -> int | None:
-        """The item count the flush point at ``point`` recorded (None: none)."""
+    def _state_at(self, vb: int, point: int) -> VBState | None:
+        """The state the flush point at ``point`` recorded (None: none)."""
         data = self._db.cf["flush_points"].get(_seqno_key(vb, point))
-        return None if data is None else _state_of(data).item_count
+        return None if data is None else _state_of(data)
 
     def _drop_prepares_above(self, batch: rocksdict.WriteBatch, vb: int, point: int) -> None:
         handle = self._db.handle["prepares"]
@@ -1153,5 +1163,5 @@ def _head_within_limits(items: list[tuple[bytes, Item]]) -> tuple[int, int]:
 def _copy(s: VBState) -> VBState:
     return VBState(
         s.state, s.failover_json, s.high_seqno, s.snap_start, s.snap_end, s.purge_seqno,
-        s.max_cas, s.history_start, s.item_count, s.high_prepared_seqno,
+        s.max_cas, s.history_start, s.item_count, s.high_prepared_seqno, s.high_completed_seqno,
     )  # fmt: skip

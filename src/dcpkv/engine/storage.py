@@ -212,6 +212,9 @@ class VBState:
     # or below it is persisted), so a restarted replica reports and acknowledges it at once.
     # Kept by the RocksDB engine; SQLite reads back 0.
     high_prepared_seqno: int = 0
+    # The highest prepare completed (committed or aborted) as of ``high_seqno``: what a disk
+    # snapshot's V2 marker carries (RocksDB; SQLite reads back 0).
+    high_completed_seqno: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +249,7 @@ class BackfillScan(Protocol[R]):
     start: int
     end: int
     purge_seqno: int
+    high_completed_seqno: int  # as of ``end`` (0: not known)
     exhausted: bool  # read to its end (and then closed)
     # the pending prepares and the aborts in the range, in seqno order, read with the snapshot
     # (asked for: a SyncWrite consumer's backfill; else empty)
@@ -331,12 +335,16 @@ class SqliteScan(Generic[R]):
     reading to the end closes it too, so a finished scan pins no WAL frames.
     """
 
-    __slots__ = ("_conn", "_cursor", "end", "exhausted", "prepares", "purge_seqno", "start")
+    __slots__ = (
+        "_conn", "_cursor", "end", "exhausted", "high_completed_seqno", "prepares",
+        "purge_seqno", "start",
+    )  # fmt: skip
 
     def __init__(
         self, conn: sqlite3.Connection, columns: str, vb: int, start: int, end: int, purge: int
     ) -> None:
         self.start, self.end, self.purge_seqno = start, end, purge
+        self.high_completed_seqno = 0  # (not kept by this engine)
         self.prepares: list[PrepareItem | AbortItem] = []
         self._conn: sqlite3.Connection | None = conn
         self._cursor = conn.execute(

@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -240,6 +241,7 @@ class VBucket:
         admit: Admitter | None = None,
         eviction: EvictionPolicy = EvictionPolicy.VALUE_ONLY,
         high_prepared_seqno: int = 0,
+        high_completed_seqno: int = 0,
     ) -> None:
         self.id = vbid
         self.state = VBucketState(state)
@@ -300,6 +302,11 @@ class VBucket:
         # restarted copy reports, and acknowledges once its stream reopens, before any prepare
         # arrives (a failover compares it: a copy reporting 0 might lose to one holding less).
         self._stored_hps = min(high_prepared_seqno, high_seqno)
+        # The completions queued and not yet persisted, (their seqno, their prepare's seqno) in
+        # seqno order, and the high completed seqno persisted (a disk snapshot's, in its V2
+        # marker; a restarted copy's)
+        self._completions: deque[tuple[int, int]] = deque()
+        self._stored_hcs = high_completed_seqno
         self.on_seqno_ack: Callable[[int], None] | None = None
         # How a with-meta write is judged against the local copy (the bucket's setting)
         self.conflict_mode = cr.ConflictMode.SEQNO
@@ -853,6 +860,7 @@ class VBucket:
         )  # fmt: skip
         self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
         self.checkpoints.sync_items += 1  # (a warmed-up prepare's commit: its first)
+        self._completions.append((commit.by_seqno, prepared_seqno))
         if self.on_queued is not None:
             self.on_queued(self.id)
         return commit
@@ -864,6 +872,7 @@ class VBucket:
             prepared_seqno=prepared_seqno,
         )  # fmt: skip
         self.checkpoints.queue_sync(abort)
+        self._completions.append((abort.by_seqno, prepared_seqno))
         if self.on_queued is not None:
             self.on_queued(self.id)
 
@@ -915,6 +924,7 @@ class VBucket:
             )  # fmt: skip
             self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
             self.checkpoints.sync_items += 1
+            self._completions.append((seqno, prepared_seqno))
             self.hlc.observe(commit.cas)
             if self.on_queued is not None:
                 self.on_queued(self.id)
@@ -934,6 +944,7 @@ class VBucket:
                 self._replica_completion(key, prepared_seqno, seqno, "abort")
             abort = AbortItem(key, b"", 0, 0, cas, 0, seqno, prepared_seqno=prepared_seqno)
             self.checkpoints.queue_sync(abort)
+            self._completions.append((seqno, prepared_seqno))
             if self.on_queued is not None:
                 self.on_queued(self.id)
 
@@ -985,6 +996,7 @@ class VBucket:
         p = self.hash_table.prepared[item.key]
         self._drop_held(p, "commit")
         self.checkpoints.sync_items += 1
+        self._completions.append((item.by_seqno, p.by_seqno))
         return CommitItem(
             item.key, item.value, item.flags, item.expiry, item.cas, item.rev_seqno,
             item.by_seqno, item.datatype, item.deleted, item.delete_time, item.expired,
@@ -1075,7 +1087,16 @@ class VBucket:
             # Exact at the batch's high seqno: the flusher takes every queued item at once.
             item_count=len(self),
             high_prepared_seqno=self._persistable_hps(snapshot[1], high_seqno),
+            high_completed_seqno=self._persistable_hcs(high_seqno),
         )
+
+    def _persistable_hcs(self, high_seqno: int) -> int:
+        """The high completed seqno a state persisted at ``high_seqno`` holds: the highest
+        prepare whose commit or abort is at or below it."""
+        done = self._completions
+        while done and done[0][0] <= high_seqno:
+            self._stored_hcs = max(self._stored_hcs, done.popleft()[1])
+        return self._stored_hcs
 
     def _persistable_hps(self, snapshot_end: int, high_seqno: int) -> int:
         """The high prepared seqno a state persisted at ``high_seqno`` may claim: a lower bound
@@ -1181,6 +1202,7 @@ class VBucket:
                 self.passive_durability = dm.PassiveDurabilityMonitor(
                     persisted_seqno=self.persisted_seqno,
                     high_prepared_seqno=self._stored_hps,
+                    high_completed_seqno=self._stored_hcs,
                     prepares=writes,
                 )
 
@@ -1236,6 +1258,8 @@ class VBucket:
             # No claim: a prepare at or below the point whose commit lay above it is gone
             # with its commit unless completions_above revived it from memory.
             self._stored_hps = 0
+            self._completions.clear()
+            self._stored_hcs = vbstate.high_completed_seqno
             self._dirty_state()
             self.rollbacks += 1
             self._dropped = None

@@ -52,7 +52,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -127,8 +127,11 @@ class ReplicationLink:
         credentials: Credentials,
         executor: Executor,
         repair: Callable[[], bool] = lambda: False,
+        rolling_back: Counter[int] | None = None,
     ) -> None:
         self.bucket, self.source = bucket, source
+        # vbuckets with a rollback under way, shared by the bucket's links (DcpConsumer.requests)
+        self.rolling_back: Counter[int] = Counter() if rolling_back is None else rolling_back
         self.credentials, self.executor = credentials, executor
         self.repair = repair
         self.repaired = 0  # documents this link wrote to its source before rolling back
@@ -187,7 +190,7 @@ class ReplicationLink:
 
     def set_vbuckets(self, vbuckets: set[int]) -> None:
         self._send(self.consumer.set_vbuckets(vbuckets))
-        self._send(self.consumer.requests(_now()))
+        self._send(self.consumer.requests(_now(), self.rolling_back))
 
     # -- the connection -----------------------------------------------------------------------
 
@@ -223,7 +226,7 @@ class ReplicationLink:
                     raise EOFError("the source closed the connection")
                 if data:
                     self._received(parser, data)
-                self._send(self.consumer.requests(_now()))
+                self._send(self.consumer.requests(_now(), self.rolling_back))
         finally:
             writer.close()
 
@@ -248,10 +251,20 @@ class ReplicationLink:
             answers, rollbacks = self.consumer.handle(decode_message(frame), frame.size, now)
             out.extend(answers)
             for rollback in rollbacks:
+                self.rolling_back[rollback.vbucket] += 1  # (before any other link may ask)
                 asyncio.get_running_loop().create_task(self._roll_back(rollback))
         self._send(out)
 
     async def _roll_back(self, rollback: RollbackOrder) -> None:
+        try:
+            await self._rolling_back(rollback)
+        finally:
+            self.rolling_back[rollback.vbucket] -= 1
+            if self.rolling_back[rollback.vbucket] <= 0:
+                del self.rolling_back[rollback.vbucket]
+        self._send(self.consumer.requests(_now(), self.rolling_back))
+
+    async def _rolling_back(self, rollback: RollbackOrder) -> None:
         loop = asyncio.get_running_loop()
         if self.repair():
             await self._repair(rollback)
@@ -263,7 +276,6 @@ class ReplicationLink:
                    bucket=self.bucket.name, vbucket=rollback.vbucket, seqno=point,
                    asked=rollback.seqno, source=self.source)  # fmt: skip
         self.consumer.rolled_back(rollback.vbucket)
-        self._send(self.consumer.requests(_now()))
 
     async def _repair(self, rollback: RollbackOrder) -> None:
         """Offer the source what only we have above the rollback point (dcp/repair.py)."""
@@ -368,6 +380,7 @@ class Replicator:
         self.bucket, self.me, self.config = bucket, me, config
         self.credentials, self.executor = credentials, executor
         self.links: dict[str, ReplicationLink] = {}
+        self.rolling_back: Counter[int] = Counter()  # shared by the links (ReplicationLink)
         self._named = ""  # the name the links acknowledge prepares under (their consumer_name)
         self._scheduled = False
 
@@ -394,6 +407,7 @@ class Replicator:
             link = ReplicationLink(
                 self.bucket, source, me, self.credentials, self.executor,
                 repair=lambda: repair_on_rollback(self.config()),
+                rolling_back=self.rolling_back,
             )  # fmt: skip
             self.links[source] = link
             link.set_vbuckets(vbuckets)
