@@ -956,14 +956,30 @@ def inject_faults(
 def settle(world: World) -> None:
     """Until every member is healthy and in sync, a node left failed over taken back in
     first (its vbuckets have no replica until then: the end's checks would leave them out,
-    and a prepare read back at a restart cannot commit)."""
-    for _ in range(3):  # (a rebalance that fails is tried again)
+    and a prepare read back at a restart cannot commit). A rebalance that failed (a node
+    restarted as it began, say) leaves the recovered node a member while vbuckets still lack
+    their replica on it: the rebalance runs again until every vbucket has one."""
+    for _ in range(4):
         try:
-            if not recover(world):
+            if recover(world):
+                continue
+            missing = without_replica(world)
+            if not missing:
                 break
+            world.log(f"vbuckets {missing} have no replica at the end: rebalance again")
+            world.log(f"rebalance at the end: {rebalance(world)}")
         except AdminError as exc:
             world.log(f"recover at the end: the manager refused: {exc}")
     wait_until(lambda: all_healthy(world), 60)
+
+
+def without_replica(world: World) -> list[int]:
+    """The vbuckets whose chain in the map the nodes serve lacks a replica, while the
+    members are enough to hold one."""
+    vb_map, members = world.current_map(), nodes_in(world, "active")
+    if vb_map is None or members is None or len(members) < 2:
+        return []
+    return [vb for vb, chain in enumerate(vb_map.chains) if NOBODY in chain[1:]]
 
 
 def placed(world: World) -> bool:
