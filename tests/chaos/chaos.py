@@ -38,6 +38,13 @@ With ``--etcd`` (``make chaos CHAOS_ARGS=--etcd``): three etcd members and a man
     leader            kill -9 the leading manager, restart it
     stall             SIGSTOP the leading manager past its lease, then SIGCONT (it wakes up
                       deposed)
+    follower-stall    SIGSTOP a manager that does not lead, 0.5 s to past its lease, then
+                      SIGCONT (the leader leads on: the history says whether it did)
+    etcd-cut          cut the leading manager off from etcd past its lease, the nodes still
+                      in its reach: its own proxies to the etcd members (``etcd_mode.py``)
+                      hold every byte (a partition that drops packets) or reset every
+                      connection (a firewall that rejects), then heal; it must stop acting
+                      before another manager wins the next term (their logs' times)
     etcd              kill -9 an etcd member, restart it 0.5-3 s later
     leader-failover   kill -9 a node and leave it down, then the leader 0.2-2.5 s later: the
                       next leader fails the node over (the time is reported)
@@ -56,8 +63,10 @@ Checks at the end (faults stopped, the cluster settled)
                at PersistToMajority lost at all, no dirty read, every ambiguous answer
                resolved by a read
     --etcd     every failover and rebalance a killed leader left is finished by the next;
-               a manager leads at the end; no term won by two managers (their logs); the
-               commands of a stale term the nodes refused are counted (a fence at work)
+               a manager leads at the end; no term won by two managers (their logs); a
+               leader cut off from etcd stopped acting before the next term was won (the
+               margin is reported); the commands of a stale term the nodes refused are
+               counted (a fence at work: a stopped leader's late commands)
 
 Before the checks a node left failed over is taken back in (delta recovery, a rebalance), so
 every vbucket has its replica again.
@@ -110,8 +119,12 @@ KEYS = 300
 FAILOVER_TIMEOUT_S = 3
 FAULTS = ("kill", "pause", "cut", "delay", "manager", "failover", "recover", "swap")
 # --etcd: the leader killed or stopped past its lease, an etcd member killed, the leader
-# killed while a failover or a rebalance is due
-ETCD_FAULTS = ("leader-failover", "stall", "etcd", "leader-rebalance", "leader")
+# killed while a failover or a rebalance is due, a follower stopped, the leader cut off
+# from etcd
+ETCD_FAULTS = (
+    "leader-failover", "stall", "etcd", "leader-rebalance", "leader", "follower-stall",
+    "etcd-cut",
+)  # fmt: skip
 
 
 @dataclass
@@ -130,7 +143,15 @@ class Report:
     unfinished: list[str] = field(default_factory=list)
     shared_terms: list[str] = field(default_factory=list)
     stale_refused: int | None = None
+    # a leader cut off from etcd: (its name, its term) as cut; how long before the next
+    # term's win it stopped acting; one that acted past it
+    cut_leaders: list[tuple[str, int]] = field(default_factory=list)
+    cut_margins: list[float] = field(default_factory=list)
+    acted_past_successor: list[str] = field(default_factory=list)
     failover_times: list[float] = field(default_factory=list)  # a node's kill to its failover
+    # the leader's kill (after the node's) to the node's failover, against the failover
+    # timeout plus one lease TTL: a figure, not a check (this machine's speed swings)
+    after_leader_times: list[float] = field(default_factory=list)
     history: list[str] = field(default_factory=list)
 
     @property
@@ -142,7 +163,7 @@ class Report:
         durable = [] if self.durable is None else [*self.durable.lost, *self.durable.dirty]
         return [
             *self.lost, *self.divergent, *self.backwards_without_crash, *durable,
-            *self.unfinished, *self.shared_terms,
+            *self.unfinished, *self.shared_terms, *self.acted_past_successor,
         ]  # fmt: skip
 
     def summary(self) -> str:
@@ -158,16 +179,29 @@ class Report:
 
     def _managers(self) -> str:
         times = sorted(self.failover_times)
+        bound = FAILOVER_TIMEOUT_S + etcd_mode.LEASE_TTL_S
+        past = sum(t > bound for t in self.after_leader_times)
         failovers = (
             f", nodes failed over by the next leader {times[len(times) // 2]:.1f} s (median) "
-            f"and at most {times[-1]:.1f} s after their kill"
+            f"and at most {times[-1]:.1f} s after their kill, {past} of "
+            f"{len(self.after_leader_times)} later than the failover timeout + one lease TTL "
+            f"({bound} s) after the leader's"
             if times
+            else ""
+        )
+        margins = sorted(self.cut_margins)
+        cuts = (
+            f", leaders cut off from etcd stopped acting at least {margins[0]:.2f} s "
+            f"(median {margins[len(margins) // 2]:.2f} s) before the next term was won"
+            if margins
             else ""
         )
         return (
             f"; managers on etcd: {len(self.unfinished)} failovers or rebalances left "
             f"unfinished by a new leader, {len(self.shared_terms)} terms led by two managers, "
-            f"{self.stale_refused} stale-term commands refused by nodes{failovers}"
+            f"{len(self.acted_past_successor)} leaders cut off from etcd acting past their "
+            f"successor's win, {self.stale_refused} stale-term commands refused by nodes"
+            f"{failovers}{cuts}"
         )
 
 
@@ -180,12 +214,13 @@ class ProxiedCluster(Cluster):
 
     def __init__(
         self, nodes: list[ServerProcess], managers: list[ManagerProcess], proxies: Proxies,
-        etcd: EtcdCluster | None = None,
+        etcd: EtcdCluster | None = None, etcd_links: dict[str, list[LinkProxy]] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(nodes, managers[0])
         self.managers = managers
         self.proxies = proxies
         self.etcd = etcd
+        self.etcd_links = etcd_links or {}  # a manager's name -> its proxies to etcd
         self.stopped: set[str] = set()  # managers under SIGSTOP: not asked anything
 
     def leader(self, timeout_s: float = 20.0) -> ManagerProcess:
@@ -226,8 +261,8 @@ def start_proxied(
         started.append(node)
     seeds = [f"127.0.0.1:{proxies.by_port[n.port].port}" for n in started]
     if etcd is not None:
-        on_etcd = etcd_mode.start_managers(managers, workdir, seeds, replicas, etcd)
-        return ProxiedCluster(started, on_etcd, proxies, etcd)
+        on_etcd, links = etcd_mode.start_managers(managers, workdir, seeds, replicas, etcd, proxies)
+        return ProxiedCluster(started, on_etcd, proxies, etcd, links)
     manager = managers(
         workdir / "manager", workdir / "manager.log", "--replicas", str(replicas),
         "--vbuckets", str(VBUCKETS), *(arg for seed in seeds for arg in ("--node", seed)),
@@ -570,6 +605,14 @@ def stall(world: World, rng: random.Random) -> bool:
     assert manager.proc is not None
     length = etcd_mode.LEASE_TTL_S + rng.uniform(0.5, 2.0)
     world.log(f"SIGSTOP the leader {name} for {length:.1f}s")
+    stopped_for(world, manager, length)
+    return True
+
+
+def stopped_for(world: World, manager: ManagerProcess, length: float) -> None:
+    """SIGSTOP ``manager`` for ``length`` seconds, then SIGCONT; not asked anything meanwhile."""
+    assert manager.proc is not None
+    name = etcd_mode.name_of(manager)
     world.cluster.stopped.add(name)
     os.kill(manager.proc.pid, signal.SIGSTOP)
     try:
@@ -577,7 +620,63 @@ def stall(world: World, rng: random.Random) -> bool:
     finally:
         os.kill(manager.proc.pid, signal.SIGCONT)
         world.cluster.stopped.discard(name)
+
+
+def follower_stall(world: World, rng: random.Random) -> bool:
+    """SIGSTOP a manager that does not lead, 0.5 s to past its lease, then SIGCONT: the
+    leader leads on (whether it did is in the history: a slow etcd may depose it too)."""
+    cluster = world.cluster
+    found = etcd_mode.leader_of(cluster.managers, cluster.stopped)
+    if found is None:
+        return False
+    followers = [
+        m for m in etcd_mode.running(cluster.managers, cluster.stopped) if m is not found[0]
+    ]
+    if not followers:
+        return False
+    manager = rng.choice(followers)
+    name = etcd_mode.name_of(manager)
+    length = rng.uniform(0.5, etcd_mode.LEASE_TTL_S + 2.0)
+    world.log(f"SIGSTOP the follower {name} for {length:.1f}s")
+    stopped_for(world, manager, length)
+    after = etcd_mode.leader_of(cluster.managers, cluster.stopped)
+    leads_on = after is not None and after[1] == found[1]
+    world.log(
+        f"SIGCONT {name}: the leader {etcd_mode.name_of(found[0])} (term {found[1]}) "
+        + ("leads on" if leads_on else f"no longer leads (now {_leader_text(after)})")
+    )
     return True
+
+
+def etcd_cut(world: World, rng: random.Random) -> bool:
+    """Cut the leading manager off from every etcd member past its lease, its links to the
+    nodes intact; then heal. Its lease runs out while it runs on: it must stop acting before
+    another wins the next term (checked at the end, from their logs)."""
+    found = etcd_mode.leader_of(world.cluster.managers, world.cluster.stopped)
+    if found is None:
+        return False
+    manager, term = found
+    name = etcd_mode.name_of(manager)
+    refused = rng.random() < 0.5
+    length = etcd_mode.LEASE_TTL_S + rng.uniform(1.0, 3.0)
+    how = "every connection refused" if refused else "silently: every byte held"
+    world.log(f"cut the leader {name} (term {term}) off from etcd for {length:.1f}s ({how})")
+    links = world.cluster.etcd_links[name]
+    for link in links:
+        link.partition(refused=refused)
+    world.report.cut_leaders.append((name, term))
+    try:
+        time.sleep(length)
+    finally:
+        for link in links:
+            link.heal()
+    after = etcd_mode.leader_of(world.cluster.managers, world.cluster.stopped)
+    world.log(f"{name}'s links to etcd healed; the leader now: {_leader_text(after)}")
+    return True
+
+
+def _leader_text(found: tuple[ManagerProcess, int] | None) -> str:
+    return "none" if found is None else f"{etcd_mode.name_of(found[0])}, term {found[1]}"
 
 
 def etcd_member(world: World, rng: random.Random) -> bool:
@@ -602,9 +701,11 @@ def leader_failover(world: World, rng: random.Random, node: ServerProcess) -> bo
     name = leave_down(world, node, "automatic failover by the next leader")
     killed = time.monotonic()
     time.sleep(rng.uniform(0.2, FAILOVER_TIMEOUT_S - 0.5))
+    leader_killed = time.monotonic()  # (a moment before: it is found first)
     leader(world, rng)
     if wait_failed_over(world, node, name):  # (the time includes up to 0.1 s of polling)
         world.report.failover_times.append(time.monotonic() - killed)
+        world.report.after_leader_times.append(time.monotonic() - leader_killed)
     return True
 
 
@@ -641,7 +742,8 @@ def leader_rebalance(world: World, rng: random.Random, node: ServerProcess) -> b
 
 
 CLUSTER_FAULTS: dict[str, Callable[[World, random.Random], bool]] = {
-    "leader": leader, "stall": stall, "etcd": etcd_member,
+    "leader": leader, "stall": stall, "etcd": etcd_member, "follower-stall": follower_stall,
+    "etcd-cut": etcd_cut,
 }  # fmt: skip
 
 
@@ -854,14 +956,30 @@ def inject_faults(
 def settle(world: World) -> None:
     """Until every member is healthy and in sync, a node left failed over taken back in
     first (its vbuckets have no replica until then: the end's checks would leave them out,
-    and a prepare read back at a restart cannot commit)."""
-    for _ in range(3):  # (a rebalance that fails is tried again)
+    and a prepare read back at a restart cannot commit). A rebalance that failed (a node
+    restarted as it began, say) leaves the recovered node a member while vbuckets still lack
+    their replica on it: the rebalance runs again until every vbucket has one."""
+    for _ in range(4):
         try:
-            if not recover(world):
+            if recover(world):
+                continue
+            missing = without_replica(world)
+            if not missing:
                 break
+            world.log(f"vbuckets {missing} have no replica at the end: rebalance again")
+            world.log(f"rebalance at the end: {rebalance(world)}")
         except AdminError as exc:
             world.log(f"recover at the end: the manager refused: {exc}")
     wait_until(lambda: all_healthy(world), 60)
+
+
+def without_replica(world: World) -> list[int]:
+    """The vbuckets whose chain in the map the nodes serve lacks a replica, while the
+    members are enough to hold one."""
+    vb_map, members = world.current_map(), nodes_in(world, "active")
+    if vb_map is None or members is None or len(members) < 2:
+        return []
+    return [vb for vb, chain in enumerate(vb_map.chains) if NOBODY in chain[1:]]
 
 
 def placed(world: World) -> bool:
@@ -880,11 +998,40 @@ def check_managers(world: World) -> None:
     for term, names in sorted(etcd_mode.terms_led(world.cluster.managers).items()):
         if len(names) > 1:
             world.report.shared_terms.append(f"term {term} led by {sorted(names)}")
+    check_cut_leaders(world)
     refused = 0
     for node in world.cluster.nodes:
         text = node.log()
         refused += text.count("is older than term") + text.count("of an older manager term")
     world.report.stale_refused = refused
+
+
+def check_cut_leaders(world: World) -> None:
+    """Each leader cut off from etcd stopped acting (its "stops leading" line) before the
+    next term was won (the winner's "leads" line): the margin, or a problem."""
+    report = world.report
+    won = etcd_mode.won_at(world.cluster.managers)
+    for name, term in report.cut_leaders:
+        manager = next(m for m in world.cluster.managers if etcd_mode.name_of(m) == name)
+        stopped = etcd_mode.stopped_at(manager, term)
+        later = [t for t in won if t > term]
+        if not later:  # (no successor: nothing acted beside it)
+            world.log(f"cut leader {name}, term {term}: no later term was won")
+            continue
+        successor, won_then = won[min(later)]
+        if stopped is None:
+            report.acted_past_successor.append(
+                f"{name} cut off from etcd in term {term} never said it stopped acting; "
+                f"{successor} won term {min(later)} at {won_then}"
+            )
+            continue
+        margin = (won_then - stopped).total_seconds()
+        report.cut_margins.append(margin)
+        if margin < 0:
+            report.acted_past_successor.append(
+                f"{name} cut off from etcd in term {term} stopped acting at {stopped}, "
+                f"{-margin:.3f} s after {successor} won term {min(later)} at {won_then}"
+            )
 
 
 @contextlib.contextmanager

@@ -112,6 +112,9 @@ def test_a_new_leader_fails_over_a_node_killed_after_the_old_leader(
     )
     second = view(data, others)
     assert second is not None and second["term"] > term
+    # the new leader failed the node over: its log says so (once the store holds it)
+    said = f"failed over {node_name} automatically"
+    wait_until(lambda: said in (data / f"{second['leader']}.log").read_text(), proc, "its log")
     survivors = ports[:2]
     for key in keys:  # nothing acknowledged is lost: the replicas were promoted
         assert read(survivors, key) == key

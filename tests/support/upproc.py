@@ -12,8 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dcpkv.cluster.admin_client import AdminError, admin_request
-from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
+from dcpkv.cluster.admin_client import admin_answer
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from support.kvclient import KVClient
@@ -68,12 +67,9 @@ def api(data: Path, manager: str, path: str, method: str = "GET", **params: str)
     """``manager``'s answer; None while it does not answer."""
     try:
         url = f"http://127.0.0.1:{port_of(data, manager)}"
-        return admin_request(
-            url, method, path, user=DEFAULT_USER, password=DEFAULT_PASSWORD,
-            params=params or None,
-        )  # fmt: skip
-    except (OSError, ValueError, AdminError):
+    except (OSError, ValueError):
         return None
+    return admin_answer(url, method, path, params=params or None)
 
 
 def status(data: Path, manager: str = "manager") -> dict[str, Any] | None:

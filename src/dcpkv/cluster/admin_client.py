@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.tls import TlsError, TlsOptions
 
@@ -39,6 +40,19 @@ def admin_request(
     params: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     return asyncio.run(_request(url.rstrip("/"), method, path, user, password, params))
+
+
+def admin_answer(
+    url: str, method: str, path: str, *, params: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """:func:`admin_request` as the default cluster admin; None while the manager does not
+    answer or refuses (for a caller that polls a cluster whose managers come and go)."""
+    try:
+        return admin_request(
+            url, method, path, user=DEFAULT_USER, password=DEFAULT_PASSWORD, params=params
+        )
+    except AdminError:
+        return None
 
 
 async def _request(
