@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dcpkv.engine.bg_fetch import WouldBlock
 from dcpkv.engine.document import SHAPED, CompressionMode
 from dcpkv.engine.item import EngineError
 from dcpkv.engine.vbucket import VBucket
@@ -140,6 +141,8 @@ class _Chunk:
         except EngineError as exc:  # TempFail (the memory quota, a failing disk), NotMyVbucket
             self.append(_refused(self.conn, opcode, opaque, exc))
             return True
+        except WouldBlock:  # a non-resident key: the general path waits for its fetch
+            return False
         if opcode == _SETQ:
             return True  # success: a SetQ says nothing
         if self.seqnos:
@@ -192,7 +195,8 @@ def serve_chunk(
     runs of plain Gets and Sets here, any other whole frame by ``general`` alone (the parser
     and the dispatcher), a frame straddling the previous chunk by ``general`` first, and a
     partial frame with all after it by ``general``, which returns False once the connection
-    closes."""
+    closes or a request waits for a background fetch: the rest of the chunk then goes to the
+    parser, which holds it until the request has been answered."""
     if conn.bucket_name is None or conn.dcp is not None:  # no gate passed yet, or a producer
         general(data, out)
         return
@@ -203,18 +207,32 @@ def serve_chunk(
         if need is None:  # the straddling frame goes on past this chunk
             general(data, out)
             return
-        if not general(data[:need], out):
-            return
         pos = need
+        if not _general_until(general, parser, data, 0, pos, out):
+            return
     while pos < end:
         if conn.dcp is None:  # (DcpOpen went through general: the rest does too)
             pos = serve_plain(conn, data, pos, out, parser.max_value_len)
             if pos == end:
                 return
         frame_at = general_run_end(data, pos)
-        if not general(data[pos:frame_at], out) or frame_at is None:
+        if not _general_until(general, parser, data, pos, frame_at, out) or frame_at is None:
             return
         pos = frame_at
+
+
+def _general_until(
+    general: General, parser: FrameParser, data: bytes, pos: int, end: int | None,
+    out: list[bytes],
+) -> bool:  # fmt: skip
+    """``general`` on ``data[pos:end]``; when it stops (the connection closes, or a request
+    waits for a background fetch), what follows ``end`` goes to the parser, which holds it
+    until then (a closing connection drops it with the parser)."""
+    if general(data[pos:end], out):
+        return True
+    if end is not None:
+        parser.feed(data[end:])
+    return False
 
 
 def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:
