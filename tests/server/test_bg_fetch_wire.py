@@ -13,7 +13,9 @@ from pathlib import Path
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
-from dcpkv.protocol.constants import Opcode
+from dcpkv.protocol.constants import Magic, Opcode
+from dcpkv.protocol.frame import encode_frame
+from dcpkv.server.fast_path import pipelined_gets
 from support.kvclient import KVClient
 from support.serverproc import ServerProcess
 
@@ -84,3 +86,18 @@ def get_frame(c: KVClient, key: bytes) -> bytes:
 def set_frame(c: KVClient, key: bytes) -> bytes:
     extras = struct.pack(">II", 0, 0)
     return c.frame(Opcode.Set, key=key, value=value_of(key), extras=extras, vbucket=vb_of(key))
+
+
+def test_pipelined_gets_finds_the_gets_behind_a_parked_request() -> None:
+    """What a parked connection prefetches: the plain Gets among the whole frames buffered
+    behind it, across chunks, up to the limit; a partial frame ends the look."""
+    gets = [
+        encode_frame(Magic.ClientRequest, Opcode.GetK, key=key_of(i), vbucket=vb_of(key_of(i)))
+        for i in range(3)
+    ]
+    a_set = encode_frame(Magic.ClientRequest, Opcode.Set, key=b"w", extras=bytes(8), value=b"v")
+    chunks: list[bytes | memoryview] = [gets[0] + a_set, memoryview(gets[1] + gets[2][:30])]
+    found, seen = pipelined_gets(chunks, limit=10)
+    assert found == [(vb_of(key_of(0)), key_of(0)), (vb_of(key_of(1)), key_of(1))]
+    assert seen == 3
+    assert pipelined_gets(chunks, limit=1) == ([(vb_of(key_of(0)), key_of(0))], 1)

@@ -1351,6 +1351,22 @@ class VBucket:
             if self.fetches.want(key, waiter) and self.on_fetch_wanted is not None:
                 self.on_fetch_wanted(self)
 
+    def prefetch(self, key: bytes) -> None:
+        """A request queued behind one that waits will read ``key``: fetch it in the same
+        batch (no waiter: the request itself asks when its turn comes, and joins the read)."""
+        if not self.background_fetch or self.state is not _ACTIVE or self._fetch is None:
+            return
+        table = self.hash_table
+        item = table.entries.get(key)
+        if item is None:
+            if not table.nonresident or key in self.fetches.ready:
+                return
+            if self._may_exist is not None and not self._may_exist(self.id, key):
+                return
+        elif item.deleted or item.value is not None:
+            return
+        self.wait_for(key, _nothing)
+
     def land_fetch(self, key: bytes, fetched: Item | TempFail | None) -> list[Callable[[], None]]:
         """A background fetch of ``key`` landed: ready for the waiters it returns (run
         them, then :meth:`fetch_consumed`)."""
@@ -1453,6 +1469,10 @@ class VBucket:
             expired=expired,
         )
         return self._queue(item, current)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _meta(item: Item) -> cr.Meta:

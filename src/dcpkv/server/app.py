@@ -130,7 +130,7 @@ from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
-from dcpkv.server.fast_path import serve_chunk
+from dcpkv.server.fast_path import pipelined_gets, serve_chunk
 from dcpkv.server.gc_policy import FREEZE_EVERY_S, CollectorPolicy
 from dcpkv.server.latency import LatencyHistogram
 from dcpkv.server.push_cadence import delay
@@ -161,6 +161,9 @@ PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yieldin
 PUMP_VISITS = 32
 PUMP_TICK_S = 0.05  # safety-net pump of every producer
 LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
+# Frames behind a request that waits for a background fetch whose Gets' keys are fetched in
+# the same batch (a pipelining client's next requests: one thread round trip for many)
+PREFETCH_FRAMES = 256
 # The flusher thread gives up the GIL at every SQLite call and, while the event loop is busy,
 # waits up to one switch interval to win it back: at CPython's 5 ms default, a flush of a few
 # hundred statements waited seconds under load. The other way round, a loop woken by a request
@@ -209,6 +212,7 @@ class KVProtocol(asyncio.Protocol):
         # Background fetches (module docstring): the request waiting for one, run again when
         # it lands; meanwhile this connection is not read and its later requests wait.
         self._parked: Frame | None = None
+        self._ahead = 0  # frames behind the parked one already looked at for prefetching
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -265,6 +269,7 @@ class KVProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self._ahead = 0  # (the parser was drained: what was looked at is answered)
         self._serve(partial(self._handle_frames, data))
 
     def _serve(self, frames: Callable[[list[bytes]], None]) -> None:
@@ -318,6 +323,7 @@ class KVProtocol(asyncio.Protocol):
     def _answer(self, conn: Connection, frame: Frame, out: list[bytes]) -> bool:
         """Handle one frame into ``out``; False once the connection closes or the request
         waits for a background fetch (parked: nothing after it is handled until it lands)."""
+        self._ahead -= 1
         try:
             answer = handle(conn, frame)
         except CloseConnection as close:
@@ -354,6 +360,21 @@ class KVProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.pause_reading()
         wait.vbucket.wait_for(wait.key, self._fetched)
+        if self._ahead <= 0:
+            self._prefetch()
+
+    def _prefetch(self) -> None:
+        """Fetch in the same batch the keys of the Gets pipelined behind the parked request
+        (each is still run in its turn: it then finds its read in flight or ready)."""
+        bucket = self.conn.bucket if self.conn is not None else None
+        if bucket is None:
+            return
+        found, self._ahead = pipelined_gets(self.parser.buffered_views(), PREFETCH_FRAMES)
+        vbuckets = bucket.vbuckets
+        for vb, key in found:
+            vbucket = vbuckets.get(vb)
+            if vbucket is not None:
+                vbucket.prefetch(key)
 
     def _fetched(self) -> None:
         """The fetch the parked request waited for landed (on the loop): run it again, then

@@ -235,6 +235,33 @@ def _general_until(
     return False
 
 
+_GETS = frozenset({int(Opcode.Get), int(Opcode.GetQ), int(Opcode.GetK), int(Opcode.GetKQ)})
+
+
+def pipelined_gets(
+    views: list[bytes | memoryview], limit: int
+) -> tuple[list[tuple[int, bytes]], int]:
+    """The (vbucket, key) of the plain Gets among the first ``limit`` whole classic frames
+    of ``views`` (a parser's buffered chunks), and how many frames were looked at: what a
+    connection waiting for a background fetch will ask next (its keys are fetched in the
+    same batch). Headers only; stops at a frame that is not whole in its chunk."""
+    found: list[tuple[int, bytes]] = []
+    seen = 0
+    for view in views:
+        pos, end = 0, len(view)
+        while seen < limit and end - pos >= HEADER_LEN:
+            magic, opcode, keylen, extlen, _, vb, body, _, _ = HEADER.unpack_from(view, pos)
+            if magic != _REQUEST or end - pos < HEADER_LEN + body:
+                return found, seen
+            if opcode in _GETS and not extlen and body == keylen:
+                found.append((vb, bytes(view[pos + HEADER_LEN : pos + HEADER_LEN + keylen])))
+            pos += HEADER_LEN + body
+            seen += 1
+        if pos != end:
+            break
+    return found, seen
+
+
 def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:
     """How many more bytes complete a frame of which ``buffered`` bytes (starting with
     ``head``, its header when 24 bytes long) are already buffered, when ``available`` bytes
