@@ -62,7 +62,7 @@ def test_concurrent_gets_of_non_resident_keys(server_factory: type, tmp_path: Pa
             ]
         stats = resident.stats()
         assert int(stats["ep_bg_fetched"]) >= ITEMS
-        assert int(stats["bg_fetch_waits"]) >= ITEMS
+        assert 0 < int(stats["bg_fetch_waits"]) <= ITEMS  # (pipelined Gets: read in batches)
         missing = resident.get(b"never-written", vbucket=vb_of(b"never-written"))
         assert missing.status == Status.KeyEnoent
     finally:

@@ -447,13 +447,17 @@ class Bucket:
     @staticmethod
     def land_fetches(landing: Landing) -> None:
         """Run again the requests that waited for a batch of reads (on the requests' own
-        thread), each key's waiters while its result is ready."""
-        for vbucket, key, fetched in landing:
-            waiters = vbucket.land_fetch(key, fetched)
-            try:
+        thread) while the whole batch is ready: a request whose connection goes on to the
+        next (pipelined) request finds that one's read ready too."""
+        waiting = [
+            (vbucket, key, vbucket.land_fetch(key, fetched)) for vbucket, key, fetched in landing
+        ]
+        try:
+            for _, _, waiters in waiting:
                 for waiter in waiters:
                     waiter()
-            finally:
+        finally:
+            for vbucket, key, _ in waiting:
                 vbucket.fetch_consumed(key)
 
     def _sync_outcomes(self, vb: int, outcomes: list[SyncOutcome]) -> None:

@@ -352,14 +352,14 @@ class KVProtocol(asyncio.Protocol):
     def _park(self, frame: Frame, wait: WouldBlock) -> None:
         """``frame``'s request waits for a background fetch: keep it (its own bytes: the
         read buffer is reused), stop reading, and run it again when the fetch lands."""
-        self._parked = dataclasses.replace(
+        self._parked = parked = dataclasses.replace(
             frame, framing_extras=bytes(frame.framing_extras), extras=bytes(frame.extras),
             key=bytes(frame.key), value=bytes(frame.value),
         )  # fmt: skip
         self.server.state.bg_fetch_waits += 1
         if self.transport is not None:
             self.transport.pause_reading()
-        wait.vbucket.wait_for(wait.key, self._fetched)
+        wait.vbucket.wait_for(wait.key, partial(self._fetched, parked))
         if self._ahead <= 0:
             self._prefetch()
 
@@ -376,10 +376,11 @@ class KVProtocol(asyncio.Protocol):
             if vbucket is not None:
                 vbucket.prefetch(key)
 
-    def _fetched(self) -> None:
-        """The fetch the parked request waited for landed (on the loop): run it again, then
-        what the parser holds behind it, then read again."""
-        if self.closing or self.conn is None or self._parked is None:
+    def _fetched(self, parked: Frame) -> None:
+        """The fetch ``parked`` waited for landed (on the loop): run it again, then what the
+        parser holds behind it, then read again. (It may have run already: a landing whose
+        batch held its key as well as an earlier request's.)"""
+        if self.closing or self.conn is None or self._parked is not parked:
             return
         self._serve(self._unpark)
         if self._parked is None and not self.closing:
