@@ -268,10 +268,16 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
     table.set_block_cache(cache)
     table.set_cache_index_and_filter_blocks(True)
     if name == "by_key":
-        # A flush looks up every key it writes: a new key's miss costs a filter probe.
+        # A flush looks up every key it writes, and a full-eviction bucket every key it is
+        # asked for that memory lacks: a missing key costs a filter probe (key_may_exist: no
+        # I/O at all, on the event loop).
         table.set_bloom_filter(10, False)
         options.set_memtable_prefix_bloom_ratio(0.1)
         options.set_memtable_whole_key_filtering(True)
+    elif name == "by_seqno":
+        # A point read of a document (a background fetch) reads one data block, not one per
+        # table file its key range overlaps (every L0 file, one per level)
+        table.set_bloom_filter(10, False)
     # No compression: values are compressed, when at all, by the bucket's compression mode
     # (Snappy documents, as clients send them), and the other families hold small binary
     # values; RocksDB's Snappy would spend CPU at every table write and read for little.
