@@ -2,20 +2,21 @@
 
 Run: ``.venv/bin/python bench/bg_fetch.py [--items N] [--quota-mb Q] [--ops M] [--rounds R]
 [--json PATH]`` (default 200,000 items, a 64 MiB quota, 50,000 Gets per row, 2 rounds;
-``BENCH_DIR`` picks the filesystem; the documented larger run is ``--items 1000000`` and
-``--items 3000000`` with ``--quota-mb 512``). A server (1024 vbuckets) is filled with N keys
-(100-byte values) and stopped; then, per round, the same data folder is opened by a server
-with ``fullEviction`` and the quota: warm-up loads no items, so the working set (uniform random
-keys over all N) is non-resident but for what the Gets' own writes... none: Gets do not put
-items back. Each row is pipelined GetK requests (100 per batch) on C connections:
+``BENCH_DIR`` picks the filesystem; larger runs: ``--items 1000000`` / ``3000000`` /
+``10000000 --quota-mb 512``). The engine writes N keys (100-byte values) into a data folder
+as the server stores them (1024 vbuckets); then, round by round, a server opens that folder
+with ``fullEviction`` and the quota: warm-up loads no items, so every key read is non-resident
+(a Get does not put an item back). Each row is pipelined GetK requests, 100 per batch:
 
-* ``get_random_c1`` / ``get_random_c4``: random written keys, 1 and 4 connections, Gets/s;
+* ``get_random_c1`` / ``get_random_c4``: uniform random written keys, 1 and 4 connections,
+  Gets/s (each a background fetch);
 * ``get_missing_c4``: keys never written (storage's bloom filters answer), Gets/s;
 * ``rss_mb``: the server's resident set after the rows;
 * ``warmup_s``: from the server's start to its port file (interpreter start included).
 
-``DCPKV_SRC_BEFORE``: a source tree (``src`` of another checkout) whose server runs the same
-rows interleaved round by round, labelled ``before`` (only same-run ratios hold on this host).
+``DCPKV_SRC_BEFORE``: the ``src`` folder of another checkout, whose server runs the same rows
+on the same folder, interleaved round by round and labelled ``before`` (only same-run ratios
+hold on this host).
 """
 
 from __future__ import annotations
@@ -37,11 +38,16 @@ import typer
 
 import kv
 from _report import bench_main, write_json
-from dcpkv.core.vbucket import vbucket_for_key
+from dcpkv.core.vbucket import VBucketState, vbucket_for_key
+from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.hash_table import EvictionPolicy
+from dcpkv.engine.item import TempFail
 from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import encode_frame
+from dcpkv.server.config import DEFAULT_BUCKET
 
 BATCH = 100
+FILL_QUOTA = 1 << 30  # the filling bucket's (full eviction: it evicts to stay under)
 
 
 def _get(key: bytes, opaque: int) -> bytes:
@@ -94,18 +100,26 @@ def _server(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def _fill(target: kv.Target, items: int) -> None:
-    conn = await kv.Conn.open(target)
-    try:
-        for start in range(0, items, 100_000):
-            work = kv.batches(Opcode.Set, range(start, min(items, start + 100_000)), BATCH, target)
-            await conn.run(work)
-        if conn.errors:
-            raise RuntimeError(f"{conn.errors} Sets refused while filling")
-        while await kv.items_persisted(conn) < items:
-            await asyncio.sleep(0.2)
-    finally:
-        await conn.close()
+def _fill(data: Path, items: int) -> None:
+    """Write ``items`` keys straight through the engine (as the server would store them: its
+    bucket, its vbuckets), a full-eviction bucket whose writes wait for the flusher when full."""
+    bucket = Bucket(DEFAULT_BUCKET, data, num_vbuckets=kv.VBUCKETS, memory_quota=FILL_QUOTA,
+                    eviction_policy=EvictionPolicy.FULL)  # fmt: skip
+    for vb in range(kv.VBUCKETS):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    vbuckets = [bucket.get_vbucket(vb) for vb in range(kv.VBUCKETS)]
+    for i in range(items):
+        key = kv._key(i)
+        vbucket = vbuckets[vbucket_for_key(key, kv.VBUCKETS)]
+        while True:
+            try:
+                vbucket.set(key, kv.VALUE)
+                break
+            except TempFail:
+                bucket.flush_once()
+        if i % 50_000 == 49_999:
+            bucket.flush_once()
+    bucket.shutdown()
 
 
 async def _rate(target: kv.Target, keys: list[bytes], conns: int) -> float:
@@ -146,11 +160,9 @@ def main(
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         data = Path(tmp) / "data"
-        fill_quota = max(quota_mb, items * 700 // (1 << 20) + 256)
-        with _server(data, fill_quota, "fullEviction", None) as (target, _):
-            started = time.perf_counter()
-            asyncio.run(_fill(target, items))
-            print(f"filled {items:,} keys in {time.perf_counter() - started:.1f} s")
+        started = time.perf_counter()
+        _fill(data, items)
+        print(f"filled {items:,} keys in {time.perf_counter() - started:.1f} s", flush=True)
         for r in range(rounds):
             for name, src in variants:
                 with _server(data, quota_mb, "fullEviction", src) as (target, warmup):
