@@ -97,12 +97,19 @@ storage for any key the table lacks. ``len(vbucket)`` (``curr_items``) is the ta
 entries plus the non-resident ones, and every flush writes it with the vbucket state
 (``VBState.item_count``): what warm-up starts from.
 
+Background fetches (:mod:`dcpkv.engine.bg_fetch`): every front-end read of storage (a
+non-resident key, an ejected value) goes through :meth:`VBucket._stored`. With a fetcher
+running (``background_fetch``, the server's case) it reads nothing: a result a background
+fetch made ready is used, a key storage's filters rule out is None, anything else raises
+WouldBlock before the request changed anything, and the caller runs the request again once
+the fetch landed (:meth:`VBucket.wait_for`). Without one (the engine alone, tests, tools) it
+reads at once. A replica's with-meta writes always read at once.
+
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
-storage call is made under the lock, but one: a write's read of a non-resident key (full
-eviction), a point read that a bloom filter makes cheap for a new key. A value fetch for an
-ejected item, and a Get's read of a non-resident key, happen between two short critical
-sections.
+storage call is made under the lock but a filter probe (``may_exist``, in memory), and, with
+no fetcher, a write's read of a non-resident key (full eviction). A value fetch for an ejected
+item, and a Get's read of a non-resident key, happen between two short critical sections.
 """
 
 from __future__ import annotations

@@ -285,6 +285,8 @@ class KVProtocol(asyncio.Protocol):
         except CodecError as exc:
             out.append(self._codec_error_answer(exc))
             self.closing = True
+        if self._parked is not None and self._ahead <= 0 and not self.closing:
+            self._prefetch()  # (now that the parser holds the whole chunk behind it)
         if self._deferred or self._held:
             self._hold(out)
             out = []
@@ -360,8 +362,6 @@ class KVProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.pause_reading()
         wait.vbucket.wait_for(wait.key, partial(self._fetched, parked))
-        if self._ahead <= 0:
-            self._prefetch()
 
     def _prefetch(self) -> None:
         """Fetch in the same batch the keys of the Gets pipelined behind the parked request
