@@ -12,13 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpkv.core.replication_topology import parse_topology
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine.bg_fetch import PendingFetches, WouldBlock
 from dcpkv.engine.bg_fetcher import Landing
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hash_table import EvictionPolicy
 from dcpkv.engine.item import Item, KeyExists, KeyNotFound
-from dcpkv.engine.vbucket import VBucket
+from dcpkv.engine.vbucket import SyncOutcome, VBucket
+from dcpkv.protocol.constants import DurabilityLevel
 
 from .conftest import BucketFactory
 
@@ -250,3 +252,27 @@ def test_deletes_and_counts_through_background_fetches(open_bucket: BucketFactor
         a.key for a in answers if isinstance(a, Item)
     ) == [b"a", b"new"]
     assert sum(isinstance(a, KeyExists) for a in answers) == 1  # Add of b: it exists on disk
+
+
+def test_a_sync_write_of_a_non_resident_key_waits_then_prepares_once(
+    open_bucket: BucketFactory,
+) -> None:
+    """A SyncWrite whose write must read its key first: WouldBlock leaves no prepare and no
+    pending SyncWrite behind; run again after the fetch, it prepares (and, alone, commits)."""
+    bucket, vb = fetching_bucket(open_bucket, FULL)
+    vb.set_topology(parse_topology(b'{"topology": [["node-a:11210"]]}'))
+    outcomes: list[SyncOutcome] = []
+    vb.on_sync_outcomes = lambda _vb, got: outcomes.extend(got)
+    held = Held(bucket)
+    answers: list[object] = []
+
+    def durable_set() -> object:
+        return vb.sync_write(lambda: vb.set(b"a", b"durable"), DurabilityLevel.Majority,
+                             cookie="c")  # fmt: skip
+
+    run_waiting(durable_set, answers)()
+    assert answers == [] and not vb.holds_prepares and vb.high_seqno == 5
+    held.land_until(lambda: len(answers) == 1)
+    assert [o.cookie for o in outcomes] == ["c"]  # one prepare, committed
+    assert vb.get(b"a").value == b"durable"
+    assert len(vb) == 5
