@@ -36,7 +36,7 @@ def _noted(log: list[str], name: str) -> Callable[[], None]:
 
 
 def test_requests_for_one_key_share_one_read() -> None:
-    table, ran = PendingFetches(), []
+    table, ran = PendingFetches(), list[str]()
     assert table.want(b"k", _noted(ran, "a")) is True  # the first: the fetcher is told
     assert table.want(b"k", _noted(ran, "b")) is False
     assert table.take() == [b"k"]
