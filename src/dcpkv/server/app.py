@@ -46,6 +46,15 @@ bucket; a closed connection calls ``disconnect``. Above the high-water mark read
 too, as on every connection: a consumer that has not read our output for a whole Noop
 interval cannot have its Noop answer read either, and is dropped as dead (too slow).
 
+Background fetches (:mod:`dcpkv.engine.bg_fetch`). A request whose key must be read from disk
+(a non-resident key under full eviction, an ejected value) raises WouldBlock before it has
+changed anything: the connection *parks* it (a copy of its frame), stops reading, and leaves
+what follows it in the parser; the Gets among the next ``PREFETCH_FRAMES`` frames it holds are
+fetched in the same batch. The bucket's fetcher thread reads, the landing hops onto the loop
+(``Bucket.land_fetches``), and the parked request runs again, then what the parser holds,
+then the connection is read again. Its requests keep their order; other connections are
+served meanwhile.
+
 Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
 The two threads share the GIL: the flusher gives it up inside every SQLite call and must win
