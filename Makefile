@@ -113,6 +113,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/latency.py --json $(RESULTS)/latency.json
 	$(BIN)/python bench/memory.py --json $(RESULTS)/memory.json
 	$(BIN)/python bench/eviction.py --json $(RESULTS)/eviction.json
+	$(BIN)/python bench/bg_fetch.py --json $(RESULTS)/bg_fetch.json
 	$(BIN)/python bench/replication.py --json $(RESULTS)/replication.json
 	$(BIN)/python bench/rebalance.py --json $(RESULTS)/rebalance.json
 	$(BIN)/python bench/durability.py --nodes 3 --json $(RESULTS)/durability.json

@@ -52,4 +52,5 @@ def open_bucket(tmp_path: Path, clock: ManualClock, engine: str) -> Iterator[Buc
     yield factory
     for bucket in opened:
         if not bucket.closed:
+            bucket.stop_background_fetch()
             bucket.storage.close()

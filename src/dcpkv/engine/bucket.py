@@ -92,6 +92,7 @@ from dcpkv.core.files import atomic_write
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine import migrate
+from dcpkv.engine.bg_fetcher import BgFetcher, Landing
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS
@@ -316,6 +317,7 @@ class Bucket:
         self.flushes_deferred = 0  # flusher ticks that let a sparse backlog gather
         self._last_flush_items = 0
         self.flush_visits = 0  # vbuckets the flusher has visited, in all (a flush's cost)
+        self.bg_fetcher: BgFetcher | None = None  # (start_background_fetch)
         # Random 63-bit start: a restarted node never reuses the CAS a manager last saw.
         self.state_cas = self.rng.getrandbits(63) | 1
         self.warmed_up_after_clean_shutdown = self.warmup()
@@ -406,7 +408,10 @@ class Bucket:
             eviction=self.eviction_policy,
             high_prepared_seqno=s.high_prepared_seqno if s else 0,
             high_completed_seqno=s.high_completed_seqno if s else 0,
+            may_exist=self.storage.may_exist,
         )
+        vbucket.background_fetch = self.bg_fetcher is not None
+        vbucket.on_fetch_wanted = self._fetch_wanted
         vbucket.on_queued = self._queued
         vbucket.on_persistence_wanted = self.want_persistence
         vbucket.conflict_mode = self.conflict_mode
@@ -416,6 +421,46 @@ class Bucket:
         vbucket.on_dirty = self._state_dirty
         self._state_dirty(vb)  # a new VBucket starts with its state to write
         return vbucket
+
+    def _fetch_wanted(self, vbucket: VBucket) -> None:
+        if self.bg_fetcher is not None:
+            self.bg_fetcher.notify(vbucket)
+
+    # -- background fetches (engine/bg_fetch.py) ------------------------------------------------
+
+    def start_background_fetch(self, landed: Callable[[Landing], None]) -> None:
+        """From now on front-end requests never read storage on their own thread: one that
+        must raises WouldBlock, its caller waits (:meth:`VBucket.wait_for`), a fetcher thread
+        reads, and ``landed`` gets each batch (from that thread: the caller hands it to
+        :meth:`land_fetches` on the requests' thread)."""
+        if self.bg_fetcher is not None:
+            return
+        self.bg_fetcher = BgFetcher(self.name, self.storage.get_many, landed)
+        for vbucket in list(self.vbuckets.values()):
+            vbucket.background_fetch = True
+
+    def stop_background_fetch(self) -> None:
+        fetcher, self.bg_fetcher = self.bg_fetcher, None
+        for vbucket in list(self.vbuckets.values()):
+            vbucket.background_fetch = False
+        if fetcher is not None:
+            fetcher.stop()
+
+    @staticmethod
+    def land_fetches(landing: Landing) -> None:
+        """Run again the requests that waited for a batch of reads (on the requests' own
+        thread) while the whole batch is ready: a request whose connection goes on to the
+        next (pipelined) request finds that one's read ready too."""
+        waiting = [
+            (vbucket, key, vbucket.land_fetch(key, fetched)) for vbucket, key, fetched in landing
+        ]
+        try:
+            for _, _, waiters in waiting:
+                for waiter in waiters:
+                    waiter()
+        finally:
+            for vbucket, key, _ in waiting:
+                vbucket.fetch_consumed(key)
 
     def _sync_outcomes(self, vb: int, outcomes: list[SyncOutcome]) -> None:
         if self.sync_outcomes is not None:
@@ -470,6 +515,7 @@ class Bucket:
 
     def shutdown(self) -> None:
         """Flush everything, record a clean shutdown, close storage."""
+        self.stop_background_fetch()
         with self._io_lock:
             while self.flush_once():
                 pass

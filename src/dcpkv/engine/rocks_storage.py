@@ -285,10 +285,16 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
     table.set_block_cache(cache)
     table.set_cache_index_and_filter_blocks(True)
     if name == "by_key":
-        # A flush looks up every key it writes: a new key's miss costs a filter probe.
+        # A flush looks up every key it writes, and a full-eviction bucket every key it is
+        # asked for that memory lacks: a missing key costs a filter probe (key_may_exist: no
+        # I/O at all, on the event loop).
         table.set_bloom_filter(10, False)
         options.set_memtable_prefix_bloom_ratio(0.1)
         options.set_memtable_whole_key_filtering(True)
+    elif name == "by_seqno":
+        # A point read of a document (a background fetch) reads one data block, not one per
+        # table file its key range overlaps (every L0 file, one per level)
+        table.set_bloom_filter(10, False)
     # No compression: values are compressed, when at all, by the bucket's compression mode
     # (Snappy documents, as clients send them), and the other families hold small binary
     # values; RocksDB's Snappy would spend CPU at every table write and read for little.
@@ -683,6 +689,36 @@ class RocksStorage(StorageReads):
             except Exception as exc:
                 raise StorageError(f"{self.path}: {exc}") from exc
         return None if record is None else _item(seqno, record)
+
+    def get_many(self, keys: list[tuple[int, bytes]]) -> list[Item | None]:
+        """:meth:`get` of each (vbucket, key), in order, in two multi-gets (the key index,
+        then the log), which give up the interpreter lock while they read: a background
+        fetch's batch, from its own thread."""
+        with self._read_lock:
+            db = self._db
+            try:
+                metas = db.cf["by_key"].get([_VB.pack(vb) + key for vb, key in keys])
+                found = [
+                    (i, vb, _KEY_META.unpack(meta)[0])
+                    for i, ((vb, _), meta) in enumerate(zip(keys, metas, strict=True))
+                    if meta is not None
+                ]
+                records = db.cf["by_seqno"].get([_seqno_key(vb, seqno) for _, vb, seqno in found])
+            except Exception as exc:
+                raise StorageError(f"{self.path}: {exc}") from exc
+        items: list[Item | None] = [None] * len(keys)
+        for (i, _, seqno), record in zip(found, records, strict=True):
+            if record is not None:
+                items[i] = _item(seqno, record)
+        return items
+
+    def may_exist(self, vb: int, key: bytes) -> bool:
+        """Whether the database may hold ``key`` (tombstones included): False only when the
+        memtables and the bloom filters in memory rule it out, with no I/O."""
+        try:
+            return bool(self._db.cf["by_key"].key_may_exist(_VB.pack(vb) + key))
+        except Exception:
+            return True  # (the database is being reopened: the read will tell)
 
     def load_items(self, vb: int, *, values: bool = True) -> Iterator[Item]:
         """Every live (not deleted) document of a vbucket, for warm-up (``values`` False: not

@@ -97,12 +97,19 @@ storage for any key the table lacks. ``len(vbucket)`` (``curr_items``) is the ta
 entries plus the non-resident ones, and every flush writes it with the vbucket state
 (``VBState.item_count``): what warm-up starts from.
 
+Background fetches (:mod:`dcpkv.engine.bg_fetch`): every front-end read of storage (a
+non-resident key, an ejected value) goes through :meth:`VBucket._stored`. With a fetcher
+running (``background_fetch``, the server's case) it reads nothing: a result a background
+fetch made ready is used, a key storage's filters rule out is None, anything else raises
+WouldBlock before the request changed anything, and the caller runs the request again once
+the fetch landed (:meth:`VBucket.wait_for`). Without one (the engine alone, tests, tools) it
+reads at once. A replica's with-meta writes always read at once.
+
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
-storage call is made under the lock, but one: a write's read of a non-resident key (full
-eviction), a point read that a bloom filter makes cheap for a new key. A value fetch for an
-ejected item, and a Get's read of a non-resident key, happen between two short critical
-sections.
+storage call is made under the lock but a filter probe (``may_exist``, in memory), and, with
+no fetcher, a write's read of a non-resident key (full eviction). A value fetch for an ejected
+item, and a Get's read of a non-resident key, happen between two short critical sections.
 """
 
 from __future__ import annotations
@@ -122,6 +129,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.engine import document
 from dcpkv.engine import durability_monitor as dm
+from dcpkv.engine.bg_fetch import PendingFetches, WouldBlock
 from dcpkv.engine.checkpoint import DEFAULT_CHECKPOINT_MAX_ITEMS, CheckpointManager
 from dcpkv.engine.hash_table import EvictionPolicy, HashTable
 from dcpkv.engine.hlc import Clock, HybridLogicalClock
@@ -161,6 +169,7 @@ _XATTR = document.XATTR
 _ACTIVE = VBucketState.ACTIVE
 
 Fetcher = Callable[[int, bytes], Item | None]
+KeyFilter = Callable[[int, bytes], bool]  # False: storage surely lacks the key (no I/O)
 T = TypeVar("T")
 
 
@@ -242,6 +251,7 @@ class VBucket:
         eviction: EvictionPolicy = EvictionPolicy.VALUE_ONLY,
         high_prepared_seqno: int = 0,
         high_completed_seqno: int = 0,
+        may_exist: KeyFilter | None = None,
     ) -> None:
         self.id = vbid
         self.state = VBucketState(state)
@@ -258,7 +268,15 @@ class VBucket:
         self.purge_seqno = purge_seqno
         self.max_item_size = max_item_size
         self._fetch = fetch
+        self._may_exist = may_exist
         self._admit = admit
+        # Background fetches (engine/bg_fetch.py): when set (a fetcher thread runs), a
+        # front-end request that must read storage raises WouldBlock instead of reading here;
+        # the pending reads, and the results its requests' re-runs use; who hears of a key
+        # newly wanted (under the lock: take note only).
+        self.background_fetch = False
+        self.fetches = PendingFetches()
+        self.on_fetch_wanted: Callable[[VBucket], None] | None = None
         self.eviction = eviction
         self.hash_table = HashTable()  # changed only under ``lock``
         self._state_dirty = True
@@ -357,7 +375,7 @@ class VBucket:
             self._require_active()
             item = self.hash_table.entries.get(key)
         if item is None and self._fetch is not None:
-            item = self._fetch(self.id, key)
+            item = self._stored(key)
         return item
 
     def items(self) -> list[Item]:
@@ -393,7 +411,7 @@ class VBucket:
             return False, None
         if self.state is not _ACTIVE:
             return False, None  # refused under the lock: no read for it
-        return True, self._fetch(self.id, key)
+        return True, self._stored(key)
 
     def get_resident(self, key: bytes) -> Item | None:
         """The first step of :meth:`get`, for a key whose value is in memory and due to
@@ -507,7 +525,7 @@ class VBucket:
         current = self.hash_table.entries.get(key)
         if self._fetch is None or (current is not None and current.value is not None):
             return None
-        return self._fetch(self.id, key)
+        return self._stored(key)
 
     def _current_for_edit(self, key: bytes, stored: Item | None) -> Item | None:
         live = self._live(key)  # expires it now if due
@@ -648,7 +666,7 @@ class VBucket:
             prepared = self.hash_table.prepared
             if prepared and self._replica_disk and item.key in prepared:
                 item = self._committed_on_disk(item)
-            self._queue(item, self._entry(item.key))
+            self._queue(item, self._entry(item.key, wait=False))
             self.hlc.observe(item.cas)
             return item
 
@@ -667,8 +685,7 @@ class VBucket:
         key = incoming.key
         disk = None
         if self.hash_table.entries.get(key) is None and self._may_be_on_disk(key):
-            assert self._fetch is not None
-            disk = self._fetch(self.id, key)  # a persisted tombstone (outside the lock)
+            disk = self._stored(key)  # a persisted tombstone (outside the lock)
         with self.lock:
             self._check_write(key, incoming.value or b"")
             live = self._live(key)
@@ -1155,10 +1172,13 @@ class VBucket:
                 self._unacked = None
             self.persisted_seqno = max(self.persisted_seqno, batch.vbstate.high_seqno)
             self.persisted_snapshot = (batch.vbstate.snap_start, batch.vbstate.snap_end)
+            fetches = self.fetches
             for item in batch.items:
                 if item.deleted:
                     self.hash_table.discard(item)
                     self._note_dropped(item.key)
+                    if fetches:
+                        fetches.dropped(item.key)
             if self.durability is not None:
                 self._resolve(self.durability.persisted(self.persisted_seqno))
             elif self.passive_durability is not None and self.state in _REPLICA_PATH:
@@ -1170,9 +1190,15 @@ class VBucket:
         """Drop persisted values, or whole persisted items under full eviction, from the hash
         table (until ``target_bytes`` are freed); returns the bytes freed."""
         with self.lock:
-            if self.eviction is EvictionPolicy.FULL:
-                return self.hash_table.evict(self.persisted_seqno, target_bytes)
-            return self.hash_table.eject(self.persisted_seqno, target_bytes)
+            if self.eviction is not EvictionPolicy.FULL:
+                return self.hash_table.eject(self.persisted_seqno, target_bytes)
+            entries = self.hash_table.entries
+            watched = [k for k in self.fetches.watched() if k in entries] if self.fetches else ()
+            freed = self.hash_table.evict(self.persisted_seqno, target_bytes)
+            for key in watched:
+                if key not in entries:  # left while a fetch of it is pending (bg_fetch.py)
+                    self.fetches.dropped(key)
+            return freed
 
     # -- loading (warm-up, rollback) -------------------------------------------------------
 
@@ -1245,6 +1271,7 @@ class VBucket:
         ``items``, and ``nonresident`` live items left on disk (full eviction)."""
         with self.lock:
             self.hash_table.clear()
+            self.fetches.dropped_all()
             self._unacked = None
             self.checkpoints.reset(vbstate.high_seqno)
             self.persisted_seqno = vbstate.high_seqno
@@ -1333,15 +1360,17 @@ class VBucket:
             return None
         return item
 
-    def _entry(self, key: bytes) -> Item | None:
+    def _entry(self, key: bytes, *, wait: bool = True) -> Item | None:
         """The key's entry, tombstones included, under the lock: when the table does not hold
         it but counts non-resident items (full eviction), storage's version is read back into
         the table first, so the write that follows replaces it (its CAS, rev seqno, xattrs,
-        and whether it adds a live key: the item count stays exact)."""
+        and whether it adds a live key: the item count stays exact). A front-end write may
+        wait for a background fetch (:meth:`_stored`); a replica's (``wait`` False) reads
+        now."""
         table = self.hash_table
         item = table.entries.get(key)
         if item is None and table.nonresident and self._fetch is not None:
-            item = self._fetch(self.id, key)
+            item = self._stored(key) if wait else self._fetch(self.id, key)
             if item is not None:
                 table.restore(item)
         return item
@@ -1358,6 +1387,57 @@ class VBucket:
             raise TempFail("value not resident, retry")
         return item
 
+    def _stored(self, key: bytes) -> Item | None:
+        """Storage's version of ``key`` (None: none) for a front-end request: a background
+        fetch's result when one is ready; else, without a fetcher, a read now; else None
+        when storage's filters rule the key out, or :class:`WouldBlock` (nothing changed yet:
+        the caller waits for the fetch, then runs the request again)."""
+        ready = self.fetches.ready
+        if ready and key in ready:
+            found = ready[key]
+            if isinstance(found, TempFail):
+                raise TempFail(str(found))
+            return found
+        assert self._fetch is not None
+        if not self.background_fetch:
+            return self._fetch(self.id, key)
+        if self._may_exist is not None and not self._may_exist(self.id, key):
+            return None
+        raise WouldBlock(self, key)
+
+    def wait_for(self, key: bytes, waiter: Callable[[], None]) -> None:
+        """``waiter`` runs (on the caller's thread, once the bucket lands the read) when a
+        background fetch of ``key`` has landed: the request that raised WouldBlock again."""
+        with self.lock:
+            if self.fetches.want(key, waiter) and self.on_fetch_wanted is not None:
+                self.on_fetch_wanted(self)
+
+    def prefetch(self, key: bytes) -> None:
+        """A request queued behind one that waits will read ``key``: fetch it in the same
+        batch (no waiter: the request itself asks when its turn comes, and joins the read)."""
+        if not self.background_fetch or self.state is not _ACTIVE or self._fetch is None:
+            return
+        table = self.hash_table
+        item = table.entries.get(key)
+        if item is None:
+            if not table.nonresident or key in self.fetches.ready:
+                return
+            if self._may_exist is not None and not self._may_exist(self.id, key):
+                return
+        elif item.deleted or item.value is not None:
+            return
+        self.wait_for(key, _nothing)
+
+    def land_fetch(self, key: bytes, fetched: Item | TempFail | None) -> list[Callable[[], None]]:
+        """A background fetch of ``key`` landed: ready for the waiters it returns (run
+        them, then :meth:`fetch_consumed`)."""
+        with self.lock:
+            return self.fetches.landed(key, fetched)
+
+    def fetch_consumed(self, key: bytes) -> None:
+        with self.lock:
+            self.fetches.consumed(key)
+
     def _ensure_resident(self, key: bytes) -> None:
         table = self.hash_table
         with self.lock:
@@ -1365,7 +1445,7 @@ class VBucket:
             if item is None or item.deleted or item.value is not None or self._fetch is None:
                 return
             seqno = item.by_seqno
-        stored = self._fetch(self.id, key)
+        stored = self._stored(key)
         with self.lock:
             current = table.entries.get(key)
             if (
@@ -1450,6 +1530,10 @@ class VBucket:
             expired=expired,
         )
         return self._queue(item, current)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _meta(item: Item) -> cr.Meta:

@@ -320,6 +320,11 @@ class FrameParser:
         """Bytes received but not yet returned as frames."""
         return len(self._buf) - self._pos + self._tail_len
 
+    def buffered_views(self) -> list[Bytes]:
+        """The bytes received but not yet returned as frames, as the chunks hold them (no
+        copy; a frame may straddle two of them)."""
+        return [self._buf[self._pos :], *self._tail]
+
     def peek(self, n: int = HEADER_LEN) -> bytes:
         """Up to ``n`` bytes received but not yet returned as a frame (e.g. a bad header)."""
         head = bytes(self._buf[self._pos : self._pos + n])

@@ -46,6 +46,15 @@ bucket; a closed connection calls ``disconnect``. Above the high-water mark read
 too, as on every connection: a consumer that has not read our output for a whole Noop
 interval cannot have its Noop answer read either, and is dropped as dead (too slow).
 
+Background fetches (:mod:`dcpkv.engine.bg_fetch`). A request whose key must be read from disk
+(a non-resident key under full eviction, an ejected value) raises WouldBlock before it has
+changed anything: the connection *parks* it (a copy of its frame), stops reading, and leaves
+what follows it in the parser; the Gets among the next ``PREFETCH_FRAMES`` frames it holds are
+fetched in the same batch. The bucket's fetcher thread reads, the landing hops onto the loop
+(``Bucket.land_fetches``), and the parked request runs again, then what the parser holds,
+then the connection is read again. Its requests keep their order; other connections are
+served meanwhile.
+
 Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
 The two threads share the GIL: the flusher gives it up inside every SQLite call and must win
@@ -90,6 +99,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -115,6 +125,8 @@ from dcpkv.core.tls import server_context
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
+from dcpkv.engine.bg_fetch import WouldBlock
+from dcpkv.engine.bg_fetcher import Landing
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.hash_table import EvictionPolicy
@@ -122,12 +134,12 @@ from dcpkv.engine.storage import BucketLock
 from dcpkv.engine.vbucket import SyncOutcome
 from dcpkv.protocol.constants import HEADER_LEN, HelloFeature, Magic
 from dcpkv.protocol.errors import CodecError
-from dcpkv.protocol.frame import FrameParser, encode_frame
+from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
-from dcpkv.server.fast_path import serve_chunk
+from dcpkv.server.fast_path import pipelined_gets, serve_chunk
 from dcpkv.server.gc_policy import FREEZE_EVERY_S, CollectorPolicy
 from dcpkv.server.latency import LatencyHistogram
 from dcpkv.server.push_cadence import delay
@@ -158,6 +170,9 @@ PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yieldin
 PUMP_VISITS = 32
 PUMP_TICK_S = 0.05  # safety-net pump of every producer
 LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
+# Frames behind a request that waits for a background fetch whose Gets' keys are fetched in
+# the same batch (a pipelining client's next requests: one thread round trip for many)
+PREFETCH_FRAMES = 256
 # The flusher thread gives up the GIL at every SQLite call and, while the event loop is busy,
 # waits up to one switch interval to win it back: at CPython's 5 ms default, a flush of a few
 # hundred statements waited seconds under load. The other way round, a loop woken by a request
@@ -203,6 +218,10 @@ class KVProtocol(asyncio.Protocol):
         # (their place in its answers), and what waits behind an undecided one, in order.
         self._deferred: list[tuple[int, PendingAnswer]] = []
         self._held: deque[bytes | PendingAnswer] = deque()
+        # Background fetches (module docstring): the request waiting for one, run again when
+        # it lands; meanwhile this connection is not read and its later requests wait.
+        self._parked: Frame | None = None
+        self._ahead = 0  # frames behind the parked one already looked at for prefetching
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -259,16 +278,24 @@ class KVProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self._ahead = 0  # (the parser was drained: what was looked at is answered)
+        self._serve(partial(self._handle_frames, data))
+
+    def _serve(self, frames: Callable[[list[bytes]], None]) -> None:
+        """Answer what ``frames`` handles (a chunk read, or a parked request and what it
+        held back), then write, hold or pump as one read does."""
         latency = self.server.state.latency  # (None unless metrics are served)
         started = perf_counter_ns() if latency is not None else 0
         out: list[bytes] = []
         bucket = self.conn.bucket if self.conn is not None else None
         writes = bucket.writes_admitted if bucket is not None else 0
         try:
-            self._handle_frames(data, out)
+            frames(out)
         except CodecError as exc:
             out.append(self._codec_error_answer(exc))
             self.closing = True
+        if self._parked is not None and self._ahead <= 0 and not self.closing:
+            self._prefetch()  # (now that the parser holds the whole chunk behind it)
         if self._deferred or self._held:
             self._hold(out)
             out = []
@@ -298,29 +325,91 @@ class KVProtocol(asyncio.Protocol):
         assert conn is not None
         parser = self.parser
         for frame in parser.feed(data):
-            try:
-                answer = handle(conn, frame)
-            except CloseConnection as close:
-                if close.args:
-                    out.append(close.args[0])
-                self.closing = True
+            if not self._answer(conn, frame, out):
                 return False
-            except Exception:
-                log.exception("handler for opcode 0x%02x failed", frame.opcode)
-                answer = error_answer(frame, Status.Einternal)
-            if isinstance(answer, PendingAnswer):
-                if HelloFeature.UnorderedExecution in conn.features:
-                    answer.on_ready = partial(self._send_decided, answer)
-                    if answer.answer is not None:  # decided in its own request (a majority
-                        self._send_decided(answer)  # of one): its answer goes out now
-                else:
-                    answer.on_ready = self._release_answers
-                    self._deferred.append((len(out), answer))
-            elif answer:
-                out.append(answer)
             if conn.user is not None and parser.max_value_len == PREAUTH_MAX_VALUE:
                 parser.max_value_len = self.server.max_value_len  # logged in: the item limit
         return True
+
+    def _answer(self, conn: Connection, frame: Frame, out: list[bytes]) -> bool:
+        """Handle one frame into ``out``; False once the connection closes or the request
+        waits for a background fetch (parked: nothing after it is handled until it lands)."""
+        self._ahead -= 1
+        try:
+            answer = handle(conn, frame)
+        except CloseConnection as close:
+            if close.args:
+                out.append(close.args[0])
+            self.closing = True
+            return False
+        except WouldBlock as wait:
+            self._park(frame, wait)
+            return False
+        except Exception:
+            log.exception("handler for opcode 0x%02x failed", frame.opcode)
+            answer = error_answer(frame, Status.Einternal)
+        if isinstance(answer, PendingAnswer):
+            if HelloFeature.UnorderedExecution in conn.features:
+                answer.on_ready = partial(self._send_decided, answer)
+                if answer.answer is not None:  # decided in its own request (a majority
+                    self._send_decided(answer)  # of one): its answer goes out now
+            else:
+                answer.on_ready = self._release_answers
+                self._deferred.append((len(out), answer))
+        elif answer:
+            out.append(answer)
+        return True
+
+    def _park(self, frame: Frame, wait: WouldBlock) -> None:
+        """``frame``'s request waits for a background fetch: keep it (its own bytes: the
+        read buffer is reused), stop reading, and run it again when the fetch lands."""
+        self._parked = parked = dataclasses.replace(
+            frame, framing_extras=bytes(frame.framing_extras), extras=bytes(frame.extras),
+            key=bytes(frame.key), value=bytes(frame.value),
+        )  # fmt: skip
+        self.server.state.bg_fetch_waits += 1
+        if self.transport is not None:
+            self.transport.pause_reading()
+        wait.vbucket.wait_for(wait.key, partial(self._fetched, parked))
+
+    def _prefetch(self) -> None:
+        """Fetch in the same batch the keys of the Gets pipelined behind the parked request
+        (each is still run in its turn: it then finds its read in flight or ready)."""
+        bucket = self.conn.bucket if self.conn is not None else None
+        if bucket is None:
+            return
+        found, self._ahead = pipelined_gets(self.parser.buffered_views(), PREFETCH_FRAMES)
+        vbuckets = bucket.vbuckets
+        for vb, key in found:
+            vbucket = vbuckets.get(vb)
+            if vbucket is not None:
+                vbucket.prefetch(key)
+
+    def _fetched(self, parked: Frame) -> None:
+        """The fetch ``parked`` waited for landed (on the loop): run it again, then what the
+        parser holds behind it, then read again. (It may have run already: a landing whose
+        batch held its key as well as an earlier request's.)"""
+        if self.closing or self.conn is None or self._parked is not parked:
+            return
+        self._serve(self._unpark)
+        if self._parked is None and not self.closing:
+            self._resume_reading()
+
+    def _unpark(self, out: list[bytes]) -> None:
+        conn, frame, self._parked = self.conn, self._parked, None
+        assert conn is not None and frame is not None
+        if self._answer(conn, frame, out):
+            self._general(b"", out)
+
+    def _resume_reading(self) -> None:
+        if (
+            self.transport is not None
+            and not self.closing
+            and not self.write_paused
+            and not self.flush_paused
+            and self._parked is None
+        ):
+            self.transport.resume_reading()
 
     def _hold(self, out: list[bytes]) -> None:
         """Queue a chunk's answers behind the undecided SyncWrites (request order kept)."""
@@ -379,8 +468,7 @@ class KVProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         if self.transport is not None and not self.closing:
-            if not self.flush_paused:
-                self.transport.resume_reading()
+            self._resume_reading()
             self.schedule_pump()
 
     def _hold_if_flush_lags(self, bucket: Bucket) -> None:
@@ -397,8 +485,7 @@ class KVProtocol(asyncio.Protocol):
     def release(self) -> None:
         """The flusher caught up: read this connection again (unless its output is full)."""
         self.flush_paused = False
-        if self.transport is not None and not self.closing and not self.write_paused:
-            self.transport.resume_reading()
+        self._resume_reading()
 
     # -- DCP push path -------------------------------------------------------------------------
 
@@ -595,6 +682,8 @@ class DataServer:
         tls = self._tls_context()  # before anything else: a bad certificate fails at once
         await loop.run_in_executor(self.executor, self.open_buckets)
         self.collector.settle()  # the items warm-up loaded are never scanned again
+        for bucket in self.state.buckets.values():
+            bucket.start_background_fetch(partial(self._landed, loop))
         for name, bucket in self.state.buckets.items():
             # first: a handover's map is served before anything reacts to the change
             bucket.state_listeners.append(partial(self.state.vbucket_state_changed, name))
@@ -652,6 +741,13 @@ class DataServer:
         if c.tls_port is None or c.tls_cert is None or c.tls_key is None:
             return None
         return server_context(c.tls_cert, c.tls_key, c.tls_ca)
+
+    @staticmethod
+    def _landed(loop: asyncio.AbstractEventLoop, landing: Landing) -> None:
+        """A batch of background fetches landed (the fetcher's thread): its waiting requests
+        run again on the loop."""
+        with contextlib.suppress(RuntimeError):  # (the loop closed: nobody waits any more)
+            loop.call_soon_threadsafe(Bucket.land_fetches, landing)
 
     # -- replication (a managed node) ---------------------------------------------------------
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dcpkv.engine.bg_fetch import WouldBlock
 from dcpkv.engine.document import SHAPED, CompressionMode
 from dcpkv.engine.item import EngineError
 from dcpkv.engine.vbucket import VBucket
@@ -140,6 +141,8 @@ class _Chunk:
         except EngineError as exc:  # TempFail (the memory quota, a failing disk), NotMyVbucket
             self.append(_refused(self.conn, opcode, opaque, exc))
             return True
+        except WouldBlock:  # a non-resident key: the general path waits for its fetch
+            return False
         if opcode == _SETQ:
             return True  # success: a SetQ says nothing
         if self.seqnos:
@@ -192,7 +195,8 @@ def serve_chunk(
     runs of plain Gets and Sets here, any other whole frame by ``general`` alone (the parser
     and the dispatcher), a frame straddling the previous chunk by ``general`` first, and a
     partial frame with all after it by ``general``, which returns False once the connection
-    closes."""
+    closes or a request waits for a background fetch: the rest of the chunk then goes to the
+    parser, which holds it until the request has been answered."""
     if conn.bucket_name is None or conn.dcp is not None:  # no gate passed yet, or a producer
         general(data, out)
         return
@@ -203,18 +207,59 @@ def serve_chunk(
         if need is None:  # the straddling frame goes on past this chunk
             general(data, out)
             return
-        if not general(data[:need], out):
-            return
         pos = need
+        if not _general_until(general, parser, data, 0, pos, out):
+            return
     while pos < end:
         if conn.dcp is None:  # (DcpOpen went through general: the rest does too)
             pos = serve_plain(conn, data, pos, out, parser.max_value_len)
             if pos == end:
                 return
         frame_at = general_run_end(data, pos)
-        if not general(data[pos:frame_at], out) or frame_at is None:
+        if not _general_until(general, parser, data, pos, frame_at, out) or frame_at is None:
             return
         pos = frame_at
+
+
+def _general_until(
+    general: General, parser: FrameParser, data: bytes, pos: int, end: int | None,
+    out: list[bytes],
+) -> bool:  # fmt: skip
+    """``general`` on ``data[pos:end]``; when it stops (the connection closes, or a request
+    waits for a background fetch), what follows ``end`` goes to the parser, which holds it
+    until then (a closing connection drops it with the parser)."""
+    if general(data[pos:end], out):
+        return True
+    if end is not None:
+        parser.feed(data[end:])
+    return False
+
+
+_GETS = frozenset({int(Opcode.Get), int(Opcode.GetQ), int(Opcode.GetK), int(Opcode.GetKQ)})
+
+
+def pipelined_gets(
+    views: list[bytes | memoryview], limit: int
+) -> tuple[list[tuple[int, bytes]], int]:
+    """The (vbucket, key) of the plain Gets among the first ``limit`` whole classic frames
+    of ``views`` (a parser's buffered chunks), and how many frames were looked at: what a
+    connection waiting for a background fetch will ask next (its keys are fetched in the
+    same batch). Headers only; stops at a frame that is not whole in its chunk."""
+    found: list[tuple[int, bytes]] = []
+    seen = 0
+    for view in views:
+        pos, end = 0, len(view)
+        while seen < limit and end - pos >= HEADER_LEN:
+            magic, opcode, keylen, extlen, _, vb, body, _, _ = HEADER.unpack_from(view, pos)
+            if magic != _REQUEST or end - pos < HEADER_LEN + body:
+                return found, seen
+            if opcode in _GETS and not extlen and body == keylen:
+                found.append((vb, bytes(view[pos + HEADER_LEN : pos + HEADER_LEN + keylen])))
+            pos += HEADER_LEN + body
+            seen += 1
+        if pos != end:
+            break
+    return found, seen
 
 
 def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:

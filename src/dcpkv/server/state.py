@@ -47,6 +47,7 @@ class ServerState:
     rejected_conns: int = 0  # refused at accept: max_connections reached
     unauth_timeouts: int = 0  # closed for not logging in within unauth_idle_timeout_s
     write_holds: int = 0  # connections held for their bucket's flush lag (write backpressure)
+    bg_fetch_waits: int = 0  # requests that waited for a background fetch (server/app.py)
     # (bucket, DCP connection name) -> the Connection that opened it as a producer
     dcp_producers: dict[tuple[str, str], Any] = field(default_factory=dict)
     # bucket -> the newest map a cluster manager pushed (SetClusterConfig)

@@ -76,6 +76,7 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "rejected_conns", conn.server.rejected_conns
     yield "unauth_timeouts", conn.server.unauth_timeouts
     yield "write_holds", conn.server.write_holds
+    yield "bg_fetch_waits", conn.server.bg_fetch_waits
     yield "metrics_port", conn.server.metrics_port or 0  # ours: Prometheus (0: not served)
     yield "curr_items", sum(len(vb) for vb in vbuckets if vb.state == VBucketState.ACTIVE)
     yield "mem_used", bucket.memory_used
@@ -88,6 +89,10 @@ def _general(conn: Connection, arg: str) -> Stats:
     yield "ep_max_size", bucket.memory_quota
     # kv_engine's name and values: what leaves memory over the quota (hash_table.EvictionPolicy)
     yield "ep_item_eviction_policy", _EVICTION_POLICY_STAT[bucket.eviction_policy]
+    # kv_engine's name: keys read by background fetches; ours: the multi-gets that read them
+    fetcher = bucket.bg_fetcher
+    yield "ep_bg_fetched", 0 if fetcher is None else fetcher.keys_read
+    yield "ep_bg_fetch_batches", 0 if fetcher is None else fetcher.batches
     # kv_engine's name: how with-meta (XDCR) writes are judged, "seqno" or "lww"
     yield "ep_conflict_resolution_type", bucket.conflict_mode.value
     for state in VBucketState:
