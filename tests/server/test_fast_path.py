@@ -5,7 +5,10 @@ through :func:`serve_plain` and then the parser for whatever it leaves (as the s
 the other through the general path alone. The answers must be the same bytes, the buckets
 must end in the same state and the refusals counted alike, whatever mix of plain and unusual
 requests the chunk holds (expired and xattr-carrying keys among them), whoever sends it (an
-administrator, a reader, a writer, a user with no role on the bucket).
+administrator, a reader, a writer, a user with no role on the bucket). With-meta writes (XDCR)
+mixed in, on buckets of both conflict-resolution modes, must also leave the same write queue
+(what DCP streams: every version with its CAS, rev seqno and seqno, in order) and win or lose
+conflict resolution alike.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from tempfile import TemporaryDirectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.rbac import UserRecord, UsersDoc, parse_roles
+from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
+from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Datatype, HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import FrameParser, encode_frame
-from dcpkv.server import kv_handlers
+from dcpkv.server import kv_handlers, with_meta
 from dcpkv.server.config import ServerConfig
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import ROUTES, handle
@@ -50,12 +56,13 @@ XATTRS = {"_sys": b'{"a":1}', "user": b"2"}
 
 @contextmanager
 def served(
-    quota: int, features: set[HelloFeature], user: str = "Administrator"
-) -> Iterator[tuple[Connection, Bucket]]:
+    quota: int, features: set[HelloFeature], user: str = "Administrator",
+    mode: ConflictMode = ConflictMode.SEQNO,
+) -> Iterator[tuple[Connection, Bucket]]:  # fmt: skip
     with TemporaryDirectory() as tmp:
         bucket = Bucket(
             "default", Path(tmp), num_vbuckets=VBUCKETS, clock=ManualClock(),
-            rng=random.Random(5), memory_quota=quota, max_item_size=1024,
+            rng=random.Random(5), memory_quota=quota, max_item_size=1024, conflict_mode=mode,
         )  # fmt: skip
         for vb in range(VBUCKETS - 1):  # the last one stays missing, the one before is a replica
             bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
@@ -160,6 +167,140 @@ def test_fast_path_answers_like_the_general_path(
         assert c1.server.eaccess == c2.server.eaccess
 
 
+def write_queue(bucket: Bucket) -> list[object]:
+    """What DCP streams from memory: each vbucket's checkpoints, their items in order."""
+    return [
+        [(c.snap_start, c.snap_end, [repr(i) for i in c.items]) for c in vb.checkpoints.checkpoints]
+        for vb in bucket.vbuckets.values()
+    ]
+
+
+_OPTIONS = [int(o) for o in kv.WithMetaOption]
+with_meta_request = st.tuples(
+    st.sampled_from(sorted(kv.WITH_META_RESPONSES)),
+    keys,
+    st.sampled_from([b"", b"", b"v", b'{"a":1}', b"v" * 1100]),
+    st.sampled_from([0, 0, 0, 0, Datatype.JSON, Datatype.Snappy, Datatype.Xattr]),
+    st.sampled_from([0, 0, 0, 0, 0, 7]),  # the header's CAS
+    st.sampled_from([24, 24, 24, 28, 28, 26, 30, 20]),  # extras: options (28, 30), nmeta (26, 30)
+    st.sampled_from([0, 0, 0, 0, 2, 0x20, *_OPTIONS, 0x0C, 0x04]),  # with 28 or 30 bytes
+    st.sampled_from([0, 1, 5, 6, (1 << 63) - 1, 1 << 63]),  # rev seqno (SEQNO_MAX, past it)
+    st.sampled_from([0, 1 << 48, 2 << 48, 2 << 48]),  # meta CAS (ties among them)
+    st.sampled_from([0, 0, 3]),  # flags
+    st.sampled_from([0, 0, 1_700_000_000]),  # expiration (a delete's: its time)
+    st.sampled_from([None, None, None, VBUCKETS - 1, VBUCKETS - 2]),  # None: the key's vbucket
+)
+
+
+def encode_with_meta(i: int, op: int, key: bytes, value: bytes, dt: int, cas: int, extlen: int,
+                     options: int, rev: int, meta_cas: int, flags: int, exp: int,
+                     vb: int | None) -> bytes:  # fmt: skip
+    vbucket = vb if vb is not None else vbucket_for_key(key, VBUCKETS) if key else 0
+    extras = struct.pack(">IIQQ", flags, exp, rev & ((1 << 64) - 1), meta_cas)
+    extras += {24: b"", 26: b"\0\x01", 28: struct.pack(">I", options),
+               30: struct.pack(">IH", options, 1), 20: b""}[extlen]  # fmt: skip
+    return encode_frame(
+        Magic.ClientRequest, op, key=key, value=value, datatype=dt, extras=extras[:extlen],
+        cas=cas, vbucket=vbucket, opaque=i,
+    )  # fmt: skip
+
+
+# a chunk's frames (their opaques given in order): plain requests and with-meta writes
+mixed_frames = st.lists(
+    st.one_of(
+        request.map(lambda r: encode(0, *r)),
+        with_meta_request.map(lambda r: encode_with_meta(0, *r)),
+    ),
+    min_size=1,
+    max_size=40,
+)
+EVERY_FEATURE = {HelloFeature.MutationSeqno, HelloFeature.Datatype, HelloFeature.Xattr,
+                 HelloFeature.Snappy}  # fmt: skip
+
+
+# a replicator's writes: the shape the fast path serves, so conflict resolution decides there
+replicated_frames = st.lists(
+    st.tuples(
+        st.sampled_from(sorted(kv.WITH_META_RESPONSES)),
+        st.sampled_from([b"k3", b"k7", b"k1", b"a"]),
+        st.sampled_from([b"", b"v", b'{"a":1}']),
+        st.sampled_from([0, Datatype.JSON]),
+        st.just(0),
+        st.sampled_from([24, 28]),
+        st.sampled_from([0, 0, 1, 2, 8, 0x0C, 0x10]),
+        st.sampled_from([1, 5, 6]),
+        st.sampled_from([1 << 48, 2 << 48, 3 << 48]),
+        st.sampled_from([0, 3]),
+        st.sampled_from([0, 1_700_000_000]),
+        st.just(None),
+    ).map(lambda r: encode_with_meta(0, *r)),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    mixed_frames,
+    st.sampled_from(list(ConflictMode)),
+    st.sampled_from([1 << 30, 4000]),
+    st.sampled_from([set(), EVERY_FEATURE]),
+    st.lists(st.integers(0, 1 << 16), max_size=4),
+    st.sampled_from(["Administrator", "Administrator", *ROLES]),
+)
+def test_with_meta_writes_are_answered_and_stored_as_the_general_path_does(
+    frames: list[bytes], mode: ConflictMode, quota: int, features: set[HelloFeature],
+    cuts: list[int], user: str,
+) -> None:  # fmt: skip
+    assert_same_as_general(frames, mode, quota, features, cuts, user)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    replicated_frames,
+    st.sampled_from(list(ConflictMode)),
+    st.sampled_from([set(), EVERY_FEATURE]),
+    st.lists(st.integers(0, 1 << 16), max_size=4),
+)
+def test_replicated_writes_win_and_lose_as_on_the_general_path(
+    frames: list[bytes], mode: ConflictMode, features: set[HelloFeature], cuts: list[int]
+) -> None:
+    assert_same_as_general(frames, mode, 1 << 30, features, cuts, "Administrator")
+
+
+def assert_same_as_general(
+    frames: list[bytes], mode: ConflictMode, quota: int, features: set[HelloFeature],
+    cuts: list[int], user: str,
+) -> None:  # fmt: skip
+    """The same answers, stored items, write queue (DCP) and counters both ways."""
+    data = b"".join(f[:12] + struct.pack(">I", i) + f[16:] for i, f in enumerate(frames))
+    with served(quota, features, user, mode) as (c1, b1), served(quota, features, user, mode) as (
+        c2, b2,
+    ):  # fmt: skip
+        assert b"".join(fast(c1, data, cuts)) == b"".join(general(c2, data))
+        assert state_of(b1) == state_of(b2)
+        assert write_queue(b1) == write_queue(b2)
+        assert c1.server.eaccess == c2.server.eaccess
+        assert c1.server.ops == c2.server.ops
+
+
+def test_replicated_writes_take_the_fast_path_and_lose_conflict_resolution_there() -> None:
+    """A batch of quiet with-meta writes (a replicator's) is served whole; sent again, every
+    write is an identical version, refused (KeyExists) by conflict resolution, here too."""
+    batch = b"".join(
+        encode_with_meta(i, Opcode.SetqWithMeta, k, b"v", 0, 0, 24, 0, 3, 5 << 48, 0, 0, None)
+        for i, k in enumerate(MINE)
+    )
+    with served(1 << 30, set()) as (conn, bucket):
+        out: list[bytes] = []
+        assert serve_plain(conn, batch, 0, out, MAX_VALUE) == len(batch) and out == []
+        stored = [bucket.vbuckets[vbucket_for_key(k, VBUCKETS)].get(k) for k in MINE]
+        assert {(i.cas, i.rev_seqno) for i in stored} == {(5 << 48, 3)}
+        assert serve_plain(conn, batch, 0, out, MAX_VALUE) == len(batch)
+        refused = list(FrameParser().feed(b"".join(out)))
+        assert [f.status for f in refused] == [Status.KeyEexists] * len(MINE)
+
+
 def test_the_keys_cover_every_kind_of_vbucket() -> None:
     vbs = {k: vbucket_for_key(k, VBUCKETS) for k in (b"k0", b"k3", b"k7", b"x" * 250, b"k1", b"a")}
     assert set(vbs.values()) == {0, 1, 2, 3}
@@ -194,10 +335,11 @@ def test_no_gate_no_fast_path() -> None:
 
 
 def test_the_fast_path_serves_what_the_routes_hand_to_the_handlers_it_mirrors() -> None:
-    """Its gates are the routes' (dispatch.closed_gate); its answers are those of these two
-    handlers, which the differential test above holds it to."""
+    """Its gates are the routes' (dispatch.closed_gate); its answers are those of these
+    handlers, which the differential tests above hold it to."""
     mirrors = {Opcode.Get: kv_handlers.get, Opcode.GetQ: kv_handlers.get,
-               Opcode.Set: kv_handlers.store, Opcode.SetQ: kv_handlers.store}  # fmt: skip
+               Opcode.Set: kv_handlers.store, Opcode.SetQ: kv_handlers.store,
+               **dict.fromkeys(kv.WITH_META_RESPONSES, with_meta.with_meta)}  # fmt: skip
     assert {op: ROUTES[op].handler for op in _SERVE} == mirrors
 
 

@@ -135,6 +135,10 @@ class Connection:
     def next_opaque(self) -> int:
         return next(self._opaques)
 
+    def next_opaques(self, count: int) -> list[int]:
+        """The next ``count`` opaques at once (a batch of quiet requests)."""
+        return list(itertools.islice(self._opaques, count))
+
     # -- writing --------------------------------------------------------------------------
 
     def send(self, msg: Message, framing: bytes = b"") -> None:

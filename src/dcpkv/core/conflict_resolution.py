@@ -39,16 +39,20 @@ and the cases, in the order :func:`incoming_wins` checks them:
                                             replication needs no loop marker
 === ======================================= ============================================
 
-A local tombstone is a local copy like any other (its rev seqno and CAS count), which is why
-the server reads a tombstone back from disk when the hash table has dropped it. The rule is
-antisymmetric: of two versions with different tuples exactly one beats the other (the table
-test and the property test in ``tests/core/test_conflict_resolution.py`` hold it to that).
+The rule reads a version through :class:`Version`: a :class:`Meta` (a replicator's view of a
+GetMeta answer) or the engine's item itself, so a with-meta write compares the two versions
+it holds without building anything. A local tombstone is a local copy like any other (its
+rev seqno and CAS count), which is why the server reads a tombstone back from disk when the
+hash table has dropped it. The rule is antisymmetric: of two versions with different tuples
+exactly one beats the other (the table test and the property test in
+``tests/core/test_conflict_resolution.py`` hold it to that).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 
 class ConflictMode(StrEnum):
@@ -68,7 +72,24 @@ class Meta:
     xattrs: bool = False
 
 
-def resolution_key(mode: ConflictMode, meta: Meta, *, delete: bool) -> tuple[int, ...]:
+class Version(Protocol):
+    """What conflict resolution reads of one version of a key (:class:`Meta` has it all)."""
+
+    @property
+    def cas(self) -> int: ...
+    @property
+    def rev_seqno(self) -> int: ...
+    @property
+    def expiry(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def deleted(self) -> bool: ...
+    @property
+    def xattrs(self) -> bool: ...
+
+
+def resolution_key(mode: ConflictMode, meta: Version, *, delete: bool) -> tuple[int, ...]:
     """The tuple compared when the incoming write is a delete (``delete``) or a set/add."""
     first, second = (meta.rev_seqno, meta.cas) if mode is ConflictMode.SEQNO else (
         meta.cas, meta.rev_seqno,
@@ -78,7 +99,7 @@ def resolution_key(mode: ConflictMode, meta: Meta, *, delete: bool) -> tuple[int
     return (first, second, meta.expiry, meta.flags)
 
 
-def incoming_wins(mode: ConflictMode, incoming: Meta, local: Meta | None) -> bool:
+def incoming_wins(mode: ConflictMode, incoming: Version, local: Version | None) -> bool:
     """Whether ``incoming`` replaces ``local`` (None: the key has no copy here); the cases
     of the module docstring, in order."""
     if local is None:

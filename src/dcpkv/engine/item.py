@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
+from dcpkv.protocol.constants import Datatype
 
+_XATTR = int(Datatype.Xattr)
 # Fixed per-item overhead in the memory accounting: object header, slots and dict entry.
 ITEM_OVERHEAD = 96
 
@@ -50,6 +52,12 @@ class Item:
     @property
     def resident(self) -> bool:
         return self.value is not None
+
+    @property
+    def xattrs(self) -> bool:
+        """Whether the value carries xattrs (what conflict resolution reads of the datatype:
+        an item is a :class:`~dcpkv.core.conflict_resolution.Version`)."""
+        return bool(self.datatype & _XATTR)
 
     def size(self) -> int:
         """Bytes this item is charged for in the memory accounting."""

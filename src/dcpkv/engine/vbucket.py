@@ -692,11 +692,11 @@ class VBucket:
             stored = self.hash_table.entries.get(key)
             if add and live is not None:
                 raise KeyExists("key exists")
-            _check_cas(live, cas)
+            if cas:
+                _check_cas(live, cas)
             local = stored if stored is not None else disk
-            if check_conflict and not cr.incoming_wins(
-                self.conflict_mode, _meta(incoming), None if local is None else _meta(local)
-            ):
+            # (the items are the versions compared: nothing is built for the rule)
+            if check_conflict and not cr.incoming_wins(self.conflict_mode, incoming, local):
                 raise KeyExists("the incoming version loses conflict resolution")
             seqno = self.high_seqno + 1
             if seqno > SEQNO_MAX or incoming.rev_seqno > SEQNO_MAX:
@@ -1534,13 +1534,6 @@ class VBucket:
 
 def _nothing() -> None:
     return None
-
-
-def _meta(item: Item) -> cr.Meta:
-    return cr.Meta(
-        cas=item.cas, rev_seqno=item.rev_seqno, expiry=item.expiry, flags=item.flags,
-        deleted=item.deleted, xattrs=bool(item.datatype & _XATTR),
-    )  # fmt: skip
 
 
 def _check_cas(current: Item | None, cas: int) -> None:

@@ -808,6 +808,7 @@ class GetqMetaResponse(GetMetaResponse):
 # -- with-meta writes (XDCR) -----------------------------------------------------------------
 
 WITH_META = struct.Struct(">IIQQ")  # flags, expiration, rev seqno, cas
+WITH_META_OPTIONS = struct.Struct(WITH_META.format + "I")  # ... and the options word
 WITH_META_EXTRAS_LENGTHS = (24, 26, 28, 30)
 
 

@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Nearly every request a data server sees is a Get or a Set. The general path
+Nearly every request a data server sees is a Get or a Set (a target cluster of XDCR: a
+with-meta write). The general path
 (:class:`~dcpkv.protocol.frame.FrameParser` -> ``Frame`` -> route -> decoded message ->
 handler -> response message -> bytes) builds four objects per request, and that object churn,
 not the work, was most of a request's cost. :func:`serve_plain` walks the whole classic frames
@@ -12,10 +13,16 @@ at the start of a chunk and answers in place those of the common shape:
 Get, GetQ  magic 0x80, no extras, a key of 1..250 bytes, no value
 Set, SetQ  magic 0x80, 8 bytes of extras, a key, no CAS, a plain or JSON datatype, the
            bucket not compressing
+with-meta  SetWithMeta, AddWithMeta, DelWithMeta and their quiet forms (XDCR's writes):
+           magic 0x80, 24 or 28 bytes of extras (no nmeta), a key, no CAS, a plain or
+           JSON datatype (a deletion: no value), options the general path accepts, the
+           bucket not compressing
 ========== ============================================================================
 
 with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_resident` (the first step of its
-Get) and :meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set). It stops at the first frame
+Get), :meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set), and for a with-meta write the
+general handler's own steps (:mod:`dcpkv.server.with_meta`: the options' refusal, the
+incoming item, the engine's write), only read from the bytes. It stops at the first frame
 that is anything else (another opcode, a flex frame, a partial frame, a gate the user does not
 pass, a value with xattrs or compressed, a Get the engine cannot answer from memory) and
 returns where it stopped; the caller
@@ -44,6 +51,7 @@ from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
 from dcpkv.protocol.constants import HEADER_LEN, MAX_KEY_LEN, Datatype, HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import HEADER, FrameParser, body_length
+from dcpkv.server import with_meta
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import ROUTES, closed_gate
 from dcpkv.server.kv_handlers import refusal
@@ -61,6 +69,11 @@ _GETQ = int(Opcode.GetQ)
 _SETQ = int(Opcode.SetQ)
 _NOT_JSON = 0xFF & ~int(Datatype.JSON)
 _SET_EXTRAS = kv.FLAGS_EXPIRY.size
+_META_EXTRAS = kv.WITH_META.size  # (no options word)
+_META_OPTIONS_EXTRAS = kv.WITH_META_OPTIONS.size
+_WITH_META = frozenset(int(op) for op in kv.WITH_META_RESPONSES)
+_META_QUIET = frozenset(int(op) for op in with_meta.QUIET)
+_META_DELETES = frozenset(int(op) for op in with_meta.DELETES)
 # (The layouts are used as ``kv.NAME.pack``: Python 3.11 compiles a method call on a name bound
 # by ``from ... import`` as an attribute load that builds a bound method each time, ~450 more
 # machine instructions per call, counted with callgrind.)
@@ -76,7 +89,10 @@ def _refused(conn: Connection, opcode: int, opaque: int, exc: EngineError) -> by
 class _Chunk:
     """What serving one chunk needs, looked up once: the gates, the bucket, the features."""
 
-    __slots__ = ("append", "conn", "mask", "max_value", "plain_writes", "seqnos", "serving")
+    __slots__ = (
+        "append", "conn", "mask", "max_value", "plain_values", "plain_writes", "seqnos",
+        "serving",
+    )  # fmt: skip
 
     def __init__(self, conn: Connection, out: list[bytes], max_value: int) -> None:
         self.conn, self.append, self.max_value = conn, out.append, max_value
@@ -85,10 +101,8 @@ class _Chunk:
         # A bucket that compresses what it stores takes no value as it comes (kv_handlers);
         # one with a minimum durability level makes every write a SyncWrite (dispatch).
         bucket = conn.bucket
-        self.plain_writes = (
-            bucket.compression_mode is not CompressionMode.ACTIVE
-            and bucket.durability_min_level is None
-        )
+        self.plain_values = bucket.compression_mode is not CompressionMode.ACTIVE
+        self.plain_writes = self.plain_values and bucket.durability_min_level is None
         self.mask = conn.datatype_mask
         self.seqnos = HelloFeature.MutationSeqno in conn.features
 
@@ -152,6 +166,46 @@ class _Chunk:
             self.append(kv.SET_OK.pack(kv.SET_OK_HEAD, opaque, item.cas))
         return True
 
+    def with_meta(self, vbucket: VBucket, data: bytes, k: int, header: Header) -> bool:
+        """Answer a with-meta write of the common shape (True), or decline it (False,
+        nothing done); its key starts at ``k`` in ``data``. A with-meta route needs no
+        durability (dispatch): a bucket's minimum level does not concern it."""
+        _, opcode, keylen, extlen, datatype, _, body, opaque, cas = header
+        value_end = k - extlen + body
+        v = k + keylen
+        if (cas or datatype & _NOT_JSON or not self.plain_values
+                or not 0 <= value_end - v <= self.max_value):  # fmt: skip
+            return False
+        if extlen == _META_EXTRAS:
+            flags, expiration, rev_seqno, meta_cas = kv.WITH_META.unpack_from(data, k - extlen)
+            options = 0
+        elif extlen == _META_OPTIONS_EXTRAS:
+            flags, expiration, rev_seqno, meta_cas, options = kv.WITH_META_OPTIONS.unpack_from(
+                data, k - extlen
+            )
+        else:
+            return False
+        conn, delete = self.conn, opcode in _META_DELETES
+        if (delete and v != value_end) or with_meta.options_refusal(conn, options, delete):
+            return False  # (a tombstone's xattrs, a refused option: the general path)
+        incoming = with_meta.incoming_item(
+            conn, opcode, data[k:v], data[v:value_end], datatype, flags, expiration,
+            rev_seqno, meta_cas, options,
+        )  # fmt: skip
+        try:
+            item = with_meta.store(vbucket, opcode, incoming, options, 0)
+        except EngineError as exc:  # KeyExists (lost conflict resolution), NotMyVbucket...
+            self.append(_refused(conn, opcode, opaque, exc))
+            return True
+        if opcode in _META_QUIET:
+            return True  # success: a quiet form says nothing
+        if self.seqnos:
+            self.append(kv.MUTATED.pack(_RESPONSE, opcode, 0, 16, 0, 0, 16, opaque, item.cas,
+                                        vbucket.uuid, item.by_seqno))  # fmt: skip
+        else:
+            self.append(HEADER.pack(_RESPONSE, opcode, 0, 0, 0, 0, 0, opaque, item.cas))
+        return True
+
 
 Serve = Callable[[_Chunk, VBucket, bytes, int, Header], bool]
 _SERVE: dict[int, Serve] = {
@@ -159,6 +213,7 @@ _SERVE: dict[int, Serve] = {
     _GETQ: _Chunk.get,
     _SET: _Chunk.set,
     _SETQ: _Chunk.set,
+    **dict.fromkeys(_WITH_META, _Chunk.with_meta),
 }
 
 
@@ -275,8 +330,8 @@ def rest_of_frame(head: bytes, buffered: int, available: int) -> int | None:
 def general_run_end(data: bytes, pos: int) -> int | None:
     """Where the general path's share from ``pos`` ends: the frame there (the fast path
     declined it) and the whole frames after it whose opcodes this module never serves (it
-    would decline each in turn: handed over in one go, a run of XDCR's with-meta writes
-    costs one call, not one per frame); None when the first frame is not whole."""
+    would decline each in turn: handed over in one go, a run of them costs one call, not
+    one per frame); None when the first frame is not whole."""
     end = frame_end(data, pos)
     while end is not None:
         after = frame_end(data, end)

@@ -51,8 +51,12 @@ class ChangeFilter:
     skip_deletions: bool = False
     skip_expirations: bool = False
     _pattern: re.Pattern[str] | None = field(default=None, init=False, compare=False)
+    # no expression, nothing skipped: every change passes (the replicator asks no more)
+    everything: bool = field(default=False, init=False, compare=False)
 
     def __post_init__(self) -> None:
+        everything = not (self.key_regex or self.skip_deletions or self.skip_expirations)
+        object.__setattr__(self, "everything", everything)
         if self.key_regex:
             try:
                 object.__setattr__(self, "_pattern", re.compile(self.key_regex))
@@ -92,7 +96,8 @@ class Batcher:
             self._bytes -= change_bytes(older)
             self.deduplicated += 1
         self._changes[slot] = change
-        self._bytes += change_bytes(change)
+        # (change_bytes inlined: once per replicated change)
+        self._bytes += len(change.key) + (len(change.value) if type(change) is Mutation else 0)
         if len(self._changes) >= self.max_items or self._bytes >= self.max_bytes:
             return self.take()
         return None

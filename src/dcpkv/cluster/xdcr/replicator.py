@@ -79,6 +79,7 @@ _RETRY = frozenset({Status.Etmpfail, Status.Ebusy, Status.Enomem, Status.SyncWri
 # identical (counted as docs_failed_cr_target instead of docs_written; the data is the same).
 _BATCH_TIMEOUT_S = 15.0
 _SUCCESS = int(Status.Success)
+_CHANGES = (Mutation, Deletion, Expiration)
 _WRITE_RETRIES = 50  # a target short of memory: ~10 s of pauses before the batch fails
 
 
@@ -210,13 +211,14 @@ class Replicator:
     # -- the pipeline -----------------------------------------------------------------------
 
     def _take(self, event: Event, batcher: pipeline.Batcher) -> list[pipeline.Change] | None:
+        # (once per replicated change: a tuple isinstance, the filter asked only when set)
         self._window.took(event.vbucket, event.offset)
-        if isinstance(event, Mutation | Deletion | Expiration):
+        if isinstance(event, _CHANGES):
             self.stats["docs_processed"] += 1
-            if not self.settings.filter.passes(event):
-                self.stats["docs_filtered"] += 1
-                return None
-            return batcher.add(event)
+            change_filter = self.settings.filter
+            if change_filter.everything or change_filter.passes(event):
+                return batcher.add(event)
+            self.stats["docs_filtered"] += 1
         return None
 
     async def _write(self, target: ClusterKV, batch: list[pipeline.Change]) -> None:
@@ -391,7 +393,7 @@ async def _quiet_writes(
         try:
             session = await within(target.session(node), target.config.connect_timeout)
             conn = session.conn
-            opaques = [conn.next_opaque() for _ in indexes]
+            opaques = conn.next_opaques(len(indexes))
             frame = pipeline.write_frame
             frames = b"".join([frame(batch[i], options, opaques[n]) for n, i in enumerate(indexes)])
             failures = await within(
@@ -400,6 +402,10 @@ async def _quiet_writes(
             )
         except NODE_ERRORS:
             await target.drop(node)
+            return
+        if not failures:  # the usual answer: every write succeeded
+            for i in indexes:
+                statuses[i] = _SUCCESS
             return
         for i, opaque in zip(indexes, opaques, strict=True):
             answer = failures.get(opaque)
@@ -415,14 +421,19 @@ async def _quiet_writes(
 
 
 def _by_node(target: ClusterKV, vbuckets: Sequence[int]) -> dict[Node, list[int]]:
-    """The indexes of ``vbuckets`` by the node holding each active (none: left out)."""
+    """The indexes of ``vbuckets`` by the node holding each active (none: left out), in
+    order. (A node is hashed once per vbucket, not once per index: a frozen dataclass's
+    hash is a tuple's, built anew each time.)"""
     by_node: dict[Node, list[int]] = {}
-    nodes: dict[int, Node | None] = {}
+    lists: dict[int, list[int] | None] = {}
     active = target.router.active
+    for vbucket in set(vbuckets):
+        node = active(vbucket)
+        lists[vbucket] = None if node is None else by_node.setdefault(node, [])
     for i, vbucket in enumerate(vbuckets):
-        node = nodes[vbucket] if vbucket in nodes else nodes.setdefault(vbucket, active(vbucket))
-        if node is not None:
-            by_node.setdefault(node, []).append(i)
+        indexes = lists[vbucket]
+        if indexes is not None:
+            indexes.append(i)
     return by_node
 
 
