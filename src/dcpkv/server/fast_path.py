@@ -197,6 +197,8 @@ class _Chunk:
         except EngineError as exc:  # KeyExists (lost conflict resolution), NotMyVbucket...
             self.append(_refused(conn, opcode, opaque, exc))
             return True
+        except WouldBlock:  # a tombstone or a non-resident key: the general path waits
+            return False
         if opcode in _META_QUIET:
             return True  # success: a quiet form says nothing
         if self.seqnos:
