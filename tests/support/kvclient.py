@@ -120,12 +120,12 @@ class KVClient:
 
 
 class Writer:
-    """A logged-in :class:`KVClient` that sends every key to its vbucket (``vbuckets``: the
+    """A logged-in :class:`KVClient` that sends every key to its vbucket (``num_vbuckets``: the
     bucket's count; serverproc starts every server with 16)."""
 
-    def __init__(self, port: int, vbuckets: int = 16) -> None:
+    def __init__(self, port: int, num_vbuckets: int = 16) -> None:
         self.c = KVClient(port)
-        self.vbuckets = vbuckets
+        self.num_vbuckets = num_vbuckets
         assert self.c.login().status == Status.Success
 
     def close(self) -> None:
@@ -138,7 +138,7 @@ class Writer:
         self.close()
 
     def vb_of(self, key: bytes) -> int:
-        return vbucket_for_key(key, self.vbuckets)
+        return vbucket_for_key(key, self.num_vbuckets)
 
     def set(self, key: bytes, value: bytes, expiry: int = 0) -> None:
         frame = self.c.set(key, value, vbucket=self.vb_of(key), expiry=expiry)
