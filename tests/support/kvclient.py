@@ -173,6 +173,45 @@ def poll_rounds(limit_s: float = 30.0, pause_s: float = 0.002) -> Iterator[int]:
         time.sleep(pause_s)
 
 
+def send_batch(
+    c: KVClient, opcode: int, keys: list[bytes], value: bytes = b"", num_vbuckets: int = 16
+) -> list[Frame]:
+    """Pipelined requests in one send, one per key, each to the key's vbucket (of
+    ``num_vbuckets``: serverproc starts every server with 16); the answers, in request order.
+    A Set carries zero flags and expiry."""
+    extras = struct.pack(">II", 0, 0) if opcode == Opcode.Set else b""
+    c.send(b"".join(
+        c.frame(opcode, key=k, value=value, extras=extras, vbucket=vbucket_for_key(k, num_vbuckets))
+        for k in keys
+    ))  # fmt: skip
+    return [c.recv_frame() for _ in keys]
+
+
+def write_keys(
+    c: KVClient, keys: list[bytes], value: bytes, *, batch: int, window_s: float
+) -> tuple[int, list[bytes]]:
+    """Set every key, ``batch`` at a time (pipelined), retrying those answered Etmpfail as a
+    client should, for up to ``window_s`` per batch; stops at the first batch still refused
+    then. Returns the keys taken and that batch's refused keys (none: every key was taken).
+    Any answer but Success or Etmpfail fails the test."""
+    taken = 0
+    for base in range(0, len(keys), batch):
+        pending = keys[base : base + batch]
+        for _ in poll_rounds(limit_s=window_s, pause_s=0.02):
+            refused = []
+            for key, frame in zip(pending, send_batch(c, Opcode.Set, pending, value), strict=True):
+                assert frame.status in (Status.Success, Status.Etmpfail), Status(frame.status)
+                if frame.status == Status.Etmpfail:
+                    refused.append(key)
+            taken += len(pending) - len(refused)
+            pending = refused
+            if not pending:
+                break
+        if pending:
+            return taken, pending
+    return taken, []
+
+
 def _own(frame: Frame) -> Frame:
     """Detach a frame from the parser's buffer (tests keep frames around)."""
     frame.extras, frame.key, frame.value = bytes(frame.extras), bytes(frame.key), bytes(frame.value)
