@@ -26,8 +26,7 @@ from pathlib import Path
 
 from _server import bench_server
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.cluster.local import LocalCluster
 
@@ -50,7 +49,7 @@ def _load(conn: ConnectionSettings, count: int, vbuckets: int) -> float:
 
 
 async def _ready(conn: ConnectionSettings, timeout_s: float = 60.0) -> None:
-    kv = await ClusterKV.open(ClientConfig(conn))
+    kv = await ClusterKV.open(ClientSettings(conn))
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -73,7 +72,7 @@ def same_data(
         bench_server(vbuckets, label=f"{label}-single") as port,
         tempfile.TemporaryDirectory(prefix=f"dcpkv-bench-{label}-cluster-") as tmp,
     ):
-        cluster = LocalCluster(Path(tmp), nodes=NODES, replicas=REPLICAS, vbuckets=vbuckets)
+        cluster = LocalCluster(Path(tmp), nodes=NODES, replicas=REPLICAS, num_vbuckets=vbuckets)
         try:
             cluster.start()
             nodes = ",".join(cluster.address(c) for c in cluster.data_nodes)

@@ -30,9 +30,8 @@ import typer
 from _report import bench_main, write_json
 from dcpkv.client import events
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.cluster.local import LocalCluster
 from latency import _quantile_ms
 
@@ -68,7 +67,7 @@ async def _durable(kv: ClusterKV, count: int) -> list[float]:
     return sorted(took)
 
 
-async def _stream(config: ClientConfig) -> tuple[int, float]:
+async def _stream(config: ClientSettings) -> tuple[int, float]:
     items = 0
     start = time.perf_counter()
     async with Consumer(config) as consumer:
@@ -77,7 +76,7 @@ async def _stream(config: ClientConfig) -> tuple[int, float]:
     return items, items / (time.perf_counter() - start)
 
 
-async def _run(config: ClientConfig, count: int, durable: int) -> dict[str, float]:
+async def _run(config: ClientSettings, count: int, durable: int) -> dict[str, float]:
     kv = await ClusterKV.open(config)
     try:
         await _ready(kv)
@@ -103,16 +102,16 @@ def main(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="dcpkv-bench-cluster-") as tmp:
-        cluster = LocalCluster(Path(tmp), nodes=3, replicas=1, vbuckets=VBUCKETS)
+        cluster = LocalCluster(Path(tmp), nodes=3, replicas=1, num_vbuckets=VBUCKETS)
         try:
             cluster.start()
             seeds = ",".join(f"127.0.0.1:{c.port}" for c in cluster.children if c.name != "manager")
-            config = ClientConfig(ConnectionSettings.parse(f"couchbase://{seeds}"), name="bench")
+            config = ClientSettings(ConnectionSettings.parse(f"couchbase://{seeds}"), name="bench")
             figures = asyncio.run(_run(config, count, durable))
         finally:
             cluster.stop()
     print(figures)
-    write_json(json_out, "cluster_client", figures, nodes=3, replicas=1, vbuckets=VBUCKETS)
+    write_json(json_out, "cluster_client", figures, nodes=3, replicas=1, num_vbuckets=VBUCKETS)
 
 
 if __name__ == "__main__":

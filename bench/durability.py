@@ -43,9 +43,8 @@ from _report import bench_main, write_json
 from _server import bench_server
 from dcpkv.client.blocking import BlockingKV, KVRequest
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.durability import Durability, ServerDurability, SyncWriteImpossibleError
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.cluster.local import LocalCluster
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import Opcode
@@ -96,7 +95,7 @@ async def _measure(
     conn: ConnectionSettings, persist_to: int, seconds: float, rounds: int
 ) -> dict[str, float]:
     modes = _modes(persist_to)
-    config = ClientConfig(conn, request_timeout=30.0)
+    config = ClientSettings(conn, request_timeout=30.0)
     figures: dict[str, float] = {}
     async with await ClusterKV.open(config) as kv:
         try:  # a SyncWrite needs topologies: say so plainly when there are none
@@ -162,7 +161,7 @@ def one_node() -> Iterator[ConnectionSettings]:
 @contextmanager
 def cluster(nodes: int) -> Iterator[ConnectionSettings]:
     with tempfile.TemporaryDirectory(prefix="dcpkv-bench-durability-") as tmp:
-        local = LocalCluster(Path(tmp), nodes=nodes, replicas=1, vbuckets=VBUCKETS)
+        local = LocalCluster(Path(tmp), nodes=nodes, replicas=1, num_vbuckets=VBUCKETS)
         try:
             local.start()
             addresses = ",".join(local.address(c) for c in local.data_nodes)
@@ -175,7 +174,7 @@ def cluster(nodes: int) -> Iterator[ConnectionSettings]:
 
 async def _ready(conn: ConnectionSettings) -> None:
     """Until the map names an active and a replica for every vbucket."""
-    async with await ClusterKV.open(ClientConfig(conn)) as kv:
+    async with await ClusterKV.open(ClientSettings(conn)) as kv:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             m = kv.router.map

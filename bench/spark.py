@@ -53,8 +53,7 @@ from _cluster import same_data
 from _report import bench_main, write_json
 from dcp import loaded_server  # bench/dcp.py (the script's folder is on sys.path)
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.pipelines.class_archive import java_options
 from dcpkv.pipelines.worker_python import worker_python
@@ -70,7 +69,9 @@ def raw_rate(port: int) -> tuple[int, float]:
     """Mutations streamed by one SyncConsumer from 0 to the high seqnos; (count, seconds)."""
     start = time.perf_counter()
     count = 0
-    with SyncConsumer(ClientConfig(ConnectionSettings.at(port=port), name="bench:raw")) as consumer:
+    with SyncConsumer(
+        ClientSettings(ConnectionSettings.at(port=port), name="bench:raw")
+    ) as consumer:
         for event in consumer.stream(start="beginning", end="now"):
             if isinstance(event, events.Mutation):
                 count += 1
@@ -80,7 +81,7 @@ def raw_rate(port: int) -> tuple[int, float]:
 def task_path_rate(port: int) -> tuple[int, float]:
     """The same stream as :func:`raw_rate`, driven the way a Spark task drives it
     (``dcpkv.spark.read.stream_events``), in one process."""
-    config = ClientConfig(ConnectionSettings.at(port=port), name="bench:chunked")
+    config = ClientSettings(ConnectionSettings.at(port=port), name="bench:chunked")
     with SyncConsumer(config) as consumer:
         seqnos = consumer.vbucket_seqnos()
     work = [VbTarget(vb, VbPosition.at(0, 0), high, high) for vb, (_u, high) in seqnos.items()]

@@ -37,9 +37,8 @@ from _cluster import same_data
 from _report import bench_main, write_json
 from dcp import loaded_server
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 
 
 async def consume(port: int) -> tuple[int, float]:
@@ -49,7 +48,7 @@ async def consume(port: int) -> tuple[int, float]:
 async def consume_from(conn: ConnectionSettings) -> tuple[int, float]:
     count = 0
     start = time.perf_counter()
-    async with Consumer(ClientConfig(conn, name="bench:consumer")) as consumer:
+    async with Consumer(ClientSettings(conn, name="bench:consumer")) as consumer:
         async for ev in consumer.stream(end="now"):
             if type(ev) is events.Mutation:
                 count += 1

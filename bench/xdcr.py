@@ -37,10 +37,9 @@ import typer
 from _cluster import _load, _ready
 from _report import bench_main, write_json
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.events import Mutation
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.cluster.admin_client import admin_request
 from dcpkv.cluster.local import LocalCluster
 from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
@@ -100,7 +99,7 @@ async def _lag(source: ConnectionSettings, target: ConnectionSettings, rate: int
     acked: dict[bytes, float] = {}
     seen: dict[bytes, float] = {}
     total = int(rate * duration)
-    consumer = Consumer(ClientConfig(target, name="bench-xdcr-lag"))
+    consumer = Consumer(ClientSettings(target, name="bench-xdcr-lag"))
 
     async def follow() -> None:
         async for event in consumer.stream(start="now"):
@@ -111,7 +110,7 @@ async def _lag(source: ConnectionSettings, target: ConnectionSettings, rate: int
 
     follower = asyncio.create_task(follow())
     await asyncio.sleep(1.0)  # the streams are open
-    async with await ClusterKV.open(ClientConfig(source)) as kv:
+    async with await ClusterKV.open(ClientSettings(source)) as kv:
         start = time.perf_counter()
         for i in range(total):
             due = start + i / rate
@@ -139,8 +138,8 @@ def main(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write figures here.")] = None,
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="dcpkv-bench-xdcr-") as tmp:
-        a = LocalCluster(Path(tmp) / "a", nodes=nodes, replicas=0, vbuckets=vbuckets)
-        b = LocalCluster(Path(tmp) / "b", nodes=nodes, replicas=0, vbuckets=vbuckets)
+        a = LocalCluster(Path(tmp) / "a", nodes=nodes, replicas=0, num_vbuckets=vbuckets)
+        b = LocalCluster(Path(tmp) / "b", nodes=nodes, replicas=0, num_vbuckets=vbuckets)
         try:
             for c in (a, b):
                 c.start()

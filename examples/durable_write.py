@@ -19,7 +19,7 @@ import sys
 from example_options import parser_for, settings_of
 
 from dcpkv.client import (
-    ClientConfig,
+    ClientSettings,
     ClusterKV,
     DurabilityError,
     DurabilityImpossibleError,
@@ -28,7 +28,7 @@ from dcpkv.client import (
 
 
 async def durable_write(
-    config: ClientConfig, key: bytes, value: bytes, persist_to: int, replicate_to: int
+    config: ClientSettings, key: bytes, value: bytes, persist_to: int, replicate_to: int
 ) -> MutationToken:
     async with await ClusterKV.open(config) as kv:
         return await kv.upsert(key, value, persist_to=persist_to, replicate_to=replicate_to)
@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--replicate-to", type=int, default=0, help="replicas holding it")
     args = parser.parse_args()
 
-    config = ClientConfig(settings_of(args), name="example:durable-write")
+    config = ClientSettings(settings_of(args), name="example:durable-write")
     write = durable_write(
         config, args.key.encode(), args.value.encode(), args.persist_to, args.replicate_to
     )

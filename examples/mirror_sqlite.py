@@ -25,7 +25,7 @@ import sqlite3
 from example_options import parser_for, settings_of
 
 from dcpkv.client import (
-    ClientConfig,
+    ClientSettings,
     Consumer,
     Deletion,
     Event,
@@ -97,7 +97,7 @@ async def commit_regularly(mirror: Mirror, consumer: Consumer) -> None:
         mirror.commit(consumer.offsets)
 
 
-async def follow(mirror: Mirror, config: ClientConfig, log: MutationLog, end: str) -> None:
+async def follow(mirror: Mirror, config: ClientSettings, log: MutationLog, end: str) -> None:
     """Apply the bucket's changes to the mirror until ``end`` ("now" or "forever")."""
     async with Consumer(config, offsets=mirror.offsets(), mutation_log=log) as consumer:
         committer = asyncio.create_task(commit_regularly(mirror, consumer))
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--until-now", action="store_true", help="stop once caught up")
     args = parser.parse_args()
 
-    config = ClientConfig(settings_of(args), name="example:mirror-sqlite")
+    config = ClientSettings(settings_of(args), name="example:mirror-sqlite")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: as Ctrl-C
     mirror = Mirror(args.db)
     with MutationLog(args.db + ".mlog") as log, contextlib.suppress(KeyboardInterrupt):

@@ -21,7 +21,7 @@ import time
 from example_options import parser_for, settings_of
 
 from dcpkv.client import (
-    ClientConfig,
+    ClientSettings,
     Deletion,
     Event,
     Expiration,
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--until-now", action="store_true", help="stop once caught up")
     args = parser.parse_args()
 
-    config = ClientConfig(settings_of(args), name="example:stream-changes")
+    config = ClientSettings(settings_of(args), name="example:stream-changes")
     offsets = Offsets.load_or_new(args.offsets)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: as Ctrl-C
     saved_at = time.monotonic()

@@ -13,10 +13,9 @@ import sqlite3
 import sys
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.offsets import Offsets
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 
 COMMIT_EVERY = 50
 
@@ -45,7 +44,7 @@ async def main(port: int, path: str, until_now: bool) -> None:
     db = open_db(path)
     row = db.execute("SELECT offsets FROM state WHERE id = 0").fetchone()
     offsets = Offsets.from_json(row[0]) if row else Offsets()
-    config = ClientConfig(
+    config = ClientSettings(
         ConnectionSettings.at(port=port), name="test:applier", noop_interval=1.0, max_backoff=0.2
     )
     async with Consumer(config, offsets=offsets) as consumer:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
 from support.serverproc import ServerProcess
@@ -17,7 +16,7 @@ CAS = 0x1780_0000_0000_0000
 
 def test_only_the_failures_answer_under_their_opaques(server: ServerProcess) -> None:
     async def go() -> None:
-        config = ClientConfig(ConnectionSettings.at(port=server.port))
+        config = ClientSettings(ConnectionSettings.at(port=server.port))
         async with await ClusterKV.open(config) as c:
             conn = (await c.session(c.router.nodes()[0])).conn
             keys = [b"q-a", b"q-b", b"q-a", b"q-c"]  # the second q-a is identical: refused

@@ -9,9 +9,8 @@ import asyncio
 import struct
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol.constants import Opcode, StreamEndReason
@@ -42,7 +41,7 @@ def test_a_vbucket_that_leaves_and_returns_resumes_from_its_offset(
     server: ServerProcess,
 ) -> None:
     moving, steady = 3, 5
-    config = ClientConfig(
+    config = ClientSettings(
         ConnectionSettings.at(port=server.port), max_backoff=0.2, noop_interval=1.0
     )
     writer = Writer(server.port)

@@ -1,5 +1,5 @@
 """Durable writes as the DCP client library sees them, against a real server: with
-``ClientConfig(include_prepares=True)`` their prepares, commits and aborts arrive as events of
+``ClientSettings(include_prepares=True)`` their prepares, commits and aborts arrive as events of
 their own; by default (and as the Spark source and the pipelines' node source configure it)
 only committed changes arrive, a commit as the Mutation it made, never a prepare."""
 
@@ -12,9 +12,8 @@ import struct
 import pytest
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.pipelines.source_node import SourceSettings
 from dcpkv.spark.options import parse_options
 from support.rawclient import RawClient
@@ -57,7 +56,7 @@ def written(server: ServerProcess) -> ServerProcess:
     return server
 
 
-def received(config: ClientConfig) -> list[tuple[object, ...]]:
+def received(config: ClientSettings) -> list[tuple[object, ...]]:
     """(event, vbucket, key, seqno) of every change of vbuckets 3 and 5, up to now."""
 
     async def main() -> list[events.Event]:
@@ -72,7 +71,7 @@ def received(config: ClientConfig) -> list[tuple[object, ...]]:
 
 
 def test_include_prepares_brings_prepares_commits_and_aborts(written: ServerProcess) -> None:
-    config = ClientConfig(
+    config = ClientSettings(
         ConnectionSettings.at(port=written.port), name="prepares", include_prepares=True
     )
     assert sorted(received(config), key=lambda e: (e[1], e[3])) == [
@@ -91,7 +90,7 @@ def test_by_default_and_for_spark_and_the_pipelines_committed_changes_only(
     written: ServerProcess,
 ) -> None:
     at = ConnectionSettings.at(port=written.port)
-    spark = parse_options({"host": "127.0.0.1", "port": str(written.port)}).client_config()
-    for config in (ClientConfig(at, name="plain"), spark, SourceSettings(at).client_config()):
+    spark = parse_options({"host": "127.0.0.1", "port": str(written.port)}).client_settings()
+    for config in (ClientSettings(at, name="plain"), spark, SourceSettings(at).client_settings()):
         assert not config.include_prepares
         assert sorted(received(config), key=lambda e: (e[1], e[3])) == COMMITTED_ONLY

@@ -14,11 +14,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.core.deadline import within
 from support.clienthelp import VBUCKETS, Writer, vb_of
@@ -28,8 +27,8 @@ EVENT_TIMEOUT_S = 60.0  # a safety net against hangs, never an assertion on spee
 MAX_EVENTS = 200_000
 
 
-def config(port: int, name: str = "test:client") -> ClientConfig:
-    return ClientConfig(
+def config(port: int, name: str = "test:client") -> ClientSettings:
+    return ClientSettings(
         ConnectionSettings.at(port=port), name=name, noop_interval=1.0, max_backoff=0.5
     )
 
@@ -255,7 +254,7 @@ def test_dead_connection_is_noticed_and_resumed(server: ServerProcess) -> None:
     async def main() -> Consumer:
         app = App()
         consumer = Consumer(
-            ClientConfig(
+            ClientSettings(
                 ConnectionSettings.at(port=server.port), noop_interval=0.2, max_backoff=0.2
             )
         )
@@ -285,7 +284,7 @@ def test_include_values_false_streams_keys_without_values(server: ServerProcess)
     keys = {f"nv{i}".encode() for i in range(50)}
     for key in sorted(keys):
         w.set(key, key * 3)
-    cfg = ClientConfig(
+    cfg = ClientSettings(
         ConnectionSettings.at(port=server.port), name="test:novalue", include_values=False
     )
     with SyncConsumer(cfg) as sync:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import pytest
 
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import ClientError
 from dcpkv.client.durability import (
     Durability,
@@ -24,7 +23,7 @@ from dcpkv.client.durability import (
     parse_durability,
     sync_write_error,
 )
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.core.durability import DurabilityImpossibleError
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
@@ -112,7 +111,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 def run(node: ServerProcess, scenario) -> None:  # type: ignore[no-untyped-def]
     async def go() -> None:
-        config = ClientConfig(ConnectionSettings.at(port=node.port), retry_timeout=5.0)
+        config = ClientSettings(ConnectionSettings.at(port=node.port), retry_timeout=5.0)
         async with await ClusterKV.open(config) as kv:
             await scenario(kv)
 
@@ -155,7 +154,7 @@ def test_refusals_are_their_own_errors(node: ServerProcess) -> None:
 
     async def scenario(kv: ClusterKV) -> None:
         # Answers keep the request order on a connection: the other writes go on another.
-        config = ClientConfig(ConnectionSettings.at(port=node.port), retry_timeout=5.0)
+        config = ClientSettings(ConnectionSettings.at(port=node.port), retry_timeout=5.0)
         async with await ClusterKV.open(config) as other:
             await two_clients(kv, other)
 

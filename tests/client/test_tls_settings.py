@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from dcpkv.client.settings import ConnectionSettings, NodeAddressError, scheme_tls
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 from dcpkv.spark.options import OptionError, parse_options
 
 
@@ -34,14 +34,14 @@ def test_an_unknown_scheme_is_refused() -> None:
     ("options", "tls"),
     [
         ({"port": "11210"}, None),
-        ({"tls": "true", "tlsCa": "/ca.pem"}, TlsOptions(ca="/ca.pem")),
-        ({"nodes": "couchbases://h:11207", "tlsCa": "/ca.pem"}, TlsOptions(ca="/ca.pem")),
-        ({"TLS": "true", "tlsVerify": "false"}, TlsOptions(verify=False)),
+        ({"tls": "true", "tlsCa": "/ca.pem"}, TlsSettings(ca="/ca.pem")),
+        ({"nodes": "couchbases://h:11207", "tlsCa": "/ca.pem"}, TlsSettings(ca="/ca.pem")),
+        ({"TLS": "true", "tlsVerify": "false"}, TlsSettings(verify=False)),
         ({"tls": "true", "tlsCert": "/c.pem", "tlsKey": "/k.pem"},
-         TlsOptions(cert="/c.pem", key="/k.pem")),
+         TlsSettings(cert="/c.pem", key="/k.pem")),
     ],
 )  # fmt: skip
-def test_spark_tls_options(options: dict[str, str], tls: TlsOptions | None) -> None:
+def test_spark_tls_options(options: dict[str, str], tls: TlsSettings | None) -> None:
     parsed = parse_options(options).connection
     assert parsed.tls == tls
     # what the pipelines hand Spark parses back to the same settings
@@ -56,5 +56,5 @@ def test_bad_spark_tls_options_say_which() -> None:
 
 
 def test_settings_with_tls_pickle() -> None:
-    settings = ConnectionSettings.at("h", 11207, tls=TlsOptions(ca="/ca.pem"))
+    settings = ConnectionSettings.at("h", 11207, tls=TlsSettings(ca="/ca.pem"))
     assert pickle.loads(pickle.dumps(settings)) == settings

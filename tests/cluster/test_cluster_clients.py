@@ -21,10 +21,9 @@ import pytest
 from dcpkv.client import events
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.mutation_log import MutationLog
-from dcpkv.client.settings import ConnectionSettings, Node
+from dcpkv.client.settings import ClientSettings, ConnectionSettings, Node
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.durability import DurabilityLostError, DurabilityTimeoutError
 from dcpkv.core.vbucket import vbucket_for_key
@@ -32,8 +31,8 @@ from support.managerproc import VBUCKETS, Cluster, ManagerProcess, start_cluster
 from support.serverproc import ServerProcess
 
 
-def settings_of(*nodes: str) -> ClientConfig:
-    return ClientConfig(
+def settings_of(*nodes: str) -> ClientSettings:
+    return ClientSettings(
         ConnectionSettings.parse("couchbase://" + ",".join(nodes)),
         name="dcpkv-test",
         noop_interval=1.0,
@@ -51,7 +50,7 @@ def dead_address() -> str:
 
 
 @contextlib.asynccontextmanager
-async def cluster_kv(config: ClientConfig) -> AsyncIterator[ClusterKV]:
+async def cluster_kv(config: ClientSettings) -> AsyncIterator[ClusterKV]:
     kv = await ClusterKV.open(config)
     try:
         await wait_map_complete(kv)

@@ -30,7 +30,7 @@ BUCKET = cfg.new_bucket("default", 16, 0)
 
 
 def config(timeout_s: int) -> cfg.ClusterConfig:
-    settings = replace(cfg.Settings(), auto_failover_timeout_s=timeout_s)
+    settings = replace(cfg.FailoverConfig(), auto_failover_timeout_s=timeout_s)
     return cfg.ClusterConfig(
         nodes=(cfg.NodeConfig("127.0.0.1:1"),), buckets=(BUCKET,), settings=settings
     )

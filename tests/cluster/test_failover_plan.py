@@ -129,7 +129,7 @@ def test_the_config_round_trips_through_its_file(tmp_path: Path) -> None:
     config = cfg.ClusterConfig(
         nodes=(cfg.NodeConfig(A), cfg.NodeConfig(B), cfg.NodeConfig(C, cfg.NodeState.FAILED)),
         buckets=(cfg.BucketConfig(bucket.name, 4, 1, bucket.uuid, vb_map),),
-        settings=cfg.Settings(True, 30, auto_failover_count=1, repair_on_rollback=True),
+        settings=cfg.FailoverConfig(True, 30, auto_failover_count=1, repair_on_rollback=True),
         events=(cfg.FailoverEvent(C, "unresponsive for 5.2 s", 1_790_000_000.5),),
     )
     assert cfg.load(tmp_path) is None
@@ -139,13 +139,13 @@ def test_the_config_round_trips_through_its_file(tmp_path: Path) -> None:
 
 
 def test_a_config_saved_before_auto_failover_counts_none(tmp_path: Path) -> None:
-    cfg.save(tmp_path, cfg.ClusterConfig(settings=cfg.Settings(True, 30)))
+    cfg.save(tmp_path, cfg.ClusterConfig(settings=cfg.FailoverConfig(True, 30)))
     doc = json.loads((tmp_path / "cluster.json").read_text())
     del doc["settings"]["autoFailover"]["count"]  # as the first manager wrote it
     del doc["settings"]["repairOnRollback"], doc["events"]
     (tmp_path / "cluster.json").write_text(json.dumps(doc))
     loaded = cfg.load(tmp_path)
-    assert loaded is not None and loaded.settings == cfg.Settings(True, 30, 0, False)
+    assert loaded is not None and loaded.settings == cfg.FailoverConfig(True, 30, 0, False)
     assert loaded.events == ()
 
 

@@ -237,7 +237,7 @@ def test_the_default_1024_vbuckets_are_placed_and_pushed(
     server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
 ) -> None:
     cluster = start_cluster(
-        server_factory, manager_factory, tmp_path, nodes=3, replicas=2, vbuckets=1024
+        server_factory, manager_factory, tmp_path, nodes=3, replicas=2, num_vbuckets=1024
     )
     vb_map = assert_nodes_match(cluster, cluster.nodes)
     counts = vb_map.counts()

@@ -70,7 +70,7 @@ def test_3_to_4_to_3_under_the_official_sdk(
     sdk: list[SdkCluster],
 ) -> None:
     cluster = start_cluster(
-        server_factory, manager_factory, tmp_path, nodes=3, replicas=1, vbuckets=VBUCKETS
+        server_factory, manager_factory, tmp_path, nodes=3, replicas=1, num_vbuckets=VBUCKETS
     )
     # the SDK's own KV timeout (2.5 s): a stale map for longer would fail writes
     load = SdkLoad(connect(cluster.nodes[0], sdk, kv_timeout_s=2.5))

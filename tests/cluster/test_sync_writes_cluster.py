@@ -50,7 +50,7 @@ def topologies_match(cluster: Cluster, nodes: list[ServerProcess]) -> bool:
 
 
 def three_nodes(servers: type[ServerProcess], managers: type[ManagerProcess], tmp: Path) -> Cluster:
-    cluster = start_cluster(servers, managers, tmp, nodes=3, replicas=1, vbuckets=VBUCKETS)
+    cluster = start_cluster(servers, managers, tmp, nodes=3, replicas=1, num_vbuckets=VBUCKETS)
     wait_for(lambda: topologies_match(cluster, cluster.nodes), "every active's topology", 60)
     return cluster
 
@@ -176,7 +176,7 @@ def test_majority_writes_go_on_through_a_rebalance_in_and_every_acknowledged_one
     gets its new chain (both chains during a takeover's last stage), every write acknowledged
     Success is read back after, and every active ends with the chain the final map gives it."""
     cluster = start_cluster(
-        server_factory, manager_factory, tmp_path, nodes=2, replicas=1, vbuckets=VBUCKETS
+        server_factory, manager_factory, tmp_path, nodes=2, replicas=1, num_vbuckets=VBUCKETS
     )
     wait_for(lambda: topologies_match(cluster, cluster.nodes), "every active's topology", 60)
     coll = connect(cluster.nodes[0], sdk, kv_timeout_s=10)

@@ -81,5 +81,5 @@ def test_events_are_counted_even_when_not_shown(captured: tuple[io.StringIO, obj
 
 @pytest.mark.parametrize(("level", "fmt"), [("verbose", "json"), ("info", "xml"), ("", "text")])
 def test_an_unknown_level_or_format_is_refused(level: str, fmt: str) -> None:
-    with pytest.raises(logs.ConfigError, match="must be one of"):
+    with pytest.raises(logs.LogSettingsError, match="must be one of"):
         logs.check(level, fmt)

@@ -36,7 +36,7 @@ def pid_alive(pid: int) -> bool:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[LocalNode]:
-    node = LocalNode(tmp_path / "data", tmp_path / "logs" / "server.log", port=0, vbuckets=8)
+    node = LocalNode(tmp_path / "data", tmp_path / "logs" / "server.log", port=0, num_vbuckets=8)
     node.start()
     yield node
     node.stop()
@@ -65,7 +65,7 @@ def test_a_taken_port_is_reported_with_the_way_out(node: LocalNode, tmp_path: Pa
 
 def test_a_server_that_cannot_start_explains_why(node: LocalNode, tmp_path: Path) -> None:
     # Same data dir, another port: the bucket is locked by the first server.
-    twin = LocalNode(node.data_dir, tmp_path / "twin.log", port=0, vbuckets=8)
+    twin = LocalNode(node.data_dir, tmp_path / "twin.log", port=0, num_vbuckets=8)
     with pytest.raises(NodeStartError, match="exited with status 1"):
         twin.start()
 

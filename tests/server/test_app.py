@@ -18,7 +18,13 @@ from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.constants import DurabilityLevel, Magic, Opcode, OpenFlag
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.server.app import DataServer, KVProtocol
-from dcpkv.server.config import BucketConfig, ConfigError, ServerConfig, load_config, with_cli_flags
+from dcpkv.server.config import (
+    BucketSettings,
+    ConfigError,
+    ServerSettings,
+    load_config,
+    with_cli_flags,
+)
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import ROUTES, Route
 from dcpkv.server.push_cadence import BATCH_ITEMS, PUMP_GAP_S, QUIET_S
@@ -51,7 +57,7 @@ class FakeTransport:
 
 @pytest.fixture
 def proto() -> KVProtocol:
-    p = KVProtocol(DataServer(ServerConfig(port=0)))
+    p = KVProtocol(DataServer(ServerSettings(port=0)))
     p.connection_made(FakeTransport())  # type: ignore[arg-type]
     return p
 
@@ -109,7 +115,9 @@ class CadenceRig:
     a monotonic clock the test moves (``now[0]``); ``writes`` is what the shell sent."""
 
     def __init__(self, tmp_path: Path, *, sync_writes: bool = False) -> None:
-        config = ServerConfig(port=0, data_dir=tmp_path, buckets=(BucketConfig(vbuckets=4),))
+        config = ServerSettings(
+            port=0, data_dir=tmp_path, buckets=(BucketSettings(num_vbuckets=4),)
+        )
         self.server = server = DataServer(config)
         server.open_buckets()
         self.bucket = bucket = server.state.buckets[config.buckets[0].name]
@@ -220,9 +228,9 @@ def test_a_prepare_is_pushed_at_once_and_a_drained_pump_arms_no_timer(tmp_path: 
 
 def test_cli_flags_override_the_first_bucket_and_the_user() -> None:
     config = with_cli_flags(
-        ServerConfig(), port=0, bucket="b", vbuckets=8, user="u", password="p", host=None
+        ServerSettings(), port=0, bucket="b", vbuckets=8, user="u", password="p", host=None
     )
-    assert (config.port, config.buckets[0].name, config.buckets[0].vbuckets) == (0, "b", 8)
+    assert (config.port, config.buckets[0].name, config.buckets[0].num_vbuckets) == (0, "b", 8)
     assert config.users == {"u": "p"}
 
 
@@ -257,7 +265,7 @@ def test_durability_settings_from_a_config_file_and_flags(tmp_path: Path) -> Non
     assert flagged.min_level is None and flagged.durability_timeout_ms == 5000
     for bad in ({"durability_min_level": "all"}, {"durability_timeout_ms": 0}):
         with pytest.raises(ConfigError):
-            BucketConfig(**bad)  # type: ignore[arg-type]
+            BucketSettings(**bad)  # type: ignore[arg-type]
 
 
 def test_eviction_policy_from_a_config_file_and_flags(tmp_path: Path) -> None:
@@ -266,4 +274,4 @@ def test_eviction_policy_from_a_config_file_and_flags(tmp_path: Path) -> None:
     assert load_config(path).buckets[0].eviction_policy == "fullEviction"
     flagged = with_cli_flags(load_config(path), eviction_policy="valueOnly").buckets[0]
     assert flagged.eviction_policy == "valueOnly"
-    assert BucketConfig().eviction_policy == "valueOnly"
+    assert BucketSettings().eviction_policy == "valueOnly"

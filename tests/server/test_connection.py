@@ -10,7 +10,7 @@ import scramp
 from dcpkv.core.status import Status
 from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
-from dcpkv.server.config import ServerConfig
+from dcpkv.server.config import ServerSettings
 from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dispatch import handle
 from dcpkv.server.state import ServerState
@@ -30,7 +30,7 @@ def answer(raw: bytes | None) -> Frame:
 
 @pytest.fixture
 def conn() -> Connection:
-    state = ServerState(ServerConfig(port=12000))
+    state = ServerState(ServerSettings(port=12000))
     state.buckets["default"] = object()
     return Connection(state, peer="test")
 

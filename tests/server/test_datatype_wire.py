@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.core.vbucket import vbucket_for_key
 from support.rawclient import (
@@ -201,7 +200,7 @@ def test_force_value_compression(port: int, loaded: dict[bytes, bytes]) -> None:
 def test_the_client_library_inflates_transparently(
     port: int, loaded: dict[bytes, bytes], compression: bool
 ) -> None:
-    cfg = ClientConfig(ConnectionSettings.at(port=port), name=f"test:z{compression}",
+    cfg = ClientSettings(ConnectionSettings.at(port=port), name=f"test:z{compression}",
                        noop_interval=1.0, compression=compression)  # fmt: skip
     with SyncConsumer(cfg) as sync:
         got = {ev.key: ev for ev in sync.stream(end="now") if isinstance(ev, events.Mutation)}

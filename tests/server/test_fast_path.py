@@ -35,7 +35,7 @@ from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Datatype, HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import FrameParser, encode_frame
 from dcpkv.server import kv_handlers, with_meta
-from dcpkv.server.config import ServerConfig
+from dcpkv.server.config import ServerSettings
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import ROUTES, handle
 from dcpkv.server.fast_path import _SERVE, serve_chunk, serve_plain
@@ -69,7 +69,7 @@ def served(
         bucket.set_vbucket_state(VBUCKETS - 2, VBucketState.REPLICA)
         value, datatype = document.Document(XATTRS, b'{"v":0}', True).pack()
         bucket.vbuckets[vbucket_for_key(b"k0", VBUCKETS)].set(b"k0", value, datatype=datatype)
-        state = ServerState(ServerConfig(port=12000, data_dir=Path(tmp)))
+        state = ServerState(ServerSettings(port=12000, data_dir=Path(tmp)))
         state.users.adopt(USERS)
         state.buckets["default"] = bucket
         conn = Connection(state, peer="test", initial_bucket="default")

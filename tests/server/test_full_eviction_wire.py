@@ -9,7 +9,6 @@ warm-up loads no items.
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ import pytest
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
-from dcpkv.protocol.frame import Frame
-from support.kvclient import KVClient, poll_rounds
+from support.kvclient import KVClient, send_batch, write_keys
 from support.serverproc import ServerProcess
 
 QUOTA_MB = 1
@@ -32,42 +30,16 @@ def key_of(i: int) -> bytes:
     return b"fe-%08d" % i
 
 
-def _send_batch(c: KVClient, opcode: int, keys: list[bytes], value: bytes = b"") -> list[Frame]:
-    """Pipelined requests, one per key, each to the key's vbucket; the answers in order."""
-    extras = struct.pack(">II", 0, 0) if opcode == Opcode.Set else b""
-    frames = [
-        c.frame(opcode, key=k, value=value, extras=extras, vbucket=vbucket_for_key(k, VBUCKETS))
-        for k in keys
-    ]
-    c.send(b"".join(frames))
-    return [c.recv_frame() for _ in keys]
-
-
 def write_all(c: KVClient, keys: list[bytes], window_s: float) -> list[bytes]:
-    """Set every key, retrying Etmpfail as a client should, batch by batch; the keys of the
-    first batch still refused after ``window_s`` of retries (none: all were taken)."""
-    for base in range(0, len(keys), BATCH):
-        pending = keys[base : base + BATCH]
-        for _ in poll_rounds(limit_s=window_s, pause_s=0.02):
-            answers = _send_batch(c, Opcode.Set, pending, VALUE)
-            refused = []
-            for key, frame in zip(pending, answers, strict=True):
-                status = frame.status
-                assert status in (Status.Success, Status.Etmpfail), Status(status)
-                if status == Status.Etmpfail:
-                    refused.append(key)
-            pending = refused
-            if not pending:
-                break
-        if pending:
-            return pending
-    return []
+    """Set every key (support.kvclient.write_keys); the keys of the first batch still refused
+    after ``window_s`` of retries (none: all were taken)."""
+    return write_keys(c, keys, VALUE, batch=BATCH, window_s=window_s)[1]
 
 
 def read_all(c: KVClient, keys: list[bytes]) -> None:
     for base in range(0, len(keys), BATCH):
         batch = keys[base : base + BATCH]
-        for key, frame in zip(batch, _send_batch(c, Opcode.Get, batch), strict=True):
+        for key, frame in zip(batch, send_batch(c, Opcode.Get, batch), strict=True):
             got = (frame.status, frame.value)
             assert got == (Status.Success, VALUE), (key, Status(got[0]))
 

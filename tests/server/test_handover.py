@@ -18,7 +18,7 @@ from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.protocol.messages import decode_message
 from dcpkv.server.cluster_map import PushedConfig
-from dcpkv.server.config import ServerConfig
+from dcpkv.server.config import ServerSettings
 from dcpkv.server.connection import Connection
 from dcpkv.server.dispatch import handle
 from dcpkv.server.handover import Handovers, StagedMap, parse_push
@@ -129,7 +129,7 @@ class Node:
     """A managed node's state with one real bucket (2 vbuckets) and its state listener."""
 
     def __init__(self, tmp: Path) -> None:
-        self.state = ServerState(ServerConfig(port=12000, managed=True, data_dir=tmp))
+        self.state = ServerState(ServerSettings(port=12000, managed=True, data_dir=tmp))
         self.bucket = Bucket("default", tmp, num_vbuckets=2)
         self.state.buckets["default"] = self.bucket
         self.bucket.state_listeners.append(

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dcpkv.core.status import Status
-from dcpkv.protocol.constants import HelloFeature, Opcode
-from support.kvclient import KVClient, poll_rounds
+from dcpkv.protocol.constants import HelloFeature
+from support.kvclient import KVClient, poll_rounds, write_keys
 from support.serverproc import ServerProcess
 
 QUOTA_MB = 1
@@ -104,36 +104,12 @@ def _proc_kib(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
-def _set_batch(c: KVClient, keys: list[bytes], value: bytes) -> list[bytes]:
-    """Pipelined Sets; the keys answered Etmpfail (answers come in request order)."""
-    extras = struct.pack(">II", 0, 0)
-    c.send(b"".join(c.frame(Opcode.Set, key=k, value=value, extras=extras) for k in keys))
-    refused = []
-    for key in keys:
-        status = c.recv_frame().status
-        if status == Status.Etmpfail:
-            refused.append(key)
-        else:
-            assert status == Status.Success, Status(status)
-    return refused
-
-
 def write_past_quota(c: KVClient, total_bytes: int, value: bytes) -> tuple[int, bool]:
     """Write ``total_bytes`` of distinct keys, retrying Etmpfail as a client should, until
     done or refused for a whole polling window; (keys accepted, whether refused for good)."""
-    count = total_bytes // len(value)
-    accepted = 0
-    for base in range(0, count, 200):
-        keys = [b"rss-%012d" % i for i in range(base, min(count, base + 200))]
-        for _ in poll_rounds(limit_s=5.0, pause_s=0.02):
-            refused = _set_batch(c, keys, value)
-            accepted += len(keys) - len(refused)
-            keys = refused
-            if not keys:
-                break
-        if keys:
-            return accepted, True
-    return accepted, False
+    keys = [b"rss-%012d" % i for i in range(total_bytes // len(value))]
+    accepted, refused = write_keys(c, keys, value, batch=200, window_s=5.0)
+    return accepted, bool(refused)
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,8 @@ import asyncio
 import pytest
 
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import ClientError
-from dcpkv.client.settings import ConnectionSettings, Node
+from dcpkv.client.settings import ClientSettings, ConnectionSettings, Node
 from dcpkv.core.durability import DurabilityLostError, MutationToken
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.status import Status
@@ -49,7 +48,7 @@ def test_seqno_persistence_decisions(
 def test_a_node_answers_seqno_persistence_once_it_persisted_the_write(
     server: ServerProcess,
 ) -> None:
-    config = ClientConfig(ConnectionSettings.at(port=server.port), retry_timeout=5.0)
+    config = ClientSettings(ConnectionSettings.at(port=server.port), retry_timeout=5.0)
     node = Node("127.0.0.1", server.port)
 
     async def scenario() -> None:
@@ -86,7 +85,7 @@ def test_a_node_answers_seqno_persistence_once_it_persisted_the_write(
 
 
 def test_durability_beyond_a_single_node_is_refused_at_once(server: ServerProcess) -> None:
-    config = ClientConfig(ConnectionSettings.at(port=server.port))
+    config = ClientSettings(ConnectionSettings.at(port=server.port))
 
     async def scenario() -> None:
         kv_client = await ClusterKV.open(config)
@@ -97,7 +96,7 @@ def test_durability_beyond_a_single_node_is_refused_at_once(server: ServerProces
             await kv_client.upsert(b"k", b"v", persist_to=1)  # the one node persists it
             with pytest.raises(ClientError):
                 await ClusterKV.open(
-                    ClientConfig(ConnectionSettings.at(port=server.port, password="wrong"))
+                    ClientSettings(ConnectionSettings.at(port=server.port, password="wrong"))
                 )
         finally:
             await kv_client.close()

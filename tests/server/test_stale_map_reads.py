@@ -18,8 +18,7 @@ from pathlib import Path
 from test_replication import push
 
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.protocol.constants import Opcode
@@ -60,7 +59,7 @@ def test_a_client_with_an_old_map_reads_the_new_active(
     for srv in (a, b):
         push(srv, servers, [[0]] * VBUCKETS, rev=1)
     write_to(a, MOVED, 2, "before")
-    config = ClientConfig(ConnectionSettings.at(port=a.port), retry_timeout=10.0, max_backoff=0.2)
+    config = ClientSettings(ConnectionSettings.at(port=a.port), retry_timeout=10.0, max_backoff=0.2)
 
     async def scenario() -> tuple[dict[int, tuple[int, int]], ...]:
         kv = await ClusterKV.open(config)
@@ -106,7 +105,7 @@ def test_a_restarted_node_that_still_holds_the_vbucket_active_is_not_asked(
     for srv in (a, b):
         push(srv, servers, [[0]] * VBUCKETS, rev=1)
     write_to(a, MOVED, 2, "before")
-    config = ClientConfig(ConnectionSettings.at(port=a.port), retry_timeout=10.0, max_backoff=0.2)
+    config = ClientSettings(ConnectionSettings.at(port=a.port), retry_timeout=10.0, max_backoff=0.2)
 
     async def scenario() -> dict[int, tuple[int, int]]:
         kv = await ClusterKV.open(config)

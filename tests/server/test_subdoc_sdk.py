@@ -23,8 +23,7 @@ from couchbase.exceptions import (
 from couchbase.options import MutateInOptions
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.core.vbucket import vbucket_for_key
 from support.rawclient import DCP_MUTATION, F_DATATYPE, F_XATTR, RawClient, split_xattrs
@@ -201,7 +200,7 @@ def test_compression_on_and_off(
             got = collection.lookup_in(key, [SD.get("m", xattr=True), SD.get("text")])
             assert got.content_as[int](0) == 1 and got.content_as[str](1) == doc["text"]
     with SyncConsumer(
-        ClientConfig(ConnectionSettings.at(port=srv.port), name="z", noop_interval=1.0)
+        ClientSettings(ConnectionSettings.at(port=srv.port), name="z", noop_interval=1.0)
     ) as sync:
         seen = {
             ev.key: ev.value for ev in sync.stream(end="now") if isinstance(ev, events.Mutation)

@@ -17,7 +17,7 @@ import pytest
 from dcpkv.client.blocking import BlockingKV, RequestFailed
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.status import Status
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
 from support.serverproc import ServerProcess, tracked_servers
@@ -52,12 +52,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[S
         yield srv
 
 
-def settings(server: ServerProcess, tls: TlsOptions, **kw: str) -> ConnectionSettings:
+def settings(server: ServerProcess, tls: TlsSettings, **kw: str) -> ConnectionSettings:
     return ConnectionSettings.at("127.0.0.1", server.tls_port, tls=tls, **kw)
 
 
 def test_the_client_library_speaks_tls(server: ServerProcess, certs: Certs) -> None:
-    with BlockingKV.connect(settings(server, TlsOptions(ca=str(certs.ca)))) as kv:
+    with BlockingKV.connect(settings(server, TlsSettings(ca=str(certs.ca)))) as kv:
         assert isinstance(kv.sock, ssl.SSLSocket)
         kv.call(Opcode.Set, key=b"tls-doc", value=b'{"a":1}', extras=b"\0" * 8)
         assert bytes(kv.call(Opcode.Get, key=b"tls-doc").value) == b'{"a":1}'
@@ -67,9 +67,9 @@ def test_the_client_library_speaks_tls(server: ServerProcess, certs: Certs) -> N
 
 def test_an_untrusted_server_certificate_is_refused(server: ServerProcess, certs: Certs) -> None:
     with pytest.raises(ssl.SSLCertVerificationError):
-        BlockingKV.connect(settings(server, TlsOptions(ca=str(certs.other_ca))))
+        BlockingKV.connect(settings(server, TlsSettings(ca=str(certs.other_ca))))
     # the name is checked too: the certificate names 127.0.0.1 and localhost only
-    context = TlsOptions(ca=str(certs.ca)).context()
+    context = TlsSettings(ca=str(certs.ca)).context()
     with (
         socket.create_connection(("127.0.0.1", server.tls_port), timeout=10) as sock,
         pytest.raises(ssl.SSLCertVerificationError, match="mismatch"),
@@ -80,7 +80,7 @@ def test_an_untrusted_server_certificate_is_refused(server: ServerProcess, certs
 def test_commands_over_tls_with_a_least_privilege_user(server: ServerProcess, certs: Certs) -> None:
     common = ("--port", str(server.tls_port), "--tls", "--tls-ca", str(certs.ca),
               "--user", "streamer", "--password", "s-pw")  # fmt: skip
-    with BlockingKV.connect(settings(server, TlsOptions(ca=str(certs.ca)))) as kv:
+    with BlockingKV.connect(settings(server, TlsSettings(ca=str(certs.ca)))) as kv:
         kv.call(Opcode.Set, key=b"streamed", value=b"{}", extras=b"\0" * 8)
     streamed = dcpkv("stream", "--to", "now", *common)
     assert streamed.returncode == 0, streamed.stderr
@@ -91,7 +91,7 @@ def test_commands_over_tls_with_a_least_privilege_user(server: ServerProcess, ce
                     str(certs.other_ca))  # fmt: skip
     assert refused.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in refused.stderr
     with BlockingKV.connect(
-        settings(server, TlsOptions(ca=str(certs.ca)), user="streamer", password="s-pw")
+        settings(server, TlsSettings(ca=str(certs.ca)), user="streamer", password="s-pw")
     ) as kv:
         with pytest.raises(RequestFailed) as refusal:
             kv.call(Opcode.Set, key=b"nope", value=b"{}", extras=b"\0" * 8)
@@ -116,11 +116,11 @@ def test_client_certificates_are_required_with_a_ca(tmp_path: Path, certs: Certs
         srv = factory(tmp_path / "data", tmp_path / "server.log",
                       *tls_args(certs, "--tls-ca", str(certs.ca)))  # fmt: skip
         srv.start()
-        without = settings(srv, TlsOptions(ca=str(certs.ca)))
+        without = settings(srv, TlsSettings(ca=str(certs.ca)))
         # OSError covers SSLError and a reset; with TLS 1.3 the refusal comes at the first read
         with pytest.raises(OSError), BlockingKV.connect(without) as kv:
             kv.stats()
-        with_cert = TlsOptions(ca=str(certs.ca), cert=str(certs.client_cert),
+        with_cert = TlsSettings(ca=str(certs.ca), cert=str(certs.client_cert),
                                key=str(certs.client_key))  # fmt: skip
         with BlockingKV.connect(settings(srv, with_cert)) as kv:
             assert kv.stats()

@@ -44,6 +44,25 @@ class Workload:
         return server_docs(self.port, self.keys)
 
 
+# a server whose writes stay in memory until a clean stop (it flushes once an hour)
+NO_FLUSH = ("--vbuckets", str(VBUCKETS), "--flush-interval", "3600")
+
+
+def persisted_round(
+    server_factory: Any, tmp_path: Path, rounds: int = 300, *, same_port: bool = False
+) -> tuple[Any, Workload]:
+    """A :data:`NO_FLUSH` server holding a round of ``rounds`` writes (keys ``a-*``) that a
+    clean stop persisted before it started again: a kill -9 from here on rolls its vbuckets
+    back to that round. ``same_port``: it comes back on the port it had."""
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", *NO_FLUSH)
+    srv.start()
+    work = Workload(srv.port)
+    work.run(rounds, prefix="a")
+    srv.terminate()  # a clean stop persists round a: the branch point of a later crash
+    work.port = srv.start(same_port=True) if same_port else srv.start()
+    return srv, work
+
+
 def vb(key: bytes) -> int:
     return vbucket_for_key(key, VBUCKETS)
 

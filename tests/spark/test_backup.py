@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from sparkhelp import server_docs, vb
+from sparkhelp import NO_FLUSH, server_docs, vb
 
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.status import Status
@@ -90,9 +90,7 @@ def _b_changes(existing: list[bytes]) -> dict[bytes, bytes | None]:
 def scenario(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     base = tmp_path_factory.mktemp("backup")
     sc = Scenario(root=base / "backup", base=base)
-    src = ServerProcess(
-        base / "src", base / "src.log", "--vbuckets", "8", "--flush-interval", "3600"
-    )
+    src = ServerProcess(base / "src", base / "src.log", *NO_FLUSH)
     sc.servers.append(src)
     try:
         _build(spark, sc, src)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkhelp import Workload, mirror_docs, run_once
+from sparkhelp import NO_FLUSH, Workload, mirror_docs, run_once
 
 from dcpkv.pipelines import vtable
 from dcpkv.pipelines.mirror import compact_mirror, mirror_manifest, start_mirror
@@ -27,9 +27,7 @@ def _no_stray_dirs(path: Path) -> None:
 
 
 def _crashy_server(server_factory: Any, tmp_path: Path) -> Any:
-    srv = server_factory(
-        tmp_path / "data", tmp_path / "server.log", "--vbuckets", "8", "--flush-interval", "3600"
-    )
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log", *NO_FLUSH)
     srv.start()
     return srv
 

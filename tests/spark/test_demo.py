@@ -90,7 +90,7 @@ def test_demo_runs_then_stops_with_the_mirror_equal_to_the_bucket(
 
 def test_ctrl_c_stops_everything_and_a_rerun_skips_the_load(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    node = LocalNode(data, tmp_path / "preload.log", port=0, vbuckets=VBUCKETS)
+    node = LocalNode(data, tmp_path / "preload.log", port=0, num_vbuckets=VBUCKETS)
     node.start()
     try:
         ep = ConnectionSettings.at(port=node.port)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkhelp import Workload, mirror_docs, run_once
+from sparkhelp import Workload, mirror_docs, persisted_round, run_once
 
 from dcpkv.pipelines import first_batch, vtable
 from dcpkv.pipelines.first_batch import has_offsets, load_first_batch, starting_offsets
@@ -157,15 +157,8 @@ def test_a_crash_before_the_driver_commit_loads_again(
 def test_a_rollback_between_the_driver_batch_and_the_query(
     spark: Any, server_factory: Any, tmp_path: Path
 ) -> None:
-    srv = server_factory(
-        tmp_path / "data", tmp_path / "server.log", "--vbuckets", "8", "--flush-interval", "3600"
-    )
-    srv.start()
+    srv, work = persisted_round(server_factory, tmp_path)
     path = tmp_path / "m"
-    work = Workload(srv.port)
-    work.run(300, prefix="a")
-    srv.terminate()  # a clean stop persists round a
-    work.port = srv.start()
     before = work.truth()
     work.run(250, prefix="a")  # overwrites round a in memory only...
     truth = work.truth()

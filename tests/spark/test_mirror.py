@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkhelp import Workload, mirror_docs, run_once
+from sparkhelp import Workload, mirror_docs, persisted_round, run_once
 
 from dcpkv.pipelines.mirror import compact_mirror, mirror_manifest, read_mirror, start_mirror
 from dcpkv.pipelines.source_node import SourceSettings
@@ -24,15 +24,8 @@ def test_mirror_equals_the_live_documents(spark: Any, server: Any, tmp_path: Pat
 def test_kill9_rollback_restart_compaction_and_resync(
     spark: Any, server_factory: Any, tmp_path: Path
 ) -> None:
-    srv = server_factory(
-        tmp_path / "data", tmp_path / "server.log", "--vbuckets", "8", "--flush-interval", "3600"
-    )
-    srv.start()
+    srv, work = persisted_round(server_factory, tmp_path)
     path = tmp_path / "m"
-    work = Workload(srv.port)
-    work.run(300, prefix="a")
-    srv.terminate()  # a clean stop persists round a
-    work.port = srv.start()
     run_once(spark, srv.port, path, compact_every=None)
     before = work.truth()
     work.run(250, prefix="a")  # overwrites round a (other values) in memory only...

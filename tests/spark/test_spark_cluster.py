@@ -15,8 +15,7 @@ from typing import Any
 from sparkhelp import Changelog, Workload, stream_available_now
 
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.spark.options import parse_options
@@ -36,7 +35,7 @@ def write(conn: ConnectionSettings, start: int, count: int, tag: str) -> None:
 
 def truth(conn: ConnectionSettings) -> dict[bytes, bytes]:
     async def read() -> dict[bytes, bytes]:
-        kv = await ClusterKV.open(ClientConfig(conn))
+        kv = await ClusterKV.open(ClientSettings(conn))
         try:
             out = {}
             for i in range(150):

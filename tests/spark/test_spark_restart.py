@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from sparkhelp import Changelog, Workload, high_seqnos, stream_available_now
+from sparkhelp import Changelog, Workload, high_seqnos, persisted_round, stream_available_now
 
 CONVERGE_S = 180.0  # a bound on a wait that must end, not a timed assertion
 
@@ -73,14 +73,7 @@ def wait_for(what: str, ready: Callable[[], bool], query: Any) -> None:
 def test_kill_and_restart_during_a_running_query_stays_exact(
     spark: Any, server_factory: Any, tmp_path: Path
 ) -> None:
-    srv = server_factory(
-        tmp_path / "data", tmp_path / "server.log", "--vbuckets", "8", "--flush-interval", "3600"
-    )
-    srv.start()
-    work = Workload(srv.port)
-    work.run(300, prefix="a")
-    srv.terminate()  # a clean stop persists round a: the branch point after the crash
-    srv.start(same_port=True)
+    srv, work = persisted_round(server_factory, tmp_path, same_port=True)
     log = SharedLog()
     crash = CrashInBatch(srv, work, log)
     query = (
@@ -118,14 +111,7 @@ def test_kill_and_restart_during_a_running_query_stays_exact(
 def test_zero_budget_rollback_ends_batches_at_the_rollback_point(
     spark: Any, server_factory: Any, tmp_path: Path
 ) -> None:
-    srv = server_factory(
-        tmp_path / "data", tmp_path / "server.log", "--vbuckets", "8", "--flush-interval", "3600"
-    )
-    srv.start()
-    work = Workload(srv.port)
-    work.run(200, prefix="a")
-    srv.terminate()
-    work.port = srv.start()
+    srv, work = persisted_round(server_factory, tmp_path, 200)
     log = Changelog()
     stream_available_now(spark, srv.port, tmp_path / "ck", log)
     work.run(200, prefix="b")  # unpersisted, read, then lost

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkhelp import Changelog, Workload, high_seqnos, stream_available_now
+from sparkhelp import Changelog, Workload, high_seqnos, persisted_round, stream_available_now
 
 
 def test_available_now_ends_with_the_live_documents(
@@ -55,14 +55,7 @@ def test_max_changes_per_trigger_bounds_every_batch(
 def test_kill9_with_unpersisted_writes_rolls_back_and_stays_exact(
     spark: Any, server_factory: Any, tmp_path: Path
 ) -> None:
-    srv = server_factory(
-        tmp_path / "data", tmp_path / "server.log", "--vbuckets", "8", "--flush-interval", "3600"
-    )
-    srv.start()
-    work = Workload(srv.port)
-    work.run(300, prefix="a")
-    srv.terminate()  # a clean shutdown persists the first round
-    work.port = srv.start()
+    srv, work = persisted_round(server_factory, tmp_path)
     log = Changelog()
     stream_available_now(spark, srv.port, tmp_path / "ck", log)
     work.run(300, prefix="b")  # never persisted...

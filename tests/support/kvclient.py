@@ -120,12 +120,12 @@ class KVClient:
 
 
 class Writer:
-    """A logged-in :class:`KVClient` that sends every key to its vbucket (``vbuckets``: the
+    """A logged-in :class:`KVClient` that sends every key to its vbucket (``num_vbuckets``: the
     bucket's count; serverproc starts every server with 16)."""
 
-    def __init__(self, port: int, vbuckets: int = 16) -> None:
+    def __init__(self, port: int, num_vbuckets: int = 16) -> None:
         self.c = KVClient(port)
-        self.vbuckets = vbuckets
+        self.num_vbuckets = num_vbuckets
         assert self.c.login().status == Status.Success
 
     def close(self) -> None:
@@ -138,7 +138,7 @@ class Writer:
         self.close()
 
     def vb_of(self, key: bytes) -> int:
-        return vbucket_for_key(key, self.vbuckets)
+        return vbucket_for_key(key, self.num_vbuckets)
 
     def set(self, key: bytes, value: bytes, expiry: int = 0) -> None:
         frame = self.c.set(key, value, vbucket=self.vb_of(key), expiry=expiry)
@@ -171,6 +171,45 @@ def poll_rounds(limit_s: float = 30.0, pause_s: float = 0.002) -> Iterator[int]:
         yield rounds
         rounds += 1
         time.sleep(pause_s)
+
+
+def send_batch(
+    c: KVClient, opcode: int, keys: list[bytes], value: bytes = b"", num_vbuckets: int = 16
+) -> list[Frame]:
+    """Pipelined requests in one send, one per key, each to the key's vbucket (of
+    ``num_vbuckets``: serverproc starts every server with 16); the answers, in request order.
+    A Set carries zero flags and expiry."""
+    extras = struct.pack(">II", 0, 0) if opcode == Opcode.Set else b""
+    c.send(b"".join(
+        c.frame(opcode, key=k, value=value, extras=extras, vbucket=vbucket_for_key(k, num_vbuckets))
+        for k in keys
+    ))  # fmt: skip
+    return [c.recv_frame() for _ in keys]
+
+
+def write_keys(
+    c: KVClient, keys: list[bytes], value: bytes, *, batch: int, window_s: float
+) -> tuple[int, list[bytes]]:
+    """Set every key, ``batch`` at a time (pipelined), retrying those answered Etmpfail as a
+    client should, for up to ``window_s`` per batch; stops at the first batch still refused
+    then. Returns the keys taken and that batch's refused keys (none: every key was taken).
+    Any answer but Success or Etmpfail fails the test."""
+    taken = 0
+    for base in range(0, len(keys), batch):
+        pending = keys[base : base + batch]
+        for _ in poll_rounds(limit_s=window_s, pause_s=0.02):
+            refused = []
+            for key, frame in zip(pending, send_batch(c, Opcode.Set, pending, value), strict=True):
+                assert frame.status in (Status.Success, Status.Etmpfail), Status(frame.status)
+                if frame.status == Status.Etmpfail:
+                    refused.append(key)
+            taken += len(pending) - len(refused)
+            pending = refused
+            if not pending:
+                break
+        if pending:
+            return taken, pending
+    return taken, []
 
 
 def _own(frame: Frame) -> Frame:

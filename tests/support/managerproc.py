@@ -78,7 +78,7 @@ def start_cluster(
     *,
     nodes: int,
     replicas: int,
-    vbuckets: int = VBUCKETS,
+    num_vbuckets: int = VBUCKETS,
     node_args: tuple[str, ...] = (),
     manager_args: tuple[str, ...] = (),
 ) -> Cluster:
@@ -86,7 +86,12 @@ def start_cluster(
     started = []
     for i in range(nodes):
         node = servers(
-            tmp / f"n{i}", tmp / f"n{i}.log", "--managed", "--vbuckets", str(vbuckets), *node_args
+            tmp / f"n{i}",
+            tmp / f"n{i}.log",
+            "--managed",
+            "--vbuckets",
+            str(num_vbuckets),
+            *node_args,
         )
         node.start()
         started.append(node)
@@ -97,7 +102,7 @@ def start_cluster(
         "--replicas",
         str(replicas),
         "--vbuckets",
-        str(vbuckets),
+        str(num_vbuckets),
         *seeds,
         *manager_args,
     )

@@ -286,8 +286,8 @@ class MapWatch:
     and one subscriber per node (Hello Duplex + ClustermapChangeNotification) noting the
     (revEpoch, rev) of every map pushed to it."""
 
-    def __init__(self, nodes: list[ServerProcess], vbuckets: int) -> None:
-        self.nodes, self.vbuckets = nodes, vbuckets
+    def __init__(self, nodes: list[ServerProcess], num_vbuckets: int) -> None:
+        self.nodes, self.num_vbuckets = nodes, num_vbuckets
         self.stale: list[tuple[int, int, int]] = []  # (node's port, vbucket, rev)
         self.probes = 0
         self.pushed: dict[int, list[tuple[int, int]]] = {n.port: [] for n in nodes}
@@ -349,9 +349,9 @@ class MapWatch:
             self.errors.append(exc)
 
     def _probe_node(self, port: int, kv: KVClient) -> None:
-        for vb in range(self.vbuckets):
+        for vb in range(self.num_vbuckets):
             kv.send(kv.frame(Opcode.Get, key=b"probe", vbucket=vb))
-        for vb in range(self.vbuckets):
+        for vb in range(self.num_vbuckets):
             answer = kv.recv_frame()
             self.probes += 1
             if answer.status != Status.NotMyVbucket:

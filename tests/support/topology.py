@@ -31,9 +31,9 @@ def alone(port: int, vbuckets: range = range(VBUCKETS)) -> dict[int, list[str | 
     return {vb: [f"127.0.0.1:{port}"] for vb in vbuckets}
 
 
-def key_in(vbucket: int, prefix: str, vbuckets: int = VBUCKETS) -> bytes:
+def key_in(vbucket: int, prefix: str, num_vbuckets: int = VBUCKETS) -> bytes:
     """The first key ``prefix-N`` that hashes to ``vbucket``."""
     n = 0
-    while vbucket_for_key(f"{prefix}-{n}".encode(), vbuckets) != vbucket:
+    while vbucket_for_key(f"{prefix}-{n}".encode(), num_vbuckets) != vbucket:
         n += 1
     return f"{prefix}-{n}".encode()

@@ -114,7 +114,7 @@ class DemoSettings:
     duration: float | None = None
     master: str | None = None
     rate: float = 200.0
-    vbuckets: int = 1024
+    num_vbuckets: int = 1024
     nodes: int = 1
     replicas: int = 1
     chaos: ChaosSettings | None = None
@@ -216,9 +216,9 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
     stopper = Stopper(console)
     stopper.install()
     nodes: Nodes = (
-        OneNode(settings.data_dir, paths.server_log, settings.port, settings.vbuckets)
+        OneNode(settings.data_dir, paths.server_log, settings.port, settings.num_vbuckets)
         if settings.nodes == 1
-        else ClusterNodes(paths.cluster, settings.nodes, settings.replicas, settings.vbuckets)
+        else ClusterNodes(paths.cluster, settings.nodes, settings.replicas, settings.num_vbuckets)
     )
     events: list[Event] = []
     with contextlib.ExitStack() as stack:
@@ -243,7 +243,7 @@ def _run(
     spark_start: SparkStart,
 ) -> int:  # fmt: skip
     """Sample, pipelines, generator (and chaos), live line, catch-up, end check."""
-    num_vbuckets = nodes.vbuckets(ep)
+    num_vbuckets = nodes.num_vbuckets(ep)
     sample = ensure_sample(ep, num_vbuckets, settings.docs, stopper, console, settings.durability)
     if sample is None or stopper.stopped:
         return 0

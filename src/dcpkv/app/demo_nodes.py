@@ -14,8 +14,7 @@ from rich.console import Console
 
 from dcpkv.app.node import LocalNode, NodeStartError
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.cluster.admin_client import AdminError, admin_request
 from dcpkv.cluster.local import LocalCluster, LocalClusterError
 from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_PORT, DEFAULT_USER
@@ -27,8 +26,8 @@ CLUSTER_READY_S = 60.0  # the manager places the map and every node answers
 class OneNode:
     """``--nodes 1``: one ``dcpkv server`` child."""
 
-    def __init__(self, data_dir: Path, server_log: Path, port: int, vbuckets: int) -> None:
-        self.node = LocalNode(data_dir, server_log, port=port, vbuckets=vbuckets)
+    def __init__(self, data_dir: Path, server_log: Path, port: int, num_vbuckets: int) -> None:
+        self.node = LocalNode(data_dir, server_log, port=port, num_vbuckets=num_vbuckets)
         self.data_dir = data_dir
 
     def start(self, console: Console) -> ConnectionSettings:
@@ -49,7 +48,7 @@ class OneNode:
         """What the other commands need to find it."""
         return "" if self.node.port == DEFAULT_PORT else f" --port {self.node.port}"
 
-    def vbuckets(self, ep: ConnectionSettings) -> int:
+    def num_vbuckets(self, ep: ConnectionSettings) -> int:
         return bucket_vbuckets(ep)[0]
 
     def extra_help(self) -> list[str]:
@@ -59,8 +58,8 @@ class OneNode:
 class ClusterNodes:
     """``--nodes N``: N managed nodes and the manager, as ``dcpkv cluster up`` runs them."""
 
-    def __init__(self, root: Path, nodes: int, replicas: int, vbuckets: int) -> None:
-        self.cluster = LocalCluster(root, nodes, replicas, vbuckets)
+    def __init__(self, root: Path, nodes: int, replicas: int, num_vbuckets: int) -> None:
+        self.cluster = LocalCluster(root, nodes, replicas, num_vbuckets)
         self.ep = ConnectionSettings()
 
     def start(self, console: Console) -> ConnectionSettings:
@@ -104,7 +103,7 @@ class ClusterNodes:
     def cli_options(self) -> str:
         return f" --host {self.ep.connection_string}"
 
-    def vbuckets(self, ep: ConnectionSettings) -> int:
+    def num_vbuckets(self, ep: ConnectionSettings) -> int:
         return cluster_vbuckets(ep)
 
     def extra_help(self) -> list[str]:
@@ -120,7 +119,7 @@ def cluster_vbuckets(ep: ConnectionSettings) -> int:
     vbuckets active there)."""
 
     async def read() -> int:
-        kv = await ClusterKV.open(ClientConfig(ep))
+        kv = await ClusterKV.open(ClientSettings(ep))
         try:
             return len(kv.bucket_vbuckets())
         finally:

@@ -53,13 +53,13 @@ class LocalNode:
 
     def __init__(
         self, data_dir: Path, log_path: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-        vbuckets: int = 1024,
+        num_vbuckets: int = 1024,
     ) -> None:  # fmt: skip
         self.data_dir = data_dir
         self.log_path = log_path
         self.host = host
         self.port = port
-        self.vbuckets = vbuckets
+        self.num_vbuckets = num_vbuckets
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -80,7 +80,7 @@ class LocalNode:
         cmd = [
             sys.executable, "-m", "dcpkv.cli.main", "server", "--host", self.host,
             "--port", str(self.port), "--port-file", str(port_file),
-            "--data-dir", str(self.data_dir), "--vbuckets", str(self.vbuckets),
+            "--data-dir", str(self.data_dir), "--vbuckets", str(self.num_vbuckets),
         ]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

@@ -114,17 +114,17 @@ def manager(
     """
     from dcpkv.cluster.config import ClusterConfigError
     from dcpkv.cluster.manager import Refused
-    from dcpkv.cluster.service import ManagerOptions, run
+    from dcpkv.cluster.service import ManagerSettings, run
     from dcpkv.core.tls import TlsError
 
-    options = ManagerOptions(
+    options = ManagerSettings(
         data_dir=data_dir,
         host=host,
         port=port,
         port_file=port_file,
         seeds=list(node or []),
         bucket=bucket,
-        vbuckets=vbuckets,
+        num_vbuckets=vbuckets,
         replicas=replicas,
         user=user,
         password=password,
@@ -148,11 +148,11 @@ def manager(
         except ValueError as exc:
             typer.echo(f"dcpkv manager: --etcd: {exc}", err=True)
             raise typer.Exit(2) from None
-    from dcpkv.core.logs import ConfigError, check
+    from dcpkv.core.logs import LogSettingsError, check
 
     try:
         check(log_level, log_format)
-    except ConfigError as exc:
+    except LogSettingsError as exc:
         typer.echo(f"dcpkv manager: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
@@ -167,9 +167,9 @@ def manager(
 
 def _link_tls(ca: Path | None, offset: int) -> Any:
     from dcpkv.cluster.node_link import LinkTls
-    from dcpkv.core.tls import TlsOptions
+    from dcpkv.core.tls import TlsSettings
 
-    return LinkTls(TlsOptions(ca=str(ca)), offset) if ca is not None else None
+    return LinkTls(TlsSettings(ca=str(ca)), offset) if ca is not None else None
 
 
 def _call(

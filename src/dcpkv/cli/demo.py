@@ -93,7 +93,7 @@ def demo(
     chaos_settings = ChaosSettings(every, failover_timeout) if chaos else None
     settings = DemoSettings(
         data_dir=data_dir, port=port, docs=docs, duration=duration, master=master, rate=rate,
-        vbuckets=vbuckets, nodes=nodes, replicas=replicas, chaos=chaos_settings,
+        num_vbuckets=vbuckets, nodes=nodes, replicas=replicas, chaos=chaos_settings,
         durability=durability_level(durability),
     )  # fmt: skip
     raise typer.Exit(run_demo(settings, Console(highlight=False, soft_wrap=True)))

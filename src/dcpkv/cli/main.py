@@ -195,7 +195,7 @@ def server(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )
-    except (ConfigError, logs.ConfigError) as exc:
+    except (ConfigError, logs.LogSettingsError) as exc:
         typer.echo(f"dcpkv server: {exc}", err=True)
         raise typer.Exit(2) from None
     from dcpkv.cli.admin import migrate_buckets
@@ -335,9 +335,9 @@ def stream(
     the offsets and exits 0.
     """
     from dcpkv.cli.stream import parse_end, parse_start, parse_vbuckets, stream_main
-    from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
     from dcpkv.client.offsets import OffsetsFileError
+    from dcpkv.client.settings import ClientSettings
     from dcpkv.core.tls import TlsError
 
     try:
@@ -350,7 +350,7 @@ def stream(
     except (ValueError, OffsetsFileError) as exc:
         typer.echo(f"dcpkv stream: {exc}", err=True)
         raise typer.Exit(2) from None
-    config = ClientConfig(connection, name=name)
+    config = ClientSettings(connection, name=name)
     try:
         code = stream_main(config, vbs, start, end, save_offsets, format_)
     except BrokenPipeError:  # the reader went away (| head): not an error
@@ -380,11 +380,11 @@ def failover_log(
     import json
 
     from dcpkv.cli.stream import failover_logs
-    from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import ClientError
+    from dcpkv.client.settings import ClientSettings
     from dcpkv.core.tls import TlsError
 
-    config = ClientConfig(connection_settings(host, port, bucket, user, password, tls, tls_ca))
+    config = ClientSettings(connection_settings(host, port, bucket, user, password, tls, tls_ca))
     try:
         logs = asyncio.run(failover_logs(config, vbuckets))
     except (OSError, ClientError, TlsError) as exc:

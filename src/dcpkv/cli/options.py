@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dcpkv.core.defaults import DEFAULT_HOST
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 
 if TYPE_CHECKING:
     from dcpkv.client.settings import ConnectionSettings
@@ -50,12 +50,12 @@ Master = Annotated[
 ]
 
 
-def tls_options(tls: bool, ca: Path | None) -> TlsOptions | None:
+def tls_options(tls: bool, ca: Path | None) -> TlsSettings | None:
     if not tls:
         if ca is not None:
             raise typer.BadParameter("--tls-ca needs --tls")
         return None
-    return TlsOptions(ca=str(ca) if ca is not None else None)
+    return TlsSettings(ca=str(ca) if ca is not None else None)
 
 
 def durability_level(text: str) -> str:

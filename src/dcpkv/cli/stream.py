@@ -31,9 +31,9 @@ from typing import IO, Any, Literal
 import orjson
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer, End, Start
 from dcpkv.client.offsets import Offsets
+from dcpkv.client.settings import ClientSettings
 from dcpkv.core import event_loop
 
 SAVE_EVERY_EVENTS = 10_000
@@ -213,7 +213,7 @@ class Saver:
 
 
 async def run_stream(
-    config: ClientConfig,
+    config: ClientSettings,
     vbuckets: list[int] | None,
     start: Start,
     end: End,
@@ -296,7 +296,7 @@ class _Progress:
 
 
 def stream_main(
-    config: ClientConfig,
+    config: ClientSettings,
     vbuckets: list[int] | None,
     start: Start,
     end: End,
@@ -309,6 +309,6 @@ def stream_main(
     )
 
 
-async def failover_logs(config: ClientConfig, vbuckets: list[int]) -> dict[int, list[Any]]:
+async def failover_logs(config: ClientSettings, vbuckets: list[int]) -> dict[int, list[Any]]:
     async with Consumer(config) as consumer:
         return {vb: list(await consumer.failover_log(vb)) for vb in vbuckets}

@@ -3,10 +3,10 @@ write its documents.
 
 Everything a user needs is importable from here::
 
-    from dcpkv.client import ClientConfig, ConnectionSettings, Offsets, SyncConsumer
+    from dcpkv.client import ClientSettings, ConnectionSettings, Offsets, SyncConsumer
 
-* ``ConnectionSettings``, ``TlsOptions``: where to connect (a node, or a connection string
-  ``couchbase://h1,h2``), the bucket, the user, TLS; ``ClientConfig``: a consumer's settings,
+* ``ConnectionSettings``, ``TlsSettings``: where to connect (a node, or a connection string
+  ``couchbase://h1,h2``), the bucket, the user, TLS; ``ClientSettings``: a consumer's settings,
   the connection plus its own knobs.
 * ``SyncConsumer`` (blocking) and ``Consumer`` (asyncio): DCP consumers of one bucket. They
   yield events (``Mutation``, ``Deletion``, ``Expiration``, ``Rollback``, ``StreamStart``,
@@ -51,7 +51,6 @@ TYPE_CHECKING = False  # not typing's: importing typing would cost the package's
 if TYPE_CHECKING:
     from dcpkv.client.blocking import BlockingKV, RequestFailed
     from dcpkv.client.cluster import ClusterKV, NoRouteError
-    from dcpkv.client.config import ClientConfig
     from dcpkv.client.connection import AuthError, ClientError
     from dcpkv.client.consumer import Consumer, StreamFailedError
     from dcpkv.client.durability import (
@@ -79,7 +78,7 @@ if TYPE_CHECKING:
     from dcpkv.client.kv import Document
     from dcpkv.client.mutation_log import MutationLog
     from dcpkv.client.offsets import Offsets, OffsetsFileError, VbucketOffset
-    from dcpkv.client.settings import ConnectionSettings, NodeAddressError
+    from dcpkv.client.settings import ClientSettings, ConnectionSettings, NodeAddressError
     from dcpkv.client.sync import SyncConsumer
     from dcpkv.client.writer import KVWriteError, KVWriter, WriteOp
     from dcpkv.core.durability import (
@@ -90,13 +89,12 @@ if TYPE_CHECKING:
         MutationToken,
     )
     from dcpkv.core.errors import DcpkvError
-    from dcpkv.core.tls import TlsOptions
+    from dcpkv.core.tls import TlsSettings
 
 # Where each public name is defined: the module is imported when the name is first asked for.
 _HOMES: dict[str, tuple[str, ...]] = {
-    "dcpkv.client.settings": ("ConnectionSettings", "NodeAddressError"),
-    "dcpkv.core.tls": ("TlsOptions",),
-    "dcpkv.client.config": ("ClientConfig",),
+    "dcpkv.client.settings": ("ClientSettings", "ConnectionSettings", "NodeAddressError"),
+    "dcpkv.core.tls": ("TlsSettings",),
     "dcpkv.client.sync": ("SyncConsumer",),
     "dcpkv.client.consumer": ("Consumer", "StreamFailedError"),
     "dcpkv.client.offsets": ("Offsets", "OffsetsFileError", "VbucketOffset"),
@@ -142,8 +140,8 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
     "AuthError",
     "BlockingKV",
-    "ClientConfig",
     "ClientError",
+    "ClientSettings",
     "ClusterKV",
     "ConnectionSettings",
     "Consumer",
@@ -182,7 +180,7 @@ __all__ = [
     "SyncWriteImpossibleError",
     "SyncWriteInProgressError",
     "SyncWriteReCommitInProgressError",
-    "TlsOptions",
+    "TlsSettings",
     "VbucketOffset",
     "WriteOp",
 ]

@@ -30,7 +30,7 @@ from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_pay
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 from dcpkv.protocol.constants import Magic, Opcode
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 
@@ -74,7 +74,7 @@ class BlockingKV:
         timeout: float = 10.0,
         *,
         max_value_len: int | None = None,
-        tls: TlsOptions | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         sock = socket.create_connection((host, port), timeout=timeout)
         if tls is not None:

@@ -13,7 +13,7 @@ answer is NotMyVbucket (its body may carry a map: offered to the router first), 
 node's connection breaks or cannot be opened, or when the map says nobody holds the vbucket
 (mid-failover), the client refreshes the map from every node it knows and sends the request
 again after a capped, jittered backoff (:class:`~dcpkv.client.router.RetrySchedule`), until
-``ClientConfig.retry_timeout`` has passed: long enough to ride through an automatic failover.
+``ClientSettings.retry_timeout`` has passed: long enough to ride through an automatic failover.
 Authentication failures are final at once.
 
 A single plain node serves a map naming itself active for every vbucket, so it keeps working
@@ -28,7 +28,6 @@ import struct
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import AuthError, ClientError
 from dcpkv.client.durability import (
     DurabilityOption,
@@ -39,7 +38,7 @@ from dcpkv.client.durability import (
 )
 from dcpkv.client.kv import Document, KVSession
 from dcpkv.client.router import RetrySchedule, Router
-from dcpkv.client.settings import Node
+from dcpkv.client.settings import ClientSettings, Node
 from dcpkv.core.deadline import within
 from dcpkv.core.durability import (
     DurabilityLostError,
@@ -82,7 +81,7 @@ class ClusterKV:
     vbucket's active node by the cluster map, retried across failovers and moves, and durable
     writes::
 
-        async with await ClusterKV.open(ClientConfig(ConnectionSettings.at(port=11210))) as kv:
+        async with await ClusterKV.open(ClientSettings(ConnectionSettings.at(port=11210))) as kv:
             token = await kv.upsert(b"key", b"value", persist_to=1)  # on the active's disk
 
     :meth:`upsert` returns the write's :class:`~dcpkv.core.durability.MutationToken` once
@@ -90,7 +89,7 @@ class ClusterKV:
     it (ObserveSeqno polling, :meth:`wait_durable`). The module docstring gives the retries.
     """
 
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(self, config: ClientSettings) -> None:
         self.config = config
         self.router = Router(config.connection.nodes, tls=config.connection.tls is not None)
         self._sessions: dict[Node, KVSession] = {}
@@ -99,7 +98,7 @@ class ClusterKV:
         self.counters = {"refreshes": 0, "not_my_vbucket": 0, "node_errors": 0}
 
     @classmethod
-    async def open(cls, config: ClientConfig) -> ClusterKV:
+    async def open(cls, config: ClientSettings) -> ClusterKV:
         """Bootstrapped: a map from a reachable seed (or the first seed alone, when it serves
         none). While no seed can be reached (a node restarting) it tries again with bounded
         backoff, and raises once ``retry_timeout`` has passed; a refused login raises at once."""

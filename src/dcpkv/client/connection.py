@@ -37,7 +37,7 @@ from dcpkv.client.sasl import SCRAM_MECHANISM, SaslError, ScramClient, plain_pay
 from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status, status_name
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 from dcpkv.protocol import dcp, kv
 from dcpkv.protocol.base import GenericResponse, Message, Request
 from dcpkv.protocol.constants import HEADER_LEN, Magic, Opcode
@@ -116,7 +116,7 @@ class Connection:
         host: str,
         port: int,
         timeout: float,
-        tls: TlsOptions | None = None,
+        tls: TlsSettings | None = None,
         *,
         opaques: Iterator[int] | None = None,
         wake: asyncio.Event | None = None,

@@ -88,7 +88,6 @@ from typing import Literal, TypeVar
 
 from dcpkv.client import events
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import AuthError, ClientError, Connection, Pushed, authenticate
 from dcpkv.client.consumer_stream import ConsumerState, ConsumerStream
 from dcpkv.client.dcp_links import DcpLinks, PendingAcks, Received
@@ -97,7 +96,7 @@ from dcpkv.client.kv import Document
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
 from dcpkv.client.session_policy import DONE, Backoff, StreamRun
-from dcpkv.client.settings import Node
+from dcpkv.client.settings import ClientSettings, Node
 from dcpkv.core.deadline import within
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.seqno import U64_MAX
@@ -144,7 +143,7 @@ class Consumer:
 
     def __init__(
         self,
-        config: ClientConfig,
+        config: ClientSettings,
         *,
         offsets: Offsets | None = None,
         mutation_log: MutationLog | None = None,

@@ -136,7 +136,7 @@ _ITEMS = (dcp.Mutation, dcp.Deletion, dcp.DeletionV2, dcp.Expiration)
 _SNAPPY = snappy.SNAPPY
 _INFLATE_LIMIT = 1 << 31  # a producer's value; the server checked sizes at the door
 _ADVANCES = (dcp.SeqnoAdvanced, dcp.SystemEvent)
-_SYNC_WRITES = (dcp.Prepare, dcp.Commit, dcp.Abort)  # ClientConfig.include_prepares only
+_SYNC_WRITES = (dcp.Prepare, dcp.Commit, dcp.Abort)  # ClientSettings.include_prepares only
 # The item types exactly (no subclass exists): a set lookup instead of the isinstance chain.
 _CHANGES = frozenset(_ITEMS)
 _STREAMING = ConsumerState.STREAMING

@@ -94,7 +94,7 @@ class Expiration:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Prepare:
-    """A durable write's *prepare* (``ClientConfig.include_prepares`` only): the version it
+    """A durable write's *prepare* (``ClientSettings.include_prepares`` only): the version it
     will make (``deleted``: a durable delete) at durability ``level`` (1 Majority,
     2 MajorityAndPersistToActive, 3 PersistToMajority), not visible to readers; a
     :class:`Commit` or :class:`Abort` of its seqno follows."""
@@ -117,7 +117,7 @@ class Prepare:
 @dataclass(frozen=True, slots=True)
 class Commit:
     """The prepare at ``prepared_seqno`` became the document's committed version at ``seqno``
-    (``ClientConfig.include_prepares`` only; otherwise it arrives as a Mutation or Deletion)."""
+    (``ClientSettings.include_prepares`` only; otherwise it arrives as a Mutation or Deletion)."""
 
     vbucket: int
     key: bytes
@@ -131,7 +131,7 @@ class Commit:
 @dataclass(frozen=True, slots=True)
 class Abort:
     """The prepare at ``prepared_seqno`` was dropped at ``seqno``: it never became visible
-    (``ClientConfig.include_prepares`` only)."""
+    (``ClientSettings.include_prepares`` only)."""
 
     vbucket: int
     key: bytes

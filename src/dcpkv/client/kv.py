@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.connection import ClientError, Connection, authenticate
+from dcpkv.client.settings import ClientSettings
 from dcpkv.core.deadline import within
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.core.status import Status, status_name
@@ -40,7 +40,7 @@ class KVSession:
         self.conn = conn
 
     @classmethod
-    async def open(cls, config: ClientConfig, host: str | None = None, port: int | None = None):
+    async def open(cls, config: ClientSettings, host: str | None = None, port: int | None = None):
         c = config.connection
         conn = await Connection.open(host or c.host, port or c.port, config.connect_timeout, c.tls)
         try:

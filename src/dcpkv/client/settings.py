@@ -12,7 +12,7 @@ A client bootstraps the cluster map from the first seed that answers and follows
 then on (``dcpkv.client.cluster``); :attr:`ConnectionSettings.host` / ``port`` name the first
 seed, for messages and for callers that only ever talk to one node.
 
-``tls`` (:class:`~dcpkv.core.tls.TlsOptions`, None: plain TCP) makes every connection of the
+``tls`` (:class:`~dcpkv.core.tls.TlsSettings`, None: plain TCP) makes every connection of the
 client speak TLS to the nodes' TLS ports (the map's ``kvSSL``; seeds must name TLS ports,
 11207 by Couchbase's convention). A ``couchbases://`` connection string means TLS
 (:func:`scheme_tls`).
@@ -20,7 +20,7 @@ client speak TLS to the nodes' TLS ports (the map's ``kvSSL``; seeds must name T
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dcpkv.core.defaults import (
     DEFAULT_BUCKET,
@@ -30,7 +30,7 @@ from dcpkv.core.defaults import (
     DEFAULT_USER,
 )
 from dcpkv.core.errors import DcpkvError
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 
 DEFAULT_TLS_PORT = 11207  # Couchbase's TLS data port
 
@@ -125,14 +125,14 @@ class ConnectionSettings:
         ConnectionSettings.parse("couchbase://h1,h2:11210", user="alice", password="...")
 
     The client reads the cluster map from the first seed that answers and follows it from then
-    on; ``couchbases://`` (or ``tls=TlsOptions(...)``) makes every connection speak TLS.
+    on; ``couchbases://`` (or ``tls=TlsSettings(...)``) makes every connection speak TLS.
     """
 
     nodes: tuple[Node, ...] = (Node(),)
     bucket: str = DEFAULT_BUCKET
     user: str = DEFAULT_USER
     password: str = DEFAULT_PASSWORD
-    tls: TlsOptions | None = None
+    tls: TlsSettings | None = None
 
     @classmethod
     def at(
@@ -143,7 +143,7 @@ class ConnectionSettings:
         bucket: str = DEFAULT_BUCKET,
         user: str = DEFAULT_USER,
         password: str = DEFAULT_PASSWORD,
-        tls: TlsOptions | None = None,
+        tls: TlsSettings | None = None,
     ) -> ConnectionSettings:
         """Settings for one node, or for the nodes of a connection string given as ``host``
         (``couchbase://h1,h2:11210``: every command's ``--host`` takes one); ``port`` is
@@ -161,7 +161,7 @@ class ConnectionSettings:
         bucket: str = DEFAULT_BUCKET,
         user: str = DEFAULT_USER,
         password: str = DEFAULT_PASSWORD,
-        tls: TlsOptions | None = None,
+        tls: TlsSettings | None = None,
     ) -> ConnectionSettings:
         """Settings for the nodes of a connection string."""
         nodes = parse_nodes(connection_string)
@@ -191,18 +191,56 @@ class ConnectionSettings:
         }
 
 
-def _tls_of(connection_string: str, given: TlsOptions | None) -> TlsOptions | None:
+def _tls_of(connection_string: str, given: TlsSettings | None) -> TlsSettings | None:
     """The TLS options a connection string asks for: ``given``, or defaults for
     ``couchbases://``."""
     if given is not None:
         return given
-    return TlsOptions() if scheme_tls(connection_string.strip())[0] else None
+    return TlsSettings() if scheme_tls(connection_string.strip())[0] else None
 
 
-def _tls_options(tls: TlsOptions) -> dict[str, str]:
-    """The Spark options of :class:`TlsOptions` (see :mod:`dcpkv.spark.options`)."""
+def _tls_options(tls: TlsSettings) -> dict[str, str]:
+    """The Spark options of :class:`TlsSettings` (see :mod:`dcpkv.spark.options`)."""
     opts = {"tls": "true", "tlsVerify": str(tls.verify).lower()}
     for name, value in (("tlsCa", tls.ca), ("tlsCert", tls.cert), ("tlsKey", tls.key)):
         if value is not None:
             opts[name] = value
     return opts
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Where to connect, as whom (``connection``), and how the DCP connection behaves.
+
+    ``buffer_size`` is the flow-control window negotiated with ``connection_buffer_size``
+    (0 disables flow control); ``noop_interval`` the producer's Noop period in seconds (the
+    connection counts as dead after two silent intervals); ``max_backoff`` caps the delay
+    between reconnection attempts; ``retry_timeout`` is how long a request keeps retrying
+    while the cluster map catches up with a failover or a vbucket move
+    (``dcpkv.client.cluster``), ``request_timeout`` how long one attempt waits for its answer
+    (a node that accepts connections but does not answer counts as lost).
+    ``include_values=False`` opens the DCP connection with the NoValue flag: mutations arrive
+    with an empty value and datatype 0 (raw), for consumers that only need keys and metadata
+    (the producer then never reads ejected values back from disk).
+    ``compression=True`` asks the producer to Snappy-compress every value it sends
+    (``force_value_compression``): fewer bytes on the wire for more CPU on both sides. Events
+    carry inflated values either way (the connection always negotiates Snappy, so values the
+    bucket keeps compressed arrive as they are stored and are inflated here).
+    ``include_prepares=True`` enables SyncWrites on the DCP connection: durable writes arrive
+    as :class:`~dcpkv.client.events.Prepare`, then :class:`~dcpkv.client.events.Commit` or
+    :class:`~dcpkv.client.events.Abort` events (a prepare is not visible to readers until its
+    commit; a disk snapshot brings a committed one as a plain Mutation). Off by default:
+    committed changes only, a commit as the Mutation or Deletion it made.
+    """
+
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    name: str = "dcpkv-client"
+    buffer_size: int = 20 * 1024 * 1024
+    noop_interval: float = 10.0
+    connect_timeout: float = 10.0
+    max_backoff: float = 5.0
+    retry_timeout: float = 30.0
+    request_timeout: float = 2.5
+    include_values: bool = True
+    compression: bool = False
+    include_prepares: bool = False

@@ -49,10 +49,10 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer, End, Start
 from dcpkv.client.mutation_log import MutationLog
 from dcpkv.client.offsets import Offsets
+from dcpkv.client.settings import ClientSettings
 from dcpkv.core import event_loop
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.protocol.constants import StreamEndReason
@@ -68,7 +68,7 @@ class SyncConsumer:
     constructor and methods, for code without an event loop::
 
         offsets = Offsets.load_or_new("app.offsets.json")
-        with SyncConsumer(ClientConfig(ConnectionSettings.at(port=11210)), offsets=offsets) as c:
+        with SyncConsumer(ClientSettings(ConnectionSettings.at(port=11210)), offsets=offsets) as c:
             for event in c.stream(end="now"):
                 ...  # apply the event
             offsets.save("app.offsets.json")
@@ -80,7 +80,7 @@ class SyncConsumer:
 
     def __init__(
         self,
-        config: ClientConfig,
+        config: ClientSettings,
         *,
         offsets: Offsets | None = None,
         mutation_log: MutationLog | None = None,
@@ -349,7 +349,7 @@ class _Pump:
 
 
 async def _make(
-    config: ClientConfig, offsets: Offsets | None, mutation_log: MutationLog | None
+    config: ClientSettings, offsets: Offsets | None, mutation_log: MutationLog | None
 ) -> Consumer:
     # Built inside the loop: the consumer's asyncio objects belong to that loop.
     return Consumer(config, offsets=offsets, mutation_log=mutation_log)

@@ -21,7 +21,7 @@ import aiohttp
 
 from dcpkv.core.defaults import DEFAULT_PASSWORD, DEFAULT_USER
 from dcpkv.core.errors import DcpkvError
-from dcpkv.core.tls import TlsError, TlsOptions
+from dcpkv.core.tls import TlsError, TlsSettings
 
 TIMEOUT_S = 60.0  # a failover syncs every node: allow it time
 
@@ -63,7 +63,7 @@ async def _request(
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     ca = os.environ.get("DCPKV_MANAGER_CA")
     try:
-        ssl = TlsOptions(ca=ca).context() if ca else True
+        ssl = TlsSettings(ca=ca).context() if ca else True
     except TlsError as exc:
         raise AdminError(f"DCPKV_MANAGER_CA: {exc}") from None
     try:

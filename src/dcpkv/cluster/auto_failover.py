@@ -38,7 +38,7 @@ MAX_COUNT = 1  # automatic failovers allowed before an operator resets the count
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """The settings the decision reads (a view of :class:`~dcpkv.cluster.config.Settings`)."""
+    """The settings the decision reads (a view of :class:`~dcpkv.cluster.config.FailoverConfig`)."""
 
     enabled: bool
     timeout_s: float

@@ -12,8 +12,8 @@ the file and changes nothing on nodes that already match it.
 A node is ``active`` (in the map, or waiting for one) or ``failed`` (failed over: out of the
 map, never driven again until re-added, which rebalance will bring). A bucket has a vbucket
 count, a replica count, a uuid (pushed in its config, so a node tells whose data it holds)
-and, once enough nodes joined, its map. Settings are the automatic failover switch, its
-timeout (5 s by default) and the count of automatic failovers an operator has not yet
+and, once enough nodes joined, its map. :class:`FailoverConfig` holds the automatic failover
+switch, its timeout (5 s by default) and the count of automatic failovers an operator has not yet
 acknowledged (stored, so a manager restart does not grant a second one:
 :mod:`~dcpkv.cluster.auto_failover`). The rebalance record (:class:`RebalanceConfig`) keeps
 what a rebalance must still do (nodes to take out or back in) and how the last one ended, so
@@ -80,7 +80,7 @@ class BucketConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class FailoverConfig:
     auto_failover_enabled: bool = False
     auto_failover_timeout_s: int = DEFAULT_AUTO_FAILOVER_TIMEOUT_S
     auto_failover_count: int = 0  # automatic failovers since an operator last reset it
@@ -164,7 +164,7 @@ MAX_EVENTS = 20  # the newest automatic failovers kept
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...] = ()
     buckets: tuple[BucketConfig, ...] = ()
-    settings: Settings = field(default_factory=Settings)
+    settings: FailoverConfig = field(default_factory=FailoverConfig)
     events: tuple[FailoverEvent, ...] = ()
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
 
@@ -218,7 +218,7 @@ def to_json(config: ClusterConfig) -> dict[str, Any]:
     }
 
 
-def _settings_json(settings: Settings) -> dict[str, Any]:
+def _settings_json(settings: FailoverConfig) -> dict[str, Any]:
     doc = settings.to_json()
     del doc["maxCount"]  # a constant of this version, not a setting
     return doc
@@ -241,7 +241,7 @@ def from_json(doc: Any) -> ClusterConfig:
     auto = doc["settings"]["autoFailover"]
     # "count", "repairOnRollback", "events" and "rebalance" came later: an older file has
     # none to carry (nor a rebalance to finish)
-    settings = Settings(
+    settings = FailoverConfig(
         bool(auto["enabled"]),
         int(auto["timeout"]),
         int(auto.get("count", 0)),

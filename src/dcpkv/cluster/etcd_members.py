@@ -17,10 +17,12 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcpkv.core.errors import DcpkvError
+
 ETCD = "etcd"
 
 
-class EtcdMissing(RuntimeError):
+class EtcdMissing(DcpkvError, RuntimeError):
     """No ``etcd`` executable on the PATH."""
 
 

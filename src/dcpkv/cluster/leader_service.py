@@ -54,7 +54,7 @@ from dcpkv.cluster.etcd_store import (
 from dcpkv.cluster.http_api import Handler, error, make_app
 from dcpkv.cluster.leadership import rev_epoch_for
 from dcpkv.cluster.manager import Manager, Refused
-from dcpkv.cluster.service import ManagerOptions, listen, until_signalled
+from dcpkv.cluster.service import ManagerSettings, listen, until_signalled
 from dcpkv.cluster.store import FileStore
 
 log = logging.getLogger("dcpkv.cluster")
@@ -66,7 +66,7 @@ MANAGERS_PATH = "/pools/default/managers"
 
 
 class LeaderService:
-    def __init__(self, options: ManagerOptions, client: Any) -> None:
+    def __init__(self, options: ManagerSettings, client: Any) -> None:
         self.options = options
         self.client = client
         self.manager = Manager(
@@ -96,7 +96,7 @@ class LeaderService:
             await self.manager.start(
                 seeds=options.seeds,
                 bucket=options.bucket,
-                vbuckets=options.vbuckets,
+                num_vbuckets=options.num_vbuckets,
                 replicas=options.replicas,
             )
         except (Refused, cfg.ClusterConfigError, EtcdUnavailable) as exc:
@@ -215,7 +215,7 @@ def _manager_entry(raw: bytes) -> Any:
     return [entry["name"], entry["url"]]
 
 
-async def serve_on_etcd(options: ManagerOptions) -> None:
+async def serve_on_etcd(options: ManagerSettings) -> None:
     assert options.etcd is not None
     client = connect(parse_endpoints(options.etcd))
     service = LeaderService(options, client)

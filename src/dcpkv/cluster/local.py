@@ -149,7 +149,7 @@ class LocalCluster:
     data_dir: Path
     nodes: int
     replicas: int
-    vbuckets: int = 1024
+    num_vbuckets: int = 1024
     manager_port: int = 0
     host: str = "127.0.0.1"
     etcd_members: int = 0  # 0: one manager, cluster.json; else this many etcd members and
@@ -187,7 +187,7 @@ class LocalCluster:
                 "--data-dir",
                 str(self.data_dir / name),
                 "--vbuckets",
-                str(self.vbuckets),
+                str(self.num_vbuckets),
                 *self.node_flags,
                 "--metrics-port",  # a free loopback port: the manager's /prometheus_sd_config
                 "0",
@@ -217,7 +217,7 @@ class LocalCluster:
             "--replicas",
             str(self.replicas),
             "--vbuckets",
-            str(self.vbuckets),
+            str(self.num_vbuckets),
             *seeds,
         )
         if self.etcd_endpoints:

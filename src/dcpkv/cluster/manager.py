@@ -111,7 +111,9 @@ class Manager:
 
     # -- life -------------------------------------------------------------------------------
 
-    async def start(self, *, seeds: list[str], bucket: str, vbuckets: int, replicas: int) -> None:
+    async def start(
+        self, *, seeds: list[str], bucket: str, num_vbuckets: int, replicas: int
+    ) -> None:
         """Load the configuration (or make a new one from the seeds), sync every node, watch
         their health. Raises :class:`Refused` or a config error when it cannot start."""
         try:
@@ -121,10 +123,12 @@ class Manager:
         loaded = await self.store.load()
         if loaded is None:
             try:
-                check_placeable(max(replicas + 1, 1), replicas, vbuckets)
+                check_placeable(max(replicas + 1, 1), replicas, num_vbuckets)
             except PlacementError as exc:
                 raise Refused(str(exc)) from None
-            self.config = cfg.ClusterConfig(buckets=(cfg.new_bucket(bucket, vbuckets, replicas),))
+            self.config = cfg.ClusterConfig(
+                buckets=(cfg.new_bucket(bucket, num_vbuckets, replicas),)
+            )
             async with self._lock:
                 await self._admit(seeds)
         else:

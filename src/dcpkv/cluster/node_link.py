@@ -34,7 +34,7 @@ from dcpkv.core.deadline import within
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.manager_term import agent_for
 from dcpkv.core.status import Status, status_name
-from dcpkv.core.tls import TlsError, TlsOptions
+from dcpkv.core.tls import TlsError, TlsSettings
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Datatype
@@ -80,7 +80,7 @@ class LinkTls:
     """How the manager's links speak TLS: the CA to trust, and where a node's TLS port is
     (its data port plus ``port_offset``: Couchbase's convention is 11210 -> 11207, -3)."""
 
-    options: TlsOptions
+    options: TlsSettings
     port_offset: int = -3
 
 

@@ -61,9 +61,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dcpkv.cluster import config as cfg
 from dcpkv.cluster import topology_sync
@@ -92,9 +92,6 @@ from dcpkv.core.errors import DcpkvError
 from dcpkv.core.replication_topology import topology_value
 from dcpkv.core.vbucket import VBucketState
 
-if TYPE_CHECKING:
-    from dcpkv.cluster.manager import Manager
-
 log = logging.getLogger("dcpkv.cluster")
 
 TICK_S = 0.2
@@ -105,6 +102,40 @@ NODE_DOWN_S = 5.0  # a move whose node missed heartbeats this long is abandoned
 
 class RebalanceRefused(DcpkvError):
     """A rebalance request the manager refused; nothing was changed."""
+
+
+class RebalanceHost(Protocol):
+    """What a rebalance needs of the manager that runs it (:class:`dcpkv.cluster.manager.Manager`
+    is one): the configuration it commits, the manager's lock, its links to the nodes and
+    their health, the map push and sync, and the failover it may have to decide. The
+    rebalancer knows its manager only by this (no import of the manager: an import-linter
+    contract in pyproject.toml)."""
+
+    config: cfg.ClusterConfig
+    out_of_sync: set[str]  # nodes whose next sync must push everything again
+
+    @property
+    def lock(self) -> asyncio.Lock: ...
+
+    def link(self, name: str) -> NodeLink: ...
+
+    def pushed_config(self, bucket: cfg.BucketConfig, node: str) -> dict[str, Any]: ...
+
+    async def commit(self, config: cfg.ClusterConfig) -> None: ...
+
+    def commit_while(
+        self, config: cfg.ClusterConfig, pushes: Sequence[Awaitable[None]]
+    ) -> Awaitable[Any]: ...
+
+    async def sync_all(self) -> None: ...
+
+    def watch(self, name: str) -> None: ...
+
+    async def fail_over_now(self, name: str, why: str) -> dict[str, Any]: ...
+
+    def down_for(self, name: str) -> float: ...
+
+    async def forget(self, name: str) -> None: ...
 
 
 @dataclass
@@ -144,7 +175,7 @@ class _BucketRun:
 
 
 class Rebalancer:
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: RebalanceHost) -> None:
         self.m = manager
         self.progress = Progress()
         self._runs: list[_BucketRun] = []

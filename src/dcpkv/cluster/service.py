@@ -37,14 +37,14 @@ log = logging.getLogger("dcpkv.cluster")
 
 
 @dataclass(frozen=True, slots=True)
-class ManagerOptions:
+class ManagerSettings:
     data_dir: Path
     host: str
     port: int
     port_file: Path | None
     seeds: list[str]
     bucket: str
-    vbuckets: int
+    num_vbuckets: int
     replicas: int
     user: str
     password: str
@@ -60,7 +60,7 @@ class ManagerOptions:
     log_format: str = "text"
 
 
-async def serve(options: ManagerOptions) -> None:
+async def serve(options: ManagerSettings) -> None:
     if options.etcd is not None:
         from dcpkv.cluster.leader_service import serve_on_etcd
 
@@ -70,7 +70,7 @@ async def serve(options: ManagerOptions) -> None:
     await manager.start(
         seeds=options.seeds,
         bucket=options.bucket,
-        vbuckets=options.vbuckets,
+        num_vbuckets=options.num_vbuckets,
         replicas=options.replicas,
     )
     xdcr = XdcrService(options.data_dir, lambda bucket: _this_cluster(manager, options, bucket))
@@ -87,7 +87,7 @@ async def serve(options: ManagerOptions) -> None:
         await manager.stop()
 
 
-async def listen(runner: web.AppRunner, options: ManagerOptions) -> str:
+async def listen(runner: web.AppRunner, options: ManagerSettings) -> str:
     """Serve ``runner``'s app on the options' address; its URL (the port file written)."""
     ssl = None
     if options.tls_cert is not None and options.tls_key is not None:
@@ -105,7 +105,7 @@ async def listen(runner: web.AppRunner, options: ManagerOptions) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def _this_cluster(manager: Manager, options: ManagerOptions, bucket: str) -> ConnectionSettings:
+def _this_cluster(manager: Manager, options: ManagerSettings, bucket: str) -> ConnectionSettings:
     """How an XDCR replicator reads this cluster: its nodes, as the cluster admin."""
     nodes = tuple(Node(n.host, n.port) for n in manager.config.nodes if n.state is NodeState.ACTIVE)
     return ConnectionSettings(nodes=nodes, bucket=bucket, user=options.user,
@@ -125,6 +125,6 @@ async def until_signalled() -> None:
                 loop.remove_signal_handler(sig)
 
 
-def run(options: ManagerOptions) -> None:
+def run(options: ManagerSettings) -> None:
     logs.configure(options.log_level, options.log_format)
     asyncio.run(serve(options))

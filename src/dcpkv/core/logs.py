@@ -27,6 +27,8 @@ import time
 from collections import Counter
 from typing import IO, Any
 
+from dcpkv.core.errors import DcpkvError
+
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 
@@ -49,7 +51,7 @@ _FIELDS = "dcpkv_fields"
 _TEXT = "%(asctime)s %(levelname)s %(message)s"
 
 
-class ConfigError(ValueError):
+class LogSettingsError(DcpkvError, ValueError):
     """A log level or format that does not exist."""
 
 
@@ -109,11 +111,11 @@ class TextFormatter(logging.Formatter):
 
 
 def check(level: str, fmt: str) -> None:
-    """ConfigError when ``level`` or ``fmt`` is not one of :data:`LEVELS` / :data:`FORMATS`."""
+    """LogSettingsError when ``level`` or ``fmt`` is not one of :data:`LEVELS` / :data:`FORMATS`."""
     if level.lower() not in LEVELS:
-        raise ConfigError(f"log level must be one of {', '.join(LEVELS)}, not {level!r}")
+        raise LogSettingsError(f"log level must be one of {', '.join(LEVELS)}, not {level!r}")
     if fmt.lower() not in FORMATS:
-        raise ConfigError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+        raise LogSettingsError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
 
 
 def configure(level: str = "info", fmt: str = "text", stream: IO[str] | None = None) -> None:

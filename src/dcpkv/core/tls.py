@@ -10,8 +10,8 @@ ciphers.
 * :func:`server_context`: the certificate chain and key; with a CA file, client certificates
   are required and must chain to it (mutual TLS; the user still logs in with SASL, the
   certificate only admits the connection).
-* :class:`TlsOptions`: a client's choice, plain data (picklable: Spark ships settings to its
-  executors, and an ``SSLContext`` does not pickle); :meth:`TlsOptions.context` builds the
+* :class:`TlsSettings`: a client's choice, plain data (picklable: Spark ships settings to its
+  executors, and an ``SSLContext`` does not pickle); :meth:`TlsSettings.context` builds the
   context where it is used. ``ca`` is the file of certificates to trust (the system's when
   None); ``verify=False`` skips verification (development only: it gives up the protection
   against a man in the middle); ``cert``/``key`` present a client certificate.
@@ -41,7 +41,7 @@ def server_context(cert: Path, key: Path, ca: Path | None = None) -> ssl.SSLCont
 
 
 @dataclass(frozen=True, slots=True)
-class TlsOptions:
+class TlsSettings:
     """A client's TLS choice: ``ca``, the file of certificates to trust (None: the system's);
     ``verify=False`` skips verifying the server (development only); ``cert``/``key``, a client
     certificate for a server that requires one. Plain data: :meth:`context` builds the

@@ -23,37 +23,27 @@ Output and memory
     bounded per producer (``BackfillManager.buffer_bytes``).
 
     ``next_messages`` gives each ready stream a short turn per round (round-robin, as
-    kv_engine's producer does): up to :data:`TURN_MESSAGES` visits, each sending one message
+    kv_engine's producer does; :mod:`dcpkv.dcp.ready_queue`): each visit sends one message
     (or one run of items: a backfill batch's or a memory snapshot's consecutive items joined
     into one bytes object; or a live write's snapshot of one item, its marker and the item
-    joined: see :mod:`dcpkv.dcp.active_stream`) or finding the stream idle. A live write is
+    joined: see :mod:`dcpkv.dcp.active_stream`) or finds the stream idle. A live write is
     thus one visit, after which the stream leaves the ready queue when its cursor has read
-    everything (``ActiveStream.idle``), where it took three rounds once (marker, item, and a
-    checkpoint read that found nothing), then three visits of one turn. It goes on while the
-    byte and visit budgets of the call (the server's bound on one turn of its event loop) and
-    the flow-control window allow: with ``connection_buffer_size`` N, a message is sent only
-    while fewer than N bytes are unacknowledged (so one message, or a lone live snapshot's
-    marker and item, may overflow N); every message but Noop counts, header included;
-    BufferAck releases. A run that may not go out whole under these rules is cut at the
-    message where they stop (:func:`_split_run`), so runs change the number of writes, never
-    what is sent when.
+    everything (``ActiveStream.idle``). It goes on while the byte and visit budgets of the
+    call (the server's bound on one turn of its event loop) and the flow-control window
+    (:mod:`dcpkv.dcp.flow_control`: ``connection_buffer_size``, BufferAck, how a run is cut)
+    allow.
 
 Ready queue
-    A write must not cost O(open streams): a replica or a Spark query streams all 1024
-    vbuckets, and most of them are idle at any moment. As kv_engine does, the producer keeps a
-    *ready queue* of the streams that may have something to send, and ``next_messages`` visits
-    only those. A stream joins it when it opens, when its vbucket queues an item (the
-    producer subscribes to the bucket's ``seqno_listeners``; the listener may run on any
-    thread, so it only appends to a thread-safe deque that ``next_messages`` drains, then
-    calls the server's ``queued_hook`` so it knows to send), when a
-    backfill batch lands (:meth:`notify`, the same deque), when a takeover answer or a state
-    change gives it something to do, and when it ends. It leaves when a visit finds nothing
-    to send (``ActiveStream.take`` refills until the stream either has a message or made no
-    progress, so "nothing" means "nothing until the next notification"), or on the visit
-    that sent its last message when it is idle (a live stream caught up with its vbucket).
-    A stream waiting on the flow-control window stays queued. Invariant: a vbucket is in
-    ``_ready`` at most once, exactly when it is in ``_in_ready``. ``stream_polls`` counts the
-    visits: the work per write, which a test holds independent of the number of streams.
+    :mod:`dcpkv.dcp.ready_queue`: ``next_messages`` visits only the streams that may have
+    something to send. A stream is woken when it opens, when a takeover answer or a state
+    change gives it something to do, and when it ends; it is noted (any thread) when its
+    vbucket queues an item (the producer subscribes to the bucket's ``seqno_listeners``, then
+    calls the server's ``queued_hook`` so it knows to send) and when a backfill batch lands
+    (:meth:`notify`). It leaves when a visit finds nothing to send (``ActiveStream.take``
+    refills until the stream either has a message or made no progress, so "nothing" means
+    "nothing until the next notification"), or on the visit that sent its last message when
+    it is idle (a live stream caught up with its vbucket). ``stream_polls`` counts the visits:
+    the work per write, which a test holds independent of the number of streams.
 
 Barriers
     A DcpBarrier cookie records, for every live stream, the vbucket high seqno at arrival
@@ -92,7 +82,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,8 +90,10 @@ from typing import Any
 from dcpkv.core.errors import DcpkvError
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream, Pending, stream_key
+from dcpkv.dcp.active_stream import BATCH_ITEMS, ActiveStream, stream_key
 from dcpkv.dcp.backfill import BackfillManager, BackfillRunner
+from dcpkv.dcp.flow_control import FlowWindow, split_run
+from dcpkv.dcp.ready_queue import ReadyQueue
 from dcpkv.dcp.stream import Stream, StreamState
 from dcpkv.dcp.stream_request import (
     Accept,
@@ -133,10 +124,6 @@ DEFAULT_NOOP_INTERVAL = 20.0
 _BOOLS = {"true": True, "false": False}
 _PRIORITIES = frozenset({"low", "medium", "high"})
 _MARKER_VERSIONS = frozenset({"1.0", "2.0", "2.2"})
-TURN_MESSAGES = 3  # visits per turn: a snapshot's marker and a run or two of its items
-_HEADER_LEN = 24
-_BODY_LEN = struct.Struct(">I").unpack_from
-_SEQNO = struct.Struct(">Q").unpack_from
 
 
 class ProducerError(DcpkvError):
@@ -187,8 +174,7 @@ class DcpProducer:
             no_value=self.no_value, keep_datatype=self.keep_datatype,
         )  # fmt: skip
         self.clock = clock
-        self.buffer_size = 0
-        self.unacked_bytes = 0
+        self.window = FlowWindow()  # connection_buffer_size and the bytes not yet acked
         self.noop_enabled = False
         self.noop_interval = DEFAULT_NOOP_INTERVAL
         self.stream_end_on_close = False
@@ -207,9 +193,7 @@ class DcpProducer:
         # enable_stream_id: several streams of a vbucket, each tagged with its id
         self.stream_ids = False
         self._by_vb: dict[int, tuple[int, ...]] = {}  # vbucket -> its stream keys (with ids)
-        self._ready: deque[int] = deque()  # streams that may have something to send, in turn
-        self._in_ready: set[int] = set()  # exactly the vbuckets in _ready
-        self._notified: deque[int] = deque()  # vbuckets that queued items (any thread)
+        self.ready = ReadyQueue(self._forget)  # the streams that may have something to send
         # a notified vbucket held a prepare and the consumer acks them: a SyncWrite's client
         # waits on the next pump (the server's push cadence, case S); cleared by that pump
         self.sync_write_waiting = False
@@ -274,7 +258,7 @@ class DcpProducer:
         setter(self, value)
 
     def _set_buffer_size(self, value: str) -> None:
-        self.buffer_size = _parse_uint(value, "connection_buffer_size")
+        self.window.size = _parse_uint(value, "connection_buffer_size")
 
     def _set_enable_noop(self, value: str) -> None:
         self.noop_enabled = _parse_bool(value, "enable_noop")
@@ -452,7 +436,16 @@ class DcpProducer:
         return dcp.GetFailoverLogResponse(opaque=opaque, failover_log=vb.failover.entries).encode()
 
     def buffer_ack(self, nbytes: int) -> None:
-        self.unacked_bytes = max(0, self.unacked_bytes - nbytes)
+        self.window.ack(nbytes)
+
+    @property
+    def buffer_size(self) -> int:
+        """``connection_buffer_size`` (0: no flow control)."""
+        return self.window.size
+
+    @property
+    def unacked_bytes(self) -> int:
+        return self.window.unacked
 
     def noop_response(self) -> None:
         self._noop_sent_at = None
@@ -495,9 +488,7 @@ class DcpProducer:
                 out.end(StreamEndReason.Disconnected, send=False)
         self._streams.clear()
         self._by_vb.clear()
-        self._ready.clear()
-        self._in_ready.clear()
-        self._notified.clear()
+        self.ready.clear()
         self._barriers.clear()
         with contextlib.suppress(ValueError):
             self.bucket.seqno_listeners.remove(self._on_queued)
@@ -512,11 +503,11 @@ class DcpProducer:
             keys = self._by_vb.get(vbucket, ())  # a tuple: replaced, never edited
             if not keys:
                 return
-            self._notified.extend(keys)
+            self.ready.note_all(keys)
         elif vbucket in self._streams:
             if self.consumer_name is not None and self.sync_writes:
                 self._note_sync_write(vbucket)
-            self._notified.append(vbucket)
+            self.ready.notes.append(vbucket)  # ReadyQueue.note, inlined: once per write
         else:
             return
         hook = self.queued_hook
@@ -533,25 +524,14 @@ class DcpProducer:
 
     def wake(self, vbid: int) -> None:
         """Put a stream in the ready queue (the producer's own thread)."""
-        if vbid not in self._in_ready:
-            self._in_ready.add(vbid)
-            self._ready.append(vbid)
+        self.ready.wake(vbid)
 
     def notify(self, vbid: int) -> None:
         """A stream has something new to send (any thread: a backfill batch landed)."""
-        self._notified.append(vbid)
+        self.ready.note(vbid)
         wakeup = self.wakeup
         if wakeup is not None:
             wakeup()
-
-    def _drain_notified(self) -> None:
-        self.sync_write_waiting = False  # (before the drain: a later note is for a later pump)
-        notified, in_ready, ready = self._notified, self._in_ready, self._ready
-        while notified:
-            vbid = notified.popleft()
-            if vbid not in in_ready:  # wake(), inlined: once per write
-                in_ready.add(vbid)
-                ready.append(vbid)
 
     # -- output ----------------------------------------------------------------------------
 
@@ -559,34 +539,36 @@ class DcpProducer:
     def notified(self) -> int:
         """Notifications not yet taken by :meth:`next_messages`: about the items its streams'
         vbuckets queued since (the server's push cadence reads it)."""
-        return len(self._notified)
+        return len(self.ready.notes)
 
     @property
     def has_ready(self) -> bool:
         """Whether a stream may have something to send now: after :meth:`next_messages`, true
         when it stopped on its bounds or on the flow-control window (or a notification came
         from another thread meanwhile)."""
-        return bool(self._ready or self._notified)
+        return self.ready.has_work
 
     def next_messages(self, max_bytes: int = 1 << 20, max_visits: int = 1 << 62) -> list[bytes]:
         """Encoded DCP messages to send now (round-robin over the ready streams,
         flow-controlled), at most about ``max_bytes`` of them, in at most ``max_visits``
         visits to a stream."""
         out: list[bytes] = []
-        self._drain_notified()
+        self.sync_write_waiting = False  # (before the drain: a later note is for a later pump)
+        queue, window = self.ready, self.window
+        queue.drain()
         self._echo_barriers(out)
-        ready, streams, in_ready = self._ready, self._streams, self._in_ready
-        budget, polls, limit = max_bytes, 0, self.buffer_size or 1 << 63
+        ready, streams, end_visit = queue.line, self._streams, queue.end_visit
+        budget, polls, limit = max_bytes, 0, window.limit
         # The loop runs once per message (or run) sent: the counters it bumps are locals,
         # written back before anything else reads them (barrier echoes count bytes too).
-        unacked, sent, items = self.unacked_bytes, 0, 0
+        unacked, sent, items = window.unacked, 0, 0
         append, popleft = out.append, ready.popleft
         turn = 0  # messages the stream at the head of ``ready`` sent in this turn
         while ready and budget > 0 and unacked < limit and polls < max_visits:
             vbid = popleft()
             entry = streams.get(vbid)
             if entry is None:
-                in_ready.discard(vbid)  # forgotten while it waited in line
+                queue.drop(vbid)  # forgotten while it waited in line
                 continue
             polls += 1
             pending = entry.pending
@@ -596,7 +578,7 @@ class DcpProducer:
                 size = len(data)
                 if count > 1 and (size >= budget or unacked + size >= limit or self._barriers):
                     # a run that may not go out whole: the part of it that may
-                    data, seqno, covers, count = _split_run(
+                    data, seqno, covers, count = split_run(
                         msg, pending, budget, limit - unacked, bool(self._barriers)
                     )
                     size = len(data)
@@ -616,12 +598,12 @@ class DcpProducer:
                 if covers > entry.emitted_seqno:
                     entry.emitted_seqno = covers
             if self._barriers:
-                self.unacked_bytes = unacked
+                window.unacked = unacked
                 self._barrier_progress(vbid, entry)
                 self._echo_barriers(out)
-                unacked = self.unacked_bytes
-            turn = self._end_visit(vbid, entry, msg is None or entry.idle(), turn)
-        self.unacked_bytes = unacked
+                unacked = window.unacked
+            turn = end_visit(vbid, msg is None or entry.idle(), entry.finished, turn)
+        window.unacked = unacked
         self.bytes_sent += sent
         self.items_sent += items
         self.stream_polls += polls
@@ -629,24 +611,11 @@ class DcpProducer:
             self._last_send = self.clock.time()
         return out
 
-    def _end_visit(self, vbid: int, entry: ActiveStream, idle: bool, turn: int) -> int:
-        """Where the stream goes after one visit of its turn; the turn count that follows."""
-        if idle or entry.finished:
-            self._in_ready.discard(vbid)  # idle until its vbucket queues something
-            if entry.finished:
-                self._forget(vbid)
-            return 0
-        if turn < TURN_MESSAGES - 1:
-            self._ready.appendleft(vbid)  # its turn goes on (each visit passes every check)
-            return turn + 1
-        self._ready.append(vbid)
-        return 0
-
     def _echo_barriers(self, out: list[bytes]) -> None:
         while self._barriers and not self._barriers[0].waiting:
             b = self._barriers.popleft()
             data = dcp.DcpBarrier(cookie=b.cookie, opaque=b.opaque, echo=True).encode()
-            self.unacked_bytes += len(data)
+            self.window.sent(len(data))
             self.bytes_sent += len(data)
             out.append(data)
 
@@ -662,7 +631,7 @@ class DcpProducer:
                 del barrier.waiting[vbid]  # it will send nothing more: nothing to wait for
 
     def _forget(self, vbid: int) -> None:
-        # A queued entry stays in _ready and is dropped when reached (no O(n) removal).
+        # A queued key stays in the ready queue and is dropped when reached (no O(n) removal).
         gone = self._streams.pop(vbid, None)
         if gone is not None and gone.sid:
             rest = tuple(k for k in self._by_vb.get(gone.vbucket, ()) if k != vbid)
@@ -724,7 +693,7 @@ class DcpProducer:
             f"noop_interval:{n}": self.noop_interval,
             f"priority:{n}": self.priority,
             f"pending_barriers:{n}": len(self._barriers),
-            f"ready_streams:{n}": len(self._in_ready),
+            f"ready_streams:{n}": len(self.ready),
             f"stream_polls:{n}": self.stream_polls,
         }
         for _, out in sorted(self._streams.items()):
@@ -772,25 +741,6 @@ _CONTROLS = {
     "enable_sync_writes": DcpProducer._set_sync_writes,
     "consumer_name": DcpProducer._set_consumer_name,
 }
-
-
-def _split_run(run: Pending, pending: deque[Pending], budget: int, room: int, one: bool) -> Pending:
-    """The head of a run that may go out now, the rest put back first in ``pending``: messages
-    are taken while ``budget`` bytes remain and the flow-control window has ``room`` before each
-    (as one message at a time would go), at least one, only one when ``one`` (a barrier waits:
-    its echo must follow the exact message that reaches its target). Runs carry no stream id,
-    so every message is a plain header (body length at 8, an item's seqno at 24)."""
-    data, _, covers, count = run
-    off = taken = 0
-    while taken < count and (taken == 0 or (off < budget and off < room and not one)):
-        last = off
-        off += _HEADER_LEN + _BODY_LEN(data, off + 8)[0]
-        taken += 1
-    seqno = _SEQNO(data, last + _HEADER_LEN)[0]
-    if taken < count:
-        pending.appendleft((data[off:], run[1], covers, count - taken))
-        covers = seqno
-    return data[:off], seqno, covers, taken
 
 
 def _parse_bool(value: str, key: str) -> bool:

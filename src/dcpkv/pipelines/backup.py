@@ -44,8 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.core.failover_table import FailoverEntry
 from dcpkv.pipelines import decimal_files
 from dcpkv.pipelines.backup_layout import (
@@ -82,10 +81,10 @@ def _quiet(_phase: str) -> None:
 
 def server_state(ep: ConnectionSettings, logs: bool = True) -> tuple[SeqnoMap, dict[int, Any]]:
     """vbucket -> (uuid, high seqno), and (``logs``) vbucket -> failover log."""
-    return asyncio.run(_server_state(ClientConfig(ep, name="dcpkv-backup"), logs))
+    return asyncio.run(_server_state(ClientSettings(ep, name="dcpkv-backup"), logs))
 
 
-async def _server_state(config: ClientConfig, want_logs: bool) -> tuple[SeqnoMap, dict[int, Any]]:
+async def _server_state(config: ClientSettings, want_logs: bool) -> tuple[SeqnoMap, dict[int, Any]]:
     session = await ClusterKV.open(config)
     try:
         seqnos = await session.vbucket_seqnos()

@@ -193,7 +193,7 @@ def _write(table: Path, plan: _Plan) -> _Written | None:
     from dcpkv.spark.read import change_batches
 
     written = _Written()
-    batches = change_batches(plan.opts.client_config(), plan.work, plan.opts.include_values)
+    batches = change_batches(plan.opts.client_settings(), plan.work, plan.opts.include_values)
     name = vtable.write_arrow(table, written.stamped(batches), f"b{FIRST_ORD:08d}")
     manifest = vtable.load_manifest(table)
     if resync_rows(written.rollbacks, manifest.floors):

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.durability import DurabilityOption
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.client.writer import KVWriter, WriteOp
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.pipelines.sample_data import changes, documents
@@ -60,7 +59,7 @@ def loaded_sample(ep: ConnectionSettings, num_vbuckets: int) -> SampleInfo | Non
     """The sample the bucket already holds (its marker), or None."""
 
     async def read() -> bytes | None:
-        session = await ClusterKV.open(ClientConfig(ep))
+        session = await ClusterKV.open(ClientSettings(ep))
         try:
             doc = await session.get(vbucket_for_key(MARKER_KEY, num_vbuckets), MARKER_KEY)
         finally:

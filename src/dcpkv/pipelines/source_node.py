@@ -14,10 +14,9 @@ import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.core.durability import MutationToken, Observation
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,8 @@ class SourceSettings:
             opts["maxChangesPerTrigger"] = str(self.max_changes_per_trigger)
         return opts
 
-    def client_config(self) -> ClientConfig:
-        return ClientConfig(self.connection)
+    def client_settings(self) -> ClientSettings:
+        return ClientSettings(self.connection)
 
     # A view's definition records its source (``views``) in this flat JSON form.
     def to_json_obj(self) -> dict[str, Any]:
@@ -60,7 +59,7 @@ class SourceSettings:
     def from_json_obj(cls, doc: dict[str, Any]) -> SourceSettings:
         connection = ConnectionSettings.at(
             doc["host"], doc["port"], bucket=doc["bucket"], user=doc["user"],
-            password=doc["password"], tls=TlsOptions(**doc["tls"]) if doc.get("tls") else None,
+            password=doc["password"], tls=TlsSettings(**doc["tls"]) if doc.get("tls") else None,
         )  # fmt: skip
         return cls(connection, doc.get("vbuckets"), doc.get("max_changes_per_trigger"))
 
@@ -73,7 +72,7 @@ def server_seqnos(source: SourceSettings) -> dict[int, tuple[int, int]]:
     from dcpkv.client.cluster import ClusterKV
 
     async def ask() -> dict[int, tuple[int, int]]:
-        session = await ClusterKV.open(source.client_config())
+        session = await ClusterKV.open(source.client_settings())
         try:
             return await session.vbucket_seqnos()
         finally:
@@ -89,7 +88,7 @@ def persisted_seqnos(source: SourceSettings, uuids: dict[int, int]) -> dict[int,
     from dcpkv.client.cluster import ClusterKV
 
     async def ask() -> dict[int, int]:
-        session = await ClusterKV.open(source.client_config())
+        session = await ClusterKV.open(source.client_settings())
         try:
             found = await asyncio.gather(
                 *(_observed(session, MutationToken(vb, u, 0)) for vb, u in uuids.items())

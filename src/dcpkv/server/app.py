@@ -135,7 +135,7 @@ from dcpkv.engine.vbucket import SyncOutcome
 from dcpkv.protocol.constants import HEADER_LEN, HelloFeature, Magic
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
-from dcpkv.server.config import ServerConfig
+from dcpkv.server.config import ServerSettings
 from dcpkv.server.connection import CloseConnection, Connection
 from dcpkv.server.dcp_handlers import drop_producer
 from dcpkv.server.dispatch import error_answer, handle
@@ -619,7 +619,7 @@ class KVProtocol(asyncio.Protocol):
 class DataServer:
     """The buckets, the listening socket and the background tasks of one server process."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerSettings) -> None:
         self.config = config
         self.state = ServerState(config)
         self.connections: set[KVProtocol] = set()
@@ -650,7 +650,7 @@ class DataServer:
             bucket = Bucket(
                 bc.name,
                 path,
-                num_vbuckets=bc.vbuckets,
+                num_vbuckets=bc.num_vbuckets,
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 eviction_policy=EvictionPolicy(bc.eviction_policy),
                 compression_mode=CompressionMode(bc.compression_mode),
@@ -661,7 +661,7 @@ class DataServer:
             )
             bucket.sync_outcomes = self._sync_outcomes
             if not bucket.vbuckets and not self.config.managed:
-                for vb in range(bc.vbuckets):
+                for vb in range(bc.num_vbuckets):
                     bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
                 bucket.flush_once()
             log.info(
@@ -945,7 +945,7 @@ class DataServer:
             lock.release()
 
 
-async def serve(config: ServerConfig, port_file: Path | None = None) -> None:
+async def serve(config: ServerSettings, port_file: Path | None = None) -> None:
     """Run until SIGINT/SIGTERM, then shut down cleanly."""
     server = DataServer(config)
     stop = asyncio.Event()
@@ -961,7 +961,7 @@ async def serve(config: ServerConfig, port_file: Path | None = None) -> None:
 
 
 def run(
-    config: ServerConfig,
+    config: ServerSettings,
     port_file: Path | None = None,
     *,
     log_level: str = "info",

@@ -49,9 +49,9 @@ class ConfigError(DcpkvError, ValueError):
 
 
 @dataclass(frozen=True)
-class BucketConfig:
+class BucketSettings:
     name: str = DEFAULT_BUCKET
-    vbuckets: int = DEFAULT_VBUCKETS
+    num_vbuckets: int = DEFAULT_VBUCKETS  # the file's and the flag's `vbuckets`
     memory_quota_mb: int = 256
     # What leaves memory over the quota: values only, or whole items (EvictionPolicy)
     eviction_policy: str = EvictionPolicy.VALUE_ONLY.value
@@ -99,9 +99,9 @@ class BucketConfig:
                 f"bucket {self.name!r}: conflict_resolution must be seqno or lww, "
                 f"not {self.conflict_resolution!r}"
             )
-        if not 1 <= self.vbuckets <= 1024:
+        if not 1 <= self.num_vbuckets <= 1024:
             raise ConfigError(
-                f"bucket {self.name!r}: vbuckets must be 1..1024, not {self.vbuckets}"
+                f"bucket {self.name!r}: vbuckets must be 1..1024, not {self.num_vbuckets}"
             )
         if self.memory_quota_mb < 1:
             raise ConfigError(f"bucket {self.name!r}: memory_quota_mb must be at least 1")
@@ -110,11 +110,11 @@ class BucketConfig:
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class ServerSettings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     data_dir: Path = Path("./dcpkv-data")
-    buckets: tuple[BucketConfig, ...] = (BucketConfig(),)
+    buckets: tuple[BucketSettings, ...] = (BucketSettings(),)
     users: dict[str, str] = field(default_factory=lambda: {DEFAULT_USER: DEFAULT_PASSWORD})
     flush_interval_s: float = 0.05
     # Tombstones older than this are purged by the periodic compaction (Couchbase's "metadata
@@ -156,10 +156,10 @@ class ServerConfig:
         if not self.buckets:
             raise ConfigError("at least one bucket is needed")
 
-    def bucket(self, name: str) -> BucketConfig | None:
+    def bucket(self, name: str) -> BucketSettings | None:
         return next((b for b in self.buckets if b.name == name), None)
 
-    def with_overrides(self, **flags: Any) -> ServerConfig:
+    def with_overrides(self, **flags: Any) -> ServerSettings:
         """Apply the flags a user actually gave (None means "not given")."""
         given = {k: v for k, v in flags.items() if v is not None}
         for name in ("data_dir", *_PATHS):
@@ -171,10 +171,10 @@ class ServerConfig:
 _PATHS = ("tls_cert", "tls_key", "tls_ca")
 
 
-def load_config(path: Path | None) -> ServerConfig:
+def load_config(path: Path | None) -> ServerSettings:
     """The defaults, overlaid with ``path`` when given."""
     if path is None:
-        return ServerConfig()
+        return ServerSettings()
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -184,7 +184,7 @@ def load_config(path: Path | None) -> ServerConfig:
     return _from_doc(doc, path)
 
 
-def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
+def _from_doc(doc: dict[str, Any], path: Path) -> ServerSettings:
     numbers = (
         "port", "flush_interval_s", "tombstone_purge_age_s", "compaction_interval_s",
         "max_connections", "unauth_idle_timeout_s", "tls_port", "metrics_port",
@@ -206,18 +206,28 @@ def _from_doc(doc: dict[str, Any], path: Path) -> ServerConfig:
     if "buckets" in doc:
         try:
             kwargs["buckets"] = tuple(
-                BucketConfig(name=name, **settings) for name, settings in doc["buckets"].items()
+                _bucket(name, settings) for name, settings in doc["buckets"].items()
             )
         except TypeError as exc:
             raise ConfigError(f"{path}: bad bucket settings: {exc}") from None
     try:
-        return ServerConfig(**kwargs)
+        return ServerSettings(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def _bucket(name: str, settings: dict[str, Any]) -> BucketSettings:
+    """A ``[buckets.NAME]`` table: its ``vbuckets`` key is the count, ``num_vbuckets``."""
+    fields = dict(settings)
+    if "vbuckets" in fields:
+        fields["num_vbuckets"] = fields.pop("vbuckets")
+    elif "num_vbuckets" in fields:
+        raise TypeError("unexpected keyword argument 'num_vbuckets' (the key is vbuckets)")
+    return BucketSettings(name=name, **fields)
+
+
 def with_cli_flags(
-    config: ServerConfig,
+    config: ServerSettings,
     *,
     bucket: str | None = None,
     vbuckets: int | None = None,
@@ -231,12 +241,12 @@ def with_cli_flags(
     user: str | None = None,
     password: str | None = None,
     **flags: Any,
-) -> ServerConfig:
+) -> ServerSettings:
     """The ``dcpkv server`` flags over ``config``: bucket flags change the first bucket, and
     ``--user``/``--password`` make that the one user (None means "flag not given")."""
     first = config.buckets[0]
     given: dict[str, Any] = {
-        "name": bucket, "vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
+        "name": bucket, "num_vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
         "eviction_policy": eviction_policy,
         "compression_mode": compression_mode, "storage": storage,
         "durability_min_level": durability_min_level,

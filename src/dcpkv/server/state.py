@@ -25,7 +25,7 @@ from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Datatype, HelloFeature
 from dcpkv.server.auth import UserStore
 from dcpkv.server.cluster_map import PushedConfig, cluster_map, cluster_map_json
-from dcpkv.server.config import ServerConfig
+from dcpkv.server.config import ServerSettings
 from dcpkv.server.handover import Handovers, StagedMap, parse_push
 from dcpkv.server.latency import LatencyHistogram
 from dcpkv.server.login_throttle import LoginThrottle
@@ -36,7 +36,7 @@ TERM_FILE = "manager-term"  # <data dir>/manager-term: the newest manager term a
 
 @dataclass
 class ServerState:
-    config: ServerConfig
+    config: ServerSettings
     buckets: dict[str, Any] = field(default_factory=dict)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("dcpkv.server"))
     # The port actually bound (the config may ask for 0, "any free port").
@@ -252,7 +252,7 @@ class ServerState:
         if served is not None:
             return served.raw
         bucket_config = self.config.bucket(name)
-        num_vbuckets = bucket_config.vbuckets if bucket_config else 1024
+        num_vbuckets = bucket_config.num_vbuckets if bucket_config else 1024
         doc = cluster_map(
             bucket=name,
             host=self.config.host,

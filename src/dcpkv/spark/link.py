@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from dcpkv.client.config import ClientConfig
+from dcpkv.client.settings import ClientSettings
 
 if TYPE_CHECKING:
     from dcpkv.client.sync import SyncConsumer
@@ -34,16 +34,16 @@ def link_errors() -> tuple[type[BaseException], ...]:
     return (ClientError, ConnectionError, OSError, TimeoutError)
 
 
-class HasClientConfig(Protocol):
+class HasClientSettings(Protocol):
     """Whatever says how to connect (the source's options, a pipeline's source settings)."""
 
-    def client_config(self) -> ClientConfig: ...
+    def client_settings(self) -> ClientSettings: ...
 
 
 class DriverLink:
     """One kept :class:`SyncConsumer` for a driver's questions (module docstring)."""
 
-    def __init__(self, opts: HasClientConfig) -> None:
+    def __init__(self, opts: HasClientSettings) -> None:
         self.opts = opts
         self._consumer: SyncConsumer | None = None
 
@@ -58,7 +58,7 @@ class DriverLink:
         if self._consumer is None:
             from dcpkv.client.sync import SyncConsumer
 
-            self._consumer = SyncConsumer(self.opts.client_config())
+            self._consumer = SyncConsumer(self.opts.client_settings())
         return self._consumer
 
     def close(self) -> None:

@@ -30,9 +30,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.durability import ServerDurability, parse_durability, server_durability
 from dcpkv.client.settings import (
+    ClientSettings,
     ConnectionSettings,
     Node,
     NodeAddressError,
@@ -48,7 +48,7 @@ from dcpkv.core.defaults import (
     DEFAULT_USER,
 )
 from dcpkv.core.errors import DcpkvError
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 from dcpkv.spark.sparkoffsets import SparkOffsets
 
 MODES = ("changes", "documents")
@@ -78,10 +78,10 @@ class SourceOptions:
     def port(self) -> int:
         return self.connection.port
 
-    def client_config(self) -> ClientConfig:
+    def client_settings(self) -> ClientSettings:
         # A producer drops an existing connection when another opens with the same name, so
         # every consumer (one per task and per driver call) gets a name of its own.
-        return ClientConfig(
+        return ClientSettings(
             self.connection,
             name=f"dcpkv-spark:{os.getpid()}:{uuid.uuid4().hex[:12]}",
             include_values=self.include_values,
@@ -162,10 +162,10 @@ def _nodes(opts: Mapping[str, str]) -> tuple[tuple[Node, ...], bool]:
         raise OptionError(str(exc)) from None
 
 
-def _tls(opts: Mapping[str, str], from_scheme: bool) -> TlsOptions | None:
+def _tls(opts: Mapping[str, str], from_scheme: bool) -> TlsSettings | None:
     if not (from_scheme or _bool(opts.get("tls", "false"), "tls")):
         return None
-    return TlsOptions(
+    return TlsSettings(
         ca=opts.get("tlsca"),
         verify=_bool(opts.get("tlsverify", "true"), "tlsVerify"),
         cert=opts.get("tlscert"),

@@ -63,7 +63,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from dcpkv.client import events
-from dcpkv.client.config import ClientConfig
+from dcpkv.client.settings import ClientSettings
 from dcpkv.client.sync import SyncConsumer
 from dcpkv.spark.plan import VbTarget
 from dcpkv.spark.rows import Row, batches, change_row, event_batches
@@ -83,7 +83,7 @@ def collector_paused() -> Iterator[None]:
 
 
 def change_batches(
-    config: ClientConfig, work: Sequence[VbTarget], values: bool
+    config: ClientSettings, work: Sequence[VbTarget], values: bool
 ) -> Iterator[pa.RecordBatch]:
     """A task's rows in ``changes`` mode: every change and rollback of ``work``, as batches."""
     with collector_paused():
@@ -91,14 +91,14 @@ def change_batches(
 
 
 def document_batches(
-    config: ClientConfig, work: Sequence[VbTarget], values: bool
+    config: ClientSettings, work: Sequence[VbTarget], values: bool
 ) -> Iterator[pa.RecordBatch]:
     """A task's rows in ``documents`` mode (:func:`document_rows`), as batches."""
     with collector_paused():
         yield from batches(document_rows(config, work, values))
 
 
-def stream_events(config: ClientConfig, work: Sequence[VbTarget]) -> Iterator[events.Event]:
+def stream_events(config: ClientSettings, work: Sequence[VbTarget]) -> Iterator[events.Event]:
     """Every event of ``work``'s vbuckets from their start positions to their end seqnos."""
     if not work:
         return
@@ -111,7 +111,7 @@ def stream_events(config: ClientConfig, work: Sequence[VbTarget]) -> Iterator[ev
         yield from consumer.stream(vbs, start=start, end=ends, clamp_ends=True)
 
 
-def document_rows(config: ClientConfig, work: Sequence[VbTarget], values: bool) -> Iterator[Row]:
+def document_rows(config: ClientSettings, work: Sequence[VbTarget], values: bool) -> Iterator[Row]:
     """The live documents of ``work``'s vbuckets as of their end seqnos (one row per key)."""
     changes: dict[int, list[Row]] = {t.vbucket: [] for t in work}
     for event in stream_events(config, work):

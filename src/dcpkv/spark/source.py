@@ -93,7 +93,7 @@ def server_seqnos(opts: SourceOptions) -> dict[int, tuple[int, int]]:
     """vbucket -> (uuid, high seqno), one Stat round trip."""
     from dcpkv.client.sync import SyncConsumer
 
-    with SyncConsumer(opts.client_config()) as consumer:
+    with SyncConsumer(opts.client_settings()) as consumer:
         return consumer.vbucket_seqnos()
 
 
@@ -104,7 +104,7 @@ def failover_logs(
         return {}
     from dcpkv.client.sync import SyncConsumer
 
-    with SyncConsumer(opts.client_config()) as consumer:
+    with SyncConsumer(opts.client_settings()) as consumer:
         return consumer.failover_logs(vbuckets)
 
 
@@ -123,7 +123,7 @@ def active_nodes(opts: SourceOptions) -> dict[int, str]:
     """vbucket -> its active node, from the cluster map."""
     from dcpkv.client.sync import SyncConsumer
 
-    with SyncConsumer(opts.client_config()) as consumer:
+    with SyncConsumer(opts.client_settings()) as consumer:
         return consumer.active_nodes()
 
 
@@ -219,7 +219,7 @@ class DcpkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from dcpkv.spark.read import change_batches
 
         assert isinstance(partition, DcpkvPartition)
-        config = self.opts.client_config()
+        config = self.opts.client_settings()
         return change_batches(config, partition.work, self.opts.include_values)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -261,7 +261,7 @@ class DcpkvBatchReader(DataSourceReader):
         from dcpkv.spark.read import change_batches, document_batches
 
         assert isinstance(partition, DcpkvPartition)
-        config = self.opts.client_config()
+        config = self.opts.client_settings()
         values = self.opts.include_values
         if self.opts.mode == "documents":
             return document_batches(config, partition.work, values)

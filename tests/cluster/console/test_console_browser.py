@@ -75,7 +75,7 @@ def cluster(
     server_factory: type[ServerProcess], manager_factory: type[ManagerProcess], tmp_path: Path
 ) -> Cluster:
     return start_cluster(
-        server_factory, manager_factory, tmp_path, nodes=3, replicas=1, vbuckets=VBUCKETS
+        server_factory, manager_factory, tmp_path, nodes=3, replicas=1, num_vbuckets=VBUCKETS
     )
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dcpkv.client.cluster import ClusterKV
-from dcpkv.client.config import ClientConfig
-from dcpkv.client.settings import ConnectionSettings
+from dcpkv.client.settings import ClientSettings, ConnectionSettings
 from dcpkv.core.status import Status
 from dcpkv.protocol import kv
 from support.managerproc import Cluster, ManagerProcess, start_cluster, wait_for
@@ -26,8 +25,8 @@ def seeds(cluster: Cluster) -> str:
     return "couchbase://" + ",".join(f"127.0.0.1:{n.port}" for n in cluster.nodes)
 
 
-def settings(cluster: Cluster) -> ClientConfig:
-    return ClientConfig(ConnectionSettings.parse(seeds(cluster)))
+def settings(cluster: Cluster) -> ClientSettings:
+    return ClientSettings(ConnectionSettings.parse(seeds(cluster)))
 
 
 async def _write(cluster: Cluster, keys: list[bytes], value: bytes, delete: bool) -> dict:

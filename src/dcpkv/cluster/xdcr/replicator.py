@@ -49,11 +49,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 from dcpkv.client.cluster import NODE_ERRORS, ClusterKV
-from dcpkv.client.config import ClientConfig
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.events import Deletion, Event, Expiration, Mutation, Rollback
 from dcpkv.client.offsets import Offsets, VbucketOffset, VbucketProgress
-from dcpkv.client.settings import ConnectionSettings, Node
+from dcpkv.client.settings import ClientSettings, ConnectionSettings, Node
 from dcpkv.cluster.xdcr import pipeline
 from dcpkv.cluster.xdcr.checkpoints import (
     Checkpoint,
@@ -61,7 +60,7 @@ from dcpkv.cluster.xdcr.checkpoints import (
     pick_resume,
     target_branch_changed,
 )
-from dcpkv.cluster.xdcr.spec import ReplicationSettings
+from dcpkv.cluster.xdcr.spec import ReplicationConfig
 from dcpkv.cluster.xdcr.window import DEPTH, Window
 from dcpkv.core.conflict_resolution import ConflictMode
 from dcpkv.core.deadline import within
@@ -100,13 +99,13 @@ class Replicator:
         rid: str,
         source: ConnectionSettings,
         target: ConnectionSettings,
-        settings: ReplicationSettings,
+        settings: ReplicationConfig,
         checkpoints: CheckpointLog,
         save: SaveCheckpoints,
     ) -> None:
         self.id = rid
-        self.source = ClientConfig(source, name=f"xdcr:{rid}", retry_timeout=60.0)
-        self.target = ClientConfig(target, name=f"xdcr-target:{rid}", retry_timeout=60.0)
+        self.source = ClientSettings(source, name=f"xdcr:{rid}", retry_timeout=60.0)
+        self.target = ClientSettings(target, name=f"xdcr-target:{rid}", retry_timeout=60.0)
         self.settings = settings
         self.checkpoints = checkpoints
         self._save = save

@@ -51,8 +51,9 @@ from aiohttp import web
 from dcpkv.client.settings import ConnectionSettings
 from dcpkv.cluster.xdcr.checkpoints import CheckpointLog
 from dcpkv.cluster.xdcr.replicator import Replicator
-from dcpkv.cluster.xdcr.spec import RemoteCluster, Replication, ReplicationSettings
+from dcpkv.cluster.xdcr.spec import RemoteCluster, Replication, ReplicationConfig
 from dcpkv.core.deadline import within
+from dcpkv.core.errors import DcpkvError
 from dcpkv.core.files import atomic_write
 
 log = logging.getLogger("dcpkv.xdcr")
@@ -62,7 +63,7 @@ CHECKPOINTS = "xdcr-checkpoints"
 SourceOf = Callable[[str], ConnectionSettings]  # bucket -> how to read this cluster
 
 
-class XdcrRefused(ValueError):
+class XdcrRefused(DcpkvError, ValueError):
     """A request the service refused; nothing changed."""
 
 
@@ -278,7 +279,7 @@ def add_routes(app: web.Application, service: XdcrService, params: Params) -> No
             p.pop("fromBucket", "") or _given(p, "fromBucket"),
             p.pop("toCluster", "") or _given(p, "toCluster"),
             p.pop("toBucket", "") or _given(p, "toBucket"),
-            ReplicationSettings().with_params(p),
+            ReplicationConfig().with_params(p),
         )
         return web.json_response(service.create(rep))
 

@@ -6,7 +6,7 @@ A :class:`RemoteCluster` names another cluster's data nodes and the user the rep
 in as there (give it only the write privilege on the target bucket: ``data_writer[b]``; it
 asks GetMeta too, which needs ``data_reader[b]``), with TLS options. A :class:`Replication`
 copies one bucket of this cluster to a bucket of a remote, continuously, with its
-:class:`ReplicationSettings` (the reference's names in :meth:`ReplicationSettings.from_params`);
+:class:`ReplicationConfig` (the reference's names in :meth:`ReplicationConfig.from_params`);
 its id is ``remote/fromBucket/toBucket``. Each record reads and writes its JSON form; a bad
 value is a ``ValueError`` naming it.
 """
@@ -24,7 +24,7 @@ from dcpkv.cluster.xdcr.pipeline import (
     OPTIMISTIC_THRESHOLD,
     ChangeFilter,
 )
-from dcpkv.core.tls import TlsOptions
+from dcpkv.core.tls import TlsSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class RemoteCluster:
             raise ValueError("remote cluster hostname is required")
 
     def connection(self, bucket: str) -> ConnectionSettings:
-        tls = TlsOptions(ca=self.tls_ca) if self.tls_ca else None
+        tls = TlsSettings(ca=self.tls_ca) if self.tls_ca else None
         return ConnectionSettings.at(
             self.hostname, bucket=bucket, user=self.username, password=self.password, tls=tls
         )
@@ -68,7 +68,7 @@ _SETTING_NAMES = {  # the reference's REST names -> ours
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicationSettings:
+class ReplicationConfig:
     filter_expression: str | None = None  # a regular expression on the key
     skip_deletions: bool = False
     skip_expirations: bool = False
@@ -95,7 +95,7 @@ class ReplicationSettings:
     def filter(self) -> ChangeFilter:
         return self._filter
 
-    def with_params(self, params: dict[str, Any]) -> ReplicationSettings:
+    def with_params(self, params: dict[str, Any]) -> ReplicationConfig:
         """These settings with the reference-named ``params`` given (unknown names refused)."""
         changes: dict[str, Any] = {}
         for name, value in params.items():
@@ -110,7 +110,7 @@ class ReplicationSettings:
 
 
 def _typed(name: str, value: Any) -> Any:
-    kind = ReplicationSettings.__dataclass_fields__[name].type
+    kind = ReplicationConfig.__dataclass_fields__[name].type
     try:
         if kind == "bool":
             if isinstance(value, bool):
@@ -132,7 +132,7 @@ class Replication:
     from_bucket: str
     to_cluster: str
     to_bucket: str
-    settings: ReplicationSettings = ReplicationSettings()
+    settings: ReplicationConfig = ReplicationConfig()
 
     @property
     def id(self) -> str:
@@ -146,5 +146,5 @@ class Replication:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Replication:
-        settings = ReplicationSettings().with_params(doc.get("settings", {}))
+        settings = ReplicationConfig().with_params(doc.get("settings", {}))
         return cls(doc["fromBucket"], doc["toCluster"], doc["toBucket"], settings)
