@@ -33,13 +33,30 @@ def run_example(name: str, port: int, *args: str, cwd: Path) -> subprocess.Compl
     )  # fmt: skip
 
 
+def _as_from_a_terminal() -> None:
+    """(In the child, before exec.) SIGINT as a shell gives it: default, not blocked. A
+    process inherits an ignored or blocked signal across exec, and the test process may have
+    either from what ran in it before (the full suite left Ctrl-C without effect here)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signals(pid: int) -> str:
+    """The process's blocked, ignored and caught signal masks (/proc), for a failure."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "(gone)"
+    return " ".join(line for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 class RunningExample:
     """A script that runs until it is told to stop (Ctrl-C), its stdout read line by line."""
 
     def __init__(self, name: str, port: int, *args: str, cwd: Path) -> None:
         self.proc = subprocess.Popen(
             example_command(name, port, *args), cwd=cwd, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -63,9 +80,12 @@ class RunningExample:
 
     def interrupt(self) -> tuple[int, str]:
         """Ctrl-C; the exit status and what it printed on stderr."""
+        masks = _signals(self.proc.pid)
         self.proc.send_signal(signal.SIGINT)
         try:
             code = self.proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit {RUN_TIMEOUT_S:.0f} s after Ctrl-C; {masks}") from None
         finally:
             self.stop()
         assert self.proc.stderr is not None

@@ -52,6 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dcpkv.core.errors import DcpkvError
 from dcpkv.engine.item import Item, TempFail
 
 Waiter = Callable[[], None]
@@ -60,10 +61,11 @@ Waiter = Callable[[], None]
 Fetched = Item | None | TempFail
 
 
-class WouldBlock(Exception):
+class WouldBlock(DcpkvError):
     """A front-end request needs storage's version of ``key`` in ``vbucket`` (a
     :class:`~dcpkv.engine.vbucket.VBucket`) and nothing was changed: fetch it in the
-    background, then run the request again. Not an EngineError: never answered to a client."""
+    background, then run the request again. Not an EngineError: never answered to a client
+    (nothing catches DcpkvError on a request's way)."""
 
     def __init__(self, vbucket: Any, key: bytes) -> None:
         super().__init__(f"vbucket {vbucket.id}: key {key!r} must be read from storage")

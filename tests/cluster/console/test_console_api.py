@@ -135,18 +135,23 @@ def test_dcp_shows_each_nodes_replication_connections(cluster: Cluster) -> None:
     def connections() -> dict[str, list[dict[str, Any]]]:
         return {n["node"]: n["connections"] for n in doc(cluster, "/ui/api/dcp")["nodes"]}
 
+    def actives() -> dict[str, int]:
+        return {n["hostname"]: n["actives"] for n in doc(cluster, "/ui/api/overview")["nodes"]}
+
+    def settled() -> bool:
+        """Every node streams its actives to the replicas on the two others: two connections,
+        one replica each, so a stream per active vbucket (streams open a moment after their
+        connection)."""
+        conns, active = connections(), actives()
+        return set(conns) == names and all(
+            len(c) == 2 and sum(s["streams"] for s in c) == active[node]
+            for node, c in conns.items()
+        )
+
     names = {cluster.name(n) for n in cluster.nodes}
-    # every node streams its actives to the replicas on the two others
-    wait_for(
-        lambda: all(len(c) == 2 for c in connections().values()) and set(connections()) == names,
-        "two replication connections on every node",
-        timeout_s=30,
-    )
-    actives = {n["hostname"]: n["actives"] for n in doc(cluster, "/ui/api/overview")["nodes"]}
+    wait_for(settled, "two replication connections on every node, a stream per active", 30)
     for node, conns in connections().items():
         assert {c["type"] for c in conns} == {"replication"}, node
-        # one replica each: a stream per active vbucket
-        assert sum(c["streams"] for c in conns) == actives[node], node
 
 
 def test_a_write_from_another_sites_page_is_refused(cluster: Cluster) -> None:
