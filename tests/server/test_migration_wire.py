@@ -135,3 +135,17 @@ def test_a_conversion_killed_midway_starts_again_from_the_untouched_source(
     live = sum(1 for vb in range(SERVER_VBUCKETS) for _ in converted.load_items(vb))
     assert live == len(EXPECTED["docs"]) + SERVER_VBUCKETS * 4000
     converted.close()
+
+
+def test_compact_converts_a_sqlite_bucket_first(tmp_path: Path) -> None:
+    data = _folder(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "dcpkv.cli.main", "compact", "--data-dir", str(data),
+         "--purge-before-seqno", "1000000"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    deleted = len(SERVER_KEYS) - len(EXPECTED["docs"])
+    assert f"compacted {SERVER_VBUCKETS} vbucket(s) of 'default': {deleted} tombstone(s)" in (
+        done.stdout
+    )
+    assert (data / "default.rocksdb").is_dir() and not (data / "default.sqlite3").exists()
