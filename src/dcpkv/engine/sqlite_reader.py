@@ -23,9 +23,9 @@ The file is opened read-only (an SQLite URI with ``mode=ro``): nothing here writ
 damaged file, or a conversion that dies, leaves it as it was. A write-ahead log a crash left
 beside it is read through, not copied back: its committed transactions are seen, a torn one is
 not. (SQLite itself may create an empty ``-wal`` and the ``-shm`` index its readers share
-beside the file; the conversion removes them with it.) Every SQLite error becomes a :class:`~dcpkv.engine.storage.CorruptDatabaseError` naming
-the file. CAS values are stored as signed 64-bit integers (two's complement), read back
-unsigned. One thread at a time.
+beside the file; the conversion removes them with it.) Every SQLite error becomes a
+:class:`~dcpkv.engine.storage.CorruptDatabaseError` naming the file. CAS values are stored as
+signed 64-bit integers (two's complement), read back unsigned. One thread at a time.
 """
 
 from __future__ import annotations
