@@ -231,6 +231,7 @@ def _beside(figures: dict[str, float], before: dict[str, float]) -> None:
     print("  today / before (the old commit's engines, same run):")
     for name, value in figures.items():
         theirs = {e: before.get(f"before_{name}_{e}") for e in ("sqlite", "rocksdb")}
+        theirs["both"] = before.get(f"before_{name}")  # (a row the old run had once)
         said = [f"{e} {value / v:.2f}x" for e, v in theirs.items() if v]
         if said:
             print(f"    {name:<48} {', '.join(said)}")
