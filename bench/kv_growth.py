@@ -39,7 +39,7 @@ from rich.table import Table
 
 import kv
 from _report import bench_main, write_json
-from _server import cpu_seconds
+from _server import cpu_seconds, folder_bytes
 from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
 from dcpkv.protocol.constants import Opcode
 
@@ -75,10 +75,6 @@ async def grow(
     return out
 
 
-def _disk_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-
-
 def run_one(engine: str, ops: int, segments: int, quota_mb: int, console: Console) -> dict:
     """One server with ``engine``: its segments, its figures."""
     with (
@@ -87,7 +83,7 @@ def run_one(engine: str, ops: int, segments: int, quota_mb: int, console: Consol
         Progress(console=console, transient=True) as progress,
     ):
         rows = asyncio.run(grow(target, ops, segments, progress))
-        disk = _disk_bytes(Path(tmp) / "data")
+        disk = folder_bytes(Path(tmp) / "data")
     table = Table(title=f"Set as the bucket grows, storage {engine} (1 connection, "
                   f"{kv.VBUCKETS} vbuckets, {len(kv.VALUE)}-byte values)")  # fmt: skip
     for col in ("keys in the bucket", "Sets/s", "server CPU us/Set"):
