@@ -41,7 +41,7 @@ from rich.table import Table
 
 import kv
 from _report import bench_main, write_json
-from _server import cpu_seconds
+from _server import cpu_seconds, folder_bytes
 from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
 from dcpkv.protocol.constants import Opcode
 
@@ -94,10 +94,6 @@ async def _retry_tmpfail(conn: kv.Conn, target: kv.Target) -> None:
         await conn.run(kv.batches(Opcode.Set, again, 100, target))
 
 
-def _disk_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-
-
 def run_one(engine: str, ops: int, segments: int, quota_mb: int, console: Console) -> dict:
     """One server with ``engine``: its segments, its figures."""
     with (
@@ -107,7 +103,7 @@ def run_one(engine: str, ops: int, segments: int, quota_mb: int, console: Consol
     ):
         refused: list[int] = []
         rows = asyncio.run(grow(target, ops, segments, progress, refused))
-        disk = _disk_bytes(Path(tmp) / "data")
+        disk = folder_bytes(Path(tmp) / "data")
     table = Table(title=f"Set as the bucket grows, storage {engine} (1 connection, "
                   f"{kv.VBUCKETS} vbuckets, {len(kv.VALUE)}-byte values)")  # fmt: skip
     for col in ("keys in the bucket", "Sets/s", "server CPU us/Set"):
