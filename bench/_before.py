@@ -3,14 +3,14 @@
 Theory of operation
 -------------------
 Only ratios of one run hold on this machine (bench/README.md), so an engine the server no
-longer has (SQLite, until :data:`SQLITE_COMMIT`) is compared with today's by running the older
-commit's own copy of the same benchmark between today's rounds: :func:`old_tree` adds a
-detached worktree of the commit (``git worktree add --detach``) for the run and removes it after;
-:func:`run_old` runs its ``bench/SCRIPT`` there (its ``src`` first on the path, this venv's
-interpreter and packages) with the arguments given, prints its rows (indented, ``|``), and
-returns its figures (its ``--json``), each named ``before_METRIC``. Its own yardstick timings
-and figure block are left out: the run's are the ones its figures are read against, and the
-run prints one block (bench/README.md, "The output format").
+longer has (SQLite; ``make bench`` names a commit that had it, ``SQLITE_COMMIT``) is compared
+with today's by running the older commit's own copy of the same benchmark between today's
+rounds: :func:`old_tree` adds a detached worktree of the commit (``git worktree add --detach``)
+for the run and removes it after; :func:`run_old` runs its ``bench/SCRIPT`` there (its ``src``
+first on the path, this venv's interpreter and packages) with the arguments given, prints its
+rows (indented, ``|``), and returns its figures (its ``--json``), each named ``before_METRIC``.
+Its own yardstick timings and figure block are left out: the run's are the ones its figures are
+read against, and the run prints one block (bench/README.md, "The output format").
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SQLITE_COMMIT = "a41cd74"  # the last commit whose server has the SQLite storage engine
 PREFIX = "before_"
 _FIGURE = re.compile(r"^\w+\.\S+ \S+ \S+$")  # a line of a figure block: NAME VALUE UNIT
 

@@ -52,8 +52,10 @@ _UNIT_TOKENS = {"ms": "ms", "s": "s", "us": "us", "mb": "MB", "mib": "MiB", "kb"
 def unit_of(metric: str) -> str:
     """The unit a metric's name says (``set_ops_per_s_1conn``: ops/s; ``p99_ms``: ms)."""
     tokens = metric.split("_")
-    if "per" in tokens[1:-1]:
-        at = tokens.index("per")
+    pers = [i for i, t in enumerate(tokens[1:-1], 1) if t == "per"]
+    if pers:
+        # ``flush_64vb_txn_per_vb_items_per_s``: the rate's "per s", not a layout's "per vb"
+        at = next((i for i in pers if tokens[i + 1] == "s"), pers[0])
         what, per = tokens[at - 1], tokens[at + 1]
         what = _UNIT_TOKENS.get(what, what)
         return f"{what}/{per}"

@@ -71,6 +71,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def folder_bytes(folder: Path) -> int:
+    """The size of every file under ``folder`` (a RocksDB bucket is a folder of its own)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 def disk_bytes_written(pid: int) -> int:
     """Bytes a process has had written to storage so far (Linux ``/proc/PID/io``
     ``write_bytes``: what reaches the disk, page cache write-back included; 0 elsewhere)."""

@@ -51,7 +51,7 @@ from typing import Annotated
 import typer
 
 from _report import bench_main, write_json
-from _server import cpu_seconds
+from _server import cpu_seconds, folder_bytes
 from dcpkv.client.blocking import BlockingKV
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.vbucket import VBucketState
@@ -131,7 +131,7 @@ def loaded_server_proc(
         data = tmp / "data"
         took = load(data, count, vbuckets, value)
         print(f"  {'load through the engine':<{width}} {took:7.2f} s")
-        disk = sum(f.stat().st_size for f in data.iterdir())
+        disk = folder_bytes(data)  # (files under it: a RocksDB bucket is a folder)
         print(f"  {'on disk':<{width}} {disk / 1e6:7.1f} MB  {disk / count:5.0f} bytes/item")
         proc, port, warm = start_server(data, vbuckets)
         print(f"  {'server start (warm-up)':<{width}} {warm:7.2f} s")

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -72,6 +72,8 @@ _SET_EXTRAS = struct.pack(">II", 0, 0)
 _HEADER_LEN = 24
 _STATUS_BODY = struct.Struct(">HI")  # a header's status and total body length, from offset 6
 _SUCCESS = int(Status.Success)
+_TMPFAIL = int(Status.Etmpfail)
+_OPAQUE = struct.Struct(">I")  # a header's opaque, at offset 12
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,14 @@ def _request(opcode: Opcode, i: int, target: Target) -> bytes:
     return encode_frame(Magic.ClientRequest, opcode, key=key, vbucket=vb, opaque=i)
 
 
-def batches(opcode: Opcode, keys: range, batch: int, target: Target) -> list[tuple[bytes, int]]:
-    """The requests for ``keys``, joined ``batch`` at a time: (bytes, request count)."""
+def batches(
+    opcode: Opcode, keys: Sequence[int], batch: int, target: Target
+) -> list[tuple[bytes, int]]:
+    """The requests for ``keys`` (numbers, each its key and opaque), joined ``batch`` at a
+    time: (bytes, request count)."""
     out = []
-    for start in range(keys.start, keys.stop, batch):
-        ids = range(start, min(start + batch, keys.stop))
+    for start in range(0, len(keys), batch):
+        ids = keys[start : start + batch]
         out.append((b"".join(_request(opcode, i, target) for i in ids), len(ids)))
     return out
 
@@ -142,6 +147,7 @@ class Answers:
     def __init__(self) -> None:
         self.buffer = bytearray()
         self.errors = 0
+        self.tmpfail: list[int] = []  # the opaques answered Etmpfail (a client retries them)
 
     def feed(self, data: bytes) -> int:
         """How many whole answers ``data`` completes."""
@@ -154,6 +160,8 @@ class Answers:
                 break
             if status != _SUCCESS:
                 self.errors += 1
+                if status == _TMPFAIL:
+                    self.tmpfail.append(_OPAQUE.unpack_from(buf, pos + 12)[0])
             pos += _HEADER_LEN + body
             count += 1
         del buf[:pos]

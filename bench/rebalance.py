@@ -55,6 +55,7 @@ VALUE = b"v" * 100
 EXTRAS = b"\0" * 8  # flags, expiry
 NODE_ARGS = ("--managed", "--memory-quota-mb", "4096")
 BATCH = 2000
+RETRY_TIMEOUT_S = 60.0  # a Set refused (Etmpfail) this long stops the load
 
 
 def _session(port: int) -> BlockingKV:
@@ -111,11 +112,28 @@ def load(ports: list[int], count: int) -> float:
                 request = KVRequest(Opcode.Set, key, VALUE, EXTRAS, vb)
                 by_port.setdefault(router.port_of(vb), []).append(request)
             for port, requests in by_port.items():
-                answers = router.session(port).pipeline(requests)
-                assert all(a.status == Status.Success for a in answers)
+                _store(router.session(port), requests)
     finally:
         router.close()
     return time.perf_counter() - start
+
+
+def _store(session: BlockingKV, requests: list[KVRequest]) -> None:
+    """Pipeline ``requests``; write again, after a pause, those refused with Etmpfail (a node's
+    flusher behind: what an SDK does) for up to ``RETRY_TIMEOUT_S``; any other failure stops."""
+    deadline = time.monotonic() + RETRY_TIMEOUT_S
+    while requests:
+        answers = session.pipeline(requests)
+        failed = {a.status for a in answers} - {Status.Success, Status.Etmpfail}
+        if failed or len(answers) != len(requests):
+            raise RuntimeError(f"Sets failed: {sorted(failed)}")
+        requests = [
+            r for r, a in zip(requests, answers, strict=True) if a.status == Status.Etmpfail
+        ]
+        if requests and time.monotonic() > deadline:
+            raise RuntimeError(f"Sets refused for {RETRY_TIMEOUT_S:.0f} s")
+        if requests:
+            time.sleep(0.05)
 
 
 class Writer(threading.Thread):

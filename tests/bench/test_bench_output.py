@@ -27,6 +27,7 @@ UNITS = [
     ("disk_bytes_per_item", "B/item"),
     ("server_disk_kb_per_write_50k", "kB/write"),
     ("live_markers_per_item", "markers/item"),
+    ("flush_64vb_txn_per_vb_items_per_s", "items/s"),
     ("ack_p99_ms_10k", "ms"),
     ("persist_p50_s_streamed", "s"),
     ("warmup_s", "s"),

@@ -15,7 +15,7 @@ from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.active_stream import RUN_BYTES
-from dcpkv.dcp.producer import BATCH_ITEMS, DcpProducer, ProducerError
+from dcpkv.dcp.producer import BATCH_ITEMS, VISITS_PER_CLOCK_READ, DcpProducer, ProducerError
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.checkpoint import Cursor, Snapshot
 from dcpkv.engine.hlc import ManualClock
@@ -713,6 +713,29 @@ def test_a_bounded_turn_sends_what_an_unbounded_one_does_in_more_calls(
         calls += 1
     assert got == expected and calls > 16 // 3
     assert cut.next_messages(max_visits=3) == []
+
+
+def test_a_turn_stops_at_its_time_bound_and_the_next_goes_on(
+    open_bucket: Callable[..., Bucket], clock: ManualClock
+) -> None:
+    """``next_messages(until=t)`` stops once the producer's clock reads ``t`` (looked at every
+    few visits) and says ``has_ready``; a time bound not yet reached does not cut a turn."""
+    bucket = open_bucket(num_vbuckets=64, checkpoint_max_items=1000)
+    for vb in range(64):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    p = producer(bucket, clock)
+    for vb in range(64):
+        assert isinstance(request(p, vb, opaque=vb), dcp.StreamRequestOk)
+    Consumer().drain(p)
+    for vb in range(64):
+        write(bucket.get_vbucket(vb), 1, prefix="t")
+    before = p.stream_polls
+    assert p.next_messages(until=clock.time())  # the time is up: one clock read's worth
+    assert p.stream_polls - before == VISITS_PER_CLOCK_READ and p.has_ready
+    before = p.stream_polls
+    assert p.next_messages(until=clock.time() + 1.0)  # not up: the turn drains the queue
+    assert p.stream_polls - before >= 64 - VISITS_PER_CLOCK_READ and not p.has_ready
+    assert p.items_sent == 64
 
 
 def test_idle_streams_wake_for_state_changes_and_takeover_acks(

@@ -18,8 +18,9 @@ pauses until it drains (a client that pipelines without reading cannot grow our 
 
 DCP push path: a connection that opened as a producer (:mod:`dcpkv.server.dcp_handlers`)
 also *sends* without being asked. :meth:`KVProtocol.pump` writes one turn,
-``producer.next_messages(PUMP_CHUNK, PUMP_VISITS)``: at most 256 KiB and 32 stream visits,
-since live writes spread over many vbuckets are a snapshot each, ~10 us of loop a visit. When
+``producer.next_messages(PUMP_CHUNK, until=...)``: at most 256 KiB and ``PUMP_TURN_S``
+(0.5 ms), since live writes spread over many vbuckets are a snapshot each, several us of loop
+a visit. When
 the producer stopped on those bounds with more ready, the pump comes back with ``call_soon``,
 so the loop reads and answers the other connections between turns; a turn that emptied the
 ready queue does not come back (new items notify). A client's answer never waits for a turn:
@@ -165,10 +166,12 @@ EXPIRY_PAGER_INTERVAL_S = 10.0
 DURABILITY_TICK_S = 0.05
 FLUSH_RETRY_S = 0.25  # between flush attempts while they fail (a full disk, an I/O error)
 PUMP_CHUNK = 256 * 1024  # bytes of DCP messages written per pump before yielding the loop
-# Stream visits per pump before yielding the loop: the bound of a turn of live items, each its
-# own snapshot (PUMP_CHUNK alone let a turn take ~1,200 such items, ~10 ms). A request that
-# arrives meanwhile waits for one turn.
-PUMP_VISITS = 32
+# How long one pump may run before the loop polls the sockets again: PUMP_CHUNK alone let a
+# turn of live items spread over many vbuckets (a snapshot each) run ~1,200 of them, ~10 ms,
+# and a request arriving meanwhile waits for one turn. A bound on time, not on visits: a
+# backlog that drains in well under a turn's time (a paced writer's few late batches) goes
+# out in one turn rather than in several with the writer's reads between them.
+PUMP_TURN_S = 0.0005
 PUMP_TICK_S = 0.05  # safety-net pump of every producer
 LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
 # Frames behind a request that waits for a background fetch whose Gets' keys are fetched in
@@ -558,7 +561,7 @@ class KVProtocol(asyncio.Protocol):
             return
         if producer is not self._attached:
             self._attach(producer)
-        chunks = producer.next_messages(PUMP_CHUNK, PUMP_VISITS)
+        chunks = producer.next_messages(PUMP_CHUNK, until=producer.clock.time() + PUMP_TURN_S)
         if chunks:
             self._last_pump = self.server.monotonic()
             # May call pause_writing at once, which stops the next round.
