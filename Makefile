@@ -95,13 +95,15 @@ chaos-test: $(STAMP)
 ## under bench/ (each between two timings of the yardstick, its figures as JSON in bench/results/),
 ## the peers of shared/peerbench/, the yardstick again, one summary (bench/README.md)
 RESULTS := bench/results
+# engine.py also runs this commit's copy, one with the SQLite engine (bench/_before.py)
+SQLITE_COMMIT ?= 0ee2ad0
 bench: $(STAMP)
 	PYTHON=$(PYTHON) bench/install_peers.sh
 	rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	$(BIN)/python bench/machine.py --json $(RESULTS)/machine.json
 	$(BIN)/python bench/yardstick.py --name yardstick_start --json $(RESULTS)/yardstick_start.json
 	$(BIN)/python bench/codec.py --json $(RESULTS)/codec.json
-	$(BIN)/python bench/engine.py --json $(RESULTS)/engine.json
+	$(BIN)/python bench/engine.py --before $(SQLITE_COMMIT) --json $(RESULTS)/engine.json
 	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
 	$(BIN)/python bench/kv_growth.py --json $(RESULTS)/kv_growth.json
 	$(BIN)/python bench/dcp.py --json $(RESULTS)/dcp.json

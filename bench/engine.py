@@ -1,10 +1,9 @@
-"""Engine throughput: front-end sets into a vbucket, and flushes to each storage engine.
+"""Engine throughput: front-end sets into a vbucket, and flushes to storage (RocksDB).
 
-Run: ``.venv/bin/python bench/engine.py [N] [--keys 100000,1000000] [--rounds R] [--json PATH]``
-(default N = 100,000; ``BENCH_DIR`` picks the filesystem, default the temp dir). Every flush row
-runs once per storage engine (``sqlite``, ``rocksdb``), the engines back to back and ``--rounds``
-times over (this host's speed swings: only ratios of one run hold), and prints items/s (``--json``
-also writes them for ``make bench``'s summary) for:
+Run: ``.venv/bin/python bench/engine.py [N] [--keys 100000,1000000] [--rounds R] [--before
+COMMIT] [--json PATH]`` (default N = 100,000; ``BENCH_DIR`` picks the filesystem, default the
+temp dir). The rows run ``--rounds`` times over and print items/s (``--json`` also writes them
+for ``make bench``'s summary) for:
 
 * ``set``: ``VBucket.set`` of N distinct keys (100-byte values) into one active vbucket;
 * ``flush 1 vb``: one ``Bucket.flush_once`` of those N items, synchronous=FULL and NORMAL;
@@ -18,10 +17,14 @@ also writes them for ``make bench``'s summary) for:
   incompressible 100-byte values), flushed 6,000 items at a time, then N writes of random
   existing keys flushed the same way; per item of each phase: the flusher's CPU (its thread,
   in ``flush_once``), the engine's background threads' CPU (RocksDB's memtable flushes and
-  compactions; SQLite has none), and the bytes the process wrote to disk (``/proc/self/io``,
-  the final shutdown's included);
-* SQLite's layout choice: N items spread over 64 vbuckets, flushed as one transaction in one
-  file (the design), one transaction per vbucket in one file, and one file per vbucket.
+  compactions), and the bytes the process wrote to disk (``/proc/self/io``, the final
+  shutdown's included).
+
+``--before COMMIT`` (``make bench``: the last commit with the SQLite engine, ``bench/_before.py``)
+runs that commit's own ``bench/engine.py`` after each round of today's, in a detached worktree,
+with the same N and ``--keys``: its rows for each engine it had (``sqlite``, ``rocksdb``) are
+printed and kept as ``before_METRIC_ENGINE``, and each of today's figures is printed beside
+theirs as a ratio (this host's speed swings: only ratios of one run hold).
 """
 
 from __future__ import annotations
@@ -39,11 +42,10 @@ from typing import Annotated
 
 import typer
 
+from _before import old_tree, run_old
 from _report import bench_main, write_json
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket
-from dcpkv.engine.item import Item
-from dcpkv.engine.storage import Storage, VBState
+from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.vbucket import VBucket
 
 VALUE = b"x" * 100
@@ -56,11 +58,11 @@ def _rate(n: int, seconds: float) -> str:
 
 
 @contextmanager
-def _bucket(engine: str, vbs: int, **kwargs: object) -> Iterator[Bucket]:
+def _bucket(vbs: int, **kwargs: object) -> Iterator[Bucket]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         bucket = Bucket(
             "bench", Path(tmp), num_vbuckets=vbs, rng=random.Random(1), memory_quota=1 << 34,
-            storage=engine, **kwargs,  # type: ignore[arg-type]
+            **kwargs,  # type: ignore[arg-type]
         )  # fmt: skip
         try:
             yield bucket
@@ -69,8 +71,8 @@ def _bucket(engine: str, vbs: int, **kwargs: object) -> Iterator[Bucket]:
                 bucket.shutdown()
 
 
-def bench_bucket(n: int, synchronous: str, engine: str) -> tuple[float, float]:
-    with _bucket(engine, 1, synchronous=synchronous) as bucket:
+def bench_bucket(n: int, synchronous: str) -> tuple[float, float]:
+    with _bucket(1, synchronous=synchronous) as bucket:
         vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
         keys = [b"key-%08d" % i for i in range(n)]
         start = time.perf_counter()
@@ -84,9 +86,9 @@ def bench_bucket(n: int, synchronous: str, engine: str) -> tuple[float, float]:
         return set_time, flush_time
 
 
-def bench_small_flushes(n: int, engine: str, vbs: int = 1024, per_vb: int = 2) -> float:
+def bench_small_flushes(n: int, vbs: int = 1024, per_vb: int = 2) -> float:
     """Seconds spent in ``flush_once`` for N items written ``per_vb`` per vbucket per flush."""
-    with _bucket(engine, vbs, synchronous="NORMAL") as bucket:
+    with _bucket(vbs, synchronous="NORMAL") as bucket:
         vbuckets = [bucket.set_vbucket_state(vb, VBucketState.ACTIVE) for vb in range(vbs)]
         bucket.flush_once()
         flushing, done, i = 0.0, 0, 0
@@ -101,10 +103,10 @@ def bench_small_flushes(n: int, engine: str, vbs: int = 1024, per_vb: int = 2) -
         return flushing
 
 
-def bench_update_flushes(n: int, engine: str, keys: int = 100_000) -> float:
+def bench_update_flushes(n: int, keys: int = 100_000) -> float:
     """Seconds spent in ``flush_once`` for N overwrites of existing keys (module docstring)."""
     rng = random.Random(7)
-    with _bucket(engine, 1024) as bucket:
+    with _bucket(1024) as bucket:
         vbuckets = [bucket.set_vbucket_state(vb, VBucketState.ACTIVE) for vb in range(1024)]
         for i in range(keys):
             vbuckets[i % 1024].set(b"key-%08d" % i, VALUE)
@@ -174,11 +176,11 @@ def _flushed(bucket: Bucket, phase: Phase, write: Callable[[int], None], total: 
     phase.items += done
 
 
-def bench_growth(keys: int, updates: int, engine: str) -> tuple[Phase, Phase]:
+def bench_growth(keys: int, updates: int) -> tuple[Phase, Phase]:
     """The ``growth`` row (module docstring): the fill, then the updates."""
     rng = random.Random(11)
     load, update = Phase(), Phase()
-    with _bucket(engine, 1024) as bucket:
+    with _bucket(1024) as bucket:
         vbs: list[VBucket] = [bucket.set_vbucket_state(v, VBucketState.ACTIVE) for v in range(1024)]
         bucket.flush_once()
 
@@ -198,108 +200,67 @@ def bench_growth(keys: int, updates: int, engine: str) -> tuple[Phase, Phase]:
     return load, update
 
 
-def _items(n: int, vbs: int) -> dict[int, list[Item]]:
-    per_vb: dict[int, list[Item]] = {vb: [] for vb in range(vbs)}
-    for i in range(n):
-        vb = i % vbs
-        seqno = len(per_vb[vb]) + 1
-        per_vb[vb].append(Item(b"key-%08d" % i, VALUE, cas=i + 1, by_seqno=seqno, rev_seqno=1))
-    return per_vb
-
-
-def _state(items: list[Item]) -> VBState:
-    high = items[-1].by_seqno
-    return VBState("active", "[]", high, 0, high)
-
-
-def bench_layout(n: int, vbs: int, layout: str) -> float:
-    per_vb = _items(n, vbs)
-    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
-        if layout == "file per vb":
-            stores = {vb: Storage(Path(tmp) / f"vb{vb}.sqlite3") for vb in per_vb}
-        else:
-            one = Storage(Path(tmp) / "bucket.sqlite3")
-            stores = dict.fromkeys(per_vb, one)
-        start = time.perf_counter()
-        if layout == "one txn":
-            one.persist((vb, items, _state(items)) for vb, items in per_vb.items())
-        else:
-            for vb, items in per_vb.items():
-                stores[vb].persist_snapshot(vb, items, _state(items))
-        elapsed = time.perf_counter() - start
-        for store in set(stores.values()):
-            store.close()
-        return elapsed
-
-
-def _ratio(figures: dict[str, float], name: str) -> str:
-    sqlite, rocks = figures.get(f"{name}_sqlite"), figures.get(f"{name}_rocksdb")
-    return f"  rocksdb / sqlite {rocks / sqlite:.2f}x" if sqlite and rocks else ""
-
-
 def _flush_rows(n: int, figures: dict[str, float]) -> None:
-    for engine in STORAGE_ENGINES:
-        for sync in ("FULL", "NORMAL"):
-            set_time, flush_time = bench_bucket(n, sync, engine)
-            if sync == "FULL" and engine == STORAGE_ENGINES[0]:
-                print(f"  set into one vbucket                {_rate(n, set_time)}")
-                figures["set_items_per_s"] = n / set_time
-            name = f"flush_{sync.lower()}_items_per_s"
-            figures[f"{name}_{engine}"] = n / flush_time
-            print(f"  flush 1 vb, sync={sync:<7} {engine:<8} {_rate(n, flush_time)}"
-                  f"{_ratio(figures, name)}")  # fmt: skip
-    for engine in STORAGE_ENGINES:
-        seconds = bench_small_flushes(n, engine)
-        figures[f"flush_1024vb_x2_items_per_s_{engine}"] = n / seconds
-        print(f"  flush 1024 vb x 2 items {engine:<8}   {_rate(n, seconds)}"
-              f"{_ratio(figures, 'flush_1024vb_x2_items_per_s')}")  # fmt: skip
-    for engine in STORAGE_ENGINES:
-        seconds = bench_update_flushes(n, engine)
-        figures[f"flush_updates_items_per_s_{engine}"] = n / seconds
-        print(f"  flush updates, 100k keys {engine:<8}  {_rate(n, seconds)}"
-              f"{_ratio(figures, 'flush_updates_items_per_s')}")  # fmt: skip
+    for sync in ("FULL", "NORMAL"):
+        set_time, flush_time = bench_bucket(n, sync)
+        if sync == "FULL":
+            print(f"  set into one vbucket                {_rate(n, set_time)}")
+            figures["set_items_per_s"] = n / set_time
+        figures[f"flush_{sync.lower()}_items_per_s"] = n / flush_time
+        print(f"  flush 1 vb, sync={sync:<7}          {_rate(n, flush_time)}")
+    seconds = bench_small_flushes(n)
+    figures["flush_1024vb_x2_items_per_s"] = n / seconds
+    print(f"  flush 1024 vb x 2 items             {_rate(n, seconds)}")
+    seconds = bench_update_flushes(n)
+    figures["flush_updates_items_per_s"] = n / seconds
+    print(f"  flush updates, 100k keys            {_rate(n, seconds)}")
 
 
 def _growth_rows(keys: int, updates: int, figures: dict[str, float]) -> None:
-    for engine in STORAGE_ENGINES:
-        for phase_name, phase in zip(
-            ("fill", "updates"), bench_growth(keys, updates, engine), strict=True
-        ):
-            print(f"  growth {keys:>9,} keys, {phase_name:<7} {engine:<8} {phase.line()}")
-            n = max(1, phase.items)
-            stem = f"growth_{keys}_{phase_name}"
-            figures[f"{stem}_flusher_cpu_us_per_item_{engine}"] = phase.flusher_cpu / n * 1e6
-            figures[f"{stem}_background_cpu_us_per_item_{engine}"] = phase.background_cpu / n * 1e6
-            figures[f"{stem}_disk_bytes_per_item_{engine}"] = phase.written / n
-    for phase_name in ("fill", "updates"):
+    for phase_name, phase in zip(("fill", "updates"), bench_growth(keys, updates), strict=True):
+        print(f"  growth {keys:>9,} keys, {phase_name:<7} {phase.line()}")
+        n = max(1, phase.items)
         stem = f"growth_{keys}_{phase_name}"
-        cpu = [figures[f"{stem}_flusher_cpu_us_per_item_{e}"] for e in STORAGE_ENGINES]
-        disk = [figures[f"{stem}_disk_bytes_per_item_{e}"] for e in STORAGE_ENGINES]
-        print(f"    {stem}: sqlite / rocksdb flusher CPU {cpu[0] / cpu[1]:.1f}x, "
-              f"disk written {disk[0] / disk[1]:.1f}x")  # fmt: skip
+        figures[f"{stem}_flusher_cpu_us_per_item"] = phase.flusher_cpu / n * 1e6
+        figures[f"{stem}_background_cpu_us_per_item"] = phase.background_cpu / n * 1e6
+        figures[f"{stem}_disk_bytes_per_item"] = phase.written / n
+
+
+def _beside(figures: dict[str, float], before: dict[str, float]) -> None:
+    """Each of today's figures against the old run's figure of each engine."""
+    print("  today / before (the old commit's engines, same run):")
+    for name, value in figures.items():
+        theirs = {e: before.get(f"before_{name}_{e}") for e in ("sqlite", "rocksdb")}
+        theirs["both"] = before.get(f"before_{name}")  # (a row the old run had once)
+        said = [f"{e} {value / v:.2f}x" for e, v in theirs.items() if v]
+        if said:
+            print(f"    {name:<48} {', '.join(said)}")
 
 
 def main(
     n: Annotated[int, typer.Argument(help="items")] = 100_000,
     keys: Annotated[str, typer.Option(help="bucket sizes of the growth rows")] = "100000",
-    rounds: Annotated[int, typer.Option(help="times over, engines back to back")] = 1,
-    layout: Annotated[bool, typer.Option(help="SQLite's layout rows")] = True,
+    rounds: Annotated[int, typer.Option(help="times over")] = 1,
+    before: Annotated[
+        str | None,
+        typer.Option(help="also run this commit's bench/engine.py after each round (SQLite)"),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
-    print(f"engine benchmark, {n:,} items of {len(VALUE)} bytes, engines {STORAGE_ENGINES}")
+    print(f"engine benchmark, {n:,} items of {len(VALUE)} bytes")
     figures: dict[str, float] = {}
-    for r in range(rounds):
-        if rounds > 1:
-            print(f" round {r + 1}")
-        _flush_rows(n, figures)
-        for size in (int(k) for k in keys.split(",") if k):
-            _growth_rows(size, n, figures)
-    if layout:
-        for kind in ("one txn", "txn per vb", "file per vb"):
-            seconds = bench_layout(n, 64, kind)
-            print(f"  64 vbs, {kind:<12} (sqlite)    {_rate(n, seconds)}")
-            figures[f"flush_64vb_{kind.replace(' ', '_')}_items_per_s"] = n / seconds
-    write_json(json_out, "engine", figures)
+    old: dict[str, float] = {}
+    with old_tree(before) as tree:
+        for r in range(rounds):
+            if rounds > 1:
+                print(f" round {r + 1}")
+            _flush_rows(n, figures)
+            for size in (int(k) for k in keys.split(",") if k):
+                _growth_rows(size, n, figures)
+            if tree is not None:
+                old = run_old(tree, "engine.py", [str(n), "--keys", keys, "--no-layout"])
+                _beside(figures, old)
+    write_json(json_out, "engine", {**figures, **old})
 
 
 if __name__ == "__main__":

@@ -289,7 +289,7 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
 
 @contextlib.contextmanager
 def dcpkv_server(tmp: Path, quota_mb: int = QUOTA_MB, *extra: str) -> Iterator[Target]:
-    """A ``dcpkv server`` in ``tmp`` (``extra``: more of its flags, such as ``--storage``)."""
+    """A ``dcpkv server`` in ``tmp`` (``extra``: more of its flags)."""
     port_file = tmp / "dcpkv.port"
     cmd = [
         sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0", "--data-dir",

@@ -16,14 +16,15 @@ whose bucket's unpersisted lag passes 0.25 s, so the rate of a segment is the fl
 at that size. At the end it waits until every write is persisted and reports the data
 folder's size on disk.
 
-``--storage`` names the storage engines to run, one server each, one after the other in the
-same run (default: RocksDB alone; ``--storage sqlite,rocksdb`` adds SQLite, whose flusher
-falls so far behind by 1M keys that the server refuses Sets and the run stops).
-``--json PATH`` writes, per engine, the first and last segments' rates
-and CPU costs (``first_set_ops_per_s_ENGINE``, ``last_set_ops_per_s_ENGINE``,
-``first_server_cpu_us_per_set_ENGINE``, ``last_server_cpu_us_per_set_ENGINE``) and the disk
-bytes per item (``disk_bytes_per_key_ENGINE``), the default engine's also without the suffix
-(the summary's rows), and every segment beside the figures."""
+``--json PATH`` writes the first and last segments' rates and CPU costs
+(``first_set_ops_per_s``, ``last_set_ops_per_s``, ``first_server_cpu_us_per_set``,
+``last_server_cpu_us_per_set``), the disk bytes per item (``disk_bytes_per_key``) and the Sets
+refused and written again (``set_tmpfail_count``), and every segment beside the figures.
+``--before COMMIT`` (``bench/_before.py``) then runs that commit's own ``bench/kv_growth.py``
+with ``--storage sqlite`` and the same options, in a detached worktree, in the same run: its
+figures are kept as ``before_METRIC_sqlite`` and today's printed beside them as ratios. (The
+SQLite flusher falls so far behind by 1M keys that its server refuses Sets, which are written
+again: that run is long, and ``make bench`` leaves it out.)"""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 import kv
+from _before import old_tree, run_old
 from _report import bench_main, write_json
 from _server import cpu_seconds, folder_bytes
-from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
 from dcpkv.protocol.constants import Opcode
 
 PERSIST_TIMEOUT_S = 300.0
@@ -94,18 +95,18 @@ async def _retry_tmpfail(conn: kv.Conn, target: kv.Target) -> None:
         await conn.run(kv.batches(Opcode.Set, again, 100, target))
 
 
-def run_one(engine: str, ops: int, segments: int, quota_mb: int, console: Console) -> dict:
-    """One server with ``engine``: its segments, its figures."""
+def run_one(ops: int, segments: int, quota_mb: int, console: Console) -> dict:
+    """One server: its segments, its figures."""
     with (
         tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
-        kv.dcpkv_server(Path(tmp), quota_mb, "--storage", engine) as target,
+        kv.dcpkv_server(Path(tmp), quota_mb) as target,
         Progress(console=console, transient=True) as progress,
     ):
         refused: list[int] = []
         rows = asyncio.run(grow(target, ops, segments, progress, refused))
         disk = folder_bytes(Path(tmp) / "data")
-    table = Table(title=f"Set as the bucket grows, storage {engine} (1 connection, "
-                  f"{kv.VBUCKETS} vbuckets, {len(kv.VALUE)}-byte values)")  # fmt: skip
+    table = Table(title=f"Set as the bucket grows (1 connection, {kv.VBUCKETS} vbuckets, "
+                  f"{len(kv.VALUE)}-byte values)")  # fmt: skip
     for col in ("keys in the bucket", "Sets/s", "server CPU us/Set"):
         table.add_column(col, justify="right")
     for keys, rate, cpu in rows:
@@ -132,24 +133,27 @@ def main(
     quota_mb: int = typer.Option(
         1536, help="the bucket's memory quota (~630 accounted bytes per key: none is ejected)"
     ),
-    storage: str = typer.Option(
-        DEFAULT_STORAGE, help=f"storage engines to run ({','.join(STORAGE_ENGINES)})"
+    before: str | None = typer.Option(
+        None, help="also run this commit's bench/kv_growth.py with its SQLite engine"
     ),
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
     if ops < segments or segments < 1:
         raise typer.BadParameter("--ops must be at least --segments, which is at least 1")
     console = Console()
-    figures: dict[str, float] = {}
-    segments_of: dict[str, list[list[float]]] = {}
-    for engine in storage.split(","):
-        result = run_one(engine, ops, segments, quota_mb, console)
-        segments_of[engine] = [list(r) for r in result.pop("rows")]
-        for name, value in result.items():
-            figures[f"{name}_{engine}"] = value
-            if engine == DEFAULT_STORAGE:
-                figures[name] = value
-    write_json(json_out, "kv_growth", figures, segments=segments_of)
+    result = run_one(ops, segments, quota_mb, console)
+    rows = [list(r) for r in result.pop("rows")]
+    figures: dict[str, float] = dict(result)
+    with old_tree(before) as tree:
+        if tree is not None:
+            args = ["--ops", str(ops), "--segments", str(segments), "--quota-mb", str(quota_mb)]
+            old = run_old(tree, "kv_growth.py", [*args, "--storage", "sqlite"])
+            for name, value in result.items():
+                theirs = old.get(f"before_{name}_sqlite")
+                if theirs:
+                    console.print(f"  {name}: today / sqlite {value / theirs:.2f}x")
+            figures.update(old)
+    write_json(json_out, "kv_growth", figures, segments=rows)
 
 
 if __name__ == "__main__":

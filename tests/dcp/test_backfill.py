@@ -183,7 +183,7 @@ def test_a_stream_closed_mid_read_lets_go_of_its_snapshot(
 
 
 def stream_row(row: tuple) -> tuple:
-    """The StreamRow SQLite reads for a Row (storage's _STREAM_COLUMNS, in Python)."""
+    """The StreamRow storage reads for a Row (storage.StreamRow, packed in Python)."""
     key, seqno, cas, rev, flags, expiry, datatype, deleted, delete_time, value = row
     flags_expiry = flags << 32 | expiry
     flags_expiry -= 1 << 64 if flags_expiry >= 1 << 63 else 0

@@ -1,5 +1,4 @@
-"""Fixtures for the engine tests: real storage in tmp_path (each storage engine in turn), a
-manual clock, a seeded rng."""
+"""Fixtures for the engine tests: real storage in tmp_path, a manual clock, a seeded rng."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import pytest
 
 from dcpkv.core.failover_table import FailoverTable
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket
+from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.vbucket import VBucket
 
@@ -30,18 +29,11 @@ def vbucket(clock: ManualClock) -> VBucket:
     )
 
 
-@pytest.fixture(params=STORAGE_ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    """Each storage engine in turn."""
-    return str(request.param)
-
-
 @pytest.fixture
-def open_bucket(tmp_path: Path, clock: ManualClock, engine: str) -> Iterator[BucketFactory]:
+def open_bucket(tmp_path: Path, clock: ManualClock) -> Iterator[BucketFactory]:
     opened: list[Bucket] = []
 
     def factory(**kwargs: object) -> Bucket:
-        kwargs.setdefault("storage", engine)
         kwargs.setdefault("num_vbuckets", 4)
         kwargs.setdefault("clock", clock)
         kwargs.setdefault("rng", random.Random(len(opened) + 7))

@@ -156,7 +156,7 @@ def value_of(answer: object) -> bytes | None:
 
 @pytest.mark.parametrize("policy", list(EvictionPolicy))
 def test_a_request_waits_for_its_read_and_gets_the_value(
-    open_bucket: BucketFactory, policy: EvictionPolicy, engine: str
+    open_bucket: BucketFactory, policy: EvictionPolicy
 ) -> None:
     bucket, vb = fetching_bucket(open_bucket, policy)
     held = Held(bucket)
@@ -169,11 +169,11 @@ def test_a_request_waits_for_its_read_and_gets_the_value(
     fetcher = bucket.bg_fetcher
     assert fetcher is not None and fetcher.keys_read == 2
     # A missing key: valueOnly knows every key; under full eviction RocksDB's filters rule
-    # it out with no read at all (SQLite cannot tell: it reads)
+    # it out with no read at all
     run_waiting(lambda: vb.get(b"never-written"), answers)()
     held.land_until(lambda: len(answers) == 4)
     assert isinstance(answers[-1], KeyNotFound)
-    assert fetcher.keys_read == (3 if engine == "sqlite" and policy is FULL else 2)
+    assert fetcher.keys_read == 2
     assert vb.fetches.waiting == 0
 
 

@@ -70,7 +70,7 @@ def test_warmup_after_clean_shutdown_keeps_failover_table(open_bucket: BucketFac
 _CHILD = """
 import os, random, sys
 from dcpkv.engine.bucket import Bucket
-bucket = Bucket("default", sys.argv[1], num_vbuckets=4, rng=random.Random(5), storage=sys.argv[2])
+bucket = Bucket("default", sys.argv[1], num_vbuckets=4, rng=random.Random(5))
 vb = bucket.set_vbucket_state(0, "active")
 for i in range(20):
     vb.set(b"flushed%d" % i, b"v")
@@ -82,11 +82,9 @@ sys.stdin.read()  # wait to be killed
 """
 
 
-def test_warmup_after_sigkill_cuts_a_new_branch(
-    tmp_path: Path, open_bucket: BucketFactory, engine: str
-) -> None:
+def test_warmup_after_sigkill_cuts_a_new_branch(tmp_path: Path, open_bucket: BucketFactory) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_CHILD), str(tmp_path / "data"), engine],
+        [sys.executable, "-c", textwrap.dedent(_CHILD), str(tmp_path / "data")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -1,7 +1,7 @@
 """Eviction policies (``hash_table.EvictionPolicy``): under full eviction a persisted item
 leaves memory whole, and every operation on it reads it back from storage.
 
-Each test runs for both policies and both storage engines: under ``valueOnly`` the same
+Each test runs for both policies: under ``valueOnly`` the same
 operations on an ejected item must give the same answers, so the two are a differential test
 of each other. Counts (``len(vbucket)``, the ``curr_items`` stat) must stay exact throughout.
 """

@@ -15,12 +15,11 @@ import random
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket
+from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.item import Item
 
@@ -44,16 +43,15 @@ def state_at(history: list[tuple[int, bytes, bytes | None]], seqno: int) -> dict
     return {k: v for k, v in state.items() if v is not None}
 
 
-@pytest.mark.parametrize("engine", STORAGE_ENGINES)
 @settings(max_examples=80, deadline=None)
 @given(snapshots, st.integers(0, 40), st.sampled_from([64_000, 192]))
 def test_rollback_lands_on_the_state_at_a_flush_point(
-    engine: str, feed: list[tuple[list[Write], bool]], target: int, window: int
+    feed: list[tuple[list[Write], bool]], target: int, window: int
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bucket = Bucket(
             "default", Path(tmp), num_vbuckets=1, clock=ManualClock(1_700_000_000.0),
-            rng=random.Random(1), history_window=window, synchronous="NORMAL", storage=engine,
+            rng=random.Random(1), history_window=window, synchronous="NORMAL",
         )  # fmt: skip
         try:
             vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)

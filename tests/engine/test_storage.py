@@ -1,10 +1,9 @@
-"""Storage, each engine in turn: backfill scans, rollback history, compaction, corrupt files."""
+"""Storage: backfill scans, rollback history, compaction, corrupt files."""
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,6 @@ from dcpkv.engine.rocks_storage import GROUP_BYTES, GROUP_ITEMS, RocksStorage
 from dcpkv.engine.storage import (
     BucketStorage,
     CorruptDatabaseError,
-    Storage,
-    StorageError,
     VBState,
     row_of_stream_row,
 )
@@ -29,8 +26,8 @@ def _state(high: int) -> VBState:
     return VBState("replica", FAILOVER, high_seqno=high, snap_start=high, snap_end=high)
 
 
-def _open(engine: str, folder: Path, history_window: int = 10) -> BucketStorage:
-    return open_storage(engine, folder, "b", history_window=history_window, cache_bytes=0)
+def _open(folder: Path, history_window: int = 10) -> BucketStorage:
+    return open_storage(folder, "b", history_window=history_window, cache_bytes=0)
 
 
 def _put(storage: BucketStorage, *versions: tuple[int, bytes, bytes | None]) -> None:
@@ -47,8 +44,8 @@ def _docs(storage: BucketStorage) -> dict[bytes, tuple[int, bytes, bool]]:
 
 
 @pytest.fixture
-def storage(tmp_path: Path, engine: str) -> Iterator[BucketStorage]:
-    opened = _open(engine, tmp_path)
+def storage(tmp_path: Path) -> Iterator[BucketStorage]:
+    opened = _open(tmp_path)
     yield opened
     with contextlib.suppress(Exception):
         opened.close()
@@ -82,7 +79,7 @@ U32 = 0xFFFFFFFF
 @pytest.mark.parametrize("expiry", [0, 0x80000000, U32])
 def test_stream_rows_hold_what_rows_hold(storage: BucketStorage, flags: int, expiry: int) -> None:
     """A DCP backfill's packed rows (flags with expiry, datatype with the tombstone's fields,
-    packed by SQLite) unpack to the very rows a plain backfill reads, at every edge of the
+    packed by the engine) unpack to the very rows a plain backfill reads, at every edge of the
     unsigned 32-bit fields and of the signed 64-bit CAS."""
     items = [
         Item(b"live", b"v", flags=flags, expiry=expiry, cas=(1 << 64) - 1, rev_seqno=U32 + 1,
@@ -107,8 +104,8 @@ def test_rollback_within_window_restores_old_versions(storage: BucketStorage) ->
     assert _docs(storage) == {
         b"a": (3, b"2", False), b"b": (2, b"1", False), b"c": (4, b"1", False),
     }  # fmt: skip
-    # The restore wrote the old versions back without adding history (SQLite: the trigger
-    # fires on a flush's upsert only): the history holds just what was replaced at or below 4.
+    # The restore wrote the old versions back without adding history: the history holds
+    # just what was replaced at or below 4.
     assert storage.history(0) == [(b"a", 1, 3)]
     state = storage.vbucket_state(0)
     assert state is not None and (state.high_seqno, state.snap_start, state.snap_end) == (4, 4, 4)
@@ -157,13 +154,13 @@ THINNING = [
 
 @pytest.mark.parametrize(("window", "flushes", "kept", "lands"), THINNING)
 def test_older_flush_points_are_thinned_to_one_per_stride(
-    tmp_path: Path, engine: str, window: int, flushes: int, kept: list[int], lands: dict[int, int]
+    tmp_path: Path, window: int, flushes: int, kept: list[int], lands: dict[int, int]
 ) -> None:
     """A flush point per vbucket per flush, kept for the whole history window, grew without
     bound under a steady load (~100M rows after three hours at 10k writes/s); older ones are
     thinned, and a rollback lands on the newest point kept at or below its target."""
     for target, expected in lands.items():
-        storage = _open(engine, tmp_path / str(target), window)
+        storage = _open(tmp_path / str(target), window)
         for seqno in range(1, flushes + 1):
             _put(storage, (seqno, b"k%d" % (seqno % 7), b"v%d" % seqno))
         assert storage.flush_points(0) == kept
@@ -174,25 +171,6 @@ def test_older_flush_points_are_thinned_to_one_per_stride(
                 for s in range(max(1, expected - 6), expected + 1)
             }  # fmt: skip
         storage.close()
-
-
-def test_a_file_with_the_old_history_key_index_loses_it_and_still_rolls_back(
-    tmp_path: Path,
-) -> None:  # (SQLite's)
-    path = tmp_path / "b.sqlite3"
-    storage = Storage(path, history_window=10)
-    storage._db.execute("CREATE INDEX history_key ON history (vb, key, replaced_by)")
-    _put(storage, (1, b"a", b"1"))
-    _put(storage, (2, b"a", b"2"))
-    storage.close()
-    storage = Storage(path, history_window=10)
-    indexes = {
-        r[0] for r in storage._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
-    }
-    assert "history_key" not in indexes and "history_replaced" in indexes
-    assert storage.rollback(0, 1) == 1
-    assert _docs(storage) == {b"a": (1, b"1", False)}
-    storage.close()
 
 
 def test_rollback_to_or_above_high_is_a_no_op(storage: BucketStorage) -> None:
@@ -221,25 +199,21 @@ def test_compaction_purges_tombstones_and_raises_purge_seqno(storage: BucketStor
     assert storage.vbucket_state(0).purge_seqno == 3  # type: ignore[union-attr]
 
 
-def test_corrupt_file_is_named(tmp_path: Path, engine: str) -> None:
-    bad = storage_path(tmp_path, "b", engine)
-    if engine == "sqlite":
-        bad.write_bytes(b"this is not a database" * 100)
-        named = bad
-    else:  # a database whose manifest (the list of its files) is damaged
-        _open(engine, tmp_path).close()
-        (named,) = bad.glob("MANIFEST-*")
-        named.write_bytes(b"this is not a manifest" * 100)
+def test_corrupt_file_is_named(tmp_path: Path) -> None:
+    # a database whose manifest (the list of its files) is damaged
+    _open(tmp_path).close()
+    (named,) = storage_path(tmp_path, "b").glob("MANIFEST-*")
+    named.write_bytes(b"this is not a manifest" * 100)
     with pytest.raises(CorruptDatabaseError, match=str(named)):
-        _open(engine, tmp_path)
+        _open(tmp_path)
 
 
 def test_a_folder_without_a_database_is_refused_and_left_alone(tmp_path: Path) -> None:
-    folder = storage_path(tmp_path, "b", "rocksdb")
+    folder = storage_path(tmp_path, "b")
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
     with pytest.raises(CorruptDatabaseError, match="no RocksDB CURRENT file"):
-        _open("rocksdb", tmp_path)
+        _open(tmp_path)
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
 
 
@@ -247,53 +221,6 @@ def test_clean_shutdown_flag(storage: BucketStorage) -> None:
     assert storage.was_clean_shutdown()
     storage.set_clean_shutdown(False)
     assert not storage.was_clean_shutdown()
-
-
-class _CountingConnection:
-    """The storage's own SQLite connection, with every statement it is asked to run noted
-    (the trace callback would also report each run of a trigger, and expand every bound
-    parameter of a multi-row statement into text for each)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self.statements: list[str] = []
-
-    def execute(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:
-        self.statements.append(sql)
-        return self.db.execute(sql, params)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.db, name)
-
-
-def test_a_flush_is_a_few_statements_whatever_the_vbucket_count(tmp_path: Path) -> None:  # SQLite
-    """Each SQLite statement is a point where the flusher's thread gives up the GIL and must
-    win it back from a busy event loop; a flush of one statement per row or per vbucket
-    (thousands) starved under DCP load. Counted: a flush of 1024 vbuckets is a handful of
-    statements, and history, flush points and states are still all written."""
-    storage = Storage(tmp_path / "b.sqlite3", history_window=10)
-
-    def flush(round_: int) -> None:
-        batches = [
-            (vb, [Item(b"k%d" % i, b"v%d" % round_, by_seqno=3 * round_ + i + 1, cas=1)
-                  for i in range(3)], _state(3 * round_ + 3))
-            for vb in range(1024)
-        ]  # fmt: skip
-        storage.persist(batches)
-
-    flush(0)
-    db, counting = storage._db, _CountingConnection(storage._db)
-    storage._db = counting  # type: ignore[assignment]
-    flush(1)
-    storage._db = db
-    assert len(counting.statements) <= 12, counting.statements[:20]
-    assert storage.vbucket_state(1023).high_seqno == 6  # type: ignore[union-attr]
-    assert {i.key: i.value for i in storage.scan_by_seqno(1023, 0)} == {
-        b"k0": b"v1", b"k1": b"v1", b"k2": b"v1",
-    }  # fmt: skip
-    # the replaced versions are history: rolling back to the first flush brings them back
-    assert storage.rollback(1023, 3) == 3
-    assert {i.value for i in storage.scan_by_seqno(1023, 0)} == {b"v0"}
 
 
 def test_a_flush_of_one_vbucket_twice_keeps_the_newest_version(storage: BucketStorage) -> None:
@@ -312,8 +239,8 @@ def test_a_flush_of_one_vbucket_twice_keeps_the_newest_version(storage: BucketSt
 
 def test_a_backfill_reads_the_disk_as_it_was_when_opened(storage: BucketStorage) -> None:
     """A scan is one consistent state of the disk however long it is read: keys replaced,
-    deleted or added by flushes meanwhile are sent as they were (SQLite: one read
-    transaction; RocksDB: iterators made together, each a view as of its creation)."""
+    deleted or added by flushes meanwhile are sent as they were (RocksDB iterators made
+    together, each a view as of its creation)."""
     _put(storage, *[(i, b"k%d" % i, b"old") for i in range(1, 9)])
     scan = storage.open_stream_backfill(0, 0)
     first = scan.read(3)
@@ -325,16 +252,8 @@ def test_a_backfill_reads_the_disk_as_it_was_when_opened(storage: BucketStorage)
     assert [i.by_seqno for i in storage.scan_by_seqno(0, 0)] == [1, 2, 3, 4, 7, 8, 9, 10, 11]
 
 
-def test_a_rocksdb_bucket_is_refused_by_sqlite(tmp_path: Path) -> None:
-    """(The other way round, a SQLite bucket is converted: tests/engine/test_migrate.py.)"""
-    _open("rocksdb", tmp_path).close()
-    with pytest.raises(StorageError, match="written by the rocksdb storage engine"):
-        _open("sqlite", tmp_path)
-    assert not storage_path(tmp_path, "b", "sqlite").exists()  # nothing created beside it
-
-
 def _rocks(tmp_path: Path, window: int = 1000) -> RocksStorage:
-    storage = _open("rocksdb", tmp_path, window)
+    storage = _open(tmp_path, window)
     assert isinstance(storage, RocksStorage)
     return storage
 

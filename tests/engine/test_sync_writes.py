@@ -318,7 +318,6 @@ def test_a_replica_ack_before_the_topology_commits_a_prepare_read_back_at_warmup
     again.shutdown()
 
 
-@pytest.mark.parametrize("engine", ["rocksdb"])  # (SQLite keeps no high prepared seqno)
 def test_a_restarted_replica_reports_the_high_prepared_seqno_it_persisted(
     open_bucket: Callable[..., Bucket],
 ) -> None:
@@ -380,9 +379,9 @@ def _state(high: int) -> VBState:
     ],
 )
 def test_storage_keeps_the_last_sync_write_word_per_key(
-    tmp_path: Path, engine: str, batches: list[list[Item]], pending: list[int]
+    tmp_path: Path, batches: list[list[Item]], pending: list[int]
 ) -> None:
-    storage = open_storage(engine, tmp_path, "b", history_window=10, cache_bytes=0)
+    storage = open_storage(tmp_path, "b", history_window=10, cache_bytes=0)
     try:
         storage.persist((0, items, _state(items[-1].by_seqno)) for items in batches)
         assert [p.by_seqno for p in storage.load_prepares(0)] == pending
@@ -392,8 +391,8 @@ def test_storage_keeps_the_last_sync_write_word_per_key(
         storage.close()
 
 
-def test_storage_rollback_and_deletion_drop_prepares(tmp_path: Path, engine: str) -> None:
-    storage = open_storage(engine, tmp_path, "b", history_window=10, cache_bytes=0)
+def test_storage_rollback_and_deletion_drop_prepares(tmp_path: Path) -> None:
+    storage = open_storage(tmp_path, "b", history_window=10, cache_bytes=0)
     try:
         storage.persist_snapshot(0, [Item(b"x", b"1", by_seqno=1, cas=1)], _state(1))
         storage.persist_snapshot(0, [_prepare(2, b"a", b"p")], _state(2))
@@ -427,7 +426,7 @@ def test_rocksdb_rollback_revives_a_prepare_whose_completion_it_undoes(
     completion, so a rollback between the two gives it back from disk: a replica restarted
     since, or whose committed value was overwritten or ejected, has nothing in memory to
     revive it from (the active, restarted without the completion, waits for its ack)."""
-    storage = open_storage("rocksdb", tmp_path, "b", history_window=10, cache_bytes=0)
+    storage = open_storage(tmp_path, "b", history_window=10, cache_bytes=0)
     try:
         storage.persist_snapshot(0, [Item(b"x", b"1", by_seqno=1, cas=1)], _state(1))
         storage.persist_snapshot(0, [_prepare(2, b"a", b"p")], _state(2))
@@ -448,7 +447,7 @@ def test_rocksdb_rollback_revives_a_prepare_whose_completion_it_undoes(
 def test_rocksdb_forgets_completed_prepares_with_the_history(tmp_path: Path) -> None:
     """A completion at or below the history's start is never rolled back: its kept prepare
     goes when the history is trimmed past it."""
-    storage = open_storage("rocksdb", tmp_path, "b", history_window=4, cache_bytes=0)
+    storage = open_storage(tmp_path, "b", history_window=4, cache_bytes=0)
     try:
         storage.persist_snapshot(0, [_prepare(1, b"a", b"p")], _state(1))
         storage.persist_snapshot(0, [CommitItem(b"a", b"p", by_seqno=2, prepared_seqno=1)],

@@ -7,12 +7,11 @@ import random
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpkv.core.vbucket import VBucketState
-from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket
+from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.engine.item import KeyNotFound
 from dcpkv.engine.vbucket import VBucket
@@ -46,15 +45,12 @@ def _apply(vb: VBucket, op: Op) -> None:
             vb.delete(KEYS[k])
 
 
-@pytest.mark.parametrize("engine", STORAGE_ENGINES)
 @settings(max_examples=60, deadline=None)
 @given(ops=ops, clean=st.booleans())
-def test_warmup_reproduces_persisted_state(engine: str, ops: list[Op], clean: bool) -> None:
+def test_warmup_reproduces_persisted_state(ops: list[Op], clean: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         clock = ManualClock()
-        bucket = Bucket(
-            "b", Path(tmp), num_vbuckets=1, clock=clock, rng=random.Random(0), storage=engine
-        )
+        bucket = Bucket("b", Path(tmp), num_vbuckets=1, clock=clock, rng=random.Random(0))
         vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
         bucket.flush_once()
         persisted, persisted_high = _live(vb), 0
@@ -70,9 +66,7 @@ def test_warmup_reproduces_persisted_state(engine: str, ops: list[Op], clean: bo
         else:
             bucket.storage.close()  # the process "dies": nothing more reaches the disk
 
-        again = Bucket(
-            "b", Path(tmp), num_vbuckets=1, clock=clock, rng=random.Random(1), storage=engine
-        )
+        again = Bucket("b", Path(tmp), num_vbuckets=1, clock=clock, rng=random.Random(1))
         vb2 = again.get_vbucket(0)
         assert _live(vb2) == persisted
         assert vb2.high_seqno == vb2.persisted_seqno == persisted_high

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -275,3 +276,22 @@ def test_eviction_policy_from_a_config_file_and_flags(tmp_path: Path) -> None:
     flagged = with_cli_flags(load_config(path), eviction_policy="valueOnly").buckets[0]
     assert flagged.eviction_policy == "valueOnly"
     assert BucketSettings().eviction_policy == "valueOnly"
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "leveldb", 1])
+def test_a_storage_setting_naming_another_engine_is_a_clear_error(
+    tmp_path: Path, storage: object
+) -> None:
+    """RocksDB is the one engine: a config file of an earlier version that says so still
+    loads; one that names another engine is refused, saying what became of SQLite buckets."""
+    path = tmp_path / "server.toml"
+    path.write_text('[buckets.default]\nstorage = "rocksdb"\nvbuckets = 8\n')
+    assert load_config(path).buckets[0].num_vbuckets == 8
+    path.write_text(f"[buckets.default]\nstorage = {json.dumps(storage)}\n")
+    with pytest.raises(ConfigError, match="converted to it at its first start"):
+        load_config(path)
+    answer = subprocess.run(
+        [sys.executable, "-m", "dcpkv.cli.main", "server", "--config", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert answer.returncode == 2 and "storage" in answer.stderr

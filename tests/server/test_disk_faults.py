@@ -3,9 +3,8 @@
 A full disk is made real with the process's file-size limit (``RLIMIT_FSIZE`` set on the
 running server with ``prlimit``): every write the server makes to a file fails with EFBIG, as
 on a full disk, until the limit is lifted. A damaged data file is made by overwriting or
-truncating the bucket's data file between two runs: the SQLite file, or RocksDB's largest table
-file (a clean shutdown leaves the data there, the write-ahead log empty). Each test runs on
-each storage engine.
+truncating the bucket's data file between two runs: RocksDB's largest table file (a clean
+shutdown leaves the data there, the write-ahead log empty).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import pytest
 
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
-from dcpkv.engine.bucket import STORAGE_ENGINES, storage_path
+from dcpkv.engine.bucket import storage_path
 from support.kvclient import KVClient, poll_rounds
 from support.serverproc import ServerProcess
 
@@ -29,14 +28,9 @@ VBUCKETS = 16
 UNLIMITED = resource.RLIM_INFINITY
 
 
-@pytest.fixture(params=STORAGE_ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture
-def server(server_factory: type[ServerProcess], tmp_path: Path, engine: str) -> ServerProcess:
-    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--storage", engine)
+def server(server_factory: type[ServerProcess], tmp_path: Path) -> ServerProcess:
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log")
     srv.start()
     return srv
 
@@ -122,28 +116,27 @@ def damage(path: Path, how: str) -> None:
             f.write(b"\xde\xad\xbe\xef" * 2048)
 
 
-def data_file(data_dir: Path, engine: str) -> Path:
-    """The file to damage: the bucket's SQLite file, or RocksDB's largest table file."""
-    path = storage_path(data_dir, "default", engine)
-    return path if engine == "sqlite" else max(path.glob("*.sst"), key=lambda p: p.stat().st_size)
+def data_file(data_dir: Path) -> Path:
+    """The file to damage: RocksDB's largest table file."""
+    return max(storage_path(data_dir, "default").glob("*.sst"), key=lambda p: p.stat().st_size)
 
 
 @pytest.mark.parametrize("how", ["truncated", "header overwritten", "pages overwritten"])
 def test_a_damaged_data_file_is_one_clear_error_and_left_untouched(
-    server: ServerProcess, tmp_path: Path, how: str, engine: str
+    server: ServerProcess, tmp_path: Path, how: str
 ) -> None:
     with KVClient(server.port) as kv:
         assert kv.login().status == Status.Success
         for i in range(3000):
             assert kset(kv, f"doc-{i:04}-" + "x" * 100) == Status.Success
     assert server.terminate() == 0
-    data = data_file(server.data_dir, engine)
+    data = data_file(server.data_dir)
     damage(data, how)
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
     port_file = tmp_path / "damaged.port"
     run = subprocess.run(
         [sys.executable, "-m", "dcpkv.cli.main", "server", "--port", "0", "--vbuckets", "16",
-         "--data-dir", str(server.data_dir), "--port-file", str(port_file), "--storage", engine],
+         "--data-dir", str(server.data_dir), "--port-file", str(port_file)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 1 and not port_file.exists()

@@ -21,11 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
-from dcpkv.engine.bucket import STORAGE_ENGINES
 from dcpkv.protocol.constants import HelloFeature
 from support.kvclient import KVClient, poll_rounds
 from support.serverproc import ServerProcess
@@ -102,13 +99,10 @@ def failover_table(c: KVClient, vb: int) -> list[tuple[int, int]]:
     return [(int(stats[f"vb_{vb}:{i}:id"]), int(stats[f"vb_{vb}:{i}:seq"])) for i in range(n)]
 
 
-@pytest.mark.parametrize("engine", STORAGE_ENGINES)
 def test_kill9_under_load_keeps_every_write_acknowledged_as_persisted(
-    server_factory: type, tmp_path: Path, engine: str
+    server_factory: type, tmp_path: Path
 ) -> None:
-    srv: ServerProcess = server_factory(
-        tmp_path / "data", tmp_path / "server.log", "--storage", engine
-    )
+    srv: ServerProcess = server_factory(tmp_path / "data", tmp_path / "server.log")
     srv.start()
     with KVClient(srv.port) as c:
         c.login()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from dcpkv.engine.bucket import STORAGE_ENGINES
 from dcpkv.server.dispatch import ROUTES
 from dcpkv.server.sync_writes import SYNC_WRITE_OPS
 from support.rawclient import DCP_MARKER, DCP_MUTATION, RawClient
@@ -231,14 +230,13 @@ def set_topology(raw: RawClient, vb: int, chain: list[str]) -> None:
     assert answer.status == SUCCESS, answer
 
 
-@pytest.mark.parametrize("engine", STORAGE_ENGINES)
 def test_a_persisted_durable_set_survives_kill9(
-    server_factory: type[ServerProcess], tmp_path: Path, engine: str
+    server_factory: type[ServerProcess], tmp_path: Path
 ) -> None:
     """PersistToMajority is answered once the prepare is on disk: after kill -9 the write is
     there, committed (its commit was flushed) or committed again once the vbucket has its
-    topology back (the prepare read back at warm-up), on either storage engine."""
-    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--storage", engine)
+    topology back (the prepare read back at warm-up)."""
+    srv = server_factory(tmp_path / "data", tmp_path / "server.log")
     srv.start()
     raw = client(srv)
     set_topology(raw, ALONE_VB, [f"127.0.0.1:{srv.port}"])

@@ -1,17 +1,21 @@
 """Write backpressure on a real server: a connection that writes while its bucket's flusher
 lags is not read until the flusher catches up, so acknowledged writes are never far from disk.
 
-The flusher is held back for real: the test takes SQLite's write lock on the bucket's file from
-its own connection (``BEGIN IMMEDIATE``), so the server's next flush waits for it (up to
-SQLite's 5 s busy timeout, longer than the test holds it). Nothing of the server is mocked; the
-server runs the SQLite storage engine (which has a lock another process can take).
+The flusher is held back for real: the server runs in this process (its own event loop in a
+thread, real TCP sockets), and the test occupies the server's one disk thread (the executor
+every flush runs in) with a task that waits, so the next flush queues behind it. (The storage
+engine holds its files exclusively: no other process can take a lock that stops its writes.)
+Nothing of the server is mocked.
 """
 
 from __future__ import annotations
 
-import sqlite3
+import asyncio
+import gc
 import struct
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,18 +23,61 @@ import pytest
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
+from dcpkv.server.app import DataServer
+from dcpkv.server.config import BucketSettings, ServerSettings
 from support.kvclient import KVClient
-from support.serverproc import ServerProcess
 
 VBUCKETS = 16
-HOLD_S = 2.0  # the write lock is held this long (under SQLite's 5 s busy timeout)
+HOLD_S = 2.0  # the disk thread is held this long
+
+
+class InProcessServer:
+    """A :class:`DataServer` on a free port, its event loop in a thread of this process."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.settings = ServerSettings(
+            port=0, data_dir=data_dir, buckets=(BucketSettings(num_vbuckets=VBUCKETS),)
+        )
+        self.loop = asyncio.new_event_loop()
+        self.server = DataServer(self.settings)
+        self.port = 0
+        self._started = threading.Event()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(120) or self._failed is not None:
+            raise RuntimeError(f"the server did not start: {self._failed!r}")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.port = self.loop.run_until_complete(self.server.start())
+        except BaseException as exc:
+            self._failed = exc
+            self._started.set()
+            return
+        self._started.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.server.stop())
+        self.loop.close()
+
+    def hold_disk_thread(self) -> threading.Event:
+        """Occupy the server's disk thread until the returned event is set."""
+        release = threading.Event()
+        self.server.executor.submit(release.wait, 60)
+        return release
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(120)
 
 
 @pytest.fixture
-def server(server_factory: type[ServerProcess], tmp_path: Path) -> ServerProcess:
-    srv = server_factory(tmp_path / "data", tmp_path / "server.log", "--storage", "sqlite")
-    srv.start()
-    return srv
+def server(tmp_path: Path) -> Iterator[InProcessServer]:
+    srv = InProcessServer(tmp_path / "data")
+    yield srv
+    srv.stop()
+    gc.unfreeze()  # (the server froze what it saw, this process's objects too)
 
 
 def set_frame(kv: KVClient, key: bytes) -> bytes:
@@ -40,15 +87,13 @@ def set_frame(kv: KVClient, key: bytes) -> bytes:
 
 
 def test_a_writer_is_held_while_the_flusher_lags_and_released_when_it_catches_up(
-    server: ServerProcess,
+    server: InProcessServer,
 ) -> None:
-    database = next(Path(server.data_dir).rglob("*.sqlite3"))
     with KVClient(server.port) as kv:
         assert kv.login().status == Status.Success
         assert kv.set(b"warm", b"up", vbucket=vbucket_for_key(b"warm", VBUCKETS)).status == 0
-        lock = sqlite3.connect(database, isolation_level=None, timeout=10)
+        release = server.hold_disk_thread()  # the flusher cannot write from now on
         try:
-            lock.execute("BEGIN IMMEDIATE")  # the flusher cannot write from now on
             first = kv.call(Opcode.Set, **_set_args(b"first"))
             assert first.status == Status.Success
             time.sleep(0.6)  # the first write waits unpersisted: lag over 0.25 s
@@ -63,8 +108,7 @@ def test_a_writer_is_held_while_the_flusher_lags_and_released_when_it_catches_up
                 early = None
             assert early is None, "a write was read while the flusher lagged"
         finally:
-            lock.execute("ROLLBACK")
-            lock.close()
+            release.set()
         kv.sock.settimeout(30)
         assert kv.recv_frame().status == Status.Success  # released once the flush went through
         stats = kv.stats()

@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 A thin shell over :func:`dcpkv.engine.bucket.migrate_storage` (the steps and their crash
 safety are :mod:`dcpkv.engine.migrate`'s). ``migrate`` converts the buckets that the SQLite
-engine wrote to RocksDB, holding each bucket's lock (a running server holds it: the command
-then refuses that bucket), with a progress bar on stderr when stderr is a terminal.
+engine of earlier versions wrote to RocksDB, the one storage engine, holding each bucket's
+lock (a running server holds it: the command then refuses that bucket), with a progress bar
+on stderr when stderr is a terminal.
 ``dcpkv server`` converts its own buckets the same way before it starts
 (:func:`migrate_buckets`). Errors print one line and exit 1.
 """
@@ -24,8 +25,6 @@ admin_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-SQLITE_SUFFIX = ".sqlite3"
-
 
 def register(app: typer.Typer) -> None:
     """Add ``admin`` to the root command."""
@@ -34,9 +33,11 @@ def register(app: typer.Typer) -> None:
 
 def sqlite_buckets(data_dir: Path) -> list[str]:
     """The buckets in ``data_dir`` that the SQLite engine wrote."""
+    from dcpkv.engine.sqlite_reader import SUFFIX
+
     if not data_dir.is_dir():
         return []
-    return sorted(p.name[: -len(SQLITE_SUFFIX)] for p in data_dir.glob(f"*{SQLITE_SUFFIX}"))
+    return sorted(p.name[: -len(SUFFIX)] for p in data_dir.glob(f"*{SUFFIX}"))
 
 
 def migrate_buckets(data_dir: Path, buckets: list[str]) -> list[tuple[str, int]]:

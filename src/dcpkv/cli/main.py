@@ -83,10 +83,6 @@ def server(
         str | None,
         typer.Option(help="Its Snappy mode: off, passive or active [default: passive]."),
     ] = None,
-    storage: Annotated[
-        str | None,
-        typer.Option(help="Its storage engine: rocksdb or sqlite [default: rocksdb]."),
-    ] = None,
     durability_min_level: Annotated[
         str | None,
         typer.Option(
@@ -178,7 +174,6 @@ def server(
             memory_quota_mb=memory_quota_mb,
             eviction_policy=eviction_policy,
             compression_mode=compression_mode,
-            storage=storage,
             durability_min_level=durability_min_level,
             durability_timeout_ms=durability_timeout_ms,
             conflict_resolution=conflict_resolution,
@@ -206,8 +201,7 @@ def server(
     try:
         # Buckets the SQLite engine wrote are converted here, under a progress bar (the
         # server would convert them too, logging its progress).
-        rocks = [b.name for b in settings.buckets if b.storage == "rocksdb"]
-        migrate_buckets(Path(settings.data_dir), rocks)
+        migrate_buckets(Path(settings.data_dir), [b.name for b in settings.buckets])
         run(settings, port_file, log_level=log_level, log_format=log_format)
     except (OSError, StorageError, TlsError, ConflictModeMismatch) as exc:
         typer.echo(f"dcpkv server: cannot start: {exc}", err=True)
@@ -237,20 +231,21 @@ def compact(
     that resume from below a vbucket's new purge seqno are rolled back to zero, since they may
     have missed deletions that no longer exist.
     """
-    from dcpkv.engine.bucket import STORAGE_ENGINES, Bucket, storage_path
+    from dcpkv.cli.admin import migrate_buckets, sqlite_buckets
+    from dcpkv.engine.bucket import Bucket, storage_path
     from dcpkv.engine.storage import BucketLock, StorageError
 
     if (purge_before_seqno is None) == (older_than is None):
         typer.echo("dcpkv compact: give one of --purge-before-seqno or --older-than", err=True)
         raise typer.Exit(2)
-    found = [e for e in STORAGE_ENGINES if storage_path(data_dir, bucket, e).exists()]
-    if not found:
+    if not storage_path(data_dir, bucket).exists() and bucket not in sqlite_buckets(data_dir):
         typer.echo(f"dcpkv compact: no bucket {bucket!r} in {data_dir}", err=True)
         raise typer.Exit(1)
     try:
+        migrate_buckets(data_dir, [bucket])  # (one the SQLite engine wrote: as a start would)
         lock = BucketLock(data_dir, bucket)
         try:
-            with Bucket(bucket, data_dir, storage=found[0]) as opened:
+            with Bucket(bucket, data_dir) as opened:
                 if vbucket is not None and vbucket not in opened.vbuckets:
                     typer.echo(f"dcpkv compact: bucket has no vbucket {vbucket}", err=True)
                     raise typer.Exit(1)

@@ -8,7 +8,7 @@ serves them all. The aliases say which number a signature means; they are plain 
 run time (no wrapping on the hot path).
 
 A seqno (and a rev seqno) goes no higher than :data:`SEQNO_MAX`, 2**63-1, although the wire
-carries 64 bits: kv_engine keeps them in int64, our storage in SQLite's signed INTEGER, and the
+carries 64 bits: kv_engine keeps them in int64, our storage's rows in signed 64-bit fields, and the
 Spark source in BIGINT columns. The front end issues one per write, so it never gets there on
 its own; a vbucket refuses a write that would pass it, and a replica refuses a replicated
 seqno, rev seqno or snapshot end beyond it (a foreign producer's), with a message that says so.

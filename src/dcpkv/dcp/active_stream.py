@@ -83,7 +83,7 @@ BATCH_ITEMS = 64  # items a stream queues at a time, from its backfill or from m
 # make short runs, so cutting one (flow control, the pump's budget) copies little.
 RUN_BYTES = 64 * 1024
 _HEADER_LEN = 24
-# A mutation's header and extras packed from a StreamRow: the CAS (SQLite's signed form) and
+# A mutation's header and extras packed from a StreamRow: the CAS (its signed form) and
 # flags << 32 | expiry as signed 64-bit fields give the very bytes of their unsigned fields.
 _PACK_S64 = struct.Struct(HEADER.format[:-1] + "qQQqIHB").pack
 _PACK_ITEM = struct.Struct(HEADER.format + "QQIIIHB").pack  # the same from an Item's fields
@@ -454,7 +454,7 @@ class ActiveStream:
 
     def _close_backfill(self) -> None:
         if self.backfill is not None:
-            self.backfill.close()  # ends the SQLite read transaction now (or when it lands)
+            self.backfill.close()  # lets go of its disk snapshot now (or when it lands)
             self.backfill = None
 
     def _marker(

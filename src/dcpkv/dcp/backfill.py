@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A stream whose start is no longer in memory reads a *disk snapshot*: one SQLite read
-transaction (:meth:`Storage.open_backfill`), so everything it sends is one consistent state of
+A stream whose start is no longer in memory reads a *disk snapshot*
+(:meth:`BucketStorage.open_stream_backfill`), so everything it sends is one consistent state of
 the disk however long the consumer takes. Reading it is blocking I/O plus per-row work, which
 must not run on the server's event loop: a stream backfilling a large vbucket would stall
 every other connection for as long.
@@ -31,7 +31,7 @@ Memory bound
     most ``buffer_bytes`` plus one batch per producer: what it has not read stays on disk.
 
 Threads and closing
-    Only the runner touches the SQLite connection while a read is in flight. ``close`` (the
+    Only the runner touches the storage's scan while a read is in flight. ``close`` (the
     stream ended, the connection went away) marks the backfill closed and closes the scan at
     once when no read is in flight, else the read closes it when it lands. A small lock guards
     those flags and the buffer; it is never held during a read.

@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 Keys map to vbuckets with :func:`vbucket_for_key` (CRC32, as the SDKs compute it). A bucket
 holds the vbuckets this node has been given (:meth:`Bucket.set_vbucket_state` creates them;
-others answer NotMyVbucket) and one storage, of the engine its ``storage`` names
-(:data:`STORAGE_ENGINES`: SQLite, ``storage.py``, or RocksDB, ``rocks_storage.py``; both behind
-:class:`~dcpkv.engine.storage.BucketStorage`).
+others answer NotMyVbucket) and one storage: RocksDB (``rocks_storage.py``, behind
+:class:`~dcpkv.engine.storage.BucketStorage`). A bucket the SQLite engine of earlier versions
+wrote is converted to it when it is opened (:mod:`dcpkv.engine.migrate`).
 
 Life cycle
     ========================= ======================================================
@@ -27,21 +27,22 @@ The new failover entries are persisted before warm-up returns.
 
 The flusher (:meth:`Bucket.flush_once`) takes, for every vbucket with something unpersisted,
 the snapshots its persistence cursor has not read, and writes them all, with the vbucket states
-and failover tables, in ONE transaction. It visits only the vbuckets in the *flush queue* (as
-kv_engine's flusher keeps a queue of vbucket ids to flush): a vbucket is noted there when it
-queues an item or its state must be written (its ``on_queued`` / ``on_dirty`` hooks), so a
-flush costs O(dirty vbuckets), not O(vbuckets). The flush removes the ids it takes *before*
-taking their batches, so a write that lands meanwhile either is taken now or notes its
-vbucket again for the next flush. The server's flusher calls :meth:`Bucket.flush_if_due` every
-tick: a sparse, young backlog (few items per vbucket, nobody asking) is left to gather for up
-to three ticks, since a flush's cost is in the pages it touches (:mod:`.flush_cadence`; the
-bucket keeps the :class:`~.flush_cadence.Backlog` it decides from in O(1)). Only once the
-transaction is committed does it advance the persisted seqnos and drop persisted tombstones
-from the hash tables. If the write fails (a full disk, an I/O error), the batches are kept
-and written again by the next flush, and until one succeeds the bucket refuses front-end
-writes with TempFail (``disk_error`` says why): it never acknowledges more than it may be
-unable to persist, and nothing it acknowledged is reported persisted before it is. Reads go
-on. (Replica writes are still taken, into memory: the active decides.)
+and failover tables, in one write synced once (each vbucket's part atomic: its disk state moves
+from one snapshot to the next or not at all, :mod:`.rocks_storage`). It visits only the
+vbuckets in the *flush queue* (as kv_engine's flusher keeps a queue of vbucket ids to flush): a
+vbucket is noted there when it queues an item or its state must be written (its ``on_queued`` /
+``on_dirty`` hooks), so a flush costs O(dirty vbuckets), not O(vbuckets). The flush removes the
+ids it takes *before* taking their batches, so a write that lands meanwhile either is taken now
+or notes its vbucket again for the next flush. The server's flusher calls
+:meth:`Bucket.flush_if_due` every tick: a sparse, young backlog (few items per vbucket, nobody
+asking) is left to gather for up to three ticks, since a flush's cost is in the vbuckets it
+touches (:mod:`.flush_cadence`; the bucket keeps the :class:`~.flush_cadence.Backlog` it
+decides from in O(1)). Only once the write is synced does it advance the persisted seqnos and
+drop persisted tombstones from the hash tables. If the write fails (a full disk, an I/O error),
+the batches are kept and written again by the next flush, and until one succeeds the bucket
+refuses front-end writes with TempFail (``disk_error`` says why): it never acknowledges more
+than it may be unable to persist, and nothing it acknowledged is reported persisted before it
+is. Reads go on. (Replica writes are still taken, into memory: the active decides.)
 
 Memory: a write is admitted while the bucket's memory use is under its quota. Over it, the
 bucket first drops DCP cursors that pin old checkpoints (their streams fall back to a backfill),
@@ -100,13 +101,12 @@ from dcpkv.engine.flush_cadence import Backlog, due
 from dcpkv.engine.hash_table import HT_ENTRY_OVERHEAD, EvictionPolicy
 from dcpkv.engine.hlc import Clock, SystemClock
 from dcpkv.engine.item import EngineError, Item, NotMyVbucket, TempFail
+from dcpkv.engine.retention import DEFAULT_HISTORY_WINDOW
 from dcpkv.engine.rocks_storage import RocksStorage
+from dcpkv.engine.sqlite_reader import sqlite_path
 from dcpkv.engine.storage import (
-    DEFAULT_HISTORY_WINDOW,
     BucketStorage,
     CompactResult,
-    Storage,
-    StorageError,
     VBState,
     item_from_row,
     storage_cache_bytes,
@@ -121,19 +121,15 @@ RECLAIM_PAUSE_S = 0.05  # a failed reclaim is not tried again sooner, unless a f
 _ADMIT_RECHECK = 4096  # recount memory every N writes (O(vbuckets)), or when the estimate says full
 
 
-STORAGE_ENGINES = ("sqlite", "rocksdb")
-DEFAULT_STORAGE = "rocksdb"  # a bucket written by SQLite is converted at its first start
 log = logging.getLogger(__name__)
-_SUFFIX = {"sqlite": ".sqlite3", "rocksdb": ".rocksdb"}
 
 
-def storage_path(folder: Path, bucket: str, engine: str) -> Path:
-    """Where ``engine`` keeps ``bucket``'s data in ``folder`` (a file or a directory)."""
-    return Path(folder) / f"{bucket}{_SUFFIX[engine]}"
+def storage_path(folder: Path, bucket: str) -> Path:
+    """Where ``bucket``'s data lives in ``folder`` (a RocksDB directory)."""
+    return Path(folder) / f"{bucket}.rocksdb"
 
 
 def open_storage(
-    engine: str,
     folder: Path,
     bucket: str,
     *,
@@ -141,29 +137,13 @@ def open_storage(
     synchronous: str = "FULL",
     cache_bytes: int,
 ) -> BucketStorage:
-    """Open (or create) ``bucket``'s storage with ``engine``. A bucket written by the SQLite
-    engine is converted first when ``engine`` is rocksdb (:mod:`dcpkv.engine.migrate`); one
-    written by RocksDB is refused by SQLite rather than started empty beside it."""
-    if engine not in STORAGE_ENGINES:
-        raise ValueError(f"storage must be one of {', '.join(STORAGE_ENGINES)}, not {engine!r}")
-    path = storage_path(folder, bucket, engine)
-    if engine == "rocksdb":
-        migrate_storage(folder, bucket, history_window=history_window, cache_bytes=cache_bytes)
-    others = [
-        e for e in STORAGE_ENGINES if e != engine and storage_path(folder, bucket, e).exists()
-    ]
-    if others and not path.exists():
-        raise StorageError(
-            f"bucket {bucket!r} in {folder} was written by the {others[0]} storage engine "
-            f"({storage_path(folder, bucket, others[0])}): start it with storage {others[0]!r}"
-        )
-    if engine == "rocksdb":
-        return RocksStorage(
-            path, history_window=history_window, synchronous=synchronous, cache_bytes=cache_bytes
-        )
-    return Storage(
-        path, history_window=history_window, synchronous=synchronous, cache_bytes=cache_bytes
-    )
+    """Open (or create) ``bucket``'s storage; a bucket the SQLite engine wrote is converted
+    first (:mod:`dcpkv.engine.migrate`)."""
+    migrate_storage(folder, bucket, history_window=history_window, cache_bytes=cache_bytes)
+    return RocksStorage(
+        storage_path(folder, bucket), history_window=history_window, synchronous=synchronous,
+        cache_bytes=cache_bytes,
+    )  # fmt: skip
 
 
 def migrate_storage(
@@ -177,7 +157,7 @@ def migrate_storage(
     """Convert ``bucket``'s SQLite files in ``folder`` to RocksDB, or finish a conversion that
     died; nothing when there is none. Returns the versions written. The caller holds the
     bucket's lock."""
-    source, target = storage_path(folder, bucket, "sqlite"), storage_path(folder, bucket, "rocksdb")
+    source, target = sqlite_path(folder, bucket), storage_path(folder, bucket)
     step = migrate.pending(source, target)
     if step is None:
         return 0
@@ -259,7 +239,6 @@ class Bucket:
         max_item_size: int = DEFAULT_MAX_ITEM_SIZE,
         synchronous: str = "FULL",
         compression_mode: CompressionMode = CompressionMode.PASSIVE,
-        storage: str = DEFAULT_STORAGE,
         durability_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         durability_min_level: DurabilityLevel | None = None,
         conflict_mode: ConflictMode = ConflictMode.SEQNO,
@@ -287,7 +266,7 @@ class Bucket:
         self.max_item_size = max_item_size
         self.vbuckets: dict[int, VBucket] = {}
         self.storage: BucketStorage = open_storage(
-            storage, self.path, name, history_window=history_window, synchronous=synchronous,
+            self.path, name, history_window=history_window, synchronous=synchronous,
             cache_bytes=storage_cache_bytes(memory_quota),
         )  # fmt: skip
         self._io_lock = threading.RLock()
@@ -526,7 +505,7 @@ class Bucket:
     # -- flusher ---------------------------------------------------------------------------
 
     def flush_once(self) -> int:
-        """Persist every vbucket's unpersisted snapshots in one transaction; items written."""
+        """Persist every vbucket's unpersisted snapshots in one synced write; items written."""
         with self._io_lock:
             # Cleared before the batches are taken: a write that lands meanwhile sets it again
             # (its age is then overstated by at most one flush, never understated).

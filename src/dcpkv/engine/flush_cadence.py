@@ -2,15 +2,11 @@
 
 Theory of operation
 -------------------
-A flush is one SQLite transaction, and its cost is in pages, not items: every vbucket it
-touches dirties a leaf of the by-key index, one of the by-seqno index and one of the flush
-points (the vbuckets' keys lie apart in each), and the write-ahead log takes every dirty page
-whole. A light load spread over the default 1,024 vbuckets makes the worst flushes: measured
-on this machine at 10k writes/s with a flush every 50 ms (~500 items over ~400 vbuckets a
-flush), 6.3-6.8 kB written to disk per 100-byte write (60 MB/s) and 17 us of flusher CPU per
-write, most of it in the kernel (~2,400 ``pwrite`` calls a flush). The same items in fewer,
-larger flushes share those pages: 19.9 / 12.8 / 10.5 us per item for flushes of 500 / 1,500 /
-3,000 items over 1,024 vbuckets.
+A flush's cost is per vbucket it touches as well as per item: every vbucket it touches writes
+its state and a flush point (about 9 us of flusher CPU each, docs/storage.md), so a light load
+spread over the default 1,024 vbuckets makes the worst flushes, a few items per vbucket each
+paying that. The same items in fewer, larger flushes share it: the same items cost 6.8-7.6 us
+an item over 64 vbuckets against 10.7 over 1,024.
 
 So a backlog that is *sparse* (few items per vbucket it touches) and *young* waits; anything
 else is written at once. :func:`due` decides per bucket, every flusher tick, from a
@@ -37,7 +33,7 @@ A     the oldest unpersisted write is :data:`SPARSE_WAIT_INTERVALS`   yes
 G     sparse and young                                                no: gather
 ====  ==============================================================  ===========
 
-Why 2,048 items is big enough. Past it a flush's pages are well shared (~12 us an item), and
+Why 2,048 items is big enough. Past it a flush's per-vbucket cost is well shared, and
 a larger one holds the event loop back longer with its Python work (taking the batches,
 building the rows): with 4,096, a 50k writes/s load over 1,024 vbuckets gathered for ~80 ms
 and the live stream's p99 (write acknowledged -> DCP mutation received) rose from 4.9-5.0 to

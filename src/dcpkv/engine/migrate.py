@@ -2,11 +2,13 @@
 
 Theory of operation
 -------------------
-Everything the SQLite engine keeps is carried over, vbucket by vbucket: the vbucket states
-(state, failover log, persisted snapshot, purge seqno, max CAS, history start), every kept
-version (each key's latest, tombstones included, and the replaced versions a rollback needs,
-with the seqno that replaced each), the flush points (the exact rollback targets), the pending
-SyncWrite prepares and the clean-shutdown flag. The caller holds the bucket's lock.
+Everything the SQLite engine of earlier versions kept is carried over, vbucket by vbucket
+(read by :mod:`dcpkv.engine.sqlite_reader`): the vbucket states (state, failover log,
+persisted snapshot, purge seqno, max CAS, history start), every kept version (each key's
+latest, tombstones included, and the replaced versions a rollback needs, with the seqno that
+replaced each), the flush points (the exact rollback targets), the stored SyncWrite prepares
+(pending, and the aborts a SyncWrite consumer's backfill sends) and the clean-shutdown flag.
+The caller holds the bucket's lock.
 
 :func:`convert` goes in four steps, each safe to die in:
 
@@ -26,9 +28,9 @@ step  what                                            a crash here leaves
 the target is not), ``"finish"`` (step 4: a target exists only once complete, so a source
 beside it is a conversion that died before removing it) or ``None``.
 
-The source is only read (opening it replays its write-ahead log, as any start would). A
-damaged source raises :class:`MigrationError` naming it; its files are left as they were and
-the partial target is removed.
+The source is only read, opened read-only (a write-ahead log a crash left beside it is read
+through, never copied back). A damaged source raises :class:`MigrationError` naming it; its
+files are left as they were and the partial target is removed.
 """
 
 from __future__ import annotations
@@ -40,12 +42,12 @@ from pathlib import Path
 from dcpkv.core.files import fsync_dir
 from dcpkv.engine.retention import DEFAULT_HISTORY_WINDOW
 from dcpkv.engine.rocks_storage import RocksStorage
-from dcpkv.engine.storage import Storage, StorageError
+from dcpkv.engine.sqlite_reader import SIDE_FILES, SqliteReader
+from dcpkv.engine.storage import StorageError
 
 # (done, total): versions written so far, and in all.
 Progress = Callable[[int, int], None]
 PARTIAL_SUFFIX = ".migrating"
-SQLITE_SIDE_FILES = ("-wal", "-shm")
 
 
 class MigrationError(StorageError):
@@ -59,7 +61,7 @@ def partial_path(target: Path) -> Path:
 
 def source_files(source: Path) -> list[Path]:
     """The SQLite database and its side files that exist."""
-    candidates = [source, *(source.with_name(source.name + s) for s in SQLITE_SIDE_FILES)]
+    candidates = [source, *(source.with_name(source.name + s) for s in SIDE_FILES)]
     return [p for p in candidates if p.exists()]
 
 
@@ -106,7 +108,7 @@ def _copy(
     source: Path, partial: Path, history_window: int, cache_bytes: int, progress: Progress | None
 ) -> int:
     try:
-        src = Storage(source, history_window=history_window, synchronous="NORMAL")
+        src = SqliteReader(source)
     except StorageError as exc:
         raise MigrationError(f"not converted to RocksDB: {exc}; it was left untouched") from exc
     try:
@@ -127,13 +129,13 @@ def _copy(
     return written
 
 
-def _copy_vbuckets(src: Storage, dst: RocksStorage, progress: Progress | None) -> int:
+def _copy_vbuckets(src: SqliteReader, dst: RocksStorage, progress: Progress | None) -> int:
     total, written = src.count_versions(), 0
     if progress is not None:
         progress(0, total)
     for vb, state in src.vbucket_states().items():
         written += dst.import_vbucket(
-            vb, state, src.versions(vb), src.flush_points(vb), src.load_prepares(vb)
+            vb, state, src.versions(vb), src.flush_points(vb), src.prepares(vb)
         )
         if progress is not None:
             progress(written, total)

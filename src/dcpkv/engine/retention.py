@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-Both storage engines (``storage.py``, SQLite; ``rocks_storage.py``, RocksDB) keep, besides the
-latest version of every key, the versions a flush replaced, for a *history window* of the last
-``history_window`` seqnos of each vbucket, and the *flush points* (the high seqnos of committed
-flushes: the states the disk actually went through, the only exact rollback targets). This
-module decides, from plain values, what they keep and where a rollback lands; the engines do
-the reading and writing.
+The storage engine (``rocks_storage.py``, RocksDB) keeps, besides the latest version of every
+key, the versions a flush replaced, for a *history window* of the last ``history_window``
+seqnos of each vbucket, and the *flush points* (the high seqnos of committed flushes: the
+states the disk actually went through, the only exact rollback targets). This module decides,
+from plain values, what it keeps and where a rollback lands; the engine does the reading and
+writing.
 
 ============================= ============================================================
 decision                      rule

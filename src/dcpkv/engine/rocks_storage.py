@@ -45,7 +45,7 @@ Column families
                   history's start is never rolled back).
 
 What is kept, trimmed, thinned and where a rollback lands is decided by
-:mod:`dcpkv.engine.retention`, exactly as for the SQLite engine (``storage.py``).
+:mod:`dcpkv.engine.retention`.
 
 A flush (:meth:`RocksStorage.persist`) first reads, in one multi-get, the seqno of the version
 each of its keys replaces (``by_key``: the bloom filters make a new key's miss cheap), then
@@ -248,9 +248,9 @@ class _Db:
         options.set_keep_log_file_num(2)
         options.set_max_log_file_size(1 << 20)
         options.set_allow_concurrent_memtable_write(False)  # one writer: cheaper inserts
-        # The block cache (index and filter blocks in it) is the size SQLite's page cache
-        # would be; memtables, RSS the bucket's quota does not count either, are bounded by
-        # one budget of twice that (so an eighth of the quota), 4 to 32 MiB.
+        # The block cache (index and filter blocks in it) is storage_cache_bytes (1/16 of the
+        # quota, 2 MB to 16 MiB); memtables, RSS the bucket's quota does not count either, are
+        # bounded by one budget of twice that (so an eighth of the quota), 4 to 32 MiB.
         memtables = max(_MEMTABLES_MIN, min(_MEMTABLES_MAX, 2 * cache_bytes))
         options.set_db_write_buffer_size(memtables)
         cache = rocksdict.Cache(max(1 << 20, cache_bytes))

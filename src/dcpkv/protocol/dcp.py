@@ -25,7 +25,7 @@ Mutation is the hot path of every stream and is written out by hand: one precomp
 and memoryview slices (made by the parser) to decode. A producer that holds the fields already
 (a stored row, an item) skips the message object: :func:`encode_mutation` is the same bytes as
 ``Mutation(...).encode()`` for a request without a stream id, and :data:`MUTATION_HEAD_S64` packs
-a CAS kept as a signed 64-bit integer (SQLite's form) to the very same bytes as the u64.
+a CAS kept as a signed 64-bit integer (storage's form) to the very same bytes as the u64.
 """
 
 from __future__ import annotations

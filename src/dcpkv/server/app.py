@@ -58,9 +58,10 @@ served meanwhile.
 
 Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
-The two threads share the GIL: the flusher gives it up inside every SQLite call and must win
-it back from a loop that may be busy for seconds on end, so a flush is a few multi-row
-statements (``Storage.persist``) and the switch interval is 0.2 ms (``SWITCH_INTERVAL_S``);
+The two threads share the GIL: the flusher gives it up whenever it blocks (the write-ahead
+log's fsync, RocksDB's multi-get) or the interpreter makes it switch, and must win it back from
+a loop that may be busy for seconds on end, so a flush is a few large write batches
+(``RocksStorage.persist``) and the switch interval is 0.2 ms (``SWITCH_INTERVAL_S``);
 ``stat`` reports ``ep_persistence_lag_ms``, how long the oldest unpersisted write has waited.
 
 Write backpressure. A pipelined writer is acknowledged from memory faster than the flusher
@@ -77,7 +78,7 @@ pauses, so the client's own socket buffers push back. A connection held for its 
 The flusher starts a flush every ``flush_interval_s``, or at once when the previous one took
 longer (a sustained load keeps it busy, not idle half the time); a bucket whose backlog is
 sparse and young, with nobody asking about persistence, is left to gather for up to three
-intervals (``engine/flush_cadence.py``: a flush costs pages, not items); the expiry pager walks the
+intervals (``engine/flush_cadence.py``: a flush costs per vbucket); the expiry pager walks the
 hash tables every ``expiry_pager_interval_s``. The cyclic garbage collector is kept off the
 items (after warm-up and every 0.1 s, what survived is frozen: :mod:`dcpkv.server.gc_policy`);
 its full scans of every item held the GIL for hundreds of milliseconds at a time.
@@ -176,9 +177,10 @@ LIVENESS_TICK_S = 1.0  # Noop / dead-connection check of every producer
 # Frames behind a request that waits for a background fetch whose Gets' keys are fetched in
 # the same batch (a pipelining client's next requests: one thread round trip for many)
 PREFETCH_FRAMES = 256
-# The flusher thread gives up the GIL at every SQLite call and, while the event loop is busy,
-# waits up to one switch interval to win it back: at CPython's 5 ms default, a flush of a few
-# hundred statements waited seconds under load. The other way round, a loop woken by a request
+# The flusher thread gives up the GIL whenever it blocks (an fsync, a multi-get) and at every
+# forced switch and, while the event loop is busy, waits up to one switch interval to win it
+# back: at CPython's 5 ms default, a flush that gave it up a few hundred times waited seconds
+# under load. The other way round, a loop woken by a request
 # while the flusher runs Python (taking batches, building rows) waits as long, and a pipelined
 # client's batch of 100 Sets is ~0.4 ms of loop work: at 1 ms one connection's Set rate was
 # 130-150k (median 139.5k), at 0.2 ms 129-161k (median 157k, higher in 7 of 8 interleaved
@@ -657,7 +659,6 @@ class DataServer:
                 memory_quota=bc.memory_quota_mb * 1024 * 1024,
                 eviction_policy=EvictionPolicy(bc.eviction_policy),
                 compression_mode=CompressionMode(bc.compression_mode),
-                storage=bc.storage,
                 durability_timeout_ms=bc.durability_timeout_ms,
                 durability_min_level=bc.min_level,
                 conflict_mode=ConflictMode(bc.conflict_resolution),

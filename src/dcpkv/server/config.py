@@ -14,7 +14,6 @@ looks like::
     vbuckets = 1024
     memory_quota_mb = 256
     eviction_policy = "valueOnly"   # or "fullEviction": whole items leave memory (docs/server.md)
-    storage = "rocksdb"   # or "sqlite" (docs/storage.md)
     durability_min_level = "none"   # or majority, majorityAndPersistActive, persistToMajority
     durability_timeout_ms = 30000   # a durable write's timeout when it names none
     conflict_resolution = "seqno"    # or "lww", fixed at creation (docs/xdcr.md)
@@ -35,13 +34,13 @@ from dcpkv.core.defaults import (
     DEFAULT_USER,
 )
 from dcpkv.core.errors import DcpkvError
-from dcpkv.engine.bucket import DEFAULT_STORAGE, STORAGE_ENGINES
 from dcpkv.engine.durability_monitor import DEFAULT_TIMEOUT_MS as DEFAULT_DURABILITY_TIMEOUT_MS
 from dcpkv.engine.hash_table import EvictionPolicy
 from dcpkv.protocol.constants import DurabilityLevel
 from dcpkv.protocol.durability import level_named
 
 DEFAULT_VBUCKETS = 1024
+STORAGE = "rocksdb"  # the one storage engine: a bucket's `storage` may only name it
 
 
 class ConfigError(DcpkvError, ValueError):
@@ -56,7 +55,6 @@ class BucketSettings:
     # What leaves memory over the quota: values only, or whole items (EvictionPolicy)
     eviction_policy: str = EvictionPolicy.VALUE_ONLY.value
     compression_mode: str = "passive"  # off | passive | active (see dcpkv.engine.document)
-    storage: str = DEFAULT_STORAGE  # the storage engine (dcpkv.engine.bucket.STORAGE_ENGINES)
     # SyncWrites (docs/server.md): every write at least this level (none, majority,
     # majorityAndPersistActive, persistToMajority), and the timeout of a durable write that
     # names none.
@@ -79,11 +77,6 @@ class BucketSettings:
             raise ConfigError(
                 f"bucket {self.name!r}: durability_timeout_ms must be 1..65534, "
                 f"not {self.durability_timeout_ms}"
-            )
-        if self.storage not in STORAGE_ENGINES:
-            raise ConfigError(
-                f"bucket {self.name!r}: storage must be {' or '.join(STORAGE_ENGINES)}, "
-                f"not {self.storage!r}"
             )
         if self.eviction_policy not in {p.value for p in EvictionPolicy}:
             raise ConfigError(
@@ -216,6 +209,17 @@ def _from_doc(doc: dict[str, Any], path: Path) -> ServerSettings:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def _check_storage(bucket: str, storage: object) -> None:
+    """The ``storage`` key of earlier config files: RocksDB is the one engine, so only
+    "rocksdb" (what it said by default) is taken, and it changes nothing."""
+    if storage != STORAGE:
+        raise ConfigError(
+            f"bucket {bucket!r}: storage {storage!r} is not served: {STORAGE} is the one storage "
+            "engine, and a bucket the SQLite engine wrote is converted to it at its first start "
+            "(docs/storage.md); remove the storage setting"
+        )
+
+
 def _bucket(name: str, settings: dict[str, Any]) -> BucketSettings:
     """A ``[buckets.NAME]`` table: its ``vbuckets`` key is the count, ``num_vbuckets``."""
     fields = dict(settings)
@@ -223,6 +227,7 @@ def _bucket(name: str, settings: dict[str, Any]) -> BucketSettings:
         fields["num_vbuckets"] = fields.pop("vbuckets")
     elif "num_vbuckets" in fields:
         raise TypeError("unexpected keyword argument 'num_vbuckets' (the key is vbuckets)")
+    _check_storage(name, fields.pop("storage", STORAGE))
     return BucketSettings(name=name, **fields)
 
 
@@ -234,7 +239,6 @@ def with_cli_flags(
     memory_quota_mb: int | None = None,
     eviction_policy: str | None = None,
     compression_mode: str | None = None,
-    storage: str | None = None,
     durability_min_level: str | None = None,
     durability_timeout_ms: int | None = None,
     conflict_resolution: str | None = None,
@@ -248,7 +252,7 @@ def with_cli_flags(
     given: dict[str, Any] = {
         "name": bucket, "num_vbuckets": vbuckets, "memory_quota_mb": memory_quota_mb,
         "eviction_policy": eviction_policy,
-        "compression_mode": compression_mode, "storage": storage,
+        "compression_mode": compression_mode,
         "durability_min_level": durability_min_level,
         "durability_timeout_ms": durability_timeout_ms,
         "conflict_resolution": conflict_resolution,
