@@ -95,7 +95,8 @@ on disk: every write reads it back into the table first (:meth:`VBucket._live`,
 Get answers from storage without putting it back (reads do not grow memory), and GetMeta reads
 storage for any key the table lacks. ``len(vbucket)`` (``curr_items``) is the table's live
 entries plus the non-resident ones, and every flush writes it with the vbucket state
-(``VBState.item_count``): what warm-up starts from.
+(``VBState.item_count``): what warm-up starts from. Flush (:meth:`VBucket.delete_all`) deletes
+the non-resident keys too, from a scan of storage.
 
 Background fetches (:mod:`dcpkv.engine.bg_fetch`): every front-end read of storage (a
 non-resident key, an ejected value) goes through :meth:`VBucket._stored`. With a fetcher
@@ -485,6 +486,63 @@ class VBucket:
             current = self._live_or_fail(key)
             _check_cas(current, cas)
             return self._tombstone(current, expired=False)
+
+    def delete_all(self, stored: Callable[[], Iterable[Item]] | None = None) -> int:
+        """memcached's Flush of this active vbucket: every live key gets a tombstone through
+        the one write path (admission, a seqno, the checkpoint: DCP and the flusher see each
+        deletion; an expired key gets its expiration instead); returns the deletions made.
+
+        Two passes. The table's keys first; then, while the table counts non-resident items
+        (full eviction), the live items storage holds: ``stored`` opens a scan of them (values
+        included), called only once the first pass is done. A scanned key is deleted only if
+        the table neither holds it nor held it in the first pass: the table's entry (a
+        tombstone) is newer, and a tombstone the flusher persisted and dropped meanwhile may
+        be newer than the scan's view. Any other key the table lacks was persisted and
+        evicted before the scan opened, so the scan has its newest version. Reads happen
+        here, on the caller's thread, never through a background fetch (an admin operation,
+        O(items) anyway); each key is one short critical section."""
+        held = set()
+        deleted = 0
+        for item in self.items():
+            held.add(item.key)
+            if not item.deleted:
+                with self.lock:
+                    deleted += self._delete_for_flush(item.key, None)
+        if stored is None or self._fetch is None or not self.hash_table.nonresident:
+            return deleted
+        entries = self.hash_table.entries
+        for item in stored():
+            if item.key not in held and item.key not in entries:
+                with self.lock:
+                    deleted += self._delete_for_flush(item.key, item)
+        return deleted
+
+    def _delete_for_flush(self, key: bytes, scanned: Item | None) -> bool:
+        """Delete ``key`` for :meth:`delete_all` (under the lock): its entry, else ``scanned``
+        (or, for a key evicted since the first pass listed it, storage's version read now)
+        put back first so the count moves from non-resident to deleted."""
+        self._check_write(key, b"")  # (admitting may evict: the entry is read after it)
+        table = self.hash_table
+        item = table.entries.get(key)
+        if item is None:
+            if not table.nonresident or self._fetch is None:
+                return False
+            item = scanned if scanned is not None else self._fetch(self.id, key)
+            if item is None or item.deleted:
+                return False
+            table.restore(item)
+        if item.deleted:
+            return False
+        if item.value is None and item.datatype & _XATTR and self._fetch is not None:
+            # An ejected value with xattrs: the tombstone keeps its system ones
+            read = self._fetch(self.id, key)
+            if read is not None and read.by_seqno == item.by_seqno:
+                table.store(item.with_value(read.value), item)
+        live = self._live(key)  # (expires it now if due)
+        if live is None:
+            return False
+        self._tombstone(live, expired=False)
+        return True
 
     def read_any(self, key: bytes) -> Item | None:
         """The document with its value, live or deleted (a tombstone still in memory, else the
