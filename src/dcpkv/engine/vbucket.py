@@ -104,7 +104,9 @@ running (``background_fetch``, the server's case) it reads nothing: a result a b
 fetch made ready is used, a key storage's filters rule out is None, anything else raises
 WouldBlock before the request changed anything, and the caller runs the request again once
 the fetch landed (:meth:`VBucket.wait_for`). Without one (the engine alone, tests, tools) it
-reads at once. A replica's with-meta writes always read at once.
+reads at once. A replica's with-meta writes and commits wait the same way (the replication
+link's shell parks the DCP message and those behind it); a durability monitor's commit on the
+active reads at once (its decision may come from the flusher's thread, which cannot wait).
 
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
@@ -721,10 +723,11 @@ class VBucket:
             if item.by_seqno > SEQNO_MAX or item.rev_seqno > SEQNO_MAX:
                 raise self._beyond_seqno_max(item.by_seqno, item.rev_seqno)
             self._check_size(item.key, item.value or b"")
+            current = self._entry(item.key)  # (may raise WouldBlock: before any change)
             prepared = self.hash_table.prepared
             if prepared and self._replica_disk and item.key in prepared:
                 item = self._committed_on_disk(item)
-            self._queue(item, self._entry(item.key, wait=False))
+            self._queue(item, current)
             self.hlc.observe(item.cas)
             return item
 
@@ -933,7 +936,9 @@ class VBucket:
             self.checkpoints.high_seqno + 1, p.datatype, p.deleted,
             int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
         )  # fmt: skip
-        self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
+        # (read in place: a monitor's decision lands from any thread, and cannot wait)
+        current = self._entry(key, wait=False)
+        self.checkpoints.queue_next(commit, self.hash_table.store(commit, current))
         self.checkpoints.sync_items += 1  # (a warmed-up prepare's commit: its first)
         self._completions.append((commit.by_seqno, prepared_seqno))
         if self.on_queued is not None:
@@ -992,12 +997,14 @@ class VBucket:
         """The active committed the prepare at ``prepared_seqno`` as ``seqno`` (``cas`` its
         CAS, 0: the prepare's): the prepare becomes the key's committed entry."""
         with self.lock:
+            self._require_replica_path()
+            current = self._entry(key)  # (may raise WouldBlock: before any change)
             p = self._replica_completion(key, prepared_seqno, seqno, "commit")
             commit = CommitItem(
                 key, p.value, p.flags, p.expiry, cas or p.cas, p.rev_seqno, seqno, p.datatype,
                 p.deleted, int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
             )  # fmt: skip
-            self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
+            self.checkpoints.queue_next(commit, self.hash_table.store(commit, current))
             self.checkpoints.sync_items += 1
             self._completions.append((seqno, prepared_seqno))
             self.hlc.observe(commit.cas)
@@ -1423,8 +1430,9 @@ class VBucket:
         it but counts non-resident items (full eviction), storage's version is read back into
         the table first, so the write that follows replaces it (its CAS, rev seqno, xattrs,
         and whether it adds a live key: the item count stays exact). A front-end write may
-        wait for a background fetch (:meth:`_stored`); a replica's (``wait`` False) reads
-        now."""
+        wait for a background fetch (:meth:`_stored`), and so may a replica's (its DCP
+        consumer's shell waits as a connection does); a monitor's commit (``wait`` False),
+        whose decision may land on any thread, reads now."""
         table = self.hash_table
         item = table.entries.get(key)
         if item is None and table.nonresident and self._fetch is not None:
@@ -1472,8 +1480,13 @@ class VBucket:
 
     def prefetch(self, key: bytes) -> None:
         """A request queued behind one that waits will read ``key``: fetch it in the same
-        batch (no waiter: the request itself asks when its turn comes, and joins the read)."""
-        if not self.background_fetch or self.state is not _ACTIVE or self._fetch is None:
+        batch (no waiter: the request itself asks when its turn comes, and joins the read).
+        On a replica (a DCP mutation queued behind one that waits) only a non-resident key
+        is read: its writes need no ejected value."""
+        if not self.background_fetch or self._fetch is None:
+            return
+        active = self.state is _ACTIVE
+        if not active and self.state not in _REPLICA_PATH:
             return
         table = self.hash_table
         item = table.entries.get(key)
@@ -1482,7 +1495,7 @@ class VBucket:
                 return
             if self._may_exist is not None and not self._may_exist(self.id, key):
                 return
-        elif item.deleted or item.value is not None:
+        elif item.deleted or item.value is not None or not active:
             return
         self.wait_for(key, _nothing)
 
