@@ -17,6 +17,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
 from support.kvclient import KVClient, send_batch, write_keys
+from support.replicacheck import contents
 from support.serverproc import ServerProcess
 
 QUOTA_MB = 1
@@ -108,6 +109,10 @@ def test_flush_deletes_the_keys_only_disk_holds(server_factory: type, tmp_path: 
             assert int(after[f"vb_{vb}:high_seqno"]) == int(before[f"vb_{vb}:high_seqno"]) + n
         for key in keys[::10]:
             assert c.get(key, vbucket=vbucket_for_key(key, VBUCKETS)).status == Status.KeyEnoent
+    # a DCP consumer from 0 ends with every key deleted (from memory and disk alike)
+    streamed = contents(srv.port, "after-flush")
+    ended = {key: value for docs in streamed.values() for key, (_, _, value) in docs.items()}
+    assert set(keys) <= set(ended) and all(ended[key] is None for key in keys)
     assert srv.terminate() == 0
     srv.start()
     with KVClient(srv.port, timeout=60) as c:
