@@ -12,7 +12,10 @@ with ``fullEviction`` and the quota: warm-up loads no items, so every key read i
   Gets/s (each a background fetch);
 * ``get_missing_c4``: keys never written (storage's bloom filters answer), Gets/s;
 * ``rss_mb``: the server's resident set after the rows;
-* ``warmup_s``: from the server's start to its port file (interpreter start included).
+* ``warmup_s``: from the server's start to its port file (interpreter start included);
+* ``fill_sets_per_s_first`` / ``_last``: the engine's Set rate while filling the folder (the
+  flushes included), over the first and the last tenth of the keys: how the cost of a write
+  grows with the bucket.
 
 ``DCPKV_SRC_BEFORE``: the ``src`` folder of another checkout, whose server runs the same rows
 on the same folder, interleaved round by round and labelled ``before`` (only same-run ratios
@@ -100,14 +103,17 @@ def _server(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _fill(data: Path, items: int) -> None:
+def _fill(data: Path, items: int) -> dict[str, float]:
     """Write ``items`` keys straight through the engine (as the server would store them: its
-    bucket, its vbuckets), a full-eviction bucket whose writes wait for the flusher when full."""
+    bucket, its vbuckets), a full-eviction bucket whose writes wait for the flusher when full.
+    Returns the Set rate (flushes included) over the first and the last tenth of the keys."""
     bucket = Bucket(DEFAULT_BUCKET, data, num_vbuckets=kv.VBUCKETS, memory_quota=FILL_QUOTA,
                     eviction_policy=EvictionPolicy.FULL)  # fmt: skip
     for vb in range(kv.VBUCKETS):
         bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
     vbuckets = [bucket.get_vbucket(vb) for vb in range(kv.VBUCKETS)]
+    tenth = max(1, items // 10)
+    marks = {0: time.perf_counter()}
     for i in range(items):
         key = kv._key(i)
         vbucket = vbuckets[vbucket_for_key(key, kv.VBUCKETS)]
@@ -119,7 +125,14 @@ def _fill(data: Path, items: int) -> None:
                 bucket.flush_once()
         if i % 50_000 == 49_999:
             bucket.flush_once()
+        if i + 1 in (tenth, items - tenth):
+            marks[i + 1] = time.perf_counter()
     bucket.shutdown()
+    marks[items] = time.perf_counter()
+    return {
+        "fill_sets_per_s_first": tenth / (marks[tenth] - marks[0]),
+        "fill_sets_per_s_last": tenth / (marks[items] - marks[items - tenth]),
+    }
 
 
 async def _rate(target: kv.Target, keys: list[bytes], conns: int) -> float:
@@ -161,8 +174,9 @@ def main(
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         data = Path(tmp) / "data"
         started = time.perf_counter()
-        _fill(data, items)
-        print(f"filled {items:,} keys in {time.perf_counter() - started:.1f} s", flush=True)
+        fill = _fill(data, items)
+        print(f"filled {items:,} keys in {time.perf_counter() - started:.1f} s: "
+              + ", ".join(f"{k} {v:,.0f}" for k, v in fill.items()), flush=True)  # fmt: skip
         for r in range(rounds):
             for name, src in variants:
                 with _server(data, quota_mb, "fullEviction", src) as (target, warmup):
@@ -177,6 +191,7 @@ def main(
     for name, row in figures.items():
         print(f"median {name}: " + ", ".join(f"{k} {v:,.1f}" for k, v in row.items()))
     flat = {f"{name}_{k}": v for name, row in figures.items() for k, v in row.items()}
+    flat |= fill  # (the fill is this tree's engine, whatever the rows' variants)
     write_json(json, "bg_fetch", flat, items=items, quota_mb=quota_mb, ops=ops)
 
 

@@ -18,7 +18,7 @@ from dcpkv.engine.bg_fetch import PendingFetches, WouldBlock
 from dcpkv.engine.bg_fetcher import Landing
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hash_table import EvictionPolicy
-from dcpkv.engine.item import Item, KeyExists, KeyNotFound
+from dcpkv.engine.item import Item, KeyExists, KeyNotFound, PrepareItem
 from dcpkv.engine.vbucket import SyncOutcome, VBucket
 from dcpkv.protocol.constants import DurabilityLevel
 
@@ -275,4 +275,87 @@ def test_a_sync_write_of_a_non_resident_key_waits_then_prepares_once(
     held.land_until(lambda: len(answers) == 1)
     assert [o.cookie for o in outcomes] == ["c"]  # one prepare, committed
     assert vb.get(b"a").value == b"durable"
+    assert len(vb) == 5
+
+
+# -- a replica's writes (DCP) and a monitor's commits ---------------------------------------------
+
+
+def replica_bucket(open_bucket: BucketFactory) -> tuple[Bucket, VBucket]:
+    """A full-eviction replica vbucket holding ``a`` .. ``e`` (seqnos 1-5, as its active made
+    them), persisted and evicted."""
+    bucket = open_bucket(num_vbuckets=1, eviction_policy=FULL, history_window=1000)
+    vb = bucket.set_vbucket_state(0, VBucketState.REPLICA)
+    vb.replica_snapshot_marker(1, 5)
+    for seqno, key in enumerate((b"a", b"b", b"c", b"d", b"e"), 1):
+        vb.set_with_meta(Item(key, b"v-" + key, cas=seqno, rev_seqno=1, by_seqno=seqno))
+    bucket.flush_once()
+    vb.eject()
+    assert vb.table_entries == 0
+    return bucket, vb
+
+
+def test_a_replica_write_of_a_non_resident_key_waits_for_its_read(
+    open_bucket: BucketFactory,
+) -> None:
+    """With a fetcher running, a replica's with-meta write of a key only storage holds reads
+    nothing on its thread: it raises WouldBlock before any change, and applied again once the
+    read landed it replaces (or deletes) the stored version with the count exact."""
+    bucket, vb = replica_bucket(open_bucket)
+    held = Held(bucket)
+    vb.replica_snapshot_marker(6, 8)
+    answers: list[object] = []
+    update = Item(b"a", b"new", cas=6, rev_seqno=2, by_seqno=6)
+    run_waiting(lambda: vb.set_with_meta(update), answers)()
+    assert answers == [] and vb.high_seqno == 5 and vb.table_entries == 0
+    held.land_until(lambda: len(answers) == 1)
+    deletion = Item(b"b", b"", cas=7, rev_seqno=2, by_seqno=7, deleted=True)
+    run_waiting(lambda: vb.delete_with_meta(deletion), answers)()
+    held.land_until(lambda: len(answers) == 2)
+    run_waiting(lambda: vb.set_with_meta(Item(b"z", b"n", cas=8, by_seqno=8)), answers)()
+    held.land_until(lambda: len(answers) == 3)
+    assert vb.high_seqno == 8
+    assert len(vb) == 5  # a replaced, b deleted, z new
+    bucket.flush_once()
+    assert bucket.storage.item_count(0) == 5
+
+
+def test_a_replica_commit_of_a_non_resident_key_waits_and_keeps_its_prepare(
+    open_bucket: BucketFactory,
+) -> None:
+    """A replicated commit whose key's committed version only storage holds waits for the
+    read with its prepare still held (taking the prepare first lost it: the commit, run
+    again, found no prepare)."""
+    bucket, vb = replica_bucket(open_bucket)
+    held = Held(bucket)
+    vb.replica_snapshot_marker(6, 7)
+    vb.replica_prepare(PrepareItem(b"a", b"durable", cas=6, rev_seqno=2, by_seqno=6, level=1))
+    answers: list[object] = []
+    run_waiting(lambda: vb.replica_commit(b"a", 6, 7, 7), answers)()
+    assert answers == [] and vb.holds_prepares
+    held.land_until(lambda: len(answers) == 1)
+    assert not vb.holds_prepares and vb.high_seqno == 7
+    assert len(vb) == 5
+    assert vb.peek(b"a") is not None and vb.peek(b"a").value == b"durable"  # type: ignore[union-attr]
+
+
+def test_a_warmed_up_prepare_of_a_non_resident_key_commits_without_waiting(
+    open_bucket: BucketFactory,
+) -> None:
+    """A prepare read back at warm-up (full eviction: its key's committed version is on disk
+    only) commits when a topology lets it: the monitor's decision cannot wait for a fetch
+    (it may land on the flusher's thread), so the commit reads in place."""
+    bucket, vb = fetching_bucket(open_bucket, FULL)
+    vb.set_topology(parse_topology(b'{"topology": [["node-a:11210", "node-b:11210"]]}'))
+    vb.sync_write(lambda: vb.set(b"a", b"durable"), DurabilityLevel.Majority, cookie="c")
+    assert vb.holds_prepares  # node-b never acknowledges it
+    bucket.shutdown()
+    again = open_bucket(num_vbuckets=1, eviction_policy=FULL, history_window=1000)
+    Held(again)
+    vb = again.get_vbucket(0)
+    assert vb.holds_prepares and vb.table_entries == 0
+    vb.set_topology(parse_topology(b'{"topology": [["node-a:11210"]]}'))  # commits now
+    assert not vb.holds_prepares
+    committed = vb.peek(b"a")
+    assert committed is not None and committed.value == b"durable"
     assert len(vb) == 5

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpkv.core.vbucket import VBucketState
+from dcpkv.engine import document
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hash_table import EvictionPolicy
 from dcpkv.engine.hlc import ManualClock
@@ -429,3 +430,63 @@ def test_an_edit_whose_admission_evicts_its_key_counts_it_once(
     if policy is FULL:
         assert vb.table_entries < others  # the reclaim evicted items (the edited key first)
     assert vb.get(b"doc").value == b"v" + grown
+
+
+# -- Flush (memcached's): every live key, resident or not ---------------------------------------
+
+
+@pytest.mark.parametrize("fetching", [False, True], ids=["alone", "with-fetcher"])
+def test_flush_deletes_every_live_key_resident_or_not(
+    open_bucket: BucketFactory, policy: EvictionPolicy, fetching: bool, clock: ManualClock
+) -> None:
+    """Flush on a bucket whose keys are mostly evicted, some rewritten (resident, unpersisted),
+    one deleted (a tombstone not yet flushed), one expired: every live key gets one tombstone
+    with its own seqno (the expired one its expiration), the count goes to 0 and stays there
+    after a restart, and storage holds no live key. Both policies give the same seqnos. With a
+    fetcher running (the server's case) nothing waits for a background fetch."""
+    bucket, vb = evicted_bucket(open_bucket, policy)
+    vb.set(KEYS[0], b"rewritten")
+    vb.set(b"fresh", b"new")
+    vb.delete(KEYS[1])
+    vb.set(KEYS[2], b"short-lived", expiry=5)
+    bucket.flush_once()
+    vb.eject()
+    clock.advance(10)
+    if fetching:
+        bucket.start_background_fetch(lambda landing: None)  # (no request may wait)
+    live, high = len(vb), vb.high_seqno
+    assert live == len(KEYS)  # KEYS - KEYS[1] + fresh
+    assert bucket.delete_all() == live - 1  # KEYS[2] expired: an expiration, not a deletion
+    assert (len(vb), vb.high_seqno) == (0, high + live)
+    assert vb.hash_table.nonresident == 0
+    for key in [*KEYS, b"fresh"]:
+        with pytest.raises(KeyNotFound):
+            vb.get(key)
+    bucket.flush_once()
+    vb.eject()
+    assert list(bucket.storage.load_items(0)) == []
+    assert bucket.storage.item_count(0) == 0
+    assert len(vb) == 0 and bucket.delete_all() == 0
+    vb.set(b"after", b"x")  # the bucket is usable afterwards
+    assert len(vb) == 1
+    bucket.shutdown()
+    again = open_bucket(num_vbuckets=1, eviction_policy=policy)
+    assert len(again.get_vbucket(0)) == 1
+    assert again.get_vbucket(0).get(b"after").value == b"x"
+
+
+def test_flush_keeps_the_system_xattrs_of_an_evicted_document(
+    open_bucket: BucketFactory, policy: EvictionPolicy
+) -> None:
+    """A deletion keeps a document's system xattrs; Flush too, for one only storage holds."""
+    bucket = open_bucket(num_vbuckets=1, eviction_policy=policy)
+    vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    value, datatype = document.Document({"_sys": b'{"a":1}', "user": b"2"}, b"{}", True).pack()
+    vb.set(b"x", value, datatype=datatype)
+    bucket.flush_once()
+    vb.eject()
+    assert bucket.delete_all() == 1
+    tombstone = vb.peek(b"x")
+    assert tombstone is not None and tombstone.deleted
+    kept = document.unpack(tombstone.value or b"", tombstone.datatype).xattrs
+    assert kept == {"_sys": b'{"a":1}'}

@@ -17,6 +17,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
 from dcpkv.protocol.constants import Opcode
 from support.kvclient import KVClient, send_batch, write_keys
+from support.replicacheck import contents
 from support.serverproc import ServerProcess
 
 QUOTA_MB = 1
@@ -77,4 +78,46 @@ def test_a_bucket_of_several_quotas_of_small_items(
         c.login()
         assert int(c.stats()["curr_items"]) == ITEMS
         read_all(c, keys[::7])
+    assert srv.terminate() == 0
+
+
+def test_flush_deletes_the_keys_only_disk_holds(server_factory: type, tmp_path: Path) -> None:
+    """After a restart a full-eviction bucket holds no item in memory: Flush must still delete
+    every key (one tombstone, one seqno each), and the count stays 0 across another restart."""
+    srv: ServerProcess = server_factory(
+        tmp_path / "data", tmp_path / "log", "--eviction-policy", "fullEviction"
+    )
+    srv.start()
+    keys = [key_of(i) for i in range(300)]
+    with KVClient(srv.port, timeout=60) as c:
+        c.login()
+        assert write_all(c, keys, window_s=60.0) == []
+    assert srv.terminate() == 0
+    srv.start()  # warm-up loads no items: every key is on disk only
+    with KVClient(srv.port, timeout=60) as c:
+        c.login()
+        assert c.set(keys[0], b"rewritten", vbucket=vbucket_for_key(keys[0], VBUCKETS)).status == 0
+        before = c.stats(b"vbucket-seqno")
+        assert int(c.stats()["curr_items"]) == len(keys)
+        assert c.call(Opcode.Flush).status == Status.Success
+        assert int(c.stats()["curr_items"]) == 0
+        after = c.stats(b"vbucket-seqno")
+        per_vb = [0] * VBUCKETS
+        for key in keys:
+            per_vb[vbucket_for_key(key, VBUCKETS)] += 1
+        for vb, n in enumerate(per_vb):
+            assert int(after[f"vb_{vb}:high_seqno"]) == int(before[f"vb_{vb}:high_seqno"]) + n
+        for key in keys[::10]:
+            assert c.get(key, vbucket=vbucket_for_key(key, VBUCKETS)).status == Status.KeyEnoent
+    # a DCP consumer from 0 ends with every key deleted (from memory and disk alike)
+    streamed = contents(srv.port, "after-flush")
+    ended = {key: value for docs in streamed.values() for key, (_, _, value) in docs.items()}
+    assert set(keys) <= set(ended) and all(ended[key] is None for key in keys)
+    assert srv.terminate() == 0
+    srv.start()
+    with KVClient(srv.port, timeout=60) as c:
+        c.login()
+        assert int(c.stats()["curr_items"]) == 0
+        key = keys[5]
+        assert c.get(key, vbucket=vbucket_for_key(key, VBUCKETS)).status == Status.KeyEnoent
     assert srv.terminate() == 0

@@ -228,3 +228,39 @@ def test_a_replica_named_by_a_later_map_acknowledges_under_that_name(
     raw.close()
     with admin(a.port) as c:
         assert f"items_sent:{vb}:Replica:{named}" in c.stats(b"dcp")
+
+
+def test_a_full_eviction_replica_fetches_its_non_resident_keys_in_the_background(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    """A restarted full-eviction replica holds no item in memory: the updates and deletions
+    it then receives replace versions only its disk holds. Its link waits for background
+    fetches (none is read on the loop), and it ends equal to its active, its per-vbucket
+    counts exact."""
+    a, b = (
+        server_factory(tmp_path / n, tmp_path / f"{n}.log", "--managed", "--eviction-policy",
+                       "fullEviction")
+        for n in ("a", "b")
+    )  # fmt: skip
+    a.start()
+    b.start()
+    make_pair(a, b)
+    keys = [b"fe-%d" % i for i in range(400)]
+    write(a.port, keys, b"v1")
+    wait_caught_up(a.port, b.port)
+    assert b.terminate() == 0
+    b.start(same_port=True)  # warm-up loads no items: every key is on its disk only
+    make_pair(a, b)
+    write(a.port, keys[::2], b"v2")
+    delete(a.port, keys[1::4])
+    wait_caught_up(a.port, b.port)
+    assert contents(b.port, "check-b") == contents(a.port, "check-a")
+    with admin(b.port) as c:
+        waits = sum(int(v) for k, v in c.stats(b"dcp").items() if k.startswith("fetch_waits:"))
+        replica = c.stats(b"vbucket-details")
+    assert waits > 0
+    with admin(a.port) as c:
+        active = c.stats(b"vbucket-details")
+    counts = [int(replica[f"vb_{vb}:num_items"]) for vb in range(VBUCKETS)]
+    assert counts == [int(active[f"vb_{vb}:num_items"]) for vb in range(VBUCKETS)]
+    assert sum(counts) == len(keys) - len(keys[1::4])

@@ -160,7 +160,6 @@ class PassiveStream:
         self.snapshot_end, self.snapshot_done = msg.end_seqno, False
 
     def mutation(self, msg: dcp.Mutation) -> None:
-        self.items_received += 1
         self.vbucket.set_with_meta(
             Item(
                 bytes(msg.key), bytes(msg.value), flags=msg.flags, expiry=msg.expiration,
@@ -168,10 +167,10 @@ class PassiveStream:
                 datatype=msg.datatype,
             )
         )  # fmt: skip
+        self.items_received += 1  # (after: a write that waits for a read runs again)
         self._applied(msg.by_seqno)
 
     def deletion(self, msg: dcp.Deletion | dcp.DeletionV2 | dcp.Expiration) -> None:
-        self.items_received += 1
         delete_time = getattr(msg, "delete_time", 0)
         self.vbucket.delete_with_meta(
             Item(
@@ -180,6 +179,7 @@ class PassiveStream:
                 delete_time=delete_time, expired=isinstance(msg, dcp.Expiration),
             )
         )  # fmt: skip
+        self.items_received += 1
         self._applied(msg.by_seqno)
 
     # -- SyncWrites (the connection enabled them: module docstring) -----------------------------
@@ -196,9 +196,9 @@ class PassiveStream:
         self._applied(msg.by_seqno)
 
     def commit(self, msg: dcp.Commit) -> None:
-        self.items_received += 1
         key = bytes(msg.key)
         self.vbucket.replica_commit(key, msg.prepared_seqno, msg.commit_seqno, msg.cas)
+        self.items_received += 1
         self._applied(msg.commit_seqno)
 
     def abort(self, msg: dcp.Abort) -> None:

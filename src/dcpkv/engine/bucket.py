@@ -84,6 +84,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 
@@ -655,6 +656,15 @@ class Bucket:
 
     def expiry_pager(self) -> int:
         return sum(vb.expiry_pager() for vb in list(self.vbuckets.values()))
+
+    def delete_all(self) -> int:
+        """memcached's Flush: every live document of every active vbucket deleted, the ones
+        only storage holds (full eviction) too (:meth:`VBucket.delete_all`); returns how many."""
+        deleted = 0
+        for vbucket in list(self.vbuckets.values()):
+            if vbucket.state is VBucketState.ACTIVE:
+                deleted += vbucket.delete_all(partial(self.storage.load_items, vbucket.id))
+        return deleted
 
     def get_from_storage(self, vb: int, key: bytes) -> Item | None:
         return self.storage.get(vb, key)

@@ -95,7 +95,8 @@ on disk: every write reads it back into the table first (:meth:`VBucket._live`,
 Get answers from storage without putting it back (reads do not grow memory), and GetMeta reads
 storage for any key the table lacks. ``len(vbucket)`` (``curr_items``) is the table's live
 entries plus the non-resident ones, and every flush writes it with the vbucket state
-(``VBState.item_count``): what warm-up starts from.
+(``VBState.item_count``): what warm-up starts from. Flush (:meth:`VBucket.delete_all`) deletes
+the non-resident keys too, from a scan of storage.
 
 Background fetches (:mod:`dcpkv.engine.bg_fetch`): every front-end read of storage (a
 non-resident key, an ejected value) goes through :meth:`VBucket._stored`. With a fetcher
@@ -103,7 +104,9 @@ running (``background_fetch``, the server's case) it reads nothing: a result a b
 fetch made ready is used, a key storage's filters rule out is None, anything else raises
 WouldBlock before the request changed anything, and the caller runs the request again once
 the fetch landed (:meth:`VBucket.wait_for`). Without one (the engine alone, tests, tools) it
-reads at once. A replica's with-meta writes always read at once.
+reads at once. A replica's with-meta writes and commits wait the same way (the replication
+link's shell parks the DCP message and those behind it); a durability monitor's commit on the
+active reads at once (its decision may come from the flusher's thread, which cannot wait).
 
 Threads: all state is guarded by one re-entrant lock, shared with the checkpoint manager, so
 the flusher thread can take and acknowledge batches while the event loop serves requests. No
@@ -486,6 +489,63 @@ class VBucket:
             _check_cas(current, cas)
             return self._tombstone(current, expired=False)
 
+    def delete_all(self, stored: Callable[[], Iterable[Item]] | None = None) -> int:
+        """memcached's Flush of this active vbucket: every live key gets a tombstone through
+        the one write path (admission, a seqno, the checkpoint: DCP and the flusher see each
+        deletion; an expired key gets its expiration instead); returns the deletions made.
+
+        Two passes. The table's keys first; then, while the table counts non-resident items
+        (full eviction), the live items storage holds: ``stored`` opens a scan of them (values
+        included), called only once the first pass is done. A scanned key is deleted only if
+        the table neither holds it nor held it in the first pass: the table's entry (a
+        tombstone) is newer, and a tombstone the flusher persisted and dropped meanwhile may
+        be newer than the scan's view. Any other key the table lacks was persisted and
+        evicted before the scan opened, so the scan has its newest version. Reads happen
+        here, on the caller's thread, never through a background fetch (an admin operation,
+        O(items) anyway); each key is one short critical section."""
+        held = set()
+        deleted = 0
+        for item in self.items():
+            held.add(item.key)
+            if not item.deleted:
+                with self.lock:
+                    deleted += self._delete_for_flush(item.key, None)
+        if stored is None or self._fetch is None or not self.hash_table.nonresident:
+            return deleted
+        entries = self.hash_table.entries
+        for item in stored():
+            if item.key not in held and item.key not in entries:
+                with self.lock:
+                    deleted += self._delete_for_flush(item.key, item)
+        return deleted
+
+    def _delete_for_flush(self, key: bytes, scanned: Item | None) -> bool:
+        """Delete ``key`` for :meth:`delete_all` (under the lock): its entry, else ``scanned``
+        (or, for a key evicted since the first pass listed it, storage's version read now)
+        put back first so the count moves from non-resident to deleted."""
+        self._check_write(key, b"")  # (admitting may evict: the entry is read after it)
+        table = self.hash_table
+        item = table.entries.get(key)
+        if item is None:
+            if not table.nonresident or self._fetch is None:
+                return False
+            item = scanned if scanned is not None else self._fetch(self.id, key)
+            if item is None or item.deleted:
+                return False
+            table.restore(item)
+        if item.deleted:
+            return False
+        if item.value is None and item.datatype & _XATTR and self._fetch is not None:
+            # An ejected value with xattrs: the tombstone keeps its system ones
+            read = self._fetch(self.id, key)
+            if read is not None and read.by_seqno == item.by_seqno:
+                table.store(item.with_value(read.value), item)
+        live = self._live(key)  # (expires it now if due)
+        if live is None:
+            return False
+        self._tombstone(live, expired=False)
+        return True
+
     def read_any(self, key: bytes) -> Item | None:
         """The document with its value, live or deleted (a tombstone still in memory, else the
         persisted one), or None: what sub-document lookups read."""
@@ -663,10 +723,11 @@ class VBucket:
             if item.by_seqno > SEQNO_MAX or item.rev_seqno > SEQNO_MAX:
                 raise self._beyond_seqno_max(item.by_seqno, item.rev_seqno)
             self._check_size(item.key, item.value or b"")
+            current = self._entry(item.key)  # (may raise WouldBlock: before any change)
             prepared = self.hash_table.prepared
             if prepared and self._replica_disk and item.key in prepared:
                 item = self._committed_on_disk(item)
-            self._queue(item, self._entry(item.key, wait=False))
+            self._queue(item, current)
             self.hlc.observe(item.cas)
             return item
 
@@ -875,7 +936,9 @@ class VBucket:
             self.checkpoints.high_seqno + 1, p.datatype, p.deleted,
             int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
         )  # fmt: skip
-        self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
+        # (read in place: a monitor's decision lands from any thread, and cannot wait)
+        current = self._entry(key, wait=False)
+        self.checkpoints.queue_next(commit, self.hash_table.store(commit, current))
         self.checkpoints.sync_items += 1  # (a warmed-up prepare's commit: its first)
         self._completions.append((commit.by_seqno, prepared_seqno))
         if self.on_queued is not None:
@@ -934,12 +997,14 @@ class VBucket:
         """The active committed the prepare at ``prepared_seqno`` as ``seqno`` (``cas`` its
         CAS, 0: the prepare's): the prepare becomes the key's committed entry."""
         with self.lock:
+            self._require_replica_path()
+            current = self._entry(key)  # (may raise WouldBlock: before any change)
             p = self._replica_completion(key, prepared_seqno, seqno, "commit")
             commit = CommitItem(
                 key, p.value, p.flags, p.expiry, cas or p.cas, p.rev_seqno, seqno, p.datatype,
                 p.deleted, int(self.clock.time()) if p.deleted else 0, False, prepared_seqno,
             )  # fmt: skip
-            self.checkpoints.queue_next(commit, self.hash_table.store(commit, self._entry(key)))
+            self.checkpoints.queue_next(commit, self.hash_table.store(commit, current))
             self.checkpoints.sync_items += 1
             self._completions.append((seqno, prepared_seqno))
             self.hlc.observe(commit.cas)
@@ -1365,8 +1430,9 @@ class VBucket:
         it but counts non-resident items (full eviction), storage's version is read back into
         the table first, so the write that follows replaces it (its CAS, rev seqno, xattrs,
         and whether it adds a live key: the item count stays exact). A front-end write may
-        wait for a background fetch (:meth:`_stored`); a replica's (``wait`` False) reads
-        now."""
+        wait for a background fetch (:meth:`_stored`), and so may a replica's (its DCP
+        consumer's shell waits as a connection does); a monitor's commit (``wait`` False),
+        whose decision may land on any thread, reads now."""
         table = self.hash_table
         item = table.entries.get(key)
         if item is None and table.nonresident and self._fetch is not None:
@@ -1414,8 +1480,13 @@ class VBucket:
 
     def prefetch(self, key: bytes) -> None:
         """A request queued behind one that waits will read ``key``: fetch it in the same
-        batch (no waiter: the request itself asks when its turn comes, and joins the read)."""
-        if not self.background_fetch or self.state is not _ACTIVE or self._fetch is None:
+        batch (no waiter: the request itself asks when its turn comes, and joins the read).
+        On a replica (a DCP mutation queued behind one that waits) only a non-resident key
+        is read: its writes need no ejected value."""
+        if not self.background_fetch or self._fetch is None:
+            return
+        active = self.state is _ACTIVE
+        if not active and self.state not in _REPLICA_PATH:
             return
         table = self.hash_table
         item = table.entries.get(key)
@@ -1424,7 +1495,7 @@ class VBucket:
                 return
             if self._may_exist is not None and not self._may_exist(self.id, key):
                 return
-        elif item.deleted or item.value is not None:
+        elif item.deleted or item.value is not None or not active:
             return
         self.wait_for(key, _nothing)
 

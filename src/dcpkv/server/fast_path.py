@@ -302,6 +302,15 @@ def pipelined_gets(
     of ``views`` (a parser's buffered chunks), and how many frames were looked at: what a
     connection waiting for a background fetch will ask next (its keys are fetched in the
     same batch). Headers only; stops at a frame that is not whole in its chunk."""
+    return pipelined_keys(views, limit, _GETS, bare=True)
+
+
+def pipelined_keys(
+    views: list[bytes | memoryview], limit: int, opcodes: frozenset[int], *, bare: bool = False
+) -> tuple[list[tuple[int, bytes]], int]:
+    """:func:`pipelined_gets` for the requests of ``opcodes`` (``bare``: only those with no
+    extras and no value, as a plain Get has), e.g. the DCP mutations a replication link
+    will apply next."""
     found: list[tuple[int, bytes]] = []
     seen = 0
     for view in views:
@@ -310,8 +319,9 @@ def pipelined_gets(
             magic, opcode, keylen, extlen, _, vb, body, _, _ = HEADER.unpack_from(view, pos)
             if magic != _REQUEST or end - pos < HEADER_LEN + body:
                 return found, seen
-            if opcode in _GETS and not extlen and body == keylen:
-                found.append((vb, bytes(view[pos + HEADER_LEN : pos + HEADER_LEN + keylen])))
+            if opcode in opcodes and (not bare or (not extlen and body == keylen)):
+                start = pos + HEADER_LEN + extlen
+                found.append((vb, bytes(view[start : start + keylen])))
             pos += HEADER_LEN + body
             seen += 1
         if pos != end:

@@ -16,11 +16,12 @@ engine: the vbucket's state, the negotiated datatype.
 Quiet opcodes (GetQ, GetKQ, SetQ, ...) answer nothing on the common outcome (a miss for the
 quiet gets, success for the quiet mutations); the client learns the rest with a Noop.
 
-Flush deletes every live key of the bucket's active vbuckets through the ordinary delete path,
-so each gets a tombstone with a seqno: DCP consumers and the flusher see the deletions like any
-others (a wholesale "truncate" would leave consumers holding keys the bucket no longer has).
-It runs on the event loop, one vbucket's lock at a time, so it is O(items) and meant for tests
-and small buckets, as in Couchbase, where flush is an admin operation off by default.
+Flush deletes every live key of the bucket's active vbuckets through the ordinary delete path
+(``Bucket.delete_all``), the keys only storage holds under full eviction too, so each gets a
+tombstone with a seqno: DCP consumers and the flusher see the deletions like any others (a
+wholesale "truncate" would leave consumers holding keys the bucket no longer has). It runs on
+the event loop, one key's lock at a time, reading storage in place, so it is O(items) and meant
+for tests and small buckets, as in Couchbase, where flush is an admin operation off by default.
 
 With the MutationSeqno feature negotiated, a mutation's answer carries the vbucket uuid and
 the seqno the mutation got, which a client uses with ObserveSeqno or as a DCP resume point.
@@ -221,24 +222,13 @@ def touch(conn: Connection, req: kv.Touch) -> kv.MutationResponse | kv.GetRespon
 def flush(conn: Connection, req: kv.Flush) -> GenericResponse:
     if req.delay:
         raise Reply(Status.NotSupported, b"delayed flush is not supported")
-    for vbucket in list(conn.bucket.vbuckets.values()):
-        if vbucket.state == VBucketState.ACTIVE:
-            _flush_vbucket(conn, vbucket)
+    try:
+        conn.bucket.delete_all()
+    except EngineError as exc:
+        # (TempFail, a full quota...) stops the flush with that status; what it deleted stays
+        # deleted, and the client may send it again
+        raise refusal(conn, exc) from None
     return ok(req)
-
-
-def _flush_vbucket(conn: Connection, vbucket: VBucket) -> None:
-    for item in vbucket.items():
-        if item.deleted:
-            continue
-        try:
-            vbucket.delete(item.key)
-        except KeyNotFound:
-            continue  # gone meanwhile (expired when touched): fine
-        except EngineError as exc:
-            # Anything else (TempFail, a state change) stops the flush with that status, and
-            # the client may send it again.
-            raise refusal(conn, exc) from None
 
 
 # -- observe -----------------------------------------------------------------------------------

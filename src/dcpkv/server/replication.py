@@ -43,19 +43,33 @@ it (the bucket's ``seqno_ack_listeners`` wake the link from the flusher thread).
 Front-end writes to a replica are refused by the KV handlers (NotMyVbucket); what arrives
 here is applied with the active's seqnos, CAS and rev seqnos, and persisted by the ordinary
 flusher, one snapshot at a time.
+
+Full eviction: a replica's write of a key its table does not hold, while the table counts
+non-resident items, needs storage's version first (the item count, the entry it replaces).
+The engine raises WouldBlock for it, as for a client's request, rather than reading on the
+loop; the link then *parks*: it keeps the message and the parser's iterator, reads no more
+from the socket, and asks the bucket's fetcher for the key and for the keys of the DCP writes
+the parser holds behind it (``PREFETCH_FRAMES``, one batch). When the read lands (on the
+loop, while its result is ready) the message is applied again, then what follows; the
+session reads again once everything buffered is applied. Order is kept: a vbucket's writes
+are applied in seqno order, and the source's flow control sees the bytes acknowledged only
+once applied. A session that ends meanwhile drops what was parked: the next one asks each
+stream from where its vbucket stands.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 
 from dcpkv.core import logs
 from dcpkv.core.deadline import within
@@ -64,6 +78,7 @@ from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.consumer import DcpConsumer, RollbackOrder
 from dcpkv.dcp.repair import Meta, RepairKind, RepairWrite, decide, worth_asking
+from dcpkv.engine.bg_fetch import WouldBlock
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.item import Item
 from dcpkv.protocol import kv
@@ -71,6 +86,7 @@ from dcpkv.protocol.constants import HelloFeature, Magic, Opcode
 from dcpkv.protocol.errors import CodecError
 from dcpkv.protocol.frame import Frame, FrameParser, encode_frame
 from dcpkv.protocol.messages import decode_message
+from dcpkv.server.fast_path import pipelined_keys
 
 log = logging.getLogger("dcpkv.replication")
 
@@ -81,6 +97,11 @@ _REPAIR_FEATURES = (
     HelloFeature.Datatype, HelloFeature.Xattr, HelloFeature.Snappy, HelloFeature.JSON,
 )  # fmt: skip
 REPAIR_TIMEOUT_S = 30.0  # a repair longer than this gives up; the rollback goes on
+PREFETCH_FRAMES = 1024  # DCP writes behind a parked one looked at for their keys
+_DCP_WRITES = frozenset(
+    int(op) for op in (Opcode.DcpMutation, Opcode.DcpDeletion, Opcode.DcpExpiration,
+                       Opcode.DcpCommit)
+)  # fmt: skip
 # replicas follow their active; a pending copy is fed by a takeover stream from it
 _FED = (VBucketState.REPLICA, VBucketState.PENDING)
 
@@ -143,6 +164,11 @@ class ReplicationLink:
         self._loop_thread = 0
         self._acks_scheduled = False
         self._acks_due: deque[int] = deque()  # vbuckets named by _ack_due (any thread)
+        # Background fetches (_apply): set while a DCP write waits for one (the session reads
+        # nothing more until it is done); frames behind it already looked at for prefetching.
+        self._unparked: asyncio.Future[None] | None = None
+        self._ahead = 0
+        self.fetch_waits = 0  # DCP writes that waited for a background fetch (a stat)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -226,8 +252,12 @@ class ReplicationLink:
                     raise EOFError("the source closed the connection")
                 if data:
                     self._received(parser, data)
+                    if self._unparked is not None:  # a write waits for a background fetch
+                        await self._unparked
                 self._send(self.consumer.requests(_now(), self.rolling_back))
         finally:
+            self._unparked = None
+            self._ahead = 0
             writer.close()
 
     async def _login(
@@ -245,15 +275,68 @@ class ReplicationLink:
                 raise ReplicationRefused(f"{Opcode(opcode).name} answered 0x{frame.status:02x}")
 
     def _received(self, parser: FrameParser, data: bytes) -> None:
+        self._ahead = 0  # (not parked: the parser was drained, what was looked at is applied)
+        self._apply(parser, parser.feed(data), None)
+
+    def _apply(self, parser: FrameParser, frames: Iterator[Frame], parked: Frame | None) -> None:
+        """Apply ``parked`` (a message that waited), then ``frames``, in order, and send the
+        answers. A message whose write must read storage first (a non-resident key of a
+        full-eviction replica: WouldBlock, before anything changed) parks the link: nothing
+        behind it is applied, and nothing more read, until its background fetch lands."""
         out: list[bytes] = []
         now = _now()
-        for frame in parser.feed(data):
-            answers, rollbacks = self.consumer.handle(decode_message(frame), frame.size, now)
-            out.extend(answers)
-            for rollback in rollbacks:
-                self.rolling_back[rollback.vbucket] += 1  # (before any other link may ask)
-                asyncio.get_running_loop().create_task(self._roll_back(rollback))
-        self._send(out)
+        try:
+            for frame in itertools.chain([parked] if parked is not None else [], frames):
+                self._ahead -= 1
+                try:
+                    answers, rollbacks = self.consumer.handle(
+                        decode_message(frame), frame.size, now
+                    )
+                except WouldBlock as wait:
+                    self._park(parser, frames, frame, wait)
+                    return
+                out.extend(answers)
+                for rollback in rollbacks:
+                    self.rolling_back[rollback.vbucket] += 1  # (before any other link may ask)
+                    asyncio.get_running_loop().create_task(self._roll_back(rollback))
+        finally:
+            self._send(out)
+        unparked, self._unparked = self._unparked, None
+        if unparked is not None and not unparked.done():
+            unparked.set_result(None)  # (a parked run got through: the session reads again)
+
+    def _park(
+        self, parser: FrameParser, frames: Iterator[Frame], frame: Frame, wait: WouldBlock
+    ) -> None:
+        """``frame`` waits for the background fetch of ``wait.key``; the DCP writes behind it
+        that the parser holds are fetched in the same batch (each still waits its turn)."""
+        unparked = self._unparked
+        if unparked is None:
+            unparked = self._unparked = asyncio.get_running_loop().create_future()
+        self.fetch_waits += 1
+        if self._ahead <= 0:
+            found, self._ahead = pipelined_keys(
+                parser.buffered_views(), PREFETCH_FRAMES, _DCP_WRITES
+            )
+            vbuckets = self.bucket.vbuckets
+            for vb, key in found:
+                if (vbucket := vbuckets.get(vb)) is not None:
+                    vbucket.prefetch(key)
+        wait.vbucket.wait_for(wait.key, partial(self._fetched, unparked, parser, frames, frame))
+
+    def _fetched(
+        self, unparked: asyncio.Future[None], parser: FrameParser, frames: Iterator[Frame],
+        frame: Frame,
+    ) -> None:  # fmt: skip
+        """The fetch ``frame`` waited for landed (on the loop, while its result is ready):
+        apply it and what follows. A failure ends the session as it would have unparked."""
+        if unparked is not self._unparked or unparked.done():
+            return  # the session ended meanwhile: a new one asks from where the vbuckets are
+        try:
+            self._apply(parser, frames, frame)
+        except Exception as exc:
+            self._unparked = None
+            unparked.set_exception(exc)
 
     async def _roll_back(self, rollback: RollbackOrder) -> None:
         try:
@@ -436,6 +519,8 @@ class Replicator:
         for link in self.links.values():
             out.update(link.consumer.stats())
             out[f"repaired:{link.consumer.name}"] = str(link.repaired)
+            # DCP writes that waited for a background fetch (a full-eviction replica)
+            out[f"fetch_waits:{link.consumer.name}"] = str(link.fetch_waits)
         return out
 
 

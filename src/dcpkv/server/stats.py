@@ -134,6 +134,7 @@ def _vbucket_details(conn: Connection, arg: str) -> Stats:
         yield p + "high_prepared_seqno", vb.high_prepared_seqno
         yield p + "high_completed_seqno", 0 if monitor is None else monitor.high_completed_seqno
         yield p + "persistence_seqno", vb.persisted_seqno
+        yield p + "num_items", len(vb)  # live documents, resident or not (a replica's too)
         yield p + "sync_write_pending", 0 if monitor is None else monitor.num_pending
         yield p + "topology", "" if topology is None else topology.to_json().decode()
         if vb.durability is not None and topology is not None:
