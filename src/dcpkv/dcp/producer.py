@@ -573,7 +573,7 @@ class DcpProducer:
         turn = 0  # messages the stream at the head of ``ready`` sent in this turn
         now, every = self.clock.time, VISITS_PER_CLOCK_READ
         while ready and budget > 0 and unacked < limit and polls < max_visits:
-            if polls % every == 0 < polls and now() >= until:
+            if polls and polls % every == 0 and now() >= until:
                 break
             vbid = popleft()
             entry = streams.get(vbid)
