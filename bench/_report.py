@@ -17,21 +17,39 @@ written to ``--json PATH`` (nothing is written without it)::
     codec.encode_msgs_per_s/yardstick 1.925 x
     ...
 
-Every throughput (a unit per second) also gets its ratio to the yardstick (the mean of the two
-timings), and to a peer that ran in the same benchmark (``memcached_X`` beside ``X``) as
-``X/memcached``. A run whose two timings differ by more than :data:`DRIFT_LIMIT` says so in a
-``# WARNING`` line at the top of the block. The JSON holds the same:
-``{"bench", "figures", "units", "ratios", "yardstick": {"start", "end", "unit"}, ...}``, and
-whatever else the benchmark keeps (phases, parameters, a peer's figures) beside them.
+Every throughput (a unit per second) also gets its ratio to the yardstick, and to a peer that
+ran in the same benchmark (``memcached_X`` beside ``X``) as ``X/memcached``.
+
+Which yardstick a figure is divided by: this host changes speed within seconds, so two timings
+at a benchmark's start and end do not say how fast it was while one figure of a long
+benchmark was measured. A benchmark therefore brackets the code that measures a figure:
+
+* ``with window("set_ops_per_s"):`` times the yardstick (a short sample,
+  :data:`SAMPLE_ROUNDS` rounds, in a fresh process) just before and just after the block;
+  the figure's ratio is over the mean of the two;
+* ``rounds(n, measure)`` runs ``measure() -> {metric: value}`` ``n`` times, each between two
+  samples, and returns the median of each metric; its ratio is the median of the rounds'
+  ratios (a burst of other work moves one round, not the median). Short figures use it.
+
+A figure with neither is divided by the mean of the benchmark's two timings. A figure's
+ratio is *uncertain* when the yardstick moved by more than :data:`DRIFT_LIMIT` around it
+(in most of its rounds), or, without a window, during the whole benchmark: such figures are
+named in a ``# WARNING`` line at the top of the block and listed under ``moved`` in the JSON.
+The JSON holds the same: ``{"bench", "figures", "units", "ratios", "yardstick": {"start",
+"end", "unit"}, "windows": {metric: [[before, after, value or null], ...]}, "moved": [...],
+...}``, and whatever else the benchmark keeps (phases, parameters, a peer's figures).
+Outside :func:`bench_main` (a test calling a benchmark's function) windows time nothing.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +59,7 @@ import typer
 YARDSTICK = Path(__file__).with_name("yardstick.py")
 YARDSTICK_UNIT = "frames/s"
 DRIFT_LIMIT = 0.20  # the two yardstick timings of one run may differ by this much
+SAMPLE_ROUNDS = 5  # a window's yardstick sample: ~0.1 s on this host (the full timing: 9)
 PEERS = ("memcached", "redis", "postgresql")  # prefixes of a same-benchmark peer's figures
 RATIO = "x"
 
@@ -88,6 +107,30 @@ def drift(start: float, end: float) -> float:
     return max(start, end) / min(start, end) - 1
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The yardstick just before and just after one measurement (and the value measured there,
+    when the measurement was a round of :func:`rounds`)."""
+
+    before: float
+    after: float
+    value: float | None = None
+
+    @property
+    def mid(self) -> float:
+        return (self.before + self.after) / 2
+
+    @property
+    def moved(self) -> bool:
+        return drift(self.before, self.after) > DRIFT_LIMIT
+
+
+def _ratio_to_yardstick(value: float, samples: list[Sample]) -> float:
+    if all(s.value is not None for s in samples):  # rounds: the median of their ratios
+        return statistics.median(s.value / s.mid for s in samples if s.value is not None)
+    return value / statistics.median(s.mid for s in samples)
+
+
 @dataclass
 class Figures:
     """One benchmark's figures, units and ratios: what it prints and what its JSON holds."""
@@ -95,31 +138,50 @@ class Figures:
     bench: str
     figures: dict[str, float]
     yardstick: tuple[float, float] | None = None  # (start, end), frames/s
+    windows: dict[str, list[Sample]] = field(default_factory=dict)  # metric -> its samples
     units: dict[str, str] = field(init=False)
     ratios: dict[str, float] = field(init=False)
+    moved: list[str] = field(init=False)  # throughputs whose ratio to the yardstick is uncertain
 
     def __post_init__(self) -> None:
         self.units = {m: unit_of(m) for m in self.figures}
-        self.ratios = {}
+        self.ratios, self.moved = {}, []
         for metric, value in self.figures.items():
             if not is_throughput(self.units[metric]):
                 continue
-            if self.yardstick is not None:
-                self.ratios[f"{metric}/yardstick"] = value / (sum(self.yardstick) / 2)
+            self._yardstick_ratio(metric, value)
             for peer in PEERS:
                 theirs = self.figures.get(f"{peer}_{metric}")
                 if theirs:
                     self.ratios[f"{metric}/{peer}"] = value / theirs
 
+    def _yardstick_ratio(self, metric: str, value: float) -> None:
+        samples = self.windows.get(metric)
+        if samples:
+            self.ratios[f"{metric}/yardstick"] = _ratio_to_yardstick(value, samples)
+            if sum(s.moved for s in samples) * 2 > len(samples):
+                self.moved.append(metric)
+        elif self.yardstick is not None:
+            self.ratios[f"{metric}/yardstick"] = value / (sum(self.yardstick) / 2)
+            if drift(*self.yardstick) > DRIFT_LIMIT:
+                self.moved.append(metric)
+
+    def figure_yardstick(self, metric: str) -> float | None:
+        """The yardstick a figure goes with: its window's (median) mean, else the benchmark's."""
+        samples = self.windows.get(metric)
+        if samples:
+            return statistics.median(s.mid for s in samples)
+        return None if self.yardstick is None else sum(self.yardstick) / 2
+
     def lines(self) -> list[str]:
         out = [f"# {self.bench}: NAME VALUE UNIT (bench/README.md)"]
+        if self.moved:
+            out.insert(0, f"# WARNING: the yardstick moved over {DRIFT_LIMIT:.0%} while "
+                          f"{self.bench} measured {', '.join(self.moved)}: the machine changed "
+                          "speed, their ratios are uncertain")  # fmt: skip
         rows: list[tuple[str, float, str]] = []
         if self.yardstick is not None:
             start, end = self.yardstick
-            if drift(start, end) > DRIFT_LIMIT:
-                out.insert(0, f"# WARNING: the yardstick moved {drift(start, end):.0%} during "
-                              f"{self.bench} ({start:,.0f} -> {end:,.0f} {YARDSTICK_UNIT}): the "
-                              "machine changed speed, its ratios are uncertain")  # fmt: skip
             rows += [("yardstick_start", start, YARDSTICK_UNIT),
                      ("yardstick_end", end, YARDSTICK_UNIT)]  # fmt: skip
         for metric, value in self.figures.items():
@@ -129,17 +191,22 @@ class Figures:
 
     def json(self, **extra: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"bench": self.bench, "figures": self.figures,
-                                "units": self.units, "ratios": self.ratios}  # fmt: skip
+                                "units": self.units, "ratios": self.ratios,
+                                "moved": self.moved}  # fmt: skip
         if self.yardstick is not None:
             start, end = self.yardstick
             body["yardstick"] = {"start": start, "end": end, "unit": YARDSTICK_UNIT}
+        if self.windows:
+            body["windows"] = {m: [[s.before, s.after, s.value] for s in samples]
+                               for m, samples in self.windows.items()}  # fmt: skip
         return body | extra
 
 
-def yardstick_rate() -> float:
-    """The yardstick now, in a fresh process: frames/s."""
-    done = subprocess.run([sys.executable, str(YARDSTICK), "--value"], capture_output=True,
-                          text=True, check=True)  # fmt: skip
+def yardstick_rate(rounds: int | None = None) -> float:
+    """The yardstick now, in a fresh process: frames/s (``rounds``: fewer for a sample)."""
+    more = [] if rounds is None else ["--rounds", str(rounds)]
+    done = subprocess.run([sys.executable, str(YARDSTICK), "--value", *more],
+                          capture_output=True, text=True, check=True)  # fmt: skip
     return float(done.stdout)
 
 
@@ -152,10 +219,43 @@ class _Held:
 
 
 _held: list[_Held] | None = None  # under bench_main: the figures waiting for the end timing
+_windows: dict[str, list[Sample]] = {}  # under bench_main: each metric's yardstick samples
+
+
+def _sample(wanted: bool = True) -> float | None:
+    return None if _held is None or not wanted else yardstick_rate(SAMPLE_ROUNDS)
+
+
+@contextmanager
+def window(*metrics: str) -> Iterator[None]:
+    """Time the yardstick just before and just after the block that measures ``metrics``
+    (no metrics: nothing is timed)."""
+    before = _sample(bool(metrics))
+    yield
+    after = _sample(bool(metrics))
+    if before is not None and after is not None:
+        for metric in metrics:
+            _windows.setdefault(metric, []).append(Sample(before, after))
+
+
+def rounds(count: int, measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``measure()`` ``count`` times, each between two yardstick samples: the median of each
+    metric (their ratios: the median of the rounds' ratios, see the module docstring)."""
+    results = []
+    for _ in range(count):
+        before = _sample()
+        figures = measure()
+        after = _sample()
+        results.append(figures)
+        if before is not None and after is not None:
+            for metric, value in figures.items():
+                _windows.setdefault(metric, []).append(Sample(before, after, value))
+    return {m: statistics.median(r[m] for r in results) for m in results[0]}
 
 
 def _emit(held: _Held, yardstick: tuple[float, float] | None) -> None:
-    figures = Figures(held.bench, held.figures, yardstick)
+    windows = {m: _windows[m] for m in held.figures if m in _windows}
+    figures = Figures(held.bench, held.figures, yardstick, windows)
     print("\n".join(figures.lines()), flush=True)
     if held.path is not None:
         held.path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,9 @@ every ratio both runs wrote (``ratios`` of each ``NAME.json``, see ``bench/_repo
 throughput over the yardstick, or over a peer of the same benchmark), and prints one line per
 ratio: ``NAME RATIO_A RATIO_B B/A FIGURE_A FIGURE_B VERDICT``, the verdict ``AGREE`` or
 ``DIFFER`` (more than :data:`AGREEMENT` apart), ``DIFFER*`` or ``AGREE*`` where the yardstick
-moved by more than 20 % during that benchmark in either run (its ratios are uncertain). The
-last line, a comment, counts them.
+moved by more than 20 % around that figure in either run (the benchmark's ``moved``; in files
+written before figures had their own windows: during the whole benchmark). The last line, a
+comment, counts them.
 
     .venv/bin/python bench/compare.py RESULTS_A RESULTS_B
 """
@@ -34,7 +35,9 @@ def _benches(results: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _moved(body: dict[str, Any]) -> bool:
+def _moved(body: dict[str, Any], metric: str) -> bool:
+    if "moved" in body:
+        return metric in body["moved"]
     timings = body.get("yardstick")
     return timings is not None and drift(timings["start"], timings["end"]) > DRIFT_LIMIT
 
@@ -45,12 +48,12 @@ def compare(a: Path, b: Path) -> tuple[list[str], int, int]:
     lines, agree, total = [], 0, 0
     for bench in sorted(runs_a.keys() & runs_b.keys()):
         body_a, body_b = runs_a[bench], runs_b[bench]
-        moved = "*" if _moved(body_a) or _moved(body_b) else ""
         for name in body_a["ratios"].keys() & body_b["ratios"].keys():
             ra, rb = body_a["ratios"][name], body_b["ratios"][name]
             if not ra or not rb:
                 continue
             metric = name.split("/")[0]
+            moved = "*" if _moved(body_a, metric) or _moved(body_b, metric) else ""
             fa, fb = body_a["figures"][metric], body_b["figures"][metric]
             ok = drift(ra, rb) <= AGREEMENT
             agree, total = agree + ok, total + 1

@@ -53,7 +53,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from _report import bench_main, write_json
+from _report import bench_main, window, write_json
 from _server import cpu_seconds
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -340,8 +340,10 @@ def measure(
     rows = []
     prefix = "" if target.name == "dcpkv" else f"{target.name}_"
     for opcode in (Opcode.Set, Opcode.Get):
-        result = asyncio.run(phase(target, opcode, ops, conns, batch))
-        figures[f"{prefix}{opcode.name.lower()}_ops_per_s_{conns}conn"] = result.rate
+        rate = f"{prefix}{opcode.name.lower()}_ops_per_s_{conns}conn"
+        with window(rate, f"{prefix}set_persisted_ops_per_s_{conns}conn"):
+            result = asyncio.run(phase(target, opcode, ops, conns, batch))
+        figures[rate] = result.rate
         figures[f"{prefix}{opcode.name.lower()}_errors_{conns}conn"] = result.errors
         figures[f"{prefix}{opcode.name.lower()}_server_cpu_us_per_op_{conns}conn"] = (
             result.cpu_us_per_op

@@ -16,7 +16,8 @@ So the floor's figures bound any source on this machine: the dcpkv source's cold
 rates divided by these are how close it comes to Spark's own limit. A cold query needs a JVM
 that has run nothing, so ``bench/spark.py`` runs this script in a process of its own.
 
-``--json PATH`` writes ``floor_query_rows_per_s`` and ``floor_query_warm_rows_per_s``.
+``--json PATH`` writes ``floor_query_rows_per_s`` and ``floor_query_warm_rows_per_s`` (the
+median of :data:`WARM_ROUNDS` warm queries).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from typing import Annotated, Any
 import typer
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from _report import bench_main, write_json
+from _report import bench_main, rounds, window, write_json
 from dcpkv.spark.columns import SCHEMA_DDL
 from spark import query_rate_on, spark_session  # bench/spark.py
 
 PARTITIONS = 16  # what the dcpkv source plans for 64 vbuckets on local[2]
 BATCH_ROWS = 8192  # dcpkv.spark.rows.BATCH_ROWS
 VBUCKETS = 64
+WARM_ROUNDS = 3  # warm queries, each between yardstick samples (the figure: their median)
 
 
 def floor_batch(first: int, rows: int) -> Any:
@@ -117,6 +119,17 @@ class FloorDataSource(DataSource):
         return FloorStreamReader(int(self.options.get("count", "0")))
 
 
+def _query(spark: Any, count: int, target: Path, label: str) -> float:
+    """One floor query into ``target``: rows/s (checked: every row written)."""
+    seconds = query_rate_on(spark, {"count": str(count)}, target, None, fmt="dcpkv-floor")
+    rows = spark.read.parquet(str(target / "parquet")).count()
+    if rows != count:
+        raise SystemExit(f"the floor query wrote {rows:,} rows, not {count:,}")
+    rate = rows / seconds
+    print(f"  {label} query {rows:>10,} rows in {seconds:7.2f} s {rate:>10,.0f} rows/s")
+    return rate
+
+
 def main(
     count: int = typer.Option(1_000_000, "--count", help="rows of each query"),
     cores: int = typer.Option(2, "--cores", help="Spark local[N]"),
@@ -127,17 +140,13 @@ def main(
     spark.dataSource.register(FloorDataSource)
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="dcpkv-spark-floor-") as out:
-        for label, figure in (("cold", "floor_query_rows_per_s"),
-                              ("warm", "floor_query_warm_rows_per_s")):  # fmt: skip
-            target = Path(out) / label
-            options = {"count": str(count)}
-            seconds = query_rate_on(spark, options, target, None, fmt="dcpkv-floor")
-            rows = spark.read.parquet(str(target / "parquet")).count()
-            if rows != count:
-                raise SystemExit(f"the floor query wrote {rows:,} rows, not {count:,}")
-            rate = rows / seconds
-            print(f"  {label} query {rows:>10,} rows in {seconds:7.2f} s {rate:>10,.0f} rows/s")
-            figures[figure] = rate
+        # the first query in the fresh JVM once (cold), then WARM_ROUNDS more, each between
+        # yardstick samples (bench/_report.py)
+        with window("floor_query_rows_per_s"):
+            figures["floor_query_rows_per_s"] = _query(spark, count, Path(out) / "cold", "cold")
+        runs = iter(range(WARM_ROUNDS))
+        figures |= rounds(WARM_ROUNDS, lambda: {"floor_query_warm_rows_per_s": _query(
+            spark, count, Path(out) / f"warm{next(runs)}", "warm")})  # fmt: skip
     spark.stop()
     write_json(json_out, "spark_floor", figures)
 

@@ -10,8 +10,9 @@ Theory of operation
 3. CLI: ``dcpkv stream --from beginning --to now --format json > /dev/null`` as a
    subprocess (adds JSON encoding and writing), counting lines through a pipe.
 
-Each prints items/s and the final count against the expected one; ``--json PATH`` writes the
-rates for ``make bench``'s summary.
+Each runs :data:`ROUNDS` times, each between two yardstick samples (``bench/_report.py``), and
+prints items/s and the final count against the expected one; the figures are the rounds'
+medians (``--json PATH`` writes them for ``make bench``'s summary).
 
 4. Three nodes (``--cluster-count``, 0 skips it): the same ``--cluster-count`` items written
    through the protocol into a fresh node and into a local 3-node cluster (1 replica,
@@ -27,6 +28,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -34,11 +37,13 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import same_data
-from _report import bench_main, write_json
+from _report import bench_main, rounds, write_json
 from dcp import loaded_server
 from dcpkv.client import events
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.settings import ClientSettings, ConnectionSettings
+
+ROUNDS = 3  # of each figure, between yardstick samples
 
 
 async def consume(port: int) -> tuple[int, float]:
@@ -69,6 +74,21 @@ def cli(port: int, host: str | None = None) -> tuple[int, float]:
     return lines, time.perf_counter() - start
 
 
+def _consume_from(conn: ConnectionSettings) -> tuple[int, float]:
+    return asyncio.run(consume_from(conn))
+
+
+def _measured(
+    what: str, metric: str, count: int, measure: Callable[[], tuple[int, float]]
+) -> dict[str, float]:
+    """One round of a figure: its rate and the items it missed (printed)."""
+    items, seconds = measure()
+    ok = "ok" if items == count else f"MISMATCH, expected {count:,}"
+    print(f"  {what:<30} {items:>10,} items {seconds:7.2f} s "
+          f"{items / seconds:>10,.0f} items/s  ({ok})")  # fmt: skip
+    return {f"{metric}_items_per_s": items / seconds, f"{metric}_items_missing": count - items}
+
+
 def main(
     count: int = typer.Option(1_000_000, "--count", help="items loaded before streaming"),
     vbuckets: int = typer.Option(64, "--vbuckets", help="vbuckets of the bucket"),
@@ -80,15 +100,18 @@ def main(
     figures: dict[str, float] = {}
     print(f"stream bench: {count:,} items, {vbuckets} vbuckets")
     with loaded_server(count, vbuckets, "stream", width=30) as port:
-        for what, metric, (items, seconds) in (
-            ("Consumer (asyncio), to now", "consumer", asyncio.run(consume(port))),
-            ("dcpkv stream --format json", "cli_json", cli(port)),
-        ):
-            figures[f"{metric}_items_per_s"] = items / seconds
-            figures[f"{metric}_items_missing"] = count - items
-            ok = "ok" if items == count else f"MISMATCH, expected {count:,}"
-            print(f"  {what:<30} {items:>10,} items {seconds:7.2f} s "
-                  f"{items / seconds:>10,.0f} items/s  ({ok})")  # fmt: skip
+        figures |= rounds(
+            ROUNDS,
+            partial(
+                _measured,
+                "Consumer (asyncio), to now",
+                "consumer",
+                count,
+                lambda: asyncio.run(consume(port)),
+            ),
+        )
+        figures |= rounds(ROUNDS, partial(_measured, "dcpkv stream --format json", "cli_json",
+                                          count, lambda: cli(port)))  # fmt: skip
     if cluster_count:
         figures |= three_nodes(cluster_count, vbuckets)
     write_json(json_out, "stream", figures)
@@ -101,14 +124,19 @@ def three_nodes(count: int, vbuckets: int) -> dict[str, float]:
     with same_data(count, vbuckets, "stream") as (single, three):
         for label, conn in (("single_same_data", single), ("cluster3", three)):
             host = None if conn is single else conn.connection_string
-            for what, metric, (items, seconds) in (
-                (f"Consumer, {label}", "consumer", asyncio.run(consume_from(conn))),
-                (f"dcpkv stream, {label}", "cli_json", cli(conn.port, host)),
-            ):
-                figures[f"{label}_{metric}_items_per_s"] = items / seconds
-                figures[f"{label}_{metric}_items_missing"] = count - items
-                print(f"  {what:<30} {items:>10,} items {seconds:7.2f} s "
-                      f"{items / seconds:>10,.0f} items/s")  # fmt: skip
+            figures |= rounds(
+                ROUNDS,
+                partial(
+                    _measured,
+                    f"Consumer, {label}",
+                    f"{label}_consumer",
+                    count,
+                    partial(_consume_from, conn),
+                ),
+            )
+            figures |= rounds(ROUNDS, partial(_measured, f"dcpkv stream, {label}",
+                                              f"{label}_cli_json", count,
+                                              partial(cli, conn.port, host)))  # fmt: skip
     for metric in ("consumer", "cli_json"):
         ratio = (
             figures[f"cluster3_{metric}_items_per_s"]

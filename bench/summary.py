@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -227,6 +227,10 @@ class Run:
     figures: Figures
     yardsticks: dict[str, tuple[float, float]]  # bench (or RUN) -> (start, end), frames/s
     machine: dict[str, dict[str, str]]
+    # (bench, metric) -> (its ratio to the yardstick, the yardstick it goes with): a figure
+    # measured in its own window (bench/_report.py)
+    own: dict[Ref, tuple[float, float]] = field(default_factory=dict)
+    moved: dict[str, list[str]] = field(default_factory=dict)  # bench -> its uncertain figures
 
 
 def load(results: Path) -> Run:
@@ -234,6 +238,8 @@ def load(results: Path) -> Run:
     figures: Figures = {}
     yardsticks: dict[str, tuple[float, float]] = {}
     machine: dict[str, dict[str, str]] = {}
+    own: dict[Ref, tuple[float, float]] = {}
+    moved: dict[str, list[str]] = {}
     for path in sorted(results.glob("*.json")):
         body = json.loads(path.read_text())
         if path.name == "machine.json":
@@ -242,6 +248,9 @@ def load(results: Path) -> Run:
             figures[body["bench"]] = body["figures"]
             if "yardstick" in body:
                 yardsticks[body["bench"]] = (body["yardstick"]["start"], body["yardstick"]["end"])
+            own |= _own_yardsticks(body)
+            if "moved" in body:  # (files from before per-figure windows have none)
+                moved[body["bench"]] = body["moved"]
             for peer, values in body.get("peer", {}).items():
                 figures[f"{body['bench']}:{peer}"] = values
         elif "peer" in body:
@@ -250,7 +259,18 @@ def load(results: Path) -> Run:
     end = figures.get("yardstick_end", {}).get("frames_per_s")
     if start and end:
         yardsticks[RUN] = (start, end)
-    return Run(figures, yardsticks, machine)
+    return Run(figures, yardsticks, machine, own, moved)
+
+
+def _own_yardsticks(body: dict[str, Any]) -> dict[Ref, tuple[float, float]]:
+    """The windowed figures of one benchmark's JSON: their ratio and their yardstick."""
+    out = {}
+    for metric, samples in body.get("windows", {}).items():
+        ratio = body["ratios"].get(f"{metric}/yardstick")
+        if ratio is not None:
+            mids = sorted((before + after) / 2 for before, after, _ in samples)
+            out[(body["bench"], metric)] = (ratio, mids[len(mids) // 2])
+    return out
 
 
 def _get(figures: Figures, ref: Ref) -> float | None:
@@ -278,6 +298,8 @@ def row_lines(row: Row, run: Run) -> list[list[str]]:
     yardstick = _yardstick(run, row.figure[0])
     throughput = is_throughput(unit_of(row.figure[1]))  # a latency over frames/s means nothing
     per_yardstick = value / yardstick if throughput and value is not None and yardstick else None
+    if row.figure in run.own:
+        per_yardstick, yardstick = run.own[row.figure]
     met = None if value is None or row.target is None else row.target.met(value, run.figures)
     peers = [(name, _get(run.figures, ref)) for name, ref in row.peers]
     peers = [(name, p) for name, p in peers if p is not None] or [("", None)]
@@ -300,7 +322,14 @@ def warnings(run: Run) -> list[str]:
     out = []
     for bench in sorted(run.yardsticks, key=lambda b: b != RUN):
         start, end = run.yardsticks[bench]
-        if drift(start, end) > DRIFT_LIMIT:
+        if bench in run.moved:
+            if not run.moved[bench]:
+                continue
+            out.append(
+                f"WARNING: the yardstick moved over {DRIFT_LIMIT:.0%} while {bench} "
+                f"measured {', '.join(run.moved[bench])}: their ratios are uncertain"
+            )
+        elif drift(start, end) > DRIFT_LIMIT:
             what = "the run" if bench == RUN else bench
             out.append(f"WARNING: the yardstick moved {drift(start, end):.0%} during {what} "
                        f"({start:,.0f} -> {end:,.0f} frames/s): the machine changed speed, "

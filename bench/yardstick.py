@@ -102,8 +102,10 @@ def main() -> int:
     parser.add_argument("--value", action="store_true", help="print the number only")
     parser.add_argument("--json", type=Path, help="write it as a benchmark's JSON")
     parser.add_argument("--name", default="yardstick", help="the figure's bench name")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"rounds to take the median of (default {ROUNDS})")  # fmt: skip
     args = parser.parse_args()
-    rate = measure()
+    rate = measure(rounds=args.rounds)
     if args.value:
         print(f"{rate:.0f}")
         return 0

@@ -94,6 +94,39 @@ def test_a_yardstick_that_moved_over_20_percent_heads_the_block(
     assert lines[0].startswith("# WARNING") == warned
 
 
+def test_a_windowed_figure_is_divided_by_its_own_yardstick_and_warns_only_of_its_own() -> None:
+    # the benchmark's timings moved 50 %, but the figure's window did not: its ratio holds
+    windows = {"set_ops_per_s": [_report.Sample(190_000.0, 210_000.0)]}
+    out = _report.Figures("kv", {"set_ops_per_s": 100_000.0, "get_ops_per_s": 50_000.0},
+                          (100_000.0, 150_000.0), windows)  # fmt: skip
+    assert out.ratios["set_ops_per_s/yardstick"] == 0.5  # over 200k, not the bench's 125k
+    assert out.ratios["get_ops_per_s/yardstick"] == 0.4  # no window: the bench's timings
+    assert out.moved == ["get_ops_per_s"]
+    assert out.lines()[0] == ("# WARNING: the yardstick moved over 20% while kv measured "
+                              "get_ops_per_s: the machine changed speed, their ratios are "
+                              "uncertain")  # fmt: skip
+    assert out.figure_yardstick("set_ops_per_s") == 200_000.0
+    assert out.json()["windows"] == {"set_ops_per_s": [[190_000.0, 210_000.0, None]]}
+
+
+def test_rounds_give_the_median_figure_and_the_median_of_the_rounds_ratios() -> None:
+    # round 2 ran while the machine was slow: its figure is low, and so is its yardstick
+    samples = [_report.Sample(100.0, 100.0, 100.0), _report.Sample(50.0, 50.0, 50.0),
+               _report.Sample(100.0, 300.0, 400.0)]  # fmt: skip
+    windows = {"encode_msgs_per_s": samples}
+    out = _report.Figures("codec", {"encode_msgs_per_s": 100.0}, None, windows)
+    assert out.ratios["encode_msgs_per_s/yardstick"] == 1.0  # ratios 1, 1, 2
+    assert out.moved == []  # one round of three moved: the median holds
+
+
+def test_windows_and_rounds_time_nothing_outside_a_benchmark_run() -> None:
+    calls = iter([{"a_ops_per_s": 3.0}, {"a_ops_per_s": 1.0}, {"a_ops_per_s": 2.0}])
+    with _report.window("b_ops_per_s"):
+        pass
+    assert _report.rounds(3, lambda: next(calls)) == {"a_ops_per_s": 2.0}
+    assert _report._windows == {}
+
+
 def test_the_yardstick_is_a_positive_rate_and_checks_its_own_round_trip() -> None:
     keys = [b"yardstick-%06d" % i for i in range(1200)]
     buffers = yardstick.encode(keys)
@@ -122,7 +155,7 @@ def test_the_summary_warns_of_each_moved_yardstick_the_runs_first(tmp_path: Path
     run = summary.load(_results(tmp_path, (100_000.0, 150_000.0), (100_000.0, 130_000.0)))
     warnings = summary.warnings(run)
     assert len(warnings) == 2
-    assert "during the run" in warnings[0] and "during codec" in warnings[1]
+    assert "during the run" in warnings[0] and "while codec measured parse_decode" in warnings[1]
     calm = summary.load(_results(tmp_path, (100_000.0, 110_000.0), (100_000.0, 101_000.0)))
     assert summary.warnings(calm) == []
 
@@ -161,3 +194,18 @@ def test_compare_counts_the_ratios_of_two_runs_that_agree_within_20_percent(
     assert (agree, total) == (1, 2)  # encode: 1.0 -> 1.1; parse: 2.0 -> 1.1
     assert lines[0].startswith("codec.encode_msgs_per_s/yardstick 1 1.100 1.100 100 330")
     assert lines[0].endswith(" AGREE") and lines[1].endswith(" DIFFER")
+
+
+def test_compare_marks_only_the_figures_whose_own_window_moved(tmp_path: Path) -> None:
+    import compare
+
+    for run in ("a", "b"):
+        folder = tmp_path / run
+        folder.mkdir()
+        moved = [_report.Sample(100.0, 150.0)] if run == "b" else [_report.Sample(100.0, 100.0)]
+        windows = {"encode_msgs_per_s": moved, "parse_msgs_per_s": [_report.Sample(100.0, 100.0)]}
+        figures = {"encode_msgs_per_s": 100.0, "parse_msgs_per_s": 100.0}
+        body = _report.Figures("codec", figures, (100.0, 200.0), windows).json()
+        (folder / "codec.json").write_text(json.dumps(body))
+    lines, _, _ = compare.compare(tmp_path / "a", tmp_path / "b")
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["DIFFER*", "AGREE"]
