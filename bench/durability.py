@@ -39,7 +39,7 @@ from typing import Annotated
 
 import typer
 
-from _report import bench_main, write_json
+from _report import bench_main, window, write_json
 from _server import bench_server
 from dcpkv.client.blocking import BlockingKV, KVRequest
 from dcpkv.client.cluster import ClusterKV
@@ -108,11 +108,12 @@ async def _measure(
         for n in IN_FLIGHT:
             pooled: dict[str, list[float]] = {m: [] for m in modes}
             took: dict[str, float] = dict.fromkeys(modes, 0.0)
-            for r in range(rounds):
-                for name, write in modes.items():
-                    start = time.perf_counter()
-                    pooled[name] += await _writers(kv, write, n, seconds / rounds, f"{name}{r}")
-                    took[name] += time.perf_counter() - start
+            with window(*(f"{name}_writes_per_s_{n}" for name in modes)):  # modes interleaved
+                for r in range(rounds):
+                    for name, write in modes.items():
+                        start = time.perf_counter()
+                        pooled[name] += await _writers(kv, write, n, seconds / rounds, f"{name}{r}")
+                        took[name] += time.perf_counter() - start
             for name, samples in pooled.items():
                 samples.sort()
                 figures[f"{name}_p50_ms_{n}"] = _quantile_ms(samples, 0.50)

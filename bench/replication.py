@@ -31,7 +31,7 @@ from typing import Annotated
 
 import typer
 
-from _report import bench_main, write_json
+from _report import bench_main, window, write_json
 from _server import bench_server
 from dcp import load
 from dcpkv.client.blocking import BlockingKV
@@ -112,7 +112,8 @@ def main(
         quota = ("--memory-quota-mb", "4096")  # 1M items stay resident: the figure is the link's
         with bench_server(VBUCKETS, "--managed", *quota, label="repl-a", data_dir=tmp / "a") as a, \
                 bench_server(VBUCKETS, "--managed", *quota, label="repl-b") as b:  # fmt: skip
-            seconds_build = build(a, b, count)
+            with window("replica_build_items_per_s"):
+                seconds_build = build(a, b, count)
             build_rate = count / seconds_build
             print(f"  replica built from scratch     {seconds_build:8.2f} s  "
                   f"{build_rate:>10,.0f} items/s")  # fmt: skip

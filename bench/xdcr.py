@@ -35,7 +35,7 @@ from typing import Annotated, Any
 import typer
 
 from _cluster import _load, _ready
-from _report import bench_main, write_json
+from _report import bench_main, window, write_json
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.consumer import Consumer
 from dcpkv.client.events import Mutation
@@ -146,15 +146,17 @@ def main(
                 asyncio.run(_ready(_conn(c)))
             took = _load(_conn(a), count, vbuckets)
             print(f"  load {count:,} docs into A: {took:.2f} s")
-            a_to_b = _replicate(a, b, "b")
-            one_way = _wait_done([(a, a_to_b, count)], 600)
+            with window("one_way_docs_per_s"):
+                a_to_b = _replicate(a, b, "b")
+                one_way = _wait_done([(a, a_to_b, count)], 600)
             print(f"  A -> B, {count:,} docs: {one_way:.2f} s ({count / one_way:,.0f} docs/s)")
             _load_prefixed(_conn(a), count, vbuckets, b"a2-")
             _load_prefixed(_conn(b), count, vbuckets, b"b2-")
-            b_to_a = _replicate(b, a, "a")
-            # each way: the other side's new docs come back as echoes (refused), so each
-            # replication is done with its own history: 3 x count changes
-            both = _wait_done([(a, a_to_b, 3 * count), (b, b_to_a, 3 * count)], 900)
+            with window("both_ways_docs_per_s"):
+                b_to_a = _replicate(b, a, "a")
+                # each way: the other side's new docs come back as echoes (refused), so each
+                # replication is done with its own history: 3 x count changes
+                both = _wait_done([(a, a_to_b, 3 * count), (b, b_to_a, 3 * count)], 900)
             print(f"  both ways, {count:,} new docs each side: {both:.2f} s")
             _restarts(a, b)
             lags = asyncio.run(_lag(_conn(a), _conn(b), rate, duration))
