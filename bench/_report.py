@@ -227,15 +227,16 @@ def _sample(wanted: bool = True) -> float | None:
 
 
 @contextmanager
-def window(*metrics: str) -> Iterator[None]:
+def window(*metrics: str, after: bool = True) -> Iterator[None]:
     """Time the yardstick just before and just after the block that measures ``metrics``
-    (no metrics: nothing is timed)."""
+    (no metrics: nothing is timed). ``after=False``: the sample before stands for both, for
+    a figure whose work goes on after it (a sample then would time that work's load)."""
     before = _sample(bool(metrics))
     yield
-    after = _sample(bool(metrics))
-    if before is not None and after is not None:
+    end = _sample(bool(metrics)) if after else before
+    if before is not None and end is not None:
         for metric in metrics:
-            _windows.setdefault(metric, []).append(Sample(before, after))
+            _windows.setdefault(metric, []).append(Sample(before, end))
 
 
 def rounds(count: int, measure: Callable[[], dict[str, float]]) -> dict[str, float]:

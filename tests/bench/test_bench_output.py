@@ -127,6 +127,25 @@ def test_windows_and_rounds_time_nothing_outside_a_benchmark_run() -> None:
     assert _report._windows == {}
 
 
+def test_a_window_samples_before_and_after_its_block_or_only_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    timings = iter([100.0, 200.0, 300.0, 400.0])
+    monkeypatch.setattr(_report, "yardstick_rate", lambda rounds=None: next(timings))
+    monkeypatch.setattr(_report, "_held", [])  # as under bench_main
+    monkeypatch.setattr(_report, "_windows", {})
+    with _report.window("a_ops_per_s", "b_ops_per_s"):
+        pass
+    with _report.window("c_ops_per_s", after=False):
+        pass
+    with _report.window():  # no figure: no sample
+        pass
+    assert _report._windows == {"a_ops_per_s": [_report.Sample(100.0, 200.0)],
+                                "b_ops_per_s": [_report.Sample(100.0, 200.0)],
+                                "c_ops_per_s": [_report.Sample(300.0, 300.0)]}  # fmt: skip
+    assert next(timings) == 400.0
+
+
 def test_the_yardstick_is_a_positive_rate_and_checks_its_own_round_trip() -> None:
     keys = [b"yardstick-%06d" % i for i in range(1200)]
     buffers = yardstick.encode(keys)
