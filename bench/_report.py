@@ -17,8 +17,9 @@ written to ``--json PATH`` (nothing is written without it)::
     codec.encode_msgs_per_s/yardstick 1.925 x
     ...
 
-Every throughput (a unit per second) also gets its ratio to the yardstick, and to a peer that
-ran in the same benchmark (``memcached_X`` beside ``X``) as ``X/memcached``.
+Every throughput (a unit per second) also gets its ratio to the yardstick (but an
+``achieved_`` rate: a paced writer's, set by its pace), and to a peer that ran in the same
+benchmark (``memcached_X`` beside ``X``) as ``X/memcached``.
 
 Which yardstick a figure is divided by: this host changes speed within seconds, so two timings
 at a benchmark's start and end do not say how fast it was while one figure of a long
@@ -62,6 +63,9 @@ DRIFT_LIMIT = 0.20  # the two yardstick timings of one run may differ by this mu
 SAMPLE_ROUNDS = 5  # a window's yardstick sample: ~0.1 s on this host (the full timing: 9)
 PEERS = ("memcached", "redis", "postgresql")  # prefixes of a same-benchmark peer's figures
 RATIO = "x"
+# a paced writer's achieved rate is the pace it was set, not the machine's speed: no ratio to
+# the yardstick (it would only move inversely with the yardstick)
+PACED = "achieved_"
 
 # The unit of a metric name's token, where one is a unit (``lag_p50_ms_10k`` is in ms).
 _UNIT_TOKENS = {"ms": "ms", "s": "s", "us": "us", "mb": "MB", "mib": "MiB", "kb": "kB",
@@ -149,7 +153,8 @@ class Figures:
         for metric, value in self.figures.items():
             if not is_throughput(self.units[metric]):
                 continue
-            self._yardstick_ratio(metric, value)
+            if not metric.startswith(PACED):
+                self._yardstick_ratio(metric, value)
             for peer in PEERS:
                 theirs = self.figures.get(f"{peer}_{metric}")
                 if theirs:

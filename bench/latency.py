@@ -55,7 +55,7 @@ from typing import Annotated
 import typer
 
 from _peers import PEERBENCH, peer_python
-from _report import bench_main, window, write_json
+from _report import bench_main, write_json
 from _server import bench_server_proc, cpu_seconds, disk_bytes_written
 from dcpkv.core.seqno import U64_MAX
 from dcpkv.core.status import Status
@@ -318,8 +318,7 @@ def main(
     figures: dict[str, float] = {}
     phases: dict[str, dict[str, float]] = {}
     for rate in offered:
-        with window(f"achieved_writes_per_s_{rate // 1000}k"):
-            r = measure(rate, seconds)
+        r = measure(rate, seconds)
         phases[f"dcpkv_{rate}"] = r
         print(
             f"  dcpkv {rate:>7,}/s offered: {r['achieved_writes_per_s']:>9,.0f}/s achieved, "

@@ -78,6 +78,8 @@ def test_every_figure_is_one_line_with_its_ratios_to_the_yardstick_and_the_peer(
     assert lines["kv.set_ops_per_s_1conn/memcached"] == (0.5, "x")
     assert lines["kv.ack_p50_ms_10k"] == (0.5, "ms")
     assert "kv.ack_p50_ms_10k/yardstick" not in lines  # a latency has no throughput ratio
+    paced = _report.Figures("latency", {"achieved_writes_per_s_10k": 9_990.0}, (1.0, 1.0))
+    assert paced.ratios == {}  # a paced writer's rate is its pace, not the machine's speed
     assert not any("WARNING" in line for line in out.lines())
     body = out.json(phases={"a": 1})
     assert body["figures"] == figures and body["phases"] == {"a": 1}
