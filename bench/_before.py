@@ -9,8 +9,9 @@ rounds: :func:`old_tree` adds a detached worktree of the commit (``git worktree 
 for the run and removes it after; :func:`run_old` runs its ``bench/SCRIPT`` there (its ``src``
 first on the path, this venv's interpreter and packages) with the arguments given, prints its
 rows (indented, ``|``), and returns its figures (its ``--json``), each named ``before_METRIC``.
-Its own yardstick timings and figure block are left out: the run's are the ones its figures are
-read against, and the run prints one block (bench/README.md, "The output format").
+Its own figure block is left out (the run prints one block, bench/README.md, "The output
+format"); its own yardstick timings, taken around its figures, become their window
+(``_report.record``): their ratios are over the yardstick of the minute they were measured in.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from _report import record
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "before_"
@@ -60,8 +63,11 @@ def run_old(tree: Path, script: str, args: list[str]) -> dict[str, float]:
         for line in done.stdout.splitlines():
             if not line.startswith(("#", "yardstick at")) and not _FIGURE.match(line):
                 print(f"  | {line}")
-        figures = json.loads(out.read_text())["figures"]
-    return {PREFIX + name: float(value) for name, value in figures.items()}
+        body = json.loads(out.read_text())
+    figures = {PREFIX + name: float(value) for name, value in body["figures"].items()}
+    if "yardstick" in body:
+        record(figures, body["yardstick"]["start"], body["yardstick"]["end"])
+    return figures
 
 
 def _describe(tree: Path) -> str:

@@ -49,7 +49,7 @@ import math
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,8 +240,13 @@ def window(*metrics: str, after: bool = True) -> Iterator[None]:
     yield
     end = _sample(bool(metrics)) if after else before
     if before is not None and end is not None:
-        for metric in metrics:
-            _windows.setdefault(metric, []).append(Sample(before, end))
+        record(metrics, before, end)
+
+
+def record(metrics: Iterable[str], before: float, after: float) -> None:
+    """Yardstick timings taken around ``metrics`` elsewhere (another process's own)."""
+    for metric in metrics:
+        _windows.setdefault(metric, []).append(Sample(before, after))
 
 
 def rounds(count: int, measure: Callable[[], dict[str, float]]) -> dict[str, float]:
