@@ -1491,9 +1491,10 @@ class VBucket:
         table = self.hash_table
         item = table.entries.get(key)
         if item is None:
+            # No filter probe here: the read answers a missing key as cheaply (the fetcher
+            # thread's multi-get consults the same bloom filters), off the loop, and most
+            # keys a pipelining client asks for exist (the probe only said "maybe").
             if not table.nonresident or key in self.fetches.ready:
-                return
-            if self._may_exist is not None and not self._may_exist(self.id, key):
                 return
         elif item.deleted or item.value is not None or not active:
             return
