@@ -54,8 +54,8 @@ what follows it in the parser; the Gets among the next ``PREFETCH_FRAMES`` frame
 fetched in the same batch (the fetcher is held until they are all asked: one read, one
 landing, the whole pipeline answered in one write). The bucket's fetcher thread reads, the
 landing hops onto the loop (``Bucket.land_fetches``), and the parked request runs again, then
-what the parser holds, then the connection is read again. Its requests keep their order; other connections are
-served meanwhile.
+what the parser holds, then the connection is read again. Its requests keep their order; other
+connections are served meanwhile.
 
 Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
