@@ -170,6 +170,7 @@ _DROPPED_KEPT = 100_000  # dropped tombstones remembered per vbucket (then: alwa
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
 _XATTR = document.XATTR
 _ACTIVE = VBucketState.ACTIVE
+_NOT_READY = object()  # (get_fetched: a key with no ready background fetch)
 
 Fetcher = Callable[[int, bytes], Item | None]
 KeyFilter = Callable[[int, bytes], bool]  # False: storage surely lacks the key (no I/O)
@@ -434,6 +435,26 @@ class VBucket:
         if item.value is None or (item.expiry and item.expiry <= int(self.clock.time())):
             return None
         return item
+
+    def get_fetched(self, key: bytes) -> Item | None:
+        """The step of :meth:`get` that answers from a background fetch, for a key
+        :meth:`get_resident` declined: storage's version of a key the table does not hold,
+        when a fetch made it ready (its requests are running again); None when the other
+        steps are needed (no ready read, a failed one, an expiry to apply, a prepare, a
+        refusal to make). A ready miss (none, a tombstone) raises KeyNotFound as :meth:`get`
+        does. Lock-free, as :meth:`get_resident`: the ready results change on this thread."""
+        ready = self.fetches.ready
+        if not ready or self.state is not _ACTIVE:
+            return None
+        table = self.hash_table
+        if key in table.entries or not table.nonresident or key in table.prepared:
+            return None
+        found = ready.get(key, _NOT_READY)
+        if found is None or (isinstance(found, Item) and found.deleted):
+            raise KeyNotFound("no such key")
+        if not isinstance(found, Item) or found.is_expired(int(self.clock.time())):
+            return None
+        return found
 
     def set(
         self, key: bytes, value: bytes, flags: int = 0, expiry: int = 0, datatype: int = 0, *,
