@@ -170,7 +170,7 @@ _DROPPED_KEPT = 100_000  # dropped tombstones remembered per vbucket (then: alwa
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
 _XATTR = document.XATTR
 _ACTIVE = VBucketState.ACTIVE
-_NOT_READY = object()  # (get_fetched: a key with no ready background fetch)
+_NOT_READY = object()  # (get_nonresident: a key with no ready background fetch)
 
 Fetcher = Callable[[int, bytes], Item | None]
 KeyFilter = Callable[[int, bytes], bool]  # False: storage surely lacks the key (no I/O)
@@ -436,20 +436,26 @@ class VBucket:
             return None
         return item
 
-    def get_fetched(self, key: bytes) -> Item | None:
-        """The step of :meth:`get` that answers from a background fetch, for a key
-        :meth:`get_resident` declined: storage's version of a key the table does not hold,
-        when a fetch made it ready (its requests are running again); None when the other
-        steps are needed (no ready read, a failed one, an expiry to apply, a prepare, a
-        refusal to make). A ready miss (none, a tombstone) raises KeyNotFound as :meth:`get`
-        does. Lock-free, as :meth:`get_resident`: the ready results change on this thread."""
-        ready = self.fetches.ready
-        if not ready or self.state is not _ACTIVE:
+    def get_nonresident(self, key: bytes) -> Item | None:
+        """The steps of :meth:`get` that answer a key the table does not hold under full
+        eviction without a read, for a key :meth:`get_resident` declined: storage's version
+        when a background fetch made it ready (its requests are running again), or a miss
+        when storage's filters rule the key out; None when the other steps are needed (a read
+        to wait for, a failed one, an expiry to apply, a prepare, a refusal to make). A miss
+        (none, a tombstone) raises KeyNotFound as :meth:`get` does. Lock-free, as
+        :meth:`get_resident`: ready results are made and consumed on this thread (another
+        one only drops some, one atomic dict operation each)."""
+        if self.state is not _ACTIVE or not self.background_fetch:
             return None
         table = self.hash_table
         if key in table.entries or not table.nonresident or key in table.prepared:
             return None
-        found = ready.get(key, _NOT_READY)
+        ready = self.fetches.ready
+        found = ready.get(key, _NOT_READY) if ready else _NOT_READY
+        if found is _NOT_READY:
+            if self._may_exist is None or self._may_exist(self.id, key):
+                return None
+            raise KeyNotFound("no such key")
         if found is None or (isinstance(found, Item) and found.deleted):
             raise KeyNotFound("no such key")
         if not isinstance(found, Item) or found.is_expired(int(self.clock.time())):

@@ -21,20 +21,21 @@ with-meta  SetWithMeta, AddWithMeta, DelWithMeta and their quiet forms (XDCR's w
 ========== ============================================================================
 
 with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_resident` (the first step of its
-Get) and :meth:`~dcpkv.engine.vbucket.VBucket.get_fetched` (its step that answers from a
-background fetch: a connection's pipelined Gets of non-resident keys, run again once their
-reads landed, come back here), :meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set), and for
-a with-meta write the general handler's own steps (:mod:`dcpkv.server.with_meta`: the options'
-refusal, the incoming item, the engine's write), only read from the bytes. It stops at the
-first frame that is anything else (another opcode, a flex frame, a partial frame, a gate the
-user does not pass, a value with xattrs or compressed, a Get the engine cannot answer from
-memory) and returns where it stopped; the caller gives that frame, with the whole frames right
-after it whose opcodes this module never serves (:func:`general_run_end`), to the parser and
-the general path (:mod:`dcpkv.server.dispatch`) and comes back here for the next; a partial
-frame and what follows it go to the parser. A declined frame has changed nothing, so the
-general path answers it exactly as if this module did not exist; a test holds both paths to the
-same bytes. An engine refusal (KeyEnoent, TempFail, NotMyVbucket) is answered here, as the
-general path would answer it.
+Get) and :meth:`~dcpkv.engine.vbucket.VBucket.get_nonresident` (its steps that answer a key
+evicted under full eviction without a read: from a background fetch that landed, as when a
+connection's pipelined Gets run again, or a miss storage's filters rule out),
+:meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set), and for a with-meta write the general
+handler's own steps (:mod:`dcpkv.server.with_meta`: the options' refusal, the incoming item,
+the engine's write), only read from the bytes. It stops at the first frame that is anything
+else (another opcode, a flex frame, a partial frame, a gate the user does not pass, a value
+with xattrs or compressed, a Get the engine cannot answer from memory) and returns where it
+stopped; the caller gives that frame, with the whole frames right after it whose opcodes this
+module never serves (:func:`general_run_end`), to the parser and the general path
+(:mod:`dcpkv.server.dispatch`) and comes back here for the next; a partial frame and what
+follows it go to the parser. A declined frame has changed nothing, so the general path answers
+it exactly as if this module did not exist; a test holds both paths to the same bytes. An
+engine refusal (KeyEnoent, TempFail, NotMyVbucket) is answered here, as the general path would
+answer it.
 
 The gates are the dispatch table's (:func:`~dcpkv.server.dispatch.closed_gate` on the route of
 the opcode: authenticated, bucket selected, the route's privileges on it), asked once per chunk
@@ -133,8 +134,8 @@ class _Chunk:
         key = data[k : k + keylen]
         try:
             item = vbucket.get_resident(key)
-            if item is None and vbucket.fetches.ready:
-                item = vbucket.get_fetched(key)  # (a request run again after its fetch)
+            if item is None and vbucket.hash_table.nonresident:
+                item = vbucket.get_nonresident(key)  # (a fetch landed, or the filters' miss)
         except EngineError as exc:  # a miss: a quiet Get says nothing
             if opcode not in _QUIET_GETS:
                 self.append(self._missed(opcode, opaque, key, exc))
