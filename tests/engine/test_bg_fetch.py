@@ -177,6 +177,57 @@ def test_a_request_waits_for_its_read_and_gets_the_value(
     assert vb.fetches.waiting == 0
 
 
+def test_a_prefetched_missing_key_is_read_and_its_get_answers_key_not_found(
+    open_bucket: BucketFactory,
+) -> None:
+    """A prefetch asks no filter (the read answers a miss, off the caller's thread): a key
+    never written, prefetched behind a waiting Get, is read in the same batch as it, and its
+    own Get then finds the read ready (None) and answers KeyNotFound without waiting."""
+    bucket, vb = fetching_bucket(open_bucket, FULL)
+    held = Held(bucket)
+    answers: list[object] = []
+    fetcher = bucket.bg_fetcher
+    assert fetcher is not None
+    fetcher.hold()  # (both keys in one batch, as a connection asks them)
+    run_waiting(lambda: vb.get(b"a"), answers)()
+    vb.prefetch(b"never-written")
+    fetcher.release()
+    landing = held.landings.get(timeout=30)
+    assert sorted(key for _, key, _ in landing) == [b"a", b"never-written"]
+    missing: list[object] = []
+
+    def next_request() -> None:  # what the connection runs behind the Get, while ready
+        run_waiting(lambda: vb.get(b"never-written"), missing)()
+
+    vb.wait_for(b"a", next_request)
+    Bucket.land_fetches(landing)
+    assert [value_of(a) for a in answers] == [b"v-a"]
+    assert len(missing) == 1 and isinstance(missing[0], KeyNotFound)
+    assert fetcher.keys_read == 2 and vb.fetches.waiting == 0
+
+
+def test_keys_asked_while_the_fetcher_is_held_are_read_in_one_batch(
+    open_bucket: BucketFactory,
+) -> None:
+    """A connection holds the fetcher while it asks for its pipelined keys: however the
+    thread is woken meanwhile, it reads them in one batch, which lands once."""
+    bucket, vb = fetching_bucket(open_bucket, FULL)
+    held = Held(bucket)
+    fetcher = bucket.bg_fetcher
+    assert fetcher is not None
+    answers: list[object] = []
+    fetcher.hold()
+    for key in (b"a", b"b", b"c", b"d", b"e"):
+        run_waiting(lambda key=key: vb.get(key), answers)()  # type: ignore[misc]
+    fetcher.hold()  # (holds nest: the first release lets nothing go)
+    fetcher.release()
+    assert answers == [] and fetcher.batches == 0
+    fetcher.release()
+    held.land_next()
+    assert sorted(value_of(a) or b"" for a in answers) == [b"v-a", b"v-b", b"v-c", b"v-d", b"v-e"]
+    assert fetcher.batches == 1
+
+
 def test_a_write_landing_while_the_read_is_in_flight_wins(open_bucket: BucketFactory) -> None:
     """valueOnly: a Set of a key whose value was ejected needs no read; a Get waiting for
     the old value then answers the new one, and the old value is not put back over it."""

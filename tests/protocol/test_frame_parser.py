@@ -64,6 +64,23 @@ def test_unconsumed_frames_come_with_the_next_feed() -> None:
     assert len(list(parser.feed(b""))) == len(EXAMPLES)
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=6), st.integers(0, 5))
+def test_what_is_taken_back_is_every_byte_not_yet_a_frame(cuts: list[int], read: int) -> None:
+    """take_buffered: the bytes fed and not returned as frames, however they were chunked
+    (a partial frame too); the parser is empty after, and parses them again as it would have."""
+    parser = FrameParser()
+    chunks = _split(STREAM, cuts)
+    for chunk in chunks:
+        parser.feed(chunk)  # (fed, nothing parsed yet)
+    frames = parser.feed(b"")
+    taken_frames = [bytes(f.key) for f in itertools.islice(frames, read)]
+    rest = parser.take_buffered()
+    assert parser.buffered == 0
+    again = [bytes(f.key) for f in FrameParser().feed(rest)]
+    assert taken_frames + again == [bytes(f.key) for f in FrameParser().feed(STREAM)]
+
+
 def test_stream_id_uses_flex_magic() -> None:
     wire = Mutation(key=b"k", stream_id=0x1234).encode()
     assert wire[0] == 0x08 and wire[2] == 3 and wire[3] == 1  # framing 3 bytes, key 1 byte

@@ -29,18 +29,8 @@ def value_of(key: bytes) -> bytes:
 
 
 def test_concurrent_gets_of_non_resident_keys(server_factory: type, tmp_path: Path) -> None:
-    srv: ServerProcess = server_factory(
-        tmp_path / "data", tmp_path / "log", "--eviction-policy", "fullEviction"
-    )
-    srv.start()
     keys = [key_of(i) for i in range(ITEMS)]
-    with KVClient(srv.port, timeout=60) as c:
-        c.login()
-        # (a value per key: a wrong key's value would show)
-        c.send(b"".join(set_frame(c, k) for k in keys))
-        assert all(c.recv_frame().status == Status.Success for _ in keys)
-    assert srv.terminate() == 0
-    srv.start()  # warm-up under full eviction loads no items: every key is on disk only
+    srv = on_disk_only(server_factory, tmp_path, keys)
     clients = [KVClient(srv.port, timeout=120) for _ in range(CONNECTIONS + 1)]
     try:
         for c in clients:
@@ -73,6 +63,70 @@ def test_concurrent_gets_of_non_resident_keys(server_factory: type, tmp_path: Pa
         for c in clients:
             c.close()
     assert srv.terminate() == 0
+
+
+def test_a_pipeline_mixing_fetches_misses_and_writes_is_answered_in_order(
+    server_factory: type, tmp_path: Path
+) -> None:
+    """One connection pipelines Gets of non-resident keys, of keys never written (read in the
+    batch of the Gets they follow: a miss answers KeyEnoent), a Set of a new key and a Get of
+    it, a Delete of a non-resident key and a Get of it: the batches of reads land together and
+    every answer comes back in request order, with its own opaque."""
+    keys = [key_of(i) for i in range(300)]
+    srv = on_disk_only(server_factory, tmp_path, keys)
+    with KVClient(srv.port, timeout=120) as c:
+        c.login()
+        requests, expected = mixed_pipeline(c, keys)
+        c.send(b"".join(requests))
+        answers = [c.recv_frame() for _ in requests]
+        opaques = [struct.unpack_from(">I", r, 12)[0] for r in requests]
+        assert [a.opaque for a in answers] == opaques
+        assert [(a.status, bytes(a.value)) for a in answers] == expected
+    assert srv.terminate() == 0
+
+
+def on_disk_only(server_factory: type, tmp_path: Path, keys: list[bytes]) -> ServerProcess:
+    """A full-eviction server that wrote ``keys`` (values ``value_of``: a wrong key's value
+    would show), restarted: its warm-up loads no items, so every key is on disk only."""
+    srv: ServerProcess = server_factory(
+        tmp_path / "data", tmp_path / "log", "--eviction-policy", "fullEviction"
+    )
+    srv.start()
+    with KVClient(srv.port, timeout=60) as c:
+        c.login()
+        c.send(b"".join(set_frame(c, k) for k in keys))
+        assert all(c.recv_frame().status == Status.Success for _ in keys)
+    assert srv.terminate() == 0
+    srv.start()
+    return srv
+
+
+def mixed_pipeline(c: KVClient, keys: list[bytes]) -> tuple[list[bytes], list[tuple[int, bytes]]]:
+    """The requests of the mixed pipeline, and the (status, value) each must be answered."""
+    requests: list[bytes] = []
+    expected: list[tuple[int, bytes]] = []
+
+    def ask(frame: bytes, status: int, value: bytes = b"") -> None:
+        requests.append(frame)
+        expected.append((status, value))
+
+    for i, key in enumerate(keys):
+        ask(get_frame(c, key), Status.Success, value_of(key))
+        if i % 3 == 0:
+            ask(get_frame(c, b"never-%d" % i), Status.KeyEnoent)
+        if i % 50 == 7:
+            new = b"new-%d" % i
+            ask(set_frame(c, new), Status.Success)
+            ask(get_frame(c, new), Status.Success, value_of(new))
+        if i % 50 == 9:
+            gone = keys[i - 5]
+            ask(c.frame(Opcode.Delete, key=gone, vbucket=vb_of(gone)), Status.Success)
+            ask(get_frame(c, gone), Status.KeyEnoent)
+    return requests, expected
+
+
+def get_frame(c: KVClient, key: bytes) -> bytes:
+    return c.frame(Opcode.GetK, key=key, vbucket=vb_of(key))
 
 
 def key_of(i: int) -> bytes:

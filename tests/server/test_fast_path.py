@@ -14,6 +14,7 @@ conflict resolution alike.
 from __future__ import annotations
 
 import itertools
+import queue
 import random
 import struct
 from collections.abc import Iterator
@@ -29,7 +30,9 @@ from dcpkv.core.rbac import UserRecord, UsersDoc, parse_roles
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine import document
+from dcpkv.engine.bg_fetcher import Landing
 from dcpkv.engine.bucket import Bucket
+from dcpkv.engine.hash_table import EvictionPolicy
 from dcpkv.engine.hlc import ManualClock
 from dcpkv.protocol import kv
 from dcpkv.protocol.constants import Datatype, HelloFeature, Magic, Opcode
@@ -57,12 +60,13 @@ XATTRS = {"_sys": b'{"a":1}', "user": b"2"}
 @contextmanager
 def served(
     quota: int, features: set[HelloFeature], user: str = "Administrator",
-    mode: ConflictMode = ConflictMode.SEQNO,
+    mode: ConflictMode = ConflictMode.SEQNO, eviction: EvictionPolicy = EvictionPolicy.VALUE_ONLY,
 ) -> Iterator[tuple[Connection, Bucket]]:  # fmt: skip
     with TemporaryDirectory() as tmp:
         bucket = Bucket(
             "default", Path(tmp), num_vbuckets=VBUCKETS, clock=ManualClock(),
             rng=random.Random(5), memory_quota=quota, max_item_size=1024, conflict_mode=mode,
+            eviction_policy=eviction,
         )  # fmt: skip
         for vb in range(VBUCKETS - 1):  # the last one stays missing, the one before is a replica
             bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
@@ -124,6 +128,7 @@ request = st.tuples(
             Opcode.GetQ,
             Opcode.SetQ,
             Opcode.GetK,
+            Opcode.GetKQ,
             Opcode.Delete,
             Opcode.Add,
         ]
@@ -141,7 +146,7 @@ request = st.tuples(
 def encode(i: int, op: Opcode, key: bytes, value: bytes, dt: int, cas: int, exp: int,
            vb: int | None, usual: bool) -> bytes:  # fmt: skip
     vbucket = vb if vb is not None else vbucket_for_key(key, VBUCKETS) if key else 0
-    is_get = op in (Opcode.Get, Opcode.GetQ, Opcode.GetK)
+    is_get = op in (Opcode.Get, Opcode.GetQ, Opcode.GetK, Opcode.GetKQ)
     has_extras = is_get != usual
     return encode_frame(
         Magic.ClientRequest, op, key=key, value=b"" if is_get else value, datatype=dt,
@@ -338,6 +343,7 @@ def test_the_fast_path_serves_what_the_routes_hand_to_the_handlers_it_mirrors() 
     """Its gates are the routes' (dispatch.closed_gate); its answers are those of these
     handlers, which the differential tests above hold it to."""
     mirrors = {Opcode.Get: kv_handlers.get, Opcode.GetQ: kv_handlers.get,
+               Opcode.GetK: kv_handlers.get, Opcode.GetKQ: kv_handlers.get,
                Opcode.Set: kv_handlers.store, Opcode.SetQ: kv_handlers.store,
                **dict.fromkeys(kv.WITH_META_RESPONSES, with_meta.with_meta)}  # fmt: skip
     assert {op: ROUTES[op].handler for op in _SERVE} == mirrors
@@ -354,3 +360,82 @@ def test_a_user_without_the_privilege_is_refused_by_the_general_path() -> None:
             assert serve_plain(conn, request, 0, out, MAX_VALUE) == 0 and out == []
             (answer,) = fast(conn, request)
             assert answer[6:8] == b"\x00\x24" and conn.server.eaccess == 1  # Eaccess
+
+
+# -- Gets run again once their background fetch landed (full eviction) -------------------------
+
+GETS = [Opcode.Get, Opcode.GetQ, Opcode.GetK, Opcode.GetKQ]
+
+
+def with_fetches_ready(bucket: Bucket, keys: list[bytes]) -> None:
+    """Persist, evict every item, then read ``keys`` in the background and land the reads
+    without running anyone: they are ready, as while a connection runs its requests again."""
+    bucket.flush_once()
+    for vb in bucket.vbuckets.values():
+        vb.eject()
+    landings: queue.Queue[Landing] = queue.Queue()
+    bucket.start_background_fetch(landings.put)
+    for key in keys:
+        bucket.vbuckets[vbucket_for_key(key, VBUCKETS)].wait_for(key, lambda: None)
+    landed = 0
+    while landed < len(set(keys)):
+        for vb, key, fetched in landings.get(timeout=30):
+            vb.land_fetch(key, fetched)
+            landed += 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([*GETS, Opcode.Set]), st.sampled_from(range(7))),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([set(), {HelloFeature.Datatype}]),
+)
+def test_gets_answered_from_ready_fetches_match_the_general_path(
+    requests: list[tuple[Opcode, int]], features: set[HelloFeature]
+) -> None:
+    """A full-eviction bucket whose keys are all on disk only, read by background fetches
+    that landed: a Get of any kind (of a key on disk, one never written, one deleted on disk,
+    one expired on disk, one written by a Set earlier in the chunk, one never written and
+    never read, which storage's filters rule out) is answered by the fast path as the
+    general path answers it, and the buckets end alike."""
+    keys = [MINE[1], MINE[2], MINE[3], MINE[4], b"never", MINE[5], b"absent"]
+    data = b"".join(
+        encode(i, op, keys[k], b"new", 0, 0, 0, None, True) for i, (op, k) in enumerate(requests)
+    )
+    with (
+        served(1 << 30, features, eviction=EvictionPolicy.FULL) as (c1, b1),
+        served(1 << 30, features, eviction=EvictionPolicy.FULL) as (c2, b2),
+    ):
+        for bucket in (b1, b2):
+            vbs = bucket.vbuckets
+            for key in MINE[1:5]:
+                vbs[vbucket_for_key(key, VBUCKETS)].set(key, b"v-" + key, flags=7)
+            vbs[vbucket_for_key(MINE[5], VBUCKETS)].set(MINE[5], b"gone", expiry=2_592_001)
+            vbs[vbucket_for_key(MINE[3], VBUCKETS)].delete(MINE[3])
+            with_fetches_ready(bucket, keys[:-1])
+        assert b1.vbuckets[vbucket_for_key(MINE[1], VBUCKETS)].fetches.ready
+        assert b"".join(fast(c1, data)) == b"".join(general(c2, data))
+        assert state_of(b1) == state_of(b2)
+
+
+def test_gets_answered_without_a_read_take_the_fast_path() -> None:
+    """(It did not just fall through to the general path.)"""
+    with served(1 << 30, set(), eviction=EvictionPolicy.FULL) as (conn, bucket):
+        for key in MINE[1:4]:
+            bucket.vbuckets[vbucket_for_key(key, VBUCKETS)].set(key, b"v-" + key)
+        with_fetches_ready(bucket, [*MINE[1:4], b"never"])
+        gets = b"".join(
+            encode(i, Opcode.GetK, k, b"", 0, 0, 0, None, True)
+            for i, k in enumerate([*MINE[1:4], b"never", b"absent"])
+        )
+        out: list[bytes] = []
+        assert serve_plain(conn, gets, 0, out, MAX_VALUE) == len(gets)
+        answers = list(FrameParser().feed(b"".join(out)))
+        assert [(f.status, bytes(f.key), bytes(f.value)) for f in answers] == [
+            *((Status.Success, k, b"v-" + k) for k in MINE[1:4]),
+            (Status.KeyEnoent, b"never", b""),
+            (Status.KeyEnoent, b"absent", b""),  # (not read: the filters rule it out)
+        ]

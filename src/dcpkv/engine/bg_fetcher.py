@@ -10,7 +10,11 @@ in one storage multi-get (``get_many``: RocksDB's multi-get gives up the interpr
 it reads, so the loop goes on serving meanwhile) with no vbucket lock held. The results go to
 ``landed`` (the server hops them onto its loop: :meth:`dcpkv.engine.bucket.Bucket.land_fetches`
 runs the waiting requests again there). Requests that arrive while a batch is read form the
-next batch: the busier the loop, the larger the batches.
+next batch: the busier the loop, the larger the batches. A caller about to ask for many keys
+at once (a connection's pipelined Gets behind the one that waits) holds the thread back
+meanwhile (:meth:`BgFetcher.hold`, :meth:`BgFetcher.release`): they are read in one batch and
+land together, so its requests run again in one go and are answered in one write, rather than
+in as many pieces as the thread happened to wake up for while they were asked.
 
 A read that fails (a damaged file, a closed database) lands as a TempFail for each key of the
 batch; the thread goes on.
@@ -44,6 +48,7 @@ class BgFetcher:
         self._noted: dict[int, VBucket] = {}  # id(vbucket) -> vbucket, in order
         self._cv = threading.Condition(threading.Lock())
         self._stopped = False
+        self._holds = 0  # callers gathering a batch (the thread does not take one meanwhile)
         self.batches = 0  # multi-gets made (a stat)
         self.keys_read = 0
         self._thread = threading.Thread(target=self._run, name=f"bgfetch-{name}", daemon=True)
@@ -56,6 +61,18 @@ class BgFetcher:
                 self._cv.notify()
             self._noted[id(vbucket)] = vbucket
 
+    def hold(self) -> None:
+        """Keys noted from now on wait until :meth:`release` (any thread; each hold is
+        released once): they go to the thread as one batch."""
+        with self._cv:
+            self._holds += 1
+
+    def release(self) -> None:
+        with self._cv:
+            self._holds -= 1
+            if not self._holds and self._noted:
+                self._cv.notify()
+
     def stop(self) -> None:
         with self._cv:
             self._stopped = True
@@ -65,7 +82,7 @@ class BgFetcher:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._noted and not self._stopped:
+                while (not self._noted or self._holds) and not self._stopped:
                     self._cv.wait()
                 if self._stopped:
                     return

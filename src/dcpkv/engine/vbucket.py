@@ -170,6 +170,7 @@ _DROPPED_KEPT = 100_000  # dropped tombstones remembered per vbucket (then: alwa
 _REPLICA_PATH = (VBucketState.REPLICA, VBucketState.PENDING)
 _XATTR = document.XATTR
 _ACTIVE = VBucketState.ACTIVE
+_NOT_READY = object()  # (get_nonresident: a key with no ready background fetch)
 
 Fetcher = Callable[[int, bytes], Item | None]
 KeyFilter = Callable[[int, bytes], bool]  # False: storage surely lacks the key (no I/O)
@@ -434,6 +435,32 @@ class VBucket:
         if item.value is None or (item.expiry and item.expiry <= int(self.clock.time())):
             return None
         return item
+
+    def get_nonresident(self, key: bytes) -> Item | None:
+        """The steps of :meth:`get` that answer a key the table does not hold under full
+        eviction without a read, for a key :meth:`get_resident` declined: storage's version
+        when a background fetch made it ready (its requests are running again), or a miss
+        when storage's filters rule the key out; None when the other steps are needed (a read
+        to wait for, a failed one, an expiry to apply, a prepare, a refusal to make). A miss
+        (none, a tombstone) raises KeyNotFound as :meth:`get` does. Lock-free, as
+        :meth:`get_resident`: ready results are made and consumed on this thread (another
+        one only drops some, one atomic dict operation each)."""
+        if self.state is not _ACTIVE or not self.background_fetch:
+            return None
+        table = self.hash_table
+        if key in table.entries or not table.nonresident or key in table.prepared:
+            return None
+        ready = self.fetches.ready
+        found = ready.get(key, _NOT_READY) if ready else _NOT_READY
+        if found is _NOT_READY:
+            if self._may_exist is None or self._may_exist(self.id, key):
+                return None
+            raise KeyNotFound("no such key")
+        if found is None or (isinstance(found, Item) and found.deleted):
+            raise KeyNotFound("no such key")
+        if not isinstance(found, Item) or found.is_expired(int(self.clock.time())):
+            return None
+        return found
 
     def set(
         self, key: bytes, value: bytes, flags: int = 0, expiry: int = 0, datatype: int = 0, *,
@@ -1491,9 +1518,10 @@ class VBucket:
         table = self.hash_table
         item = table.entries.get(key)
         if item is None:
+            # No filter probe here: the read answers a missing key as cheaply (the fetcher
+            # thread's multi-get consults the same bloom filters), off the loop, and most
+            # keys a pipelining client asks for exist (the probe only said "maybe").
             if not table.nonresident or key in self.fetches.ready:
-                return
-            if self._may_exist is not None and not self._may_exist(self.id, key):
                 return
         elif item.deleted or item.value is not None or not active:
             return

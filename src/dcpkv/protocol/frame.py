@@ -325,6 +325,16 @@ class FrameParser:
         copy; a frame may straddle two of them)."""
         return [self._buf[self._pos :], *self._tail]
 
+    def take_buffered(self) -> bytes:
+        """Every byte received but not yet returned as a frame, which the parser no longer
+        holds: its caller serves them as a chunk just read (whose rest, should it stop
+        early, it feeds back)."""
+        if self._error is not None:
+            raise CodecError(self._error.status, self._error.message)
+        data = b"".join(self.buffered_views())
+        self.release()
+        return data
+
     def peek(self, n: int = HEADER_LEN) -> bytes:
         """Up to ``n`` bytes received but not yet returned as a frame (e.g. a bad header)."""
         head = bytes(self._buf[self._pos : self._pos + n])

@@ -51,10 +51,11 @@ Background fetches (:mod:`dcpkv.engine.bg_fetch`). A request whose key must be r
 (a non-resident key under full eviction, an ejected value) raises WouldBlock before it has
 changed anything: the connection *parks* it (a copy of its frame), stops reading, and leaves
 what follows it in the parser; the Gets among the next ``PREFETCH_FRAMES`` frames it holds are
-fetched in the same batch. The bucket's fetcher thread reads, the landing hops onto the loop
-(``Bucket.land_fetches``), and the parked request runs again, then what the parser holds,
-then the connection is read again. Its requests keep their order; other connections are
-served meanwhile.
+fetched in the same batch (the fetcher is held until they are all asked: one read, one
+landing, the whole pipeline answered in one write). The bucket's fetcher thread reads, the
+landing hops onto the loop (``Bucket.land_fetches``), and the parked request runs again, then
+what the parser holds, then the connection is read again. Its requests keep their order; other
+connections are served meanwhile.
 
 Disk work (``flush_once``, ``shutdown``) runs in ONE executor thread so the flusher never
 blocks the loop and never races itself; the vbuckets' in-memory operations run on the loop.
@@ -128,7 +129,7 @@ from dcpkv.core.vbucket import VBucketState
 from dcpkv.dcp.backfill import BackfillThread
 from dcpkv.dcp.producer import DcpProducer
 from dcpkv.engine.bg_fetch import WouldBlock
-from dcpkv.engine.bg_fetcher import Landing
+from dcpkv.engine.bg_fetcher import BgFetcher, Landing
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.document import CompressionMode
 from dcpkv.engine.hash_table import EvictionPolicy
@@ -227,6 +228,7 @@ class KVProtocol(asyncio.Protocol):
         # it lands; meanwhile this connection is not read and its later requests wait.
         self._parked: Frame | None = None
         self._ahead = 0  # frames behind the parked one already looked at for prefetching
+        self._holding: BgFetcher | None = None  # held while the parked key's batch is asked
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but have its interface.
@@ -295,12 +297,12 @@ class KVProtocol(asyncio.Protocol):
         bucket = self.conn.bucket if self.conn is not None else None
         writes = bucket.writes_admitted if bucket is not None else 0
         try:
-            frames(out)
-        except CodecError as exc:
-            out.append(self._codec_error_answer(exc))
-            self.closing = True
-        if self._parked is not None and self._ahead <= 0 and not self.closing:
-            self._prefetch()  # (now that the parser holds the whole chunk behind it)
+            self._run_frames(frames, out)
+        finally:
+            holding = self._holding
+            if holding is not None:
+                self._holding = None
+                holding.release()  # the parked key and those prefetched: one batch
         if self._deferred or self._held:
             self._hold(out)
             out = []
@@ -317,6 +319,15 @@ class KVProtocol(asyncio.Protocol):
                 self.arm_liveness()  # enable_noop, a Noop answer: the next moment moved
         if latency is not None:
             latency.observe(perf_counter_ns() - started)
+
+    def _run_frames(self, frames: Callable[[list[bytes]], None], out: list[bytes]) -> None:
+        try:
+            frames(out)
+        except CodecError as exc:
+            out.append(self._codec_error_answer(exc))
+            self.closing = True
+        if self._parked is not None and self._ahead <= 0 and not self.closing:
+            self._prefetch()  # (now that the parser holds the whole chunk behind it)
 
     def _handle_frames(self, data: bytes, out: list[bytes]) -> None:
         conn = self.conn
@@ -375,6 +386,10 @@ class KVProtocol(asyncio.Protocol):
         self.server.state.bg_fetch_waits += 1
         if self.transport is not None:
             self.transport.pause_reading()
+        fetcher = self.conn.bucket.bg_fetcher if self.conn and self.conn.bucket else None
+        if fetcher is not None and self._holding is None:
+            fetcher.hold()  # (released by _serve once the keys behind it are asked too)
+            self._holding = fetcher
         wait.vbucket.wait_for(wait.key, partial(self._fetched, parked))
 
     def _prefetch(self) -> None:
@@ -401,10 +416,14 @@ class KVProtocol(asyncio.Protocol):
             self._resume_reading()
 
     def _unpark(self, out: list[bytes]) -> None:
+        """The parked request, then what the parser holds behind it, as a chunk just read
+        (the fast path answers the Gets whose reads just landed, at a fraction of the general
+        path's cost); a request that waits again prefetches what is behind it anew."""
         conn, frame, self._parked = self.conn, self._parked, None
         assert conn is not None and frame is not None
         if self._answer(conn, frame, out):
-            self._general(b"", out)
+            self._ahead = 0
+            self._handle_frames(self.parser.take_buffered(), out)
 
     def _resume_reading(self) -> None:
         if (

@@ -10,7 +10,8 @@ not the work, was most of a request's cost. :func:`serve_plain` walks the whole 
 at the start of a chunk and answers in place those of the common shape:
 
 ========== ============================================================================
-Get, GetQ  magic 0x80, no extras, a key of 1..250 bytes, no value
+Get, GetQ  magic 0x80, no extras, a key of 1..250 bytes, no value (GetK, GetKQ too: their
+           answers carry the key)
 Set, SetQ  magic 0x80, 8 bytes of extras, a key, no CAS, a plain or JSON datatype, the
            bucket not compressing
 with-meta  SetWithMeta, AddWithMeta, DelWithMeta and their quiet forms (XDCR's writes):
@@ -20,18 +21,21 @@ with-meta  SetWithMeta, AddWithMeta, DelWithMeta and their quiet forms (XDCR's w
 ========== ============================================================================
 
 with the engine's :meth:`~dcpkv.engine.vbucket.VBucket.get_resident` (the first step of its
-Get), :meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set), and for a with-meta write the
-general handler's own steps (:mod:`dcpkv.server.with_meta`: the options' refusal, the
-incoming item, the engine's write), only read from the bytes. It stops at the first frame
-that is anything else (another opcode, a flex frame, a partial frame, a gate the user does not
-pass, a value with xattrs or compressed, a Get the engine cannot answer from memory) and
-returns where it stopped; the caller
-gives that frame, with the whole frames right after it whose opcodes this module never serves
-(:func:`general_run_end`), to the parser and the general path (:mod:`dcpkv.server.dispatch`)
-and comes back here for the next; a partial frame and what follows it go to the parser. A declined
-frame has changed nothing, so the general path answers it exactly as if this module did not
-exist; a test holds both paths to the same bytes. An engine refusal (KeyEnoent, TempFail,
-NotMyVbucket) is answered here, as the general path would answer it.
+Get) and :meth:`~dcpkv.engine.vbucket.VBucket.get_nonresident` (its steps that answer a key
+evicted under full eviction without a read: from a background fetch that landed, as when a
+connection's pipelined Gets run again, or a miss storage's filters rule out),
+:meth:`~dcpkv.engine.vbucket.VBucket.set` (its one Set), and for a with-meta write the general
+handler's own steps (:mod:`dcpkv.server.with_meta`: the options' refusal, the incoming item,
+the engine's write), only read from the bytes. It stops at the first frame that is anything
+else (another opcode, a flex frame, a partial frame, a gate the user does not pass, a value
+with xattrs or compressed, a Get the engine cannot answer from memory) and returns where it
+stopped; the caller gives that frame, with the whole frames right after it whose opcodes this
+module never serves (:func:`general_run_end`), to the parser and the general path
+(:mod:`dcpkv.server.dispatch`) and comes back here for the next; a partial frame and what
+follows it go to the parser. A declined frame has changed nothing, so the general path answers
+it exactly as if this module did not exist; a test holds both paths to the same bytes. An
+engine refusal (KeyEnoent, TempFail, NotMyVbucket) is answered here, as the general path would
+answer it.
 
 The gates are the dispatch table's (:func:`~dcpkv.server.dispatch.closed_gate` on the route of
 the opcode: authenticated, bucket selected, the route's privileges on it), asked once per chunk
@@ -43,9 +47,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dcpkv.core.status import Status
 from dcpkv.engine.bg_fetch import WouldBlock
 from dcpkv.engine.document import SHAPED, CompressionMode
-from dcpkv.engine.item import EngineError
+from dcpkv.engine.item import EngineError, KeyNotFound
 from dcpkv.engine.vbucket import VBucket
 from dcpkv.protocol import kv
 from dcpkv.protocol.base import GenericResponse
@@ -66,6 +71,10 @@ _RESPONSE = int(Magic.ClientResponse)
 _GET = int(Opcode.Get)
 _SET = int(Opcode.Set)
 _GETQ = int(Opcode.GetQ)
+_GETK = int(Opcode.GetK)
+_GETKQ = int(Opcode.GetKQ)
+_QUIET_GETS = frozenset({_GETQ, _GETKQ})
+_KEYED_GETS = frozenset({_GETK, _GETKQ})
 _SETQ = int(Opcode.SetQ)
 _NOT_JSON = 0xFF & ~int(Datatype.JSON)
 _SET_EXTRAS = kv.FLAGS_EXPIRY.size
@@ -122,22 +131,40 @@ class _Chunk:
         _, opcode, keylen, extlen, _, _, body, opaque, _ = header
         if extlen or body != keylen:
             return False
+        key = data[k : k + keylen]
         try:
-            item = vbucket.get_resident(data[k : k + keylen])
-        except EngineError as exc:  # a miss: a GetQ says nothing
-            if opcode == _GET:
-                self.append(_refused(self.conn, _GET, opaque, exc))
+            item = vbucket.get_resident(key)
+            if item is None and vbucket.hash_table.nonresident:
+                item = vbucket.get_nonresident(key)  # (a fetch landed, or the filters' miss)
+        except EngineError as exc:  # a miss: a quiet Get says nothing
+            if opcode not in _QUIET_GETS:
+                self.append(self._missed(opcode, opaque, key, exc))
             return True
         if item is None or item.datatype & SHAPED:
             return False
         value = item.value
-        assert value is not None  # get_resident returns resident items only
-        self.append(kv.GET_HIT.pack(
-            _RESPONSE, opcode, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
-            item.cas, item.flags,
-        ))  # fmt: skip
+        assert value is not None  # resident items and fetched versions have their value
+        if opcode in _KEYED_GETS:
+            self.append(kv.GET_HIT.pack(
+                _RESPONSE, opcode, keylen, 4, item.datatype & self.mask, 0,
+                4 + keylen + len(value), opaque, item.cas, item.flags,
+            ))  # fmt: skip
+            self.append(bytes(key))
+        else:
+            self.append(kv.GET_HIT.pack(
+                _RESPONSE, opcode, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
+                item.cas, item.flags,
+            ))  # fmt: skip
         self.append(value)
         return True
+
+    def _missed(self, opcode: int, opaque: int, key: bytes, exc: EngineError) -> bytes:
+        """A Get's or GetK's miss (a GetK's KeyEnoent carries the key, as the handler's)."""
+        if opcode == _GETK and isinstance(exc, KeyNotFound):
+            missing = GenericResponse(opcode=opcode, opaque=opaque, status=Status.KeyEnoent)
+            missing.key = bytes(key)
+            return missing.encode()
+        return _refused(self.conn, opcode, opaque, exc)
 
     def set(self, vbucket: VBucket, data: bytes, k: int, header: Header) -> bool:
         """Answer a plain Set or SetQ (True), or decline it (False, nothing done); its key
@@ -213,6 +240,8 @@ Serve = Callable[[_Chunk, VBucket, bytes, int, Header], bool]
 _SERVE: dict[int, Serve] = {
     _GET: _Chunk.get,
     _GETQ: _Chunk.get,
+    _GETK: _Chunk.get,
+    _GETKQ: _Chunk.get,
     _SET: _Chunk.set,
     _SETQ: _Chunk.set,
     **dict.fromkeys(_WITH_META, _Chunk.with_meta),
