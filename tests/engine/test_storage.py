@@ -325,3 +325,60 @@ def test_a_flush_torn_between_batches_is_undone_at_the_next_open(
         b"a": (1, b"1", False), b"b": (2, b"1", False),
     }  # fmt: skip
     again.close()
+
+
+def _index_partitions(storage: RocksStorage, family: str) -> str:
+    """What the family's table files say of their index ("" when they have none)."""
+    props = storage._db.cf[family].property_value("rocksdb.aggregated-table-properties") or ""
+    return next((p.strip() for p in props.split(";") if "index partitions" in p), "")
+
+
+def test_table_files_are_written_with_partitioned_index_and_filters(tmp_path: Path) -> None:
+    """A flush's lookup of a new key must not load a table file's whole filter back into the
+    cache: the key and log families' files are written with their index (and filters) in
+    partitions, and read back through them."""
+    storage = _rocks(tmp_path)
+    _put(storage, *[(i, b"k%05d" % i, b"v") for i in range(1, 2001)])
+    storage.close()  # (a clean close writes the memtables to table files)
+    again = _rocks(tmp_path)
+    for family in ("by_key", "by_seqno"):
+        assert _index_partitions(again, family).startswith("# index partitions=")
+    assert again.get(0, b"k01234") == Item(b"k01234", b"v", cas=1234, rev_seqno=1234, by_seqno=1234)
+    assert again.get(0, b"missing") is None
+    again.close()
+
+
+def _whole_filter_options(name: str, cache: object, memtables: int) -> object:
+    """A family's options as databases made before partitioned filters have their files."""
+    import rocksdict
+
+    options = rocksdict.Options(raw_mode=True)
+    options.set_write_buffer_size(memtables // 2)
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(cache)  # type: ignore[arg-type]
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table)
+    return options
+
+
+def test_a_database_with_whole_filters_opens_and_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Table files written with one whole index and filter each (before partitions) are
+    read as they are; the files written after are partitioned."""
+    with monkeypatch.context() as patched:
+        patched.setattr("dcpkv.engine.rocks_storage._family_options", _whole_filter_options)
+        old = _rocks(tmp_path)
+        _put(old, *[(i, b"k%05d" % i, b"v") for i in range(1, 101)])
+        old.close()
+    storage = _rocks(tmp_path)
+    assert _index_partitions(storage, "by_key") == ""
+    assert storage.get(0, b"k00042") == Item(b"k00042", b"v", cas=42, rev_seqno=42, by_seqno=42)
+    _put(storage, (101, b"k00042", b"new"))
+    storage.close()
+    again = _rocks(tmp_path)
+    assert _index_partitions(again, "by_key").startswith("# index partitions=")
+    assert again.get(0, b"k00042") == Item(b"k00042", b"new", cas=101, rev_seqno=101, by_seqno=101)
+    assert len(_docs(again)) == 100
+    again.close()
