@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -381,4 +382,36 @@ def test_a_database_with_whole_filters_opens_and_reads(
     assert _index_partitions(again, "by_key").startswith("# index partitions=")
     assert again.get(0, b"k00042") == Item(b"k00042", b"new", cas=101, rev_seqno=101, by_seqno=101)
     assert len(_docs(again)) == 100
+    again.close()
+
+
+class _GoneEntry:
+    """A directory entry for a file deleted between the listing and its stat."""
+
+    name = "000999.log"
+
+    def stat(self) -> os.stat_result:
+        raise FileNotFoundError(2, "No such file or directory", self.name)
+
+
+def test_a_wal_file_deleted_while_the_flush_syncs_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB deletes an obsolete WAL file from a background thread at any moment, so a file
+    the sync lists may be gone by its stat: the flush succeeds (seen failing a 6M-key fill)."""
+    storage = _rocks(tmp_path)
+    scandir = os.scandir
+
+    @contextlib.contextmanager
+    def listing_a_gone_file(path: Path) -> Iterator[list[object]]:
+        with scandir(path) as entries:
+            yield [*entries, _GoneEntry()]
+
+    monkeypatch.setattr("dcpkv.engine.rocks_storage.os.scandir", listing_a_gone_file)
+    _put(storage, (1, b"a", b"1"))
+    _put(storage, (2, b"a", b"2"))
+    monkeypatch.undo()
+    storage.close()
+    again = _rocks(tmp_path)
+    assert _docs(again) == {b"a": (2, b"2", False)}
     again.close()

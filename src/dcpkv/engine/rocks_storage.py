@@ -598,8 +598,11 @@ class RocksStorage(StorageReads):
             with os.scandir(self.path) as entries:
                 for entry in entries:
                     if entry.name.endswith(".log"):
-                        stat = entry.stat()
-                        seen[entry.name] = (stat.st_ino, stat.st_size)
+                        # (RocksDB deletes a WAL file whose memtable a table file now holds,
+                        # synced, from a background thread: one listed may be gone already)
+                        with contextlib.suppress(FileNotFoundError):
+                            stat = entry.stat()
+                            seen[entry.name] = (stat.st_ino, stat.st_size)
             for name, version in seen.items():
                 if self._wal_synced.get(name) != version:
                     with contextlib.suppress(FileNotFoundError):  # obsolete meanwhile: its
