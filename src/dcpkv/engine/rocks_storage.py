@@ -92,9 +92,9 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Generic
+from typing import Any, Generic, TypeVar
 
 import rocksdict
 
@@ -139,6 +139,7 @@ _U64_MAX = (1 << 64) - 1
 _DELETED, _EXPIRED = 1, 2
 _LOCAL_FORMAT, _LOCAL_CLEAN = b"format", b"clean_shutdown"
 _MEMTABLES_MIN, _MEMTABLES_MAX = 4 << 20, 32 << 20
+T = TypeVar("T")  # what a scan makes of each version it reads (a backfill's row, an item)
 # Part of a flush's write batch: a vbucket, items of it in key order, and its state when the
 # batch ends that vbucket's part of the flush (None: more of its items follow).
 Chunk = tuple[int, list[tuple[bytes, Item]], VBState | None]
@@ -152,6 +153,34 @@ def _stream_row(seqno: int, record: bytes) -> StreamRow:
     cas, rev, flags_expiry, packed, klen = _RECORD_IN.unpack_from(record)
     end = _HEADER + klen
     return (record[_HEADER:end], seqno, cas, rev, flags_expiry, packed, record[end:])
+
+
+def _row(seqno: int, record: bytes) -> Row:
+    return row_of_stream_row(_stream_row(seqno, record))
+
+
+def _live_item(seqno: int, record: bytes) -> Item | None:
+    """Warm-up's item of a log record, its value included (None: a tombstone). Built here
+    rather than from a stream row: a warm-up makes one per document."""
+    cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
+    if packed & 0x300:
+        return None
+    end = _HEADER + klen
+    return Item(
+        record[_HEADER:end], record[end:], flags_expiry >> 32, flags_expiry & _U32, cas, rev,
+        seqno, packed & 0xFF,
+    )  # fmt: skip
+
+
+def _live_key(seqno: int, record: bytes) -> Item | None:
+    """:func:`_live_item` without its value (not resident)."""
+    cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
+    if packed & 0x300:
+        return None
+    return Item(
+        record[_HEADER : _HEADER + klen], None, flags_expiry >> 32, flags_expiry & _U32, cas,
+        rev, seqno, packed & 0xFF,
+    )  # fmt: skip
 
 
 def _item(seqno: int, record: bytes, *, value: bool = True) -> Item:
@@ -314,17 +343,21 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
     return options
 
 
-class RocksScan(Generic[R]):
+class RocksScan(Generic[T]):
     """An open disk snapshot of one vbucket: ``start`` (exclusive) .. ``end``, latest version
     per key, read in seqno order by :meth:`read` (two iterators made together: the log and the
-    replaced marks, merged). One thread at a time; reading to the end closes it."""
+    replaced marks, merged), each version as ``make`` builds it from its seqno and log record.
+    One thread at a time; reading to the end closes it."""
 
-    def __init__(self, db: _Db, vb: int, start: int, end: int, purge: int, *, stream: bool) -> None:
+    def __init__(
+        self, db: _Db, vb: int, start: int, end: int, purge: int, *,
+        make: Callable[[int, bytes], T],
+    ) -> None:  # fmt: skip
         self.start, self.end, self.purge_seqno = start, end, purge
         self.high_completed_seqno = 0  # (the opener's: the state's, when ``end`` is its high)
         self.exhausted = False
         self.prepares: list[PrepareItem | AbortItem] = []
-        self._stream = stream
+        self._make: Callable[[int, bytes], T] = make
         self._lock = threading.Lock()
         self._error: str | None = None
         lower, self._upper = _seqno_key(vb, start + 1), _seqno_key(vb, end + 1)
@@ -349,7 +382,7 @@ class RocksScan(Generic[R]):
         """Its iterators let go (closed, read to its end, or the database closed)."""
         return self._log is None
 
-    def read(self, n: int) -> list[R]:
+    def read(self, n: int) -> list[T]:
         """Up to ``n`` more rows; fewer means the snapshot is read to its end (and closed)."""
         with self._lock:
             if self._error is not None:
@@ -362,9 +395,9 @@ class RocksScan(Generic[R]):
                 self._release()
             return rows
 
-    def _read(self, n: int) -> list[Any]:
-        it, mark, upper = self._log, self._next_mark, self._upper
-        rows: list[Any] = []
+    def _read(self, n: int) -> list[T]:
+        it, mark, upper, make = self._log, self._next_mark, self._upper, self._make
+        rows: list[T] = []
         while len(rows) < n and it.valid():
             key = it.key()
             if key >= upper:
@@ -373,8 +406,7 @@ class RocksScan(Generic[R]):
             while mark < seqno:
                 mark = self._mark()
             if mark != seqno:  # (a marked version was replaced: history, not sent)
-                row = _stream_row(seqno, it.value())
-                rows.append(row if self._stream else row_of_stream_row(row))
+                rows.append(make(seqno, it.value()))
             it.next()
         self._next_mark = mark
         if not it.valid():
@@ -739,18 +771,13 @@ class RocksStorage(StorageReads):
         resident, ``value`` None)."""
         with self._write_lock:
             s = self._states.get(vb)
-            scan: RocksScan[StreamRow] = RocksScan(
-                self._db, vb, 0, s.high_seqno if s else 0, 0, stream=True
-            )
+            scan = RocksScan(
+                self._db, vb, 0, s.high_seqno if s else 0, 0,
+                make=_live_item if values else _live_key,
+            )  # fmt: skip
             self._scans.add(scan)
-        while rows := scan.read(4096):
-            for key, seqno, cas, rev, flags_expiry, packed, value in rows:
-                if packed & 0x300:
-                    continue  # a tombstone
-                yield Item(
-                    key, value if values else None, (flags_expiry >> 32) & _U32,
-                    flags_expiry & _U32, cas & _U64_MAX, rev, seqno, packed & 0xFF,
-                )  # fmt: skip
+        while items := scan.read(4096):
+            yield from filter(None, items)  # (None: a tombstone)
 
     def item_count(self, vb: int) -> int:
         """The vbucket's live (not deleted) documents (warm-up under full eviction): the count
@@ -963,7 +990,7 @@ class RocksStorage(StorageReads):
     ) -> RocksScan[Row]:
         """Open a disk snapshot for raw rows; ``end`` defaults to the persisted high seqno,
         and is capped by it."""
-        return self._open_scan(vb, start_exclusive, end_inclusive, stream=False)
+        return self._open_scan(vb, start_exclusive, end_inclusive, _row)
 
     def open_stream_backfill(
         self,
@@ -975,17 +1002,18 @@ class RocksStorage(StorageReads):
     ) -> RocksScan[StreamRow]:
         """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill);
         ``prepares``: with the pending prepares of the range, read with the iterators."""
-        return self._open_scan(vb, start_exclusive, end_inclusive, stream=True, prepares=prepares)
+        return self._open_scan(vb, start_exclusive, end_inclusive, _stream_row, prepares=prepares)
 
     def _open_scan(
-        self, vb: int, start: int, end: int | None, *, stream: bool, prepares: bool = False
-    ) -> RocksScan[Any]:
+        self, vb: int, start: int, end: int | None, make: Callable[[int, bytes], R], *,
+        prepares: bool = False,
+    ) -> RocksScan[R]:  # fmt: skip
         with self._write_lock:  # (no write between the two iterators: one consistent view)
             s = self._states.get(vb)
             high, purge = (s.high_seqno, s.purge_seqno) if s else (0, 0)
             end = high if end is None else min(end, high)
             try:
-                scan: RocksScan[Any] = RocksScan(self._db, vb, start, end, purge, stream=stream)
+                scan = RocksScan(self._db, vb, start, end, purge, make=make)
                 if s is not None and end == s.high_seqno:
                     scan.high_completed_seqno = s.high_completed_seqno
                 if prepares:
