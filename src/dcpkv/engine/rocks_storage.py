@@ -135,7 +135,6 @@ _HEADER = _RECORD_OUT.size
 _PREPARE = struct.Struct(">QB")  # prepares value head: seqno, durability level
 _STATE = struct.Struct(">QQQQQQ")  # high, snap start, snap end, purge, max CAS, history start
 _U32 = 0xFFFFFFFF
-_U64_MAX = (1 << 64) - 1
 _DELETED, _EXPIRED = 1, 2
 _LOCAL_FORMAT, _LOCAL_CLEAN = b"format", b"clean_shutdown"
 _MEMTABLES_MIN, _MEMTABLES_MAX = 4 << 20, 32 << 20
