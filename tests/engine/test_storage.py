@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -324,4 +325,93 @@ def test_a_flush_torn_between_batches_is_undone_at_the_next_open(
     assert again.rollback(0, 2) == 2 and _docs(again) == {
         b"a": (1, b"1", False), b"b": (2, b"1", False),
     }  # fmt: skip
+    again.close()
+
+
+def _index_partitions(storage: RocksStorage, family: str) -> str:
+    """What the family's table files say of their index ("" when they have none)."""
+    props = storage._db.cf[family].property_value("rocksdb.aggregated-table-properties") or ""
+    return next((p.strip() for p in props.split(";") if "index partitions" in p), "")
+
+
+def test_table_files_are_written_with_partitioned_index_and_filters(tmp_path: Path) -> None:
+    """A flush's lookup of a new key must not load a table file's whole filter back into the
+    cache: the key and log families' files are written with their index (and filters) in
+    partitions, and read back through them."""
+    storage = _rocks(tmp_path)
+    _put(storage, *[(i, b"k%05d" % i, b"v") for i in range(1, 2001)])
+    storage.close()  # (a clean close writes the memtables to table files)
+    again = _rocks(tmp_path)
+    for family in ("by_key", "by_seqno"):
+        assert _index_partitions(again, family).startswith("# index partitions=")
+    assert again.get(0, b"k01234") == Item(b"k01234", b"v", cas=1234, rev_seqno=1234, by_seqno=1234)
+    assert again.get(0, b"missing") is None
+    again.close()
+
+
+def _whole_filter_options(name: str, cache: object, memtables: int) -> object:
+    """A family's options as databases made before partitioned filters have their files."""
+    import rocksdict
+
+    options = rocksdict.Options(raw_mode=True)
+    options.set_write_buffer_size(memtables // 2)
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(cache)  # type: ignore[arg-type]
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table)
+    return options
+
+
+def test_a_database_with_whole_filters_opens_and_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Table files written with one whole index and filter each (before partitions) are
+    read as they are; the files written after are partitioned."""
+    with monkeypatch.context() as patched:
+        patched.setattr("dcpkv.engine.rocks_storage._family_options", _whole_filter_options)
+        old = _rocks(tmp_path)
+        _put(old, *[(i, b"k%05d" % i, b"v") for i in range(1, 101)])
+        old.close()
+    storage = _rocks(tmp_path)
+    assert _index_partitions(storage, "by_key") == ""
+    assert storage.get(0, b"k00042") == Item(b"k00042", b"v", cas=42, rev_seqno=42, by_seqno=42)
+    _put(storage, (101, b"k00042", b"new"))
+    storage.close()
+    again = _rocks(tmp_path)
+    assert _index_partitions(again, "by_key").startswith("# index partitions=")
+    assert again.get(0, b"k00042") == Item(b"k00042", b"new", cas=101, rev_seqno=101, by_seqno=101)
+    assert len(_docs(again)) == 100
+    again.close()
+
+
+class _GoneEntry:
+    """A directory entry for a file deleted between the listing and its stat."""
+
+    name = "000999.log"
+
+    def stat(self) -> os.stat_result:
+        raise FileNotFoundError(2, "No such file or directory", self.name)
+
+
+def test_a_wal_file_deleted_while_the_flush_syncs_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB deletes an obsolete WAL file from a background thread at any moment, so a file
+    the sync lists may be gone by its stat: the flush succeeds (seen failing a 6M-key fill)."""
+    storage = _rocks(tmp_path)
+    scandir = os.scandir
+
+    @contextlib.contextmanager
+    def listing_a_gone_file(path: Path) -> Iterator[list[object]]:
+        with scandir(path) as entries:
+            yield [*entries, _GoneEntry()]
+
+    monkeypatch.setattr("dcpkv.engine.rocks_storage.os.scandir", listing_a_gone_file)
+    _put(storage, (1, b"a", b"1"))
+    _put(storage, (2, b"a", b"2"))
+    monkeypatch.undo()
+    storage.close()
+    again = _rocks(tmp_path)
+    assert _docs(again) == {b"a": (2, b"2", False)}
     again.close()

@@ -273,3 +273,19 @@ def test_the_pager_finds_an_expiry_however_it_was_stored(
     clock.advance(6)
     assert vbucket.expiry_pager() == 1
     assert vbucket.peek(b"k").deleted  # type: ignore[union-attr]
+
+
+def test_a_load_keeps_every_item_and_cas_stays_above_the_highest_loaded(
+    vbucket: VBucket,
+) -> None:
+    """Warm-up's load: every item becomes its key's entry, and the next CAS is above every
+    loaded CAS, wherever the highest one came in the load (not only the last)."""
+    high = vbucket.hlc.next_cas() + (1 << 40)  # (far above what the clock gives next)
+    cases = [high - 2, high, high - 1]
+    loaded = [
+        Item(b"k%d" % i, b"v", cas=cas, rev_seqno=1, by_seqno=i + 1) for i, cas in enumerate(cases)
+    ]
+    vbucket.load(loaded)
+    assert [vbucket.peek(item.key) for item in loaded] == loaded
+    assert len(vbucket) == 3
+    assert vbucket.set(b"new", b"v").cas > high

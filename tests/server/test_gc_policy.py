@@ -79,3 +79,24 @@ def test_a_frozen_cycle_waits_for_the_next_full_pass(later: float, freed: bool) 
     assert (garbage() is None) == freed
     assert policy.full_collections == (1 if freed else 0)
     assert gc.get_freeze_count() > 0  # a full pass freezes again after it
+
+
+def test_warming_collects_nothing_then_settles() -> None:
+    """Warm-up's items are never scanned: no collection while it loads, then the garbage it
+    left is collected once and the rest frozen; the collector is on again after."""
+    policy = CollectorPolicy(clock=Clock())
+    with policy.warming():
+        assert not gc.isenabled()
+        garbage = weakref.ref(cycle())
+        loaded = [Node() for _ in range(10_000)]  # (enough to start young collections)
+        assert garbage() is not None  # none ran
+    assert gc.isenabled()
+    assert garbage() is None and policy.full_collections == 1
+    assert gc.get_freeze_count() >= len(loaded)
+
+
+def test_a_failed_warm_up_turns_the_collector_back_on() -> None:
+    policy = CollectorPolicy(clock=Clock())
+    with pytest.raises(OSError), policy.warming():
+        raise OSError("disk")
+    assert gc.isenabled()

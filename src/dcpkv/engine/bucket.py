@@ -219,6 +219,11 @@ def fixed_conflict_mode(path: Path, name: str, requested: ConflictMode) -> Confl
     return created
 
 
+def _charged(vb: VBucket) -> int:
+    """What a vbucket's documents count against the bucket's quota."""
+    return vb.memory_used + HT_ENTRY_OVERHEAD * vb.table_entries
+
+
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -471,6 +476,9 @@ class Bucket:
         with self._io_lock:
             with self.storage.reading("warm-up"):  # reads only: a damaged file stays as it is
                 clean = self.storage.was_clean_shutdown()
+                # memory_used of the vbuckets loaded so far, summed as they load (memory_used
+                # visits every vbucket: once per vbucket, 1M visits, 10 % of a 2M-item warm-up)
+                loaded = 0
                 for vb, s in self.storage.vbucket_states().items():
                     failover = FailoverTable.from_json(s.failover_json, s.high_seqno, rng=self.rng)
                     state = VBucketState.of(s.state)
@@ -478,20 +486,20 @@ class Bucket:
                         failover.create_entry(s.snap_end)
                     vbucket = self._make(vb, state, failover, s)
                     self.vbuckets[vb] = vbucket
-                    self._load(vbucket)
+                    self._load(vbucket, values=loaded < self.memory_quota * WARMUP_VALUE_FRACTION)
                     vbucket.load_prepares(self.storage.load_prepares(vb))
+                    loaded += _charged(vbucket)
             self.storage.set_clean_shutdown(False)
             self.flush_once()  # the new failover entries must be durable before anyone sees them
             return clean
 
-    def _load(self, vbucket: VBucket) -> None:
-        """Warm-up's documents of one vbucket: all its keys (values while they fit), or none
-        under full eviction (they are counted non-resident)."""
+    def _load(self, vbucket: VBucket, *, values: bool) -> None:
+        """Warm-up's documents of one vbucket: all its keys (``values``: theirs too, while
+        they fit), or none under full eviction (they are counted non-resident)."""
         if self.eviction_policy is EvictionPolicy.FULL:
             vbucket.load_nonresident(self.storage.item_count(vbucket.id))
             return
-        with_values = self.memory_used < self.memory_quota * WARMUP_VALUE_FRACTION
-        vbucket.load(self.storage.load_items(vbucket.id, values=with_values))
+        vbucket.load(self.storage.load_items(vbucket.id, values=values))
 
     def shutdown(self) -> None:
         """Flush everything, record a clean shutdown, close storage."""
@@ -673,10 +681,7 @@ class Bucket:
 
     @property
     def memory_used(self) -> int:
-        return sum(
-            vb.memory_used + HT_ENTRY_OVERHEAD * vb.table_entries
-            for vb in list(self.vbuckets.values())
-        )
+        return sum(_charged(vb) for vb in list(self.vbuckets.values()))
 
     def reclaim(self, target: int) -> int:
         """Free memory down to ``target`` bytes: drop slow cursors, then eject values."""

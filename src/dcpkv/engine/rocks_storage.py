@@ -48,12 +48,13 @@ What is kept, trimmed, thinned and where a rollback lands is decided by
 :mod:`dcpkv.engine.retention`.
 
 A flush (:meth:`RocksStorage.persist`) first reads, in one multi-get, the seqno of the version
-each of its keys replaces (``by_key``: the bloom filters make a new key's miss cheap), then
-writes per vbucket its versions to the log and the key index, a replaced mark per replaced
-version, its state and its flush point. Each vbucket's part is in one write batch, so each
-vbucket's disk state moves from one snapshot to the next or not at all; the batches of a
-flush are written without a sync, then the write-ahead log is fsynced once
-(``synchronous="FULL"``): a flush is acknowledged as persisted only after that.
+each of its keys replaces (``by_key``: the bloom filters make a new key's miss cheap, and
+being in partitions keeps it cheap once they outgrow the cache), then writes per vbucket its
+versions to the log and the key index, a replaced mark per replaced version, its state and
+its flush point. Each vbucket's part is in one write batch, so each vbucket's disk state
+moves from one snapshot to the next or not at all; the batches of a flush are written
+without a sync, then the write-ahead log is fsynced once (``synchronous="FULL"``): a flush
+is acknowledged as persisted only after that.
 
 Why the WAL is fsynced here and not by RocksDB: rocksdict holds the interpreter lock for the
 whole of a write, a synced write's fsync included, so every synced flush stopped the server's
@@ -91,9 +92,9 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Generic
+from typing import Any, Generic, TypeVar
 
 import rocksdict
 
@@ -134,10 +135,10 @@ _HEADER = _RECORD_OUT.size
 _PREPARE = struct.Struct(">QB")  # prepares value head: seqno, durability level
 _STATE = struct.Struct(">QQQQQQ")  # high, snap start, snap end, purge, max CAS, history start
 _U32 = 0xFFFFFFFF
-_U64_MAX = (1 << 64) - 1
 _DELETED, _EXPIRED = 1, 2
 _LOCAL_FORMAT, _LOCAL_CLEAN = b"format", b"clean_shutdown"
 _MEMTABLES_MIN, _MEMTABLES_MAX = 4 << 20, 32 << 20
+T = TypeVar("T")  # what a scan makes of each version it reads (a backfill's row, an item)
 # Part of a flush's write batch: a vbucket, items of it in key order, and its state when the
 # batch ends that vbucket's part of the flush (None: more of its items follow).
 Chunk = tuple[int, list[tuple[bytes, Item]], VBState | None]
@@ -151,6 +152,34 @@ def _stream_row(seqno: int, record: bytes) -> StreamRow:
     cas, rev, flags_expiry, packed, klen = _RECORD_IN.unpack_from(record)
     end = _HEADER + klen
     return (record[_HEADER:end], seqno, cas, rev, flags_expiry, packed, record[end:])
+
+
+def _row(seqno: int, record: bytes) -> Row:
+    return row_of_stream_row(_stream_row(seqno, record))
+
+
+def _live_item(seqno: int, record: bytes) -> Item | None:
+    """Warm-up's item of a log record, its value included (None: a tombstone). Built here
+    rather than from a stream row: a warm-up makes one per document."""
+    cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
+    if packed & 0x300:
+        return None
+    end = _HEADER + klen
+    return Item(
+        record[_HEADER:end], record[end:], flags_expiry >> 32, flags_expiry & _U32, cas, rev,
+        seqno, packed & 0xFF,
+    )  # fmt: skip
+
+
+def _live_key(seqno: int, record: bytes) -> Item | None:
+    """:func:`_live_item` without its value (not resident)."""
+    cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
+    if packed & 0x300:
+        return None
+    return Item(
+        record[_HEADER : _HEADER + klen], None, flags_expiry >> 32, flags_expiry & _U32, cas,
+        rev, seqno, packed & 0xFF,
+    )  # fmt: skip
 
 
 def _item(seqno: int, record: bytes, *, value: bool = True) -> Item:
@@ -286,9 +315,12 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
     table.set_cache_index_and_filter_blocks(True)
     # Partitioned index and filters: a table file's index and bloom filter are split into
     # blocks of a few KiB under a small top level, which stays pinned in the cache; a lookup
-    # reads one partition of each. Whole per-file filters (over 1 MiB each at 1M keys) were
-    # evicted by the data blocks reads bring in, so a missing key's lookup read a whole one
-    # again (~100 us), and key_may_exist, which never reads, said "maybe" for most keys.
+    # reads one partition of each. Whole per-file filters (~1.25 B a key: ~400 KB for a
+    # 64 MiB file, over 1 MiB at 1M keys) were evicted once a bucket's filters outgrew the
+    # cache (past ~1M keys at 16 MiB), so a flush's lookup of a new key loaded whole filters
+    # back (its Python part went from 2 to 11 us a key by 2.4M keys; 3.5 us partitioned), a
+    # missing key's Get read a whole one again (~100 us), and key_may_exist, which never
+    # reads, said "maybe" for most keys.
     table.set_index_type(rocksdict.BlockBasedIndexType.two_level_index_search())
     table.set_partition_filters(True)
     table.set_metadata_block_size(4096)
@@ -312,17 +344,21 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
     return options
 
 
-class RocksScan(Generic[R]):
+class RocksScan(Generic[T]):
     """An open disk snapshot of one vbucket: ``start`` (exclusive) .. ``end``, latest version
     per key, read in seqno order by :meth:`read` (two iterators made together: the log and the
-    replaced marks, merged). One thread at a time; reading to the end closes it."""
+    replaced marks, merged), each version as ``make`` builds it from its seqno and log record.
+    One thread at a time; reading to the end closes it."""
 
-    def __init__(self, db: _Db, vb: int, start: int, end: int, purge: int, *, stream: bool) -> None:
+    def __init__(
+        self, db: _Db, vb: int, start: int, end: int, purge: int, *,
+        make: Callable[[int, bytes], T],
+    ) -> None:  # fmt: skip
         self.start, self.end, self.purge_seqno = start, end, purge
         self.high_completed_seqno = 0  # (the opener's: the state's, when ``end`` is its high)
         self.exhausted = False
         self.prepares: list[PrepareItem | AbortItem] = []
-        self._stream = stream
+        self._make: Callable[[int, bytes], T] = make
         self._lock = threading.Lock()
         self._error: str | None = None
         lower, self._upper = _seqno_key(vb, start + 1), _seqno_key(vb, end + 1)
@@ -347,7 +383,7 @@ class RocksScan(Generic[R]):
         """Its iterators let go (closed, read to its end, or the database closed)."""
         return self._log is None
 
-    def read(self, n: int) -> list[R]:
+    def read(self, n: int) -> list[T]:
         """Up to ``n`` more rows; fewer means the snapshot is read to its end (and closed)."""
         with self._lock:
             if self._error is not None:
@@ -360,9 +396,9 @@ class RocksScan(Generic[R]):
                 self._release()
             return rows
 
-    def _read(self, n: int) -> list[Any]:
-        it, mark, upper = self._log, self._next_mark, self._upper
-        rows: list[Any] = []
+    def _read(self, n: int) -> list[T]:
+        it, mark, upper, make = self._log, self._next_mark, self._upper, self._make
+        rows: list[T] = []
         while len(rows) < n and it.valid():
             key = it.key()
             if key >= upper:
@@ -371,8 +407,7 @@ class RocksScan(Generic[R]):
             while mark < seqno:
                 mark = self._mark()
             if mark != seqno:  # (a marked version was replaced: history, not sent)
-                row = _stream_row(seqno, it.value())
-                rows.append(row if self._stream else row_of_stream_row(row))
+                rows.append(make(seqno, it.value()))
             it.next()
         self._next_mark = mark
         if not it.valid():
@@ -596,8 +631,11 @@ class RocksStorage(StorageReads):
             with os.scandir(self.path) as entries:
                 for entry in entries:
                     if entry.name.endswith(".log"):
-                        stat = entry.stat()
-                        seen[entry.name] = (stat.st_ino, stat.st_size)
+                        # (RocksDB deletes a WAL file whose memtable a table file now holds,
+                        # synced, from a background thread: one listed may be gone already)
+                        with contextlib.suppress(FileNotFoundError):
+                            stat = entry.stat()
+                            seen[entry.name] = (stat.st_ino, stat.st_size)
             for name, version in seen.items():
                 if self._wal_synced.get(name) != version:
                     with contextlib.suppress(FileNotFoundError):  # obsolete meanwhile: its
@@ -734,18 +772,13 @@ class RocksStorage(StorageReads):
         resident, ``value`` None)."""
         with self._write_lock:
             s = self._states.get(vb)
-            scan: RocksScan[StreamRow] = RocksScan(
-                self._db, vb, 0, s.high_seqno if s else 0, 0, stream=True
-            )
+            scan = RocksScan(
+                self._db, vb, 0, s.high_seqno if s else 0, 0,
+                make=_live_item if values else _live_key,
+            )  # fmt: skip
             self._scans.add(scan)
-        while rows := scan.read(4096):
-            for key, seqno, cas, rev, flags_expiry, packed, value in rows:
-                if packed & 0x300:
-                    continue  # a tombstone
-                yield Item(
-                    key, value if values else None, (flags_expiry >> 32) & _U32,
-                    flags_expiry & _U32, cas & _U64_MAX, rev, seqno, packed & 0xFF,
-                )  # fmt: skip
+        while items := scan.read(4096):
+            yield from filter(None, items)  # (None: a tombstone)
 
     def item_count(self, vb: int) -> int:
         """The vbucket's live (not deleted) documents (warm-up under full eviction): the count
@@ -958,7 +991,7 @@ class RocksStorage(StorageReads):
     ) -> RocksScan[Row]:
         """Open a disk snapshot for raw rows; ``end`` defaults to the persisted high seqno,
         and is capped by it."""
-        return self._open_scan(vb, start_exclusive, end_inclusive, stream=False)
+        return self._open_scan(vb, start_exclusive, end_inclusive, _row)
 
     def open_stream_backfill(
         self,
@@ -970,17 +1003,18 @@ class RocksStorage(StorageReads):
     ) -> RocksScan[StreamRow]:
         """:meth:`open_backfill` reading :data:`StreamRow` rows (a DCP stream's backfill);
         ``prepares``: with the pending prepares of the range, read with the iterators."""
-        return self._open_scan(vb, start_exclusive, end_inclusive, stream=True, prepares=prepares)
+        return self._open_scan(vb, start_exclusive, end_inclusive, _stream_row, prepares=prepares)
 
     def _open_scan(
-        self, vb: int, start: int, end: int | None, *, stream: bool, prepares: bool = False
-    ) -> RocksScan[Any]:
+        self, vb: int, start: int, end: int | None, make: Callable[[int, bytes], R], *,
+        prepares: bool = False,
+    ) -> RocksScan[R]:  # fmt: skip
         with self._write_lock:  # (no write between the two iterators: one consistent view)
             s = self._states.get(vb)
             high, purge = (s.high_seqno, s.purge_seqno) if s else (0, 0)
             end = high if end is None else min(end, high)
             try:
-                scan: RocksScan[Any] = RocksScan(self._db, vb, start, end, purge, stream=stream)
+                scan = RocksScan(self._db, vb, start, end, purge, make=make)
                 if s is not None and end == s.high_seqno:
                     scan.high_completed_seqno = s.high_completed_seqno
                 if prepares:

@@ -703,8 +703,8 @@ class DataServer:
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         tls = self._tls_context()  # before anything else: a bad certificate fails at once
-        await loop.run_in_executor(self.executor, self.open_buckets)
-        self.collector.settle()  # the items warm-up loaded are never scanned again
+        with self.collector.warming():  # then the items it loaded are never scanned again
+            await loop.run_in_executor(self.executor, self.open_buckets)
         for bucket in self.state.buckets.values():
             bucket.start_background_fetch(partial(self._landed, loop))
         for name, bucket in self.state.buckets.items():

@@ -21,6 +21,9 @@ a permanent generation the collector never scans):
 =============================== ================================================================
 when                            what
 =============================== ================================================================
+during warm-up                  no collection at all: each full pass would scan every item
+(:meth:`warming`)               loaded so far (a 2M-item warm-up made 11 of them, 2.2 s of its
+                                6.6-7.4 s of CPU; their count and size grow with the bucket)
 after warm-up (:meth:`settle`)  one full collection of start-up garbage, then freeze: the items
                                 loaded from disk are never scanned
 every ``freeze_every_s``        freeze again: collections only ever scan what was allocated in
@@ -47,9 +50,10 @@ cyclic garbage waits for the next full pass. A plain object, no I/O: the server'
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 FREEZE_EVERY_S = 0.1
 FULL_EVERY_S = 3600.0
@@ -70,6 +74,19 @@ class CollectorPolicy:
         self.full_collections = 0
         self.last_full_pause_s = 0.0  # how long the last full pass held the interpreter
         self.freed_by_full = 0  # unreachable objects the full passes found, in all
+
+    @contextlib.contextmanager
+    def warming(self) -> Iterator[None]:
+        """Around warm-up: the collector off (warm-up makes items, not cycles), then
+        :meth:`settle`; on again whatever happens."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if enabled:
+                gc.enable()
+        self.settle()
 
     def settle(self) -> None:
         """After warm-up: drop start-up garbage, then freeze everything left."""
