@@ -93,6 +93,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -158,30 +159,6 @@ def _row(seqno: int, record: bytes) -> Row:
     return row_of_stream_row(_stream_row(seqno, record))
 
 
-def _live_item(seqno: int, record: bytes) -> Item | None:
-    """Warm-up's item of a log record, its value included (None: a tombstone). Built here
-    rather than from a stream row: a warm-up makes one per document."""
-    cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
-    if packed & 0x300:
-        return None
-    end = _HEADER + klen
-    return Item(
-        record[_HEADER:end], record[end:], flags_expiry >> 32, flags_expiry & _U32, cas, rev,
-        seqno, packed & 0xFF,
-    )  # fmt: skip
-
-
-def _live_key(seqno: int, record: bytes) -> Item | None:
-    """:func:`_live_item` without its value (not resident)."""
-    cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
-    if packed & 0x300:
-        return None
-    return Item(
-        record[_HEADER : _HEADER + klen], None, flags_expiry >> 32, flags_expiry & _U32, cas,
-        rev, seqno, packed & 0xFF,
-    )  # fmt: skip
-
-
 def _item(seqno: int, record: bytes, *, value: bool = True) -> Item:
     cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
     end = _HEADER + klen
@@ -190,6 +167,20 @@ def _item(seqno: int, record: bytes, *, value: bool = True) -> Item:
         record[_HEADER:end], record[end:] if value else None, flags_expiry >> 32,
         flags_expiry & _U32, cas, rev, seqno, packed & 0xFF, bool(deleted), packed >> 10,
         deleted == _EXPIRED,
+    )  # fmt: skip
+
+
+def _live_item(seqno: int, record: bytes, *, value: bool = True) -> Item | None:
+    """Warm-up's item of a log record (``value``: with its value, else not resident); None
+    for a tombstone. Built here rather than from a stream row: a warm-up makes one per
+    document."""
+    cas, rev, flags_expiry, packed, klen = _RECORD_OUT.unpack_from(record)
+    if packed & 0x300:
+        return None
+    end = _HEADER + klen
+    return Item(
+        record[_HEADER:end], record[end:] if value else None, flags_expiry >> 32,
+        flags_expiry & _U32, cas, rev, seqno, packed & 0xFF,
     )  # fmt: skip
 
 
@@ -774,7 +765,7 @@ class RocksStorage(StorageReads):
             s = self._states.get(vb)
             scan = RocksScan(
                 self._db, vb, 0, s.high_seqno if s else 0, 0,
-                make=_live_item if values else _live_key,
+                make=partial(_live_item, value=values),
             )  # fmt: skip
             self._scans.add(scan)
         while items := scan.read(4096):
