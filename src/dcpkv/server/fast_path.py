@@ -144,17 +144,13 @@ class _Chunk:
             return False
         value = item.value
         assert value is not None  # resident items and fetched versions have their value
-        if opcode in _KEYED_GETS:
-            self.append(kv.GET_HIT.pack(
-                _RESPONSE, opcode, keylen, 4, item.datatype & self.mask, 0,
-                4 + keylen + len(value), opaque, item.cas, item.flags,
-            ))  # fmt: skip
+        echoed = keylen if opcode in _KEYED_GETS else 0  # (a GetK's answer carries its key)
+        self.append(kv.GET_HIT.pack(
+            _RESPONSE, opcode, echoed, 4, item.datatype & self.mask, 0,
+            4 + echoed + len(value), opaque, item.cas, item.flags,
+        ))  # fmt: skip
+        if echoed:
             self.append(bytes(key))
-        else:
-            self.append(kv.GET_HIT.pack(
-                _RESPONSE, opcode, 0, 4, item.datatype & self.mask, 0, 4 + len(value), opaque,
-                item.cas, item.flags,
-            ))  # fmt: skip
         self.append(value)
         return True
 
