@@ -129,10 +129,15 @@ class Sample:
         return drift(self.before, self.after) > DRIFT_LIMIT
 
 
+def window_yardstick(samples: list[Sample]) -> float:
+    """The yardstick a figure measured in ``samples`` goes with: the median of their means."""
+    return statistics.median(s.mid for s in samples)
+
+
 def _ratio_to_yardstick(value: float, samples: list[Sample]) -> float:
     if all(s.value is not None for s in samples):  # rounds: the median of their ratios
         return statistics.median(s.value / s.mid for s in samples if s.value is not None)
-    return value / statistics.median(s.mid for s in samples)
+    return value / window_yardstick(samples)
 
 
 @dataclass
@@ -175,7 +180,7 @@ class Figures:
         """The yardstick a figure goes with: its window's (median) mean, else the benchmark's."""
         samples = self.windows.get(metric)
         if samples:
-            return statistics.median(s.mid for s in samples)
+            return window_yardstick(samples)
         return None if self.yardstick is None else sum(self.yardstick) / 2
 
     def lines(self) -> list[str]:

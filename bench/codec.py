@@ -12,10 +12,10 @@ document change), then times four things with ``time.perf_counter``:
 * fused: the same mutations, with their flow-control sizes, straight from the buffer by
   ``fast_dcp.feed_mutations`` (no Frame in between: what the client's receive path pays).
 
-Rates are printed as a rich table, in messages/s and MB/s of wire bytes. The figures (the
-``NAME VALUE UNIT`` lines, ``--json PATH``) then time each operation :data:`ROUNDS` times more,
-each between two yardstick samples (``bench/_report.py``'s ``rounds``): a pure-Python figure
-moves with the host as the yardstick does, so its ratio holds only when both are timed together.
+Each operation runs :data:`ROUNDS` times, each between two yardstick samples
+(``bench/_report.py``'s ``rounds``: a pure-Python figure moves with the host as the yardstick
+does, so its ratio holds only when both are timed together); the medians are printed as a rich
+table, in messages/s and MB/s of wire bytes, and as the figures (``--json PATH``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dcpkv.protocol.fast_dcp import feed_mutations
 
 KEY_LEN = 16
 VALUE_LEN = 100
-ROUNDS = 3  # of each figure (the table shows a first, unbracketed run)
+ROUNDS = 3  # of each figure
 
 
 def _mutations(count: int) -> list[Mutation]:
@@ -61,7 +61,12 @@ def _timed(fn: Callable[[], int]) -> tuple[float, int]:
 
 
 def _rounds_of(metric: str, fn: Callable[[], int], count: int) -> dict[str, float]:
-    return rounds(ROUNDS, lambda: {metric: count / _timed(fn)[0]})
+    def one() -> dict[str, float]:
+        seconds, n = _timed(fn)
+        assert n == count, f"{metric}: {n:,} messages, not {count:,}"
+        return {metric: count / seconds}
+
+    return rounds(ROUNDS, one)
 
 
 def run(
@@ -75,7 +80,7 @@ def run(
         encoded[:] = [m.encode() for m in messages]
         return len(encoded)
 
-    enc_s, _ = _timed(encode)
+    encode()  # (the frames every other operation reads)
     buffer = b"".join(encoded)
     assert len(encoded[0]) == 24 + 31 + KEY_LEN + VALUE_LEN
 
@@ -99,27 +104,19 @@ def run(
             n += len(run)
         return n
 
-    parse_s, parsed = _timed(parse)
-    dec_s, decoded = _timed(decode)
-    fused_s, fused_n = _timed(fused)
-    assert parsed == decoded == fused_n == count
     # the figures: each operation ROUNDS times between yardstick samples (bench/_report.py)
     figures: dict[str, float] = {}
-    for metric, fn in (("encode_msgs_per_s", encode), ("parse_msgs_per_s", parse),
-                       ("parse_decode_msgs_per_s", decode),
-                       ("parse_decode_fused_msgs_per_s", fused)):  # fmt: skip
+    rows = (("encode", "encode_msgs_per_s", encode), ("parse frames", "parse_msgs_per_s", parse),
+            ("parse + decode", "parse_decode_msgs_per_s", decode),
+            ("parse + decode, fused", "parse_decode_fused_msgs_per_s", fused))  # fmt: skip
+    for _, metric, fn in rows:
         figures |= _rounds_of(metric, fn, count)
-
-    table = Table(title=f"DCP Mutation codec, {count:,} messages of {len(encoded[0])} bytes")
+    table = Table(title=f"DCP Mutation codec, {count:,} messages of {len(encoded[0])} bytes "
+                  f"(the median of {ROUNDS} rounds)")  # fmt: skip
     for column in ("operation", "seconds", "messages/s", "MB/s", "µs/message"):
         table.add_column(column, justify="right")
-    rows = (
-        ("encode", enc_s),
-        ("parse frames", parse_s),
-        ("parse + decode", dec_s),
-        ("parse + decode, fused", fused_s),
-    )
-    for name, seconds in rows:
+    for name, metric, _ in rows:
+        seconds = count / figures[metric]
         table.add_row(
             name,
             f"{seconds:.3f}",

@@ -38,7 +38,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from _report import DRIFT_LIMIT, drift, is_throughput, unit_of
+from _report import DRIFT_LIMIT, Sample, drift, is_throughput, unit_of, window_yardstick
 
 Ref = tuple[str, str]  # (source, metric)
 Figures = dict[str, dict[str, float]]
@@ -268,8 +268,8 @@ def _own_yardsticks(body: dict[str, Any]) -> dict[Ref, tuple[float, float]]:
     for metric, samples in body.get("windows", {}).items():
         ratio = body["ratios"].get(f"{metric}/yardstick")
         if ratio is not None:
-            mids = sorted((before + after) / 2 for before, after, _ in samples)
-            out[(body["bench"], metric)] = (ratio, mids[len(mids) // 2])
+            yardstick = window_yardstick([Sample(*sample) for sample in samples])
+            out[(body["bench"], metric)] = (ratio, yardstick)
     return out
 
 
