@@ -32,13 +32,19 @@ benchmark was measured. A benchmark therefore brackets the code that measures a 
   samples, and returns the median of each metric; its ratio is the median of the rounds'
   ratios (a burst of other work moves one round, not the median). Short figures use it.
 
-A figure with neither is divided by the mean of the benchmark's two timings. A figure's
+A figure is bound by one resource, and is divided by that resource's yardstick
+(``bench/yardstick.py --kind``): ``cpu`` by default; ``window(..., bound="latency")`` for a
+rate set by wake-ups (one connection's stop-and-wait). Its ratio is named after that yardstick
+(:func:`ratio_name`: ``rate/yardstick``, ``rate/latency_yardstick``).
+
+A figure with neither is divided by the mean of the benchmark's two (cpu) timings. A figure's
 ratio is *uncertain* when the yardstick moved by more than :data:`DRIFT_LIMIT` around it
 (in most of its rounds), or, without a window, during the whole benchmark: such figures are
 named in a ``# WARNING`` line at the top of the block and listed under ``moved`` in the JSON.
 The JSON holds the same: ``{"bench", "figures", "units", "ratios", "yardstick": {"start",
-"end", "unit"}, "windows": {metric: [[before, after, value or null], ...]}, "moved": [...],
-...}``, and whatever else the benchmark keeps (phases, parameters, a peer's figures).
+"end", "unit"}, "windows": {metric: [[before, after, value or null], ...]}, "bounds": {metric:
+kind} (figures not bound by the cpu), "moved": [...], ...}``, and whatever else the benchmark
+keeps (phases, parameters, a peer's figures).
 Outside :func:`bench_main` (a test calling a benchmark's function) windows time nothing.
 """
 
@@ -59,6 +65,9 @@ import typer
 
 YARDSTICK = Path(__file__).with_name("yardstick.py")
 YARDSTICK_UNIT = "frames/s"
+CPU = "cpu"
+# a bound's yardstick: (its ratio's divisor name, its unit), bench/yardstick.py --kind
+BOUNDS = {CPU: ("yardstick", YARDSTICK_UNIT), "latency": ("latency_yardstick", "trips/s")}
 DRIFT_LIMIT = 0.20  # the two yardstick timings of one run may differ by this much
 SAMPLE_ROUNDS = 5  # a window's yardstick sample: ~0.1 s on this host (the full timing: 9)
 PEERS = ("memcached", "redis", "postgresql")  # prefixes of a same-benchmark peer's figures
@@ -90,6 +99,11 @@ def unit_of(metric: str) -> str:
         if token in _UNIT_TOKENS:
             return _UNIT_TOKENS[token]
     return "fraction" if "fraction" in tokens else "count"
+
+
+def ratio_name(metric: str, bound: str = CPU) -> str:
+    """The name of ``metric``'s ratio to the yardstick of the resource it is bound by."""
+    return f"{metric}/{BOUNDS[bound][0]}"
 
 
 def is_throughput(unit: str) -> bool:
@@ -148,6 +162,7 @@ class Figures:
     figures: dict[str, float]
     yardstick: tuple[float, float] | None = None  # (start, end), frames/s
     windows: dict[str, list[Sample]] = field(default_factory=dict)  # metric -> its samples
+    bounds: dict[str, str] = field(default_factory=dict)  # metric -> its bound, when not cpu
     units: dict[str, str] = field(init=False)
     ratios: dict[str, float] = field(init=False)
     moved: list[str] = field(init=False)  # throughputs whose ratio to the yardstick is uncertain
@@ -168,20 +183,24 @@ class Figures:
     def _yardstick_ratio(self, metric: str, value: float) -> None:
         samples = self.windows.get(metric)
         if samples:
-            self.ratios[f"{metric}/yardstick"] = _ratio_to_yardstick(value, samples)
+            name = ratio_name(metric, self.bounds.get(metric, CPU))
+            self.ratios[name] = _ratio_to_yardstick(value, samples)
             if sum(s.moved for s in samples) * 2 > len(samples):
                 self.moved.append(metric)
-        elif self.yardstick is not None:
-            self.ratios[f"{metric}/yardstick"] = value / (sum(self.yardstick) / 2)
+        elif self.yardstick is not None and metric not in self.bounds:
+            self.ratios[ratio_name(metric)] = value / (sum(self.yardstick) / 2)
             if drift(*self.yardstick) > DRIFT_LIMIT:
                 self.moved.append(metric)
 
     def figure_yardstick(self, metric: str) -> float | None:
-        """The yardstick a figure goes with: its window's (median) mean, else the benchmark's."""
+        """The yardstick a figure goes with: its window's (median) mean, else the benchmark's
+        (in the unit of the figure's bound, :data:`BOUNDS`)."""
         samples = self.windows.get(metric)
         if samples:
             return window_yardstick(samples)
-        return None if self.yardstick is None else sum(self.yardstick) / 2
+        if self.yardstick is None or metric in self.bounds:
+            return None
+        return sum(self.yardstick) / 2
 
     def lines(self) -> list[str]:
         out = [f"# {self.bench}: NAME VALUE UNIT (bench/README.md)"]
@@ -209,13 +228,16 @@ class Figures:
         if self.windows:
             body["windows"] = {m: [[s.before, s.after, s.value] for s in samples]
                                for m, samples in self.windows.items()}  # fmt: skip
+        if self.bounds:
+            body["bounds"] = self.bounds
         return body | extra
 
 
-def yardstick_rate(rounds: int | None = None) -> float:
-    """The yardstick now, in a fresh process: frames/s (``rounds``: fewer for a sample)."""
+def yardstick_rate(rounds: int | None = None, bound: str = CPU) -> float:
+    """The yardstick of ``bound`` now, in a fresh process, in its unit (:data:`BOUNDS`;
+    ``rounds``: fewer for a sample)."""
     more = [] if rounds is None else ["--rounds", str(rounds)]
-    done = subprocess.run([sys.executable, str(YARDSTICK), "--value", *more],
+    done = subprocess.run([sys.executable, str(YARDSTICK), "--value", "--kind", bound, *more],
                           capture_output=True, text=True, check=True)  # fmt: skip
     return float(done.stdout)
 
@@ -230,39 +252,55 @@ class _Held:
 
 _held: list[_Held] | None = None  # under bench_main: the figures waiting for the end timing
 _windows: dict[str, list[Sample]] = {}  # under bench_main: each metric's yardstick samples
+_bounds: dict[str, str] = {}  # under bench_main: the metrics not bound by the cpu
 
 
-def _sample(wanted: bool = True) -> float | None:
-    return None if _held is None or not wanted else yardstick_rate(SAMPLE_ROUNDS)
+def _sample(wanted: bool = True, bound: str = CPU) -> float | None:
+    return None if _held is None or not wanted else yardstick_rate(SAMPLE_ROUNDS, bound)
+
+
+def _bind(metrics: Iterable[str], bound: str) -> None:
+    if bound not in BOUNDS:
+        raise ValueError(f"no yardstick for {bound!r}: one of {', '.join(BOUNDS)}")
+    if bound != CPU:
+        _bounds.update(dict.fromkeys(metrics, bound))
 
 
 @contextmanager
-def window(*metrics: str, after: bool = True) -> Iterator[None]:
-    """Time the yardstick just before and just after the block that measures ``metrics``
-    (no metrics: nothing is timed). ``after=False``: the sample before stands for both, for
-    a figure whose work goes on after it (a sample then would time that work's load)."""
-    before = _sample(bool(metrics))
+def window(*metrics: str, after: bool = True, bound: str = CPU) -> Iterator[None]:
+    """Time ``bound``'s yardstick just before and just after the block that measures
+    ``metrics`` (no metrics: nothing is timed). ``after=False``: the sample before stands for
+    both, for a figure whose work goes on after it (a sample then would time that work's
+    load)."""
+    _bind(metrics, bound)
+    before = _sample(bool(metrics), bound)
     yield
-    end = _sample(bool(metrics)) if after else before
+    end = _sample(bool(metrics), bound) if after else before
     if before is not None and end is not None:
         record(metrics, before, end)
 
 
-def record(metrics: Iterable[str], before: float, after: float) -> None:
+def record(metrics: Iterable[str], before: float, after: float, bound: str = CPU) -> None:
     """Yardstick timings taken around ``metrics`` elsewhere (another process's own)."""
-    for metric in metrics:
+    names = list(metrics)
+    _bind(names, bound)
+    for metric in names:
         _windows.setdefault(metric, []).append(Sample(before, after))
 
 
-def rounds(count: int, measure: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """``measure()`` ``count`` times, each between two yardstick samples: the median of each
-    metric (their ratios: the median of the rounds' ratios, see the module docstring)."""
+def rounds(
+    count: int, measure: Callable[[], dict[str, float]], bound: str = CPU
+) -> dict[str, float]:
+    """``measure()`` ``count`` times, each between two samples of ``bound``'s yardstick: the
+    median of each metric (their ratios: the median of the rounds' ratios, see the module
+    docstring)."""
     results = []
     for _ in range(count):
-        before = _sample()
+        before = _sample(bound=bound)
         figures = measure()
-        after = _sample()
+        after = _sample(bound=bound)
         results.append(figures)
+        _bind(figures, bound)
         if before is not None and after is not None:
             for metric, value in figures.items():
                 _windows.setdefault(metric, []).append(Sample(before, after, value))
@@ -271,7 +309,8 @@ def rounds(count: int, measure: Callable[[], dict[str, float]]) -> dict[str, flo
 
 def _emit(held: _Held, yardstick: tuple[float, float] | None) -> None:
     windows = {m: _windows[m] for m in held.figures if m in _windows}
-    figures = Figures(held.bench, held.figures, yardstick, windows)
+    bounds = {m: _bounds[m] for m in held.figures if m in _bounds}
+    figures = Figures(held.bench, held.figures, yardstick, windows, bounds)
     print("\n".join(figures.lines()), flush=True)
     if held.path is not None:
         held.path.parent.mkdir(parents=True, exist_ok=True)

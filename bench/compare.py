@@ -8,8 +8,9 @@ throughput over the yardstick, or over a peer of the same benchmark), and prints
 ratio: ``NAME RATIO_A RATIO_B B/A FIGURE_A FIGURE_B VERDICT``, the verdict ``AGREE`` or
 ``DIFFER`` (more than :data:`AGREEMENT` apart), ``DIFFER*`` or ``AGREE*`` where the yardstick
 moved by more than 20 % around that figure in either run (the benchmark's ``moved``; in files
-written before figures had their own windows: during the whole benchmark). The last line, a
-comment, counts them.
+written before figures had their own windows: during the whole benchmark). The last two lines,
+comments, count them: the ratios to a yardstick (whichever resource's, ``bench/_report.py``),
+then the ratios to a peer of the same run.
 
     .venv/bin/python bench/compare.py RESULTS_A RESULTS_B
 """
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _report import DRIFT_LIMIT, drift, fmt_value
+from _report import BOUNDS, DRIFT_LIMIT, drift, fmt_value
 
 AGREEMENT = 0.20
 
@@ -42,10 +44,25 @@ def _moved(body: dict[str, Any], metric: str) -> bool:
     return timings is not None and drift(timings["start"], timings["end"]) > DRIFT_LIMIT
 
 
-def compare(a: Path, b: Path) -> tuple[list[str], int, int]:
-    """The lines, how many ratios agree and how many there are."""
+def is_yardstick_ratio(name: str) -> bool:
+    """``rate/latency_yardstick``: yes; ``rate/memcached``: no (a peer's)."""
+    return name.split("/")[-1] in {divisor for divisor, _unit in BOUNDS.values()}
+
+
+@dataclass
+class Count:
+    agree: int = 0
+    total: int = 0
+
+    def add(self, ok: bool) -> None:
+        self.agree, self.total = self.agree + ok, self.total + 1
+
+
+def compare(a: Path, b: Path) -> tuple[list[str], Count, Count]:
+    """The lines, and how many ratios agree of how many: to a yardstick, to a peer."""
     runs_a, runs_b = _benches(a), _benches(b)
-    lines, agree, total = [], 0, 0
+    lines: list[str] = []
+    yardsticks, peers = Count(), Count()
     for bench in sorted(runs_a.keys() & runs_b.keys()):
         body_a, body_b = runs_a[bench], runs_b[bench]
         for name in body_a["ratios"].keys() & body_b["ratios"].keys():
@@ -56,21 +73,22 @@ def compare(a: Path, b: Path) -> tuple[list[str], int, int]:
             moved = "*" if _moved(body_a, metric) or _moved(body_b, metric) else ""
             fa, fb = body_a["figures"][metric], body_b["figures"][metric]
             ok = drift(ra, rb) <= AGREEMENT
-            agree, total = agree + ok, total + 1
+            (yardsticks if is_yardstick_ratio(name) else peers).add(ok)
             values = (ra, rb, rb / ra, fa, fb)
             lines.append(f"{bench}.{name} {' '.join(fmt_value(v) for v in values)} "
                          f"{'AGREE' if ok else 'DIFFER'}{moved}")  # fmt: skip
-    return sorted(lines), agree, total
+    return sorted(lines), yardsticks, peers
 
 
 def main() -> int:
     if len(sys.argv) != 3:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    lines, agree, total = compare(Path(sys.argv[1]), Path(sys.argv[2]))
+    lines, yardsticks, peers = compare(Path(sys.argv[1]), Path(sys.argv[2]))
     print("# NAME RATIO_A RATIO_B B/A FIGURE_A FIGURE_B VERDICT (bench/compare.py)")
     print("\n".join(lines))
-    print(f"# {agree} of {total} ratios agree within {AGREEMENT:.0%}")
+    for count, what in ((yardsticks, "to a yardstick"), (peers, "to a peer")):
+        print(f"# {count.agree} of {count.total} ratios {what} agree within {AGREEMENT:.0%}")
     return 0
 
 

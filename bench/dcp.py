@@ -62,7 +62,7 @@ from dcpkv.protocol.frame import Frame
 from dcpkv.protocol.messages import decode_message
 
 KEY_LEN, VALUE = 16, b"v" * 100
-SNAPPY_ROUNDS = 3  # of each short figure, between yardstick samples (bench/_report.py)
+SNAPPY_ROUNDS = 5  # of each short figure, between yardstick samples (bench/_report.py)
 
 
 def _key(i: int) -> bytes:

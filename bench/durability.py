@@ -108,7 +108,7 @@ async def _measure(
         for n in IN_FLIGHT:
             pooled: dict[str, list[float]] = {m: [] for m in modes}
             took: dict[str, float] = dict.fromkeys(modes, 0.0)
-            with window(*(f"{name}_writes_per_s_{n}" for name in modes)):  # modes interleaved
+            with window(*(f"{name}_writes_per_s_{n}" for name in modes), bound="latency"):
                 for r in range(rounds):
                     for name, write in modes.items():
                         start = time.perf_counter()

@@ -51,7 +51,7 @@ from dcpkv.engine.vbucket import VBucket
 
 VALUE = b"x" * 100
 PER_FLUSH = 6_000
-FLUSH_ROUNDS = 3  # of each flush row, between yardstick samples
+FLUSH_ROUNDS = 5  # of each flush row, between yardstick samples
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

@@ -38,7 +38,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from _report import DRIFT_LIMIT, Sample, drift, is_throughput, unit_of, window_yardstick
+from _report import (
+    BOUNDS,
+    CPU,
+    DRIFT_LIMIT,
+    Sample,
+    drift,
+    is_throughput,
+    ratio_name,
+    unit_of,
+    window_yardstick,
+)
 
 Ref = tuple[str, str]  # (source, metric)
 Figures = dict[str, dict[str, float]]
@@ -62,7 +72,7 @@ class Target:
         return value >= bound if self.at_least else value <= bound
 
 
-def at_least(bound: float, text: str) -> Target:
+def at_least(bound: float | Callable[[Figures], float | None], text: str) -> Target:
     return Target(True, bound, text)
 
 
@@ -215,7 +225,7 @@ RUN = "make bench"  # the yardstick timings around the whole run, beside each be
 README_BEGIN = "<!-- make bench summary: bench/summary.py --readme bench/README.md -->"
 README_END = "<!-- end of the make bench summary -->"
 COLUMNS = ("metric", "dcpkv / yardstick", "peer", "dcpkv / peer", "target", "met", "dcpkv",
-           "peer figure", "yardstick, frames/s")  # fmt: skip
+           "peer figure", "yardstick")  # fmt: skip
 # the packages named in the summary's header (machine.json lists every one)
 KEY_PACKAGES = ("pyspark", "pyarrow", "uvloop", "orjson", "cramjam", "aiohttp")
 
@@ -227,9 +237,9 @@ class Run:
     figures: Figures
     yardsticks: dict[str, tuple[float, float]]  # bench (or RUN) -> (start, end), frames/s
     machine: dict[str, dict[str, str]]
-    # (bench, metric) -> (its ratio to the yardstick, the yardstick it goes with): a figure
-    # measured in its own window (bench/_report.py)
-    own: dict[Ref, tuple[float, float]] = field(default_factory=dict)
+    # (bench, metric) -> (its ratio to the yardstick, the yardstick it goes with, its bound): a
+    # figure measured in its own window (bench/_report.py)
+    own: dict[Ref, tuple[float, float, str]] = field(default_factory=dict)
     moved: dict[str, list[str]] = field(default_factory=dict)  # bench -> its uncertain figures
 
 
@@ -238,7 +248,7 @@ def load(results: Path) -> Run:
     figures: Figures = {}
     yardsticks: dict[str, tuple[float, float]] = {}
     machine: dict[str, dict[str, str]] = {}
-    own: dict[Ref, tuple[float, float]] = {}
+    own: dict[Ref, tuple[float, float, str]] = {}
     moved: dict[str, list[str]] = {}
     for path in sorted(results.glob("*.json")):
         body = json.loads(path.read_text())
@@ -262,14 +272,16 @@ def load(results: Path) -> Run:
     return Run(figures, yardsticks, machine, own, moved)
 
 
-def _own_yardsticks(body: dict[str, Any]) -> dict[Ref, tuple[float, float]]:
-    """The windowed figures of one benchmark's JSON: their ratio and their yardstick."""
+def _own_yardsticks(body: dict[str, Any]) -> dict[Ref, tuple[float, float, str]]:
+    """The windowed figures of one benchmark's JSON: their ratio, their yardstick and the
+    resource they are bound by (whose yardstick it is)."""
     out = {}
     for metric, samples in body.get("windows", {}).items():
-        ratio = body["ratios"].get(f"{metric}/yardstick")
+        bound = body.get("bounds", {}).get(metric, CPU)
+        ratio = body["ratios"].get(ratio_name(metric, bound))
         if ratio is not None:
             yardstick = window_yardstick([Sample(*sample) for sample in samples])
-            out[(body["bench"], metric)] = (ratio, yardstick)
+            out[(body["bench"], metric)] = (ratio, yardstick, bound)
     return out
 
 
@@ -298,8 +310,9 @@ def row_lines(row: Row, run: Run) -> list[list[str]]:
     yardstick = _yardstick(run, row.figure[0])
     throughput = is_throughput(unit_of(row.figure[1]))  # a latency over frames/s means nothing
     per_yardstick = value / yardstick if throughput and value is not None and yardstick else None
+    bound = CPU
     if row.figure in run.own:
-        per_yardstick, yardstick = run.own[row.figure]
+        per_yardstick, yardstick, bound = run.own[row.figure]
     met = None if value is None or row.target is None else row.target.met(value, run.figures)
     peers = [(name, _get(run.figures, ref)) for name, ref in row.peers]
     peers = [(name, p) for name, p in peers if p is not None] or [("", None)]
@@ -313,8 +326,14 @@ def row_lines(row: Row, run: Run) -> list[list[str]]:
             fmt(value),
         ]
         lines.append([*mine, name, fmt(ratio) if name else "", *(rest if i == 0 else [""] * 3),
-                      fmt(peer) if name else "", fmt(yardstick) if i == 0 else ""])  # fmt: skip
+                      fmt(peer) if name else "",
+                      _with_unit(yardstick, bound) if i == 0 else ""])  # fmt: skip
     return lines
+
+
+def _with_unit(yardstick: float | None, bound: str) -> str:
+    """A yardstick's cell: its figure and unit (a latency yardstick is not in frames/s)."""
+    return "-" if yardstick is None else f"{fmt(yardstick)} {BOUNDS[bound][1]}"
 
 
 def warnings(run: Run) -> list[str]:

@@ -19,18 +19,33 @@ message, dropped) as a consumer would. One figure, frames/s, each frame encoded 
 once: the median of ``ROUNDS`` rounds (short rounds: a burst of other work moves one round,
 not the median). The workload is fixed: changing it changes every ratio ever recorded.
 
-Run alone: ``python bench/yardstick.py`` prints ``yardstick.frames_per_s VALUE frames/s``
-(``--value`` just the number, ``--json PATH`` also writes it as a benchmark's JSON).
+Not every figure is bound by the CPU. A one-connection stop-and-wait rate is bound by how fast
+the host wakes a process that a socket woke, which does not move with the CPU yardstick (two
+quiet runs showed it). So there are two yardsticks, one per resource (``--kind``), and a
+figure is divided by the one it is bound by:
+
+* ``cpu`` (the default): the codec's floor above, frames/s;
+* ``latency``: round trips over a loopback TCP connection between this process and a child,
+  ``HEADER``-byte requests each answered with as many bytes (a Get's header both ways, no
+  pipelining, ``TCP_NODELAY``), round trips per second (``trips/s``), the median of
+  ``ROUNDS`` rounds of ``ROUND_TRIPS``.
+
+Run alone: ``python bench/yardstick.py [--kind K]`` prints ``yardstick.frames_per_s VALUE
+frames/s`` (or its kind's figure; ``--value`` just the number, ``--json PATH`` also writes it
+as a benchmark's JSON).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 FRAMES = 20_000  # per round
@@ -97,6 +112,64 @@ def measure(frames: int = FRAMES, rounds: int = ROUNDS) -> float:
     return frames / statistics.median(one_round(keys) for _ in range(rounds))
 
 
+ROUND_TRIPS = 300  # per round of the latency yardstick
+HEADER = 24  # bytes each way: a memcached header
+
+
+def _echo(listener: socket.socket, round_trips: int) -> None:
+    """The child's side: answer ``round_trips`` requests, one at a time."""
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    answer = b"\x81" * HEADER
+    for _ in range(round_trips):
+        got = 0
+        while got < HEADER:
+            got += len(conn.recv(HEADER - got))
+        conn.sendall(answer)
+    conn.close()
+
+
+def _ping(port: int, rounds: int) -> float:
+    """Round trips per second: the median round's (each answer read whole)."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    request, times = b"\x80" * HEADER, []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(ROUND_TRIPS):
+            conn.sendall(request)
+            got = 0
+            while got < HEADER:
+                got += len(conn.recv(HEADER - got))
+        times.append(time.perf_counter() - start)
+    conn.close()
+    return ROUND_TRIPS / statistics.median(times)
+
+
+def measure_latency(rounds: int = ROUNDS) -> float:
+    """Round trips per second to a child process over loopback TCP (module docstring)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = int(listener.getsockname()[1])
+    child = os.fork()
+    if child == 0:  # the echo side never returns into the caller's code
+        try:
+            _echo(listener, ROUND_TRIPS * rounds)
+        finally:
+            os._exit(0)
+    listener.close()
+    try:
+        return _ping(port, rounds)
+    finally:
+        os.waitpid(child, 0)
+
+
+# kind -> (its measurement, given rounds; its figure's name; its unit)
+KINDS: dict[str, tuple[Callable[[int], float], str, str]] = {
+    "cpu": (lambda rounds: measure(rounds=rounds), "frames_per_s", UNIT),
+    "latency": (measure_latency, "round_trips_per_s", "trips/s"),
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="the machine yardstick (bench/README.md)")
     parser.add_argument("--value", action="store_true", help="print the number only")
@@ -104,16 +177,19 @@ def main() -> int:
     parser.add_argument("--name", default="yardstick", help="the figure's bench name")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"rounds to take the median of (default {ROUNDS})")  # fmt: skip
+    parser.add_argument("--kind", choices=sorted(KINDS), default="cpu",
+                        help="the resource to time (module docstring; default cpu)")  # fmt: skip
     args = parser.parse_args()
-    rate = measure(rounds=args.rounds)
+    timed, metric, unit = KINDS[args.kind]
+    rate = timed(args.rounds)
     if args.value:
         print(f"{rate:.0f}")
         return 0
-    print(f"{args.name}.frames_per_s {rate:.0f} {UNIT}")
+    print(f"{args.name}.{metric} {rate:.0f} {unit}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        body = {"bench": args.name, "figures": {"frames_per_s": rate},
-                "units": {"frames_per_s": UNIT}}  # fmt: skip
+        body = {"bench": args.name, "figures": {metric: rate},
+                "units": {metric: unit}}  # fmt: skip
         args.json.write_text(json.dumps(body, indent=2) + "\n")
     return 0
 

@@ -133,7 +133,7 @@ def test_a_window_samples_before_and_after_its_block_or_only_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     timings = iter([100.0, 200.0, 300.0, 400.0])
-    monkeypatch.setattr(_report, "yardstick_rate", lambda rounds=None: next(timings))
+    monkeypatch.setattr(_report, "yardstick_rate", lambda rounds=None, bound="cpu": next(timings))
     monkeypatch.setattr(_report, "_held", [])  # as under bench_main
     monkeypatch.setattr(_report, "_windows", {})
     with _report.window("a_ops_per_s", "b_ops_per_s"):
@@ -189,7 +189,7 @@ def test_the_summary_puts_ratios_first_and_the_yardstick_beside_the_figure(tmp_p
     assert list(summary.COLUMNS)[:4] == ["metric", "dcpkv / yardstick", "peer", "dcpkv / peer"]
     assert cells["dcpkv / yardstick"] == "1"  # 150k over its own yardstick's 150k, not the run's
     assert cells["dcpkv / peer"] == "0.5"
-    assert cells["dcpkv"] == "150,000" and cells["yardstick, frames/s"] == "150,000"
+    assert cells["dcpkv"] == "150,000" and cells["yardstick"] == "150,000 frames/s"
 
 
 def test_the_readme_section_is_replaced_between_its_markers_only() -> None:
@@ -211,8 +211,9 @@ def test_compare_counts_the_ratios_of_two_runs_that_agree_within_20_percent(
         figures = {"encode_msgs_per_s": rate, "parse_msgs_per_s": 2 * rate if run == "a" else rate}
         body = _report.Figures("codec", figures, (start, end)).json()
         (folder / "codec.json").write_text(json.dumps(body))
-    lines, agree, total = compare.compare(tmp_path / "a", tmp_path / "b")
-    assert (agree, total) == (1, 2)  # encode: 1.0 -> 1.1; parse: 2.0 -> 1.1
+    lines, yardsticks, peers = compare.compare(tmp_path / "a", tmp_path / "b")
+    assert (yardsticks.agree, yardsticks.total) == (1, 2)  # encode: 1.0 -> 1.1; parse: 2.0 -> 1.1
+    assert peers.total == 0
     assert lines[0].startswith("codec.encode_msgs_per_s/yardstick 1 1.100 1.100 100 330")
     assert lines[0].endswith(" AGREE") and lines[1].endswith(" DIFFER")
 
@@ -230,3 +231,81 @@ def test_compare_marks_only_the_figures_whose_own_window_moved(tmp_path: Path) -
         (folder / "codec.json").write_text(json.dumps(body))
     lines, _, _ = compare.compare(tmp_path / "a", tmp_path / "b")
     assert [line.rsplit(" ", 1)[1] for line in lines] == ["DIFFER*", "AGREE"]
+
+
+def test_a_figure_bound_by_wake_ups_is_divided_by_the_latency_yardstick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kinds: list[str] = []
+
+    def rate(rounds: int | None = None, bound: str = "cpu") -> float:
+        kinds.append(bound)
+        return {"cpu": 1_000_000.0, "latency": 20_000.0}[bound]
+
+    monkeypatch.setattr(_report, "yardstick_rate", rate)
+    monkeypatch.setattr(_report, "_held", [])  # as under bench_main
+    monkeypatch.setattr(_report, "_windows", {})
+    monkeypatch.setattr(_report, "_bounds", {})
+    with _report.window("set_rate_alone", bound="latency"):
+        pass
+    got = _report.rounds(1, lambda: {"flush_items_per_s": 500_000.0})
+    assert kinds == ["latency", "latency", "cpu", "cpu"]  # each window samples its own bound
+    figures = {"set_rate_alone": 10_000.0, "flush_items_per_s": got["flush_items_per_s"]}
+    out = _report.Figures("fanout", figures, (1_000_000.0, 1_000_000.0),
+                          dict(_report._windows), dict(_report._bounds))  # fmt: skip
+    assert out.ratios == {"set_rate_alone/latency_yardstick": 0.5,
+                          "flush_items_per_s/yardstick": 0.5}  # fmt: skip
+    assert out.json()["bounds"] == {"set_rate_alone": "latency"}
+    assert _parse(out.lines())["fanout.set_rate_alone/latency_yardstick"] == (0.5, "x")
+    with (
+        pytest.raises(ValueError, match="no yardstick for 'disk'"),
+        _report.window("x_per_s", bound="disk"),
+    ):
+        pass
+
+
+def test_a_bound_figure_without_its_own_samples_gets_no_cpu_ratio() -> None:
+    # outside bench_main a latency-bound figure has no sample of its yardstick: dividing it by
+    # the cpu timings would be the wrong yardstick, so it has no yardstick ratio at all
+    out = _report.Figures("fanout", {"set_rate_alone": 10.0}, (100.0, 100.0),
+                          bounds={"set_rate_alone": "latency"})  # fmt: skip
+    assert out.ratios == {} and out.figure_yardstick("set_rate_alone") is None
+
+
+def test_the_latency_yardstick_is_a_positive_rate(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH / "yardstick.py"), "--kind", "latency",
+                           "--rounds", "1", "--json", str(tmp_path / "y.json")],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    name, value, *unit = done.stdout.split()
+    assert name == "yardstick.round_trips_per_s" and unit == ["trips/s"]  # no space: one field
+    assert float(value) > 0
+    body = json.loads((tmp_path / "y.json").read_text())
+    assert body["units"] == {"round_trips_per_s": "trips/s"}
+
+
+def test_the_summary_names_a_bound_figures_yardstick_unit(tmp_path: Path) -> None:
+    windows = {"rtt_sets_per_s_alone": [_report.Sample(20_000.0, 20_000.0)]}
+    body = _report.Figures("fanout", {"rtt_sets_per_s_alone": 10_000.0}, (1e6, 1e6), windows,
+                           {"rtt_sets_per_s_alone": "latency"}).json()  # fmt: skip
+    (tmp_path / "fanout.json").write_text(json.dumps(body))
+    run = summary.load(tmp_path)
+    row = next(r for r in summary.ROWS if r.figure == ("fanout", "rtt_sets_per_s_alone"))
+    cells = dict(zip(summary.COLUMNS, summary.row_lines(row, run)[0], strict=True))
+    assert cells["dcpkv / yardstick"] == "0.5"
+    assert cells["yardstick"] == "20,000 trips/s"
+
+
+def test_compare_counts_peer_ratios_apart_from_yardstick_ratios(tmp_path: Path) -> None:
+    import compare
+
+    assert compare.is_yardstick_ratio("set_rate_alone/latency_yardstick")
+    assert not compare.is_yardstick_ratio("set_ops_per_s_1conn/memcached")
+    for run, peer in (("a", 100.0), ("b", 200.0)):
+        folder = tmp_path / run
+        folder.mkdir()
+        figures = {"set_ops_per_s_1conn": 100.0, "memcached_set_ops_per_s_1conn": peer}
+        body = _report.Figures("kv", figures, (100.0, 100.0)).json()
+        (folder / "kv.json").write_text(json.dumps(body))
+    _, yardsticks, peers = compare.compare(tmp_path / "a", tmp_path / "b")
+    assert (yardsticks.agree, yardsticks.total) == (1, 2)  # memcached's own moved 2x
+    assert (peers.agree, peers.total) == (0, 1)
