@@ -12,6 +12,8 @@ rows (indented, ``|``), and returns its figures (its ``--json``), each named ``b
 Its own figure block is left out (the run prints one block, bench/README.md, "The output
 format"); its own yardstick timings, taken around its figures, become their window
 (``_report.record``): their ratios are over the yardstick of the minute they were measured in.
+A short script runs ``times`` times over: its figures are then the medians, each run is one of
+their rounds (``_report.record_round``), as today's short figures are.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from _report import record
+from _report import record, record_round
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "before_"
@@ -50,8 +53,16 @@ def old_tree(commit: str | None) -> Iterator[Path | None]:
             subprocess.run([*git, "remove", "--force", str(tree)], check=True)
 
 
-def run_old(tree: Path, script: str, args: list[str]) -> dict[str, float]:
-    """``bench/SCRIPT ARGS`` of the old tree; its figures as ``before_METRIC``."""
+def run_old(tree: Path, script: str, args: list[str], times: int = 1) -> dict[str, float]:
+    """``bench/SCRIPT ARGS`` of the old tree; its figures as ``before_METRIC`` (the median of
+    ``times`` runs)."""
+    if times > 1:
+        runs = [_run_old_once(tree, script, args, as_round=True) for _ in range(times)]
+        return {m: statistics.median(r[m] for r in runs) for m in runs[0]}
+    return _run_old_once(tree, script, args, as_round=False)
+
+
+def _run_old_once(tree: Path, script: str, args: list[str], as_round: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "before.json"
         env = {**os.environ, "PYTHONPATH": str(tree / "src")}
@@ -66,7 +77,11 @@ def run_old(tree: Path, script: str, args: list[str]) -> dict[str, float]:
         body = json.loads(out.read_text())
     figures = {PREFIX + name: float(value) for name, value in body["figures"].items()}
     if "yardstick" in body:
-        record(figures, body["yardstick"]["start"], body["yardstick"]["end"])
+        start, end = body["yardstick"]["start"], body["yardstick"]["end"]
+        if as_round:
+            record_round(figures, start, end)
+        else:
+            record(figures, start, end)
     return figures
 
 

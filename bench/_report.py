@@ -288,6 +288,13 @@ def record(metrics: Iterable[str], before: float, after: float, bound: str = CPU
         _windows.setdefault(metric, []).append(Sample(before, after))
 
 
+def record_round(figures: dict[str, float], before: float, after: float) -> None:
+    """One round of ``figures`` measured elsewhere (another process) between yardstick timings
+    ``before`` and ``after``: their ratios are the median of their rounds' (:func:`rounds`)."""
+    for metric, value in figures.items():
+        _windows.setdefault(metric, []).append(Sample(before, after, value))
+
+
 def rounds(
     count: int, measure: Callable[[], dict[str, float]], bound: str = CPU
 ) -> dict[str, float]:
@@ -302,8 +309,7 @@ def rounds(
         results.append(figures)
         _bind(figures, bound)
         if before is not None and after is not None:
-            for metric, value in figures.items():
-                _windows.setdefault(metric, []).append(Sample(before, after, value))
+            record_round(figures, before, after)
     return {m: statistics.median(r[m] for r in results) for m in results[0]}
 
 

@@ -52,6 +52,7 @@ from dcpkv.engine.vbucket import VBucket
 VALUE = b"x" * 100
 PER_FLUSH = 6_000
 FLUSH_ROUNDS = 5  # of each flush row, between yardstick samples
+BEFORE_ROUNDS = 3  # runs of the old commit's engine.py (--before): its rows are short too
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -270,7 +271,8 @@ def main(
             for size in (int(k) for k in keys.split(",") if k):
                 _growth_rows(size, n, figures)
             if tree is not None:
-                old = run_old(tree, "engine.py", [str(n), "--keys", keys, "--no-layout"])
+                old = run_old(tree, "engine.py", [str(n), "--keys", keys, "--no-layout"],
+                              times=BEFORE_ROUNDS)  # fmt: skip
                 _beside(figures, old)
     write_json(json_out, "engine", {**figures, **old})
 

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 CLIENT_ROUNDS = 3  # of each client-library rate, between yardstick samples
-WARM_ROUNDS = 3  # warm queries, each between yardstick samples (the figure: their median)
+WARM_ROUNDS = 5  # warm queries, each between yardstick samples (the figure: their median)
 
 
 def raw_rate(port: int) -> tuple[int, float]:

@@ -309,3 +309,15 @@ def test_compare_counts_peer_ratios_apart_from_yardstick_ratios(tmp_path: Path) 
     _, yardsticks, peers = compare.compare(tmp_path / "a", tmp_path / "b")
     assert (yardsticks.agree, yardsticks.total) == (1, 2)  # memcached's own moved 2x
     assert (peers.agree, peers.total) == (0, 1)
+
+
+def test_rounds_measured_in_another_process_count_as_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the old commit's script ran three times, each between its own two timings
+    monkeypatch.setattr(_report, "_windows", {})
+    for value, timing in ((100.0, 100.0), (30.0, 60.0), (90.0, 100.0)):
+        _report.record_round({"before_flush_items_per_s": value}, timing, timing)
+    out = _report.Figures("engine", {"before_flush_items_per_s": 90.0}, None,
+                          dict(_report._windows))  # fmt: skip
+    assert out.ratios["before_flush_items_per_s/yardstick"] == 0.9  # ratios 1, 0.5, 0.9
