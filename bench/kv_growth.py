@@ -29,6 +29,7 @@ again: that run is long, and ``make bench`` leaves it out.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -48,6 +49,8 @@ from dcpkv.protocol.constants import Opcode
 
 PERSIST_TIMEOUT_S = 300.0
 RETRY_PAUSE_S = 0.05  # before writing again the Sets a segment had refused
+KEEP_HELP = ("run the server in this new or empty folder and leave it there (its bucket in "
+             "KEEP/data, every write persisted) for bench/large_bucket.py")  # fmt: skip
 RETRY_TIMEOUT_S = 60.0  # a segment's refused Sets still refused this long: the quota is too small
 
 
@@ -96,10 +99,22 @@ async def _retry_tmpfail(conn: kv.Conn, target: kv.Target) -> None:
         await conn.run(kv.batches(Opcode.Set, again, 100, target))
 
 
-def run_one(ops: int, segments: int, quota_mb: int, console: Console) -> dict:
-    """One server: its segments, its figures."""
+def _folder(keep: Path | None) -> contextlib.AbstractContextManager[str]:
+    """The server's folder: ``keep`` (made empty, left behind) or a temporary one."""
+    if keep is None:
+        return tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR"))
+    keep.mkdir(parents=True, exist_ok=True)
+    if any(keep.iterdir()):
+        raise typer.BadParameter(f"--keep {keep}: not empty")
+    return contextlib.nullcontext(str(keep))
+
+
+def run_one(
+    ops: int, segments: int, quota_mb: int, console: Console, keep: Path | None = None
+) -> dict:
+    """One server: its segments, its figures (``keep``: the folder it ran in, left behind)."""
     with (
-        tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
+        _folder(keep) as tmp,
         kv.dcpkv_server(Path(tmp), quota_mb) as target,
         Progress(console=console, transient=True) as progress,
     ):
@@ -133,6 +148,7 @@ def main(
     quota_mb: int = typer.Option(
         1536, help="the bucket's memory quota (~630 accounted bytes per key: none is ejected)"
     ),
+    keep: Annotated[Path | None, typer.Option(help=KEEP_HELP)] = None,
     before: str | None = typer.Option(
         None, help="also run this commit's bench/kv_growth.py with its SQLite engine"
     ),
@@ -141,7 +157,7 @@ def main(
     if ops < segments or segments < 1:
         raise typer.BadParameter("--ops must be at least --segments, which is at least 1")
     console = Console()
-    result = run_one(ops, segments, quota_mb, console)
+    result = run_one(ops, segments, quota_mb, console, keep)
     rows = [list(r) for r in result.pop("rows")]
     figures: dict[str, float] = dict(result)
     with old_tree(before) as tree:
