@@ -21,7 +21,8 @@ folder's size on disk. ``--keep DIR`` runs the server in ``DIR`` and leaves its 
 ``--json PATH`` writes the first and last segments' rates and CPU costs
 (``first_set_ops_per_s``, ``last_set_ops_per_s``, ``first_server_cpu_us_per_set``,
 ``last_server_cpu_us_per_set``), the disk bytes per item (``disk_bytes_per_key``) and the Sets
-refused and written again (``set_tmpfail_count``), and every segment beside the figures.
+refused and written again (``set_tmpfail_count``), the server's resident set at the end
+(``server_rss_mib``), and every segment beside the figures.
 ``--before COMMIT`` (``bench/_before.py``) then runs that commit's own ``bench/kv_growth.py``
 with ``--storage sqlite`` and the same options, in a detached worktree, in the same run: its
 figures are kept as ``before_METRIC_sqlite`` and today's printed beside them as ratios. (The
@@ -46,7 +47,7 @@ from rich.table import Table
 import kv
 from _before import old_tree, run_old
 from _report import bench_main, window, write_json
-from _server import cpu_seconds, folder_bytes
+from _server import cpu_seconds, folder_bytes, rss_mib
 from dcpkv.protocol.constants import Opcode
 
 PERSIST_TIMEOUT_S = 300.0
@@ -121,6 +122,7 @@ def run_one(
         Progress(console=console, transient=True) as progress,
     ):
         rows, refused = asyncio.run(grow(target, ops, segments, progress))
+        rss = rss_mib(target.pid)
         disk = folder_bytes(Path(tmp) / "data")
     table = Table(title=f"Set as the bucket grows (1 connection, {kv.VBUCKETS} vbuckets, "
                   f"{len(kv.VALUE)}-byte values)")  # fmt: skip
@@ -130,7 +132,8 @@ def run_one(
         table.add_row(f"{keys:,}", f"{rate:,.0f}", f"{cpu:.2f}")
     console.print(table)
     total = rows[-1][0]
-    console.print(f"on disk when all was persisted: {disk / 1e6:.1f} MB, {disk / total:.0f} B/key")
+    console.print(f"on disk when all was persisted: {disk / 1e6:.1f} MB, {disk / total:.0f} B/key; "
+                  f"the server's RSS {rss:,.0f} MiB")  # fmt: skip
     if refused:
         console.print(f"Sets refused with Etmpfail and written again: {refused:,}")
     return {
@@ -140,6 +143,7 @@ def run_one(
         "first_server_cpu_us_per_set": rows[0][2],
         "last_server_cpu_us_per_set": rows[-1][2],
         "disk_bytes_per_key": disk / total,
+        "server_rss_mib": rss,
         "set_tmpfail_count": refused,
     }
 

@@ -9,7 +9,7 @@ these figures:
 1. A server opens the bucket with ``valueOnly`` and ``--value-only-quota-mb`` (kv_growth's):
    ``value_only_warmup_s`` is from the server's start to its port file (the interpreter's start
    included; warm-up reads every key and its metadata, and values while they fit in 80 % of
-   the quota).
+   the quota); ``value_only_rss_mib``: its resident set then.
 2. Round by round (``--rounds``, medians), a server opens it with ``fullEviction`` and
    ``--quota-mb``: warm-up loads no items, so every key read is non-resident (a Get does not
    bring its item back). ``full_eviction_warmup_s`` as above; ``random_get_ops_per_s_1conn`` /
@@ -33,6 +33,7 @@ import typer
 
 import kv
 from _report import bench_main, rounds, window, write_json
+from _server import rss_mib
 from bg_fetch import _rows, _server
 
 # bg_fetch's row names -> this benchmark's (their units in the name: bench/README.md)
@@ -54,12 +55,14 @@ async def _check_items(target: kv.Target, items: int) -> None:
         raise SystemExit(f"the restarted bucket holds {found:,} items, not {items:,}")
 
 
-def value_only_warmup(data: Path, items: int, quota_mb: int) -> float:
-    """Seconds from a ``valueOnly`` server's start on ``data`` to its port file."""
+def value_only_warmup(data: Path, items: int, quota_mb: int) -> dict[str, float]:
+    """A ``valueOnly`` server on ``data``: seconds from its start to its port file, and its
+    resident set then."""
     server = _server(data, quota_mb, "valueOnly", None)
     with window("value_only_warmup_s"), server as (target, warmup):
+        rss = rss_mib(target.pid)
         asyncio.run(_check_items(target, items))
-    return warmup
+    return {"value_only_warmup_s": warmup, "value_only_rss_mib": rss}
 
 
 def full_eviction_round(
@@ -88,7 +91,7 @@ def main(
     data = data_dir / "data"
     if not data.is_dir():
         raise typer.BadParameter(f"{data}: no bucket (run bench/kv_growth.py --keep first)")
-    figures = {"value_only_warmup_s": value_only_warmup(data, items, value_only_quota_mb)}
+    figures = value_only_warmup(data, items, value_only_quota_mb)
     print(f"valueOnly warm-up of {items:,} items: {figures['value_only_warmup_s']:.1f} s")
     rng = random.Random(31)
     figures |= rounds(rounds_, lambda: full_eviction_round(data, items, quota_mb, ops, rng))
