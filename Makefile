@@ -97,6 +97,9 @@ chaos-test: $(STAMP)
 RESULTS := bench/results
 # engine.py also runs this commit's copy, one with the SQLite engine (bench/_before.py)
 SQLITE_COMMIT ?= 0ee2ad0
+# kv_growth's bucket (10M keys, ~2 GB on disk) kept for bench/large_bucket.py, then removed
+LARGE_KEYS ?= 10000000
+LARGE_DIR ?= $(or $(BENCH_DIR),/tmp)/dcpkv-bench-large
 bench: $(STAMP)
 	PYTHON=$(PYTHON) bench/install_peers.sh
 	rm -rf $(RESULTS) && mkdir -p $(RESULTS)
@@ -105,7 +108,12 @@ bench: $(STAMP)
 	$(BIN)/python bench/codec.py --json $(RESULTS)/codec.json
 	$(BIN)/python bench/engine.py --before $(SQLITE_COMMIT) --json $(RESULTS)/engine.json
 	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
-	$(BIN)/python bench/kv_growth.py --json $(RESULTS)/kv_growth.json
+	rm -rf $(LARGE_DIR)
+	$(BIN)/python bench/kv_growth.py --ops $(LARGE_KEYS) --segments 100 --quota-mb 7500 \
+		--keep $(LARGE_DIR) --json $(RESULTS)/kv_growth.json
+	$(BIN)/python bench/large_bucket.py --data-dir $(LARGE_DIR) --items $(LARGE_KEYS) \
+		--value-only-quota-mb 7500 --quota-mb 512 --json $(RESULTS)/large_bucket.json; \
+		rc=$$?; rm -rf $(LARGE_DIR); exit $$rc
 	$(BIN)/python bench/dcp.py --json $(RESULTS)/dcp.json
 	$(BIN)/python bench/stream.py --json $(RESULTS)/stream.json
 	$(BIN)/python bench/spark_floor.py --json $(RESULTS)/spark_floor.json

@@ -71,6 +71,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mib(pid: int) -> float:
+    """A process's resident set (Linux ``/proc/PID/status`` ``VmRSS``; 0.0 elsewhere), MiB."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
+
+
 def folder_bytes(folder: Path) -> int:
     """The size of every file under ``folder`` (a RocksDB bucket is a folder of its own)."""
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())

@@ -41,6 +41,7 @@ import typer
 
 import kv
 from _report import bench_main, write_json
+from _server import rss_mib
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.bucket import Bucket
 from dcpkv.engine.hash_table import EvictionPolicy
@@ -63,13 +64,6 @@ def _gets(keys: list[bytes]) -> list[tuple[bytes, int]]:
         (b"".join(_get(k, i) for i, k in enumerate(keys[s : s + BATCH])), len(keys[s : s + BATCH]))
         for s in range(0, len(keys), BATCH)
     ]
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 @contextmanager
@@ -154,7 +148,7 @@ async def _rows(target: kv.Target, items: int, ops: int, rng: random.Random) -> 
         "get_random_c1": await _rate(target, written, 1),
         "get_random_c4": await _rate(target, written, 4),
         "get_missing_c4": await _rate(target, missing, 4),
-        "rss_mb": _rss_mb(target.pid),
+        "rss_mb": rss_mib(target.pid),
     }
 
 

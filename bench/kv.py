@@ -242,8 +242,13 @@ async def phase(target: Target, opcode: Opcode, ops: int, conns: int, batch: int
 
 
 async def items_persisted(conn: Conn) -> int:
-    """The server's ``ep_total_persisted`` (items written to disk so far), read with a Stat
-    request on ``conn`` (outside the timed requests' answers: the full codec parses it)."""
+    """The server's ``ep_total_persisted`` (items written to disk so far)."""
+    return await stat(conn, "ep_total_persisted")
+
+
+async def stat(conn: Conn, name: str) -> int:
+    """One of the server's integer stats, read with a Stat request on ``conn`` (outside the
+    timed requests' answers: the full codec parses it)."""
     conn.writer.write(encode_frame(Magic.ClientRequest, Opcode.Stat))
     parser, found = FrameParser(), None
     while True:
@@ -253,9 +258,9 @@ async def items_persisted(conn: Conn) -> int:
         for frame in parser.feed(data):
             if not frame.key:  # the empty stat ends the answer
                 if found is None:
-                    raise RuntimeError("the server's stats have no ep_total_persisted")
+                    raise RuntimeError(f"the server's stats have no {name}")
                 return found
-            if frame.key == b"ep_total_persisted":
+            if frame.key == name.encode():
                 found = int(frame.value)
 
 

@@ -1,4 +1,4 @@
-"""A Set's cost as the bucket grows: one connection writing 1M distinct keys, by segment.
+"""A Set's cost as the bucket grows: one connection writing distinct keys, by segment.
 
 Theory of operation
 -------------------
@@ -14,12 +14,15 @@ segment it prints the acknowledged rate and the server's CPU per Set (all thread
 and flusher). Acknowledgements follow the flusher, since write backpressure holds a writer
 whose bucket's unpersisted lag passes 0.25 s, so the rate of a segment is the flusher's rate
 at that size. At the end it waits until every write is persisted and reports the data
-folder's size on disk.
+folder's size on disk. ``--keep DIR`` runs the server in ``DIR`` and leaves its bucket there
+(``make bench``: 10M keys in 100 segments, the first at 100k keys and the last at 10M), for
+``bench/large_bucket.py`` to restart without writing it again.
 
 ``--json PATH`` writes the first and last segments' rates and CPU costs
 (``first_set_ops_per_s``, ``last_set_ops_per_s``, ``first_server_cpu_us_per_set``,
 ``last_server_cpu_us_per_set``), the disk bytes per item (``disk_bytes_per_key``) and the Sets
-refused and written again (``set_tmpfail_count``), and every segment beside the figures.
+refused and written again (``set_tmpfail_count``), the server's resident set at the end
+(``server_rss_mib``), and every segment beside the figures.
 ``--before COMMIT`` (``bench/_before.py``) then runs that commit's own ``bench/kv_growth.py``
 with ``--storage sqlite`` and the same options, in a detached worktree, in the same run: its
 figures are kept as ``before_METRIC_sqlite`` and today's printed beside them as ratios. (The
@@ -29,6 +32,7 @@ again: that run is long, and ``make bench`` leaves it out.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -43,11 +47,13 @@ from rich.table import Table
 import kv
 from _before import old_tree, run_old
 from _report import bench_main, window, write_json
-from _server import cpu_seconds, folder_bytes
+from _server import cpu_seconds, folder_bytes, rss_mib
 from dcpkv.protocol.constants import Opcode
 
 PERSIST_TIMEOUT_S = 300.0
 RETRY_PAUSE_S = 0.05  # before writing again the Sets a segment had refused
+KEEP_HELP = ("run the server in this new or empty folder and leave it there (its bucket in "
+             "KEEP/data, every write persisted) for bench/large_bucket.py")  # fmt: skip
 RETRY_TIMEOUT_S = 60.0  # a segment's refused Sets still refused this long: the quota is too small
 
 
@@ -96,14 +102,27 @@ async def _retry_tmpfail(conn: kv.Conn, target: kv.Target) -> None:
         await conn.run(kv.batches(Opcode.Set, again, 100, target))
 
 
-def run_one(ops: int, segments: int, quota_mb: int, console: Console) -> dict:
-    """One server: its segments, its figures."""
+def _folder(keep: Path | None) -> contextlib.AbstractContextManager[str]:
+    """The server's folder: ``keep`` (made empty, left behind) or a temporary one."""
+    if keep is None:
+        return tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR"))
+    keep.mkdir(parents=True, exist_ok=True)
+    if any(keep.iterdir()):
+        raise typer.BadParameter(f"--keep {keep}: not empty")
+    return contextlib.nullcontext(str(keep))
+
+
+def run_one(
+    ops: int, segments: int, quota_mb: int, console: Console, keep: Path | None = None
+) -> dict:
+    """One server: its segments, its figures (``keep``: the folder it ran in, left behind)."""
     with (
-        tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp,
+        _folder(keep) as tmp,
         kv.dcpkv_server(Path(tmp), quota_mb) as target,
         Progress(console=console, transient=True) as progress,
     ):
         rows, refused = asyncio.run(grow(target, ops, segments, progress))
+        rss = rss_mib(target.pid)
         disk = folder_bytes(Path(tmp) / "data")
     table = Table(title=f"Set as the bucket grows (1 connection, {kv.VBUCKETS} vbuckets, "
                   f"{len(kv.VALUE)}-byte values)")  # fmt: skip
@@ -113,7 +132,8 @@ def run_one(ops: int, segments: int, quota_mb: int, console: Console) -> dict:
         table.add_row(f"{keys:,}", f"{rate:,.0f}", f"{cpu:.2f}")
     console.print(table)
     total = rows[-1][0]
-    console.print(f"on disk when all was persisted: {disk / 1e6:.1f} MB, {disk / total:.0f} B/key")
+    console.print(f"on disk when all was persisted: {disk / 1e6:.1f} MB, {disk / total:.0f} B/key; "
+                  f"the server's RSS {rss:,.0f} MiB")  # fmt: skip
     if refused:
         console.print(f"Sets refused with Etmpfail and written again: {refused:,}")
     return {
@@ -123,6 +143,7 @@ def run_one(ops: int, segments: int, quota_mb: int, console: Console) -> dict:
         "first_server_cpu_us_per_set": rows[0][2],
         "last_server_cpu_us_per_set": rows[-1][2],
         "disk_bytes_per_key": disk / total,
+        "server_rss_mib": rss,
         "set_tmpfail_count": refused,
     }
 
@@ -133,6 +154,7 @@ def main(
     quota_mb: int = typer.Option(
         1536, help="the bucket's memory quota (~630 accounted bytes per key: none is ejected)"
     ),
+    keep: Annotated[Path | None, typer.Option(help=KEEP_HELP)] = None,
     before: str | None = typer.Option(
         None, help="also run this commit's bench/kv_growth.py with its SQLite engine"
     ),
@@ -141,7 +163,7 @@ def main(
     if ops < segments or segments < 1:
         raise typer.BadParameter("--ops must be at least --segments, which is at least 1")
     console = Console()
-    result = run_one(ops, segments, quota_mb, console)
+    result = run_one(ops, segments, quota_mb, console, keep)
     rows = [list(r) for r in result.pop("rows")]
     figures: dict[str, float] = dict(result)
     with old_tree(before) as tree:
