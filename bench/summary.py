@@ -80,12 +80,18 @@ def at_most(bound: float, text: str) -> Target:
     return Target(False, bound, text)
 
 
-def _times_set_1conn(factor: float) -> Callable[[Figures], float | None]:
+def _times(ref: Ref, factor: float) -> Callable[[Figures], float | None]:
+    """A bound that is ``factor`` times another figure of the run."""
+
     def bound(figures: Figures) -> float | None:
-        one = figures.get("kv", {}).get("set_ops_per_s_1conn")
-        return None if one is None else factor * one
+        other = figures.get(ref[0], {}).get(ref[1])
+        return None if other is None else factor * other
 
     return bound
+
+
+def _times_set_1conn(factor: float) -> Callable[[Figures], float | None]:
+    return _times(("kv", "set_ops_per_s_1conn"), factor)
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,24 @@ ROWS: list[Row] = [
         at_least(_times_set_1conn(1.5), ">= 1.5x 1 conn"),
         [(MEMCACHED_SAME_CLIENT, ("kv", "memcached_set_ops_per_s_4conn"))]),
     Row("KV Set, 4 conns, until all persisted, ops/s", ("kv", "set_persisted_ops_per_s_4conn")),
-    # (no target: the same Set at the other end of a bucket's growth, bench/kv_growth.py)
-    Row("KV Set, 1 conn, first 100k of 1M keys, ops/s", ("kv_growth", "first_set_ops_per_s")),
-    Row("KV Set, 1 conn, last 100k of 1M keys, ops/s", ("kv_growth", "last_set_ops_per_s")),
+    # issue 31's targets: the same Set at the other end of a bucket's growth to 10M keys
+    # (bench/kv_growth.py), then servers restarted on that bucket (bench/large_bucket.py)
+    Row("KV Set, 1 conn, first 100k of 10M keys, ops/s", ("kv_growth", "first_set_ops_per_s")),
+    Row("KV Set, 1 conn, last 100k of 10M keys, ops/s", ("kv_growth", "last_set_ops_per_s"),
+        at_least(_times(("kv_growth", "first_set_ops_per_s"), 0.9), ">= 0.9x first 100k")),
+    Row("  disk per key at 10M keys, B", ("kv_growth", "disk_bytes_per_key")),
+    Row("  server RSS at 10M keys (valueOnly), MiB", ("kv_growth", "server_rss_mib")),
+    Row("warm-up of 10M items, valueOnly, s", ("large_bucket", "value_only_warmup_s"),
+        at_most(30.0, "<= 30 s")),
+    Row("10M items, fullEviction, 512 MiB: warm-up, s", ("large_bucket", "full_eviction_warmup_s"),
+        at_most(2.0, "<= 2 s")),
+    Row("  its RSS, MiB", ("large_bucket", "full_eviction_rss_mib"), at_most(1024.0, "< 1 GiB")),
+    Row("  random Gets (non-resident), 1 conn, ops/s",
+        ("large_bucket", "random_get_ops_per_s_1conn"), at_least(50_000, ">= 50k")),
+    Row("  random Gets (non-resident), 4 conns, ops/s",
+        ("large_bucket", "random_get_ops_per_s_4conn"), at_least(50_000, ">= 50k")),
+    Row("  Gets of keys never written, 4 conns, ops/s",
+        ("large_bucket", "missing_get_ops_per_s_4conn")),
     Row("DCP backfill 1M, 1 conn, items/s", ("dcp", "backfill_items_per_s"),
         at_least(400_000, ">= 400k"),
         [("PostgreSQL pgoutput, pg_recvlogical", ("peer:postgresql", "recvlogical_pgoutput")),

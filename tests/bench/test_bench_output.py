@@ -321,3 +321,12 @@ def test_rounds_measured_in_another_process_count_as_rounds(
     out = _report.Figures("engine", {"before_flush_items_per_s": 90.0}, None,
                           dict(_report._windows))  # fmt: skip
     assert out.ratios["before_flush_items_per_s/yardstick"] == 0.9  # ratios 1, 0.5, 0.9
+
+
+@pytest.mark.parametrize(("last", "met"), [(95.0, "yes"), (85.0, "NO")])
+def test_the_set_rate_at_10m_keys_is_held_to_09x_the_rate_at_100k(last: float, met: str) -> None:
+    run = summary.Run({"kv_growth": {"first_set_ops_per_s": 100.0, "last_set_ops_per_s": last}},
+                      {}, {})  # fmt: skip
+    row = next(r for r in summary.ROWS if r.figure == ("kv_growth", "last_set_ops_per_s"))
+    cells = dict(zip(summary.COLUMNS, summary.row_lines(row, run)[0], strict=True))
+    assert cells["met"] == met
