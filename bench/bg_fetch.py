@@ -11,6 +11,8 @@ with ``fullEviction`` and the quota: warm-up loads no items, so every key read i
 * ``get_random_c1`` / ``get_random_c4``: uniform random written keys, 1 and 4 connections,
   Gets/s (each a background fetch);
 * ``get_missing_c4``: keys never written (storage's bloom filters answer), Gets/s;
+* ``<row>_server_cpu_us_per_get``: the server's CPU (all its threads) per Get of each row,
+  which swings much less than the rates on a shared host;
 * ``rss_mb``: the server's resident set after the rows;
 * ``warmup_s``: from the server's start to its port file (interpreter start included);
 * ``fill_sets_per_s_first`` / ``_last``: the engine's Set rate while filling the folder (the
@@ -129,13 +131,15 @@ def _fill(data: Path, items: int) -> dict[str, float]:
     }
 
 
-async def _rate(target: kv.Target, keys: list[bytes], conns: int) -> float:
+async def _rate(target: kv.Target, keys: list[bytes], conns: int) -> tuple[float, float]:
+    """Gets/s, and the server's CPU per Get in us (all its threads)."""
     clients = [await kv.Conn.open(target) for _ in range(conns)]
     work = [_gets(keys[i::conns]) for i in range(conns)]
     try:
-        start = time.perf_counter()
+        cpu, start = kv.cpu_seconds(target.pid), time.perf_counter()
         await asyncio.gather(*(c.run(w) for c, w in zip(clients, work, strict=True)))
-        return len(keys) / (time.perf_counter() - start)
+        seconds, cpu = time.perf_counter() - start, kv.cpu_seconds(target.pid) - cpu
+        return len(keys) / seconds, cpu / len(keys) * 1e6
     finally:
         for c in clients:
             await c.close()
@@ -144,12 +148,11 @@ async def _rate(target: kv.Target, keys: list[bytes], conns: int) -> float:
 async def _rows(target: kv.Target, items: int, ops: int, rng: random.Random) -> dict[str, float]:
     written = [kv._key(rng.randrange(items)) for _ in range(ops)]
     missing = [b"missing-%09d" % rng.randrange(1 << 30) for _ in range(ops)]
-    return {
-        "get_random_c1": await _rate(target, written, 1),
-        "get_random_c4": await _rate(target, written, 4),
-        "get_missing_c4": await _rate(target, missing, 4),
-        "rss_mb": rss_mib(target.pid),
-    }
+    row: dict[str, float] = {}
+    for name, keys, conns in (("get_random_c1", written, 1), ("get_random_c4", written, 4),
+                              ("get_missing_c4", missing, 4)):  # fmt: skip
+        row[name], row[f"{name}_server_cpu_us_per_get"] = await _rate(target, keys, conns)
+    return row | {"rss_mb": rss_mib(target.pid)}
 
 
 def main(

@@ -41,6 +41,9 @@ ROWS = {
     "get_random_c1": "random_get_ops_per_s_1conn",
     "get_random_c4": "random_get_ops_per_s_4conn",
     "get_missing_c4": "missing_get_ops_per_s_4conn",
+    "get_random_c1_server_cpu_us_per_get": "random_get_server_cpu_us_per_get_1conn",
+    "get_random_c4_server_cpu_us_per_get": "random_get_server_cpu_us_per_get_4conn",
+    "get_missing_c4_server_cpu_us_per_get": "missing_get_server_cpu_us_per_get_4conn",
     "rss_mb": "full_eviction_rss_mib",
 }
 

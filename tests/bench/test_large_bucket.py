@@ -30,6 +30,9 @@ def test_each_large_bucket_figure_says_its_unit_and_only_the_rates_are_throughpu
         "random_get_ops_per_s_1conn": "ops/s",
         "random_get_ops_per_s_4conn": "ops/s",
         "missing_get_ops_per_s_4conn": "ops/s",
+        "random_get_server_cpu_us_per_get_1conn": "us/get",
+        "random_get_server_cpu_us_per_get_4conn": "us/get",
+        "missing_get_server_cpu_us_per_get_4conn": "us/get",
         "full_eviction_rss_mib": "MiB",
     }
     throughputs = {name for name, unit in units.items() if _report.is_throughput(unit)}

@@ -349,6 +349,32 @@ def test_table_files_are_written_with_partitioned_index_and_filters(tmp_path: Pa
     again.close()
 
 
+def _filter_bytes(storage: RocksStorage, family: str) -> int:
+    props = storage._db.cf[family].property_value("rocksdb.aggregated-table-properties") or ""
+    return next(int(p.split("=")[1]) for p in props.split(";") if "filter block size" in p)
+
+
+def test_the_log_keeps_no_filter_in_its_last_level(tmp_path: Path) -> None:
+    """Every point read of the log is of a seqno the key index named: a compaction that
+    writes the log's last level writes it no filter (the key index keeps its own: a missing
+    key is ruled out there), and the log is read as before."""
+    import rocksdict
+
+    storage = _rocks(tmp_path)
+    _put(storage, *[(i, b"k%05d" % i, b"v") for i in range(1, 2001)])
+    storage.close()
+    again = _rocks(tmp_path)
+    assert _filter_bytes(again, "by_seqno") > 0  # (a flush's file, in level 0)
+    rewrite = rocksdict.CompactOptions()
+    rewrite.set_bottommost_level_compaction(rocksdict.BottommostLevelCompaction.force())
+    for family in ("by_key", "by_seqno"):
+        again._db.cf[family].compact_range(None, None, rewrite)
+    assert _filter_bytes(again, "by_seqno") == 0 and _filter_bytes(again, "by_key") > 0
+    assert again.get(0, b"k01234") == Item(b"k01234", b"v", cas=1234, rev_seqno=1234, by_seqno=1234)
+    assert again.get(0, b"missing") is None
+    again.close()
+
+
 def _whole_filter_options(name: str, cache: object, memtables: int) -> object:
     """A family's options as databases made before partitioned filters have their files."""
     import rocksdict

@@ -327,6 +327,12 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
         # A point read of a document (a background fetch) reads one data block, not one per
         # table file its key range overlaps (every L0 file, one per level)
         table.set_bloom_filter(10, False)
+        # ... but its filter in the last level, which holds most of the log, is not consulted
+        # (nor written when a compaction writes that level): every point read of the log is
+        # of a seqno the key index or a replaced mark named, so it would always say "maybe"
+        # (a partition looked up in the cache, a probe, for nothing), and its partitions
+        # (1.25 B a version) would crowd the key index's filters out of the block cache.
+        options.set_optimize_filters_for_hits(True)
     # No compression: values are compressed, when at all, by the bucket's compression mode
     # (Snappy documents, as clients send them), and the other families hold small binary
     # values; RocksDB's Snappy would spend CPU at every table write and read for little.
