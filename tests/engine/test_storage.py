@@ -441,3 +441,55 @@ def test_a_wal_file_deleted_while_the_flush_syncs_is_no_error(
     again = _rocks(tmp_path)
     assert _docs(again) == {b"a": (2, b"2", False)}
     again.close()
+
+
+def _files_at(storage: RocksStorage, family: str, level: int) -> int:
+    return int(storage._db.cf[family].property_int_value(f"rocksdb.num-files-at-level{level}"))
+
+
+def _flushed_files(storage: RocksStorage, first_seqno: int, files: int) -> None:
+    """``files`` snapshots of 50 new keys each, each written to its own level-0 files."""
+    for f in range(files):
+        base = first_seqno + 50 * f
+        _put(storage, *[(base + i, b"k%05d" % (base + i), b"v") for i in range(50)])
+        for cf in storage._db.cf.values():
+            cf.flush(True)
+
+
+def _compact_all(storage: RocksStorage) -> None:
+    for cf in storage._db.cf.values():  # (in a function: no family outlives the close)
+        cf.compact_range(None, None)
+
+
+def test_level_zero_files_are_compacted_eight_at_a_time(tmp_path: Path) -> None:
+    """Each flush's table file spans every vbucket, so level 0 collects eight of them
+    before a compaction merges them into level 1 (not RocksDB's four)."""
+    storage = _rocks(tmp_path)
+    _flushed_files(storage, 1, 7)
+    for family in ("by_key", "by_seqno"):
+        assert _files_at(storage, family, 0) == 7
+    assert len(_docs(storage)) == 350
+    storage.close()
+
+
+def test_a_database_compacted_under_other_options_opens_and_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data folder written with RocksDB's default level-0 trigger, with table files in
+    levels 0 and 1, opens and reads every document, and takes new writes."""
+    with monkeypatch.context() as patched:
+        patched.setattr("dcpkv.engine.rocks_storage._L0_COMPACTION_TRIGGER", 4)
+        old = _rocks(tmp_path)
+        _flushed_files(old, 1, 3)
+        _compact_all(old)  # (the three files merged, below level 0)
+        _flushed_files(old, 151, 2)
+        old.close()
+    storage = _rocks(tmp_path)
+    assert _files_at(storage, "by_seqno", 0) > 0
+    assert sum(_files_at(storage, "by_seqno", level) for level in range(1, 7)) > 0
+    assert storage.get(0, b"k00042") == Item(b"k00042", b"v", cas=42, rev_seqno=42, by_seqno=42)
+    _put(storage, (251, b"k00042", b"new"))
+    new = Item(b"k00042", b"new", cas=251, rev_seqno=251, by_seqno=251)
+    assert storage.get(0, b"k00042") == new
+    assert len(_docs(storage)) == 250
+    storage.close()

@@ -139,6 +139,9 @@ _U32 = 0xFFFFFFFF
 _DELETED, _EXPIRED = 1, 2
 _LOCAL_FORMAT, _LOCAL_CLEAN = b"format", b"clean_shutdown"
 _MEMTABLES_MIN, _MEMTABLES_MAX = 4 << 20, 32 << 20
+# Level-0 table files that start a compaction into level 1 (RocksDB's default is 4): see
+# _family_options.
+_L0_COMPACTION_TRIGGER = 8
 T = TypeVar("T")  # what a scan makes of each version it reads (a backfill's row, an item)
 # Part of a flush's write batch: a vbucket, items of it in key order, and its state when the
 # batch ends that vbucket's part of the flush (None: more of its items follow).
@@ -301,6 +304,13 @@ def _family_options(name: str, cache: rocksdict.Cache, memtables: int) -> rocksd
     options = rocksdict.Options(raw_mode=True)
     options.set_write_buffer_size(memtables // 2)
     options.set_disable_auto_compactions(True)  # until the first write (module docstring)
+    # Every memtable flush holds keys of all 1,024 vbuckets, so each level-0 file overlaps the
+    # whole of level 1 and each compaction into it rewrites all of level 1: merging twice as
+    # many files at a time, half as often, writes ~30 % fewer bytes filling a bucket and
+    # spends ~40 % less compaction CPU. A lookup probes each level-0 file's filter, so more
+    # files make a flush's multi-get and a non-resident Get dearer: 12 and 16 wrote fewer
+    # bytes still but saved no more CPU in all.
+    options.set_level_zero_file_num_compaction_trigger(_L0_COMPACTION_TRIGGER)
     table = rocksdict.BlockBasedOptions()
     table.set_block_cache(cache)
     table.set_cache_index_and_filter_blocks(True)
