@@ -28,7 +28,10 @@ figure is divided by the one it is bound by:
 * ``latency``: round trips over a loopback TCP connection between this process and a child,
   ``HEADER``-byte requests each answered with as many bytes (a Get's header both ways, no
   pipelining, ``TCP_NODELAY``), round trips per second (``trips/s``), the median of
-  ``ROUNDS`` rounds of ``ROUND_TRIPS``.
+  ``ROUNDS`` rounds of ``ROUND_TRIPS``. The two processes are pinned to two different CPUs
+  (when there are two): left to the scheduler, they now and then shared one CPU, where a round
+  trip is a plain context switch, 3-4x faster (45-63k against 10-17k trips/s on this host), and
+  such a sample made a quiet run's ratio swing 2x.
 
 Run alone: ``python bench/yardstick.py [--kind K]`` prints ``yardstick.frames_per_s VALUE
 frames/s`` (or its kind's figure; ``--value`` just the number, ``--json PATH`` also writes it
@@ -150,7 +153,10 @@ def measure_latency(rounds: int = ROUNDS) -> float:
     """Round trips per second to a child process over loopback TCP (module docstring)."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = int(listener.getsockname()[1])
+    cpus = sorted(os.sched_getaffinity(0))[:2]
     child = os.fork()
+    if len(cpus) == 2:  # one CPU each (module docstring)
+        os.sched_setaffinity(0, {cpus[child == 0]})
     if child == 0:  # the echo side never returns into the caller's code
         try:
             _echo(listener, ROUND_TRIPS * rounds)
