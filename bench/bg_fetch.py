@@ -8,12 +8,12 @@ as the server stores them (1024 vbuckets); then, round by round, a server opens 
 with ``fullEviction`` and the quota: warm-up loads no items, so every key read is non-resident
 (a Get does not put an item back). Each row is pipelined GetK requests, 100 per batch:
 
-* ``get_random_c1`` / ``get_random_c4``: uniform random written keys, 1 and 4 connections,
-  Gets/s (each a background fetch);
-* ``get_missing_c4``: keys never written (storage's bloom filters answer), Gets/s;
-* ``<row>_server_cpu_us_per_get``: the server's CPU (all its threads) per Get of each row,
-  which swings much less than the rates on a shared host;
-* ``rss_mb``: the server's resident set after the rows;
+* ``random_get_ops_per_s_1conn`` / ``_4conn``: uniform random written keys, 1 and 4
+  connections, Gets/s (each a background fetch);
+* ``missing_get_ops_per_s_4conn``: keys never written (storage's bloom filters answer), Gets/s;
+* ``random_get_server_cpu_us_per_get_1conn`` (and the others'): the server's CPU (all its
+  threads) per Get of each row, which swings much less than the rates on a shared host;
+* ``rss_mib``: the server's resident set after the rows;
 * ``warmup_s``: from the server's start to its port file (interpreter start included);
 * ``fill_sets_per_s_first`` / ``_last``: the engine's Set rate while filling the folder (the
   flushes included), over the first and the last tenth of the keys: how the cost of a write
@@ -149,10 +149,12 @@ async def _rows(target: kv.Target, items: int, ops: int, rng: random.Random) -> 
     written = [kv._key(rng.randrange(items)) for _ in range(ops)]
     missing = [b"missing-%09d" % rng.randrange(1 << 30) for _ in range(ops)]
     row: dict[str, float] = {}
-    for name, keys, conns in (("get_random_c1", written, 1), ("get_random_c4", written, 4),
-                              ("get_missing_c4", missing, 4)):  # fmt: skip
-        row[name], row[f"{name}_server_cpu_us_per_get"] = await _rate(target, keys, conns)
-    return row | {"rss_mb": rss_mib(target.pid)}
+    for name, keys, conns in (("random", written, 1), ("random", written, 4),
+                              ("missing", missing, 4)):  # fmt: skip
+        rate, cpu = await _rate(target, keys, conns)
+        row[f"{name}_get_ops_per_s_{conns}conn"] = rate
+        row[f"{name}_get_server_cpu_us_per_get_{conns}conn"] = cpu
+    return row | {"rss_mib": rss_mib(target.pid)}
 
 
 def main(
