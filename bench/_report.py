@@ -27,7 +27,7 @@ benchmark was measured. A benchmark therefore brackets the code that measures a 
 
 * ``with window("set_ops_per_s"):`` times the yardstick (a short sample,
   :data:`SAMPLE_ROUNDS` rounds, in a fresh process) just before and just after the block;
-  the figure's ratio is over the mean of the two;
+  the figure's ratio is over the higher of the two (:attr:`Sample.speed`);
 * ``rounds(n, measure)`` runs ``measure() -> {metric: value}`` ``n`` times, each between two
   samples, and returns the median of each metric; its ratio is the median of the rounds'
   ratios (a burst of other work moves one round, not the median). Short figures use it.
@@ -37,7 +37,16 @@ A figure is bound by one resource, and is divided by that resource's yardstick
 rate set by wake-ups (one connection's stop-and-wait). Its ratio is named after that yardstick
 (:func:`ratio_name`: ``rate/yardstick``, ``rate/latency_yardstick``).
 
-A figure with neither is divided by the mean of the benchmark's two (cpu) timings. A figure's
+A figure with neither is divided by the higher of the benchmark's two (cpu) timings.
+
+A sample can only be made slower than the machine by what runs beside it, never faster. What
+a benchmark leaves running (servers exiting, a compaction, the kernel writing back) took up to
+0.6x off the samples just after it, so each timing first waits (:func:`settle`, at most
+:data:`SETTLE_S`) until the machine's CPUs are idle; and of two samples around a figure the
+higher is the machine's speed: a lower one timed a short burst of other work, which a figure
+measured over seconds shares out.
+
+A figure's
 ratio is *uncertain* when the yardstick moved by more than :data:`DRIFT_LIMIT` around it
 (in most of its rounds), or, without a window, during the whole benchmark: such figures are
 named in a ``# WARNING`` line at the top of the block and listed under ``moved`` in the JSON.
@@ -52,9 +61,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,7 +80,12 @@ CPU = "cpu"
 # a bound's yardstick: (its ratio's divisor name, its unit), bench/yardstick.py --kind
 BOUNDS = {CPU: ("yardstick", YARDSTICK_UNIT), "latency": ("latency_yardstick", "trips/s")}
 DRIFT_LIMIT = 0.20  # the two yardstick timings of one run may differ by this much
-SAMPLE_ROUNDS = 5  # a window's yardstick sample: ~0.1 s on this host (the full timing: 9)
+SETTLE_S = 2.0  # the longest a timing waits for the machine's CPUs to go idle
+SETTLE_POLL_S = 0.2
+IDLE_CPUS = 0.15  # CPUs' worth of work (all CPUs summed) under which the machine is idle
+# a window's yardstick sample, by bound: ~0.1 s of the cpu's (the full timing: 9 rounds);
+# ~0.3 s of round trips, whose fastest rounds of 5 ranged 1.5x on this host, of 15 1.2x
+SAMPLE_ROUNDS = {CPU: 5, "latency": 15}
 PEERS = ("memcached", "redis", "postgresql")  # prefixes of a same-benchmark peer's figures
 RATIO = "x"
 # a paced writer's achieved rate is the pace it was set, not the machine's speed: no ratio to
@@ -135,8 +151,9 @@ class Sample:
     value: float | None = None
 
     @property
-    def mid(self) -> float:
-        return (self.before + self.after) / 2
+    def speed(self) -> float:
+        """The machine's speed around the measurement: the higher sample (module docstring)."""
+        return max(self.before, self.after)
 
     @property
     def moved(self) -> bool:
@@ -144,13 +161,14 @@ class Sample:
 
 
 def window_yardstick(samples: list[Sample]) -> float:
-    """The yardstick a figure measured in ``samples`` goes with: the median of their means."""
-    return statistics.median(s.mid for s in samples)
+    """The yardstick a figure measured in ``samples`` goes with: the median of their
+    :attr:`Sample.speed`."""
+    return statistics.median(s.speed for s in samples)
 
 
 def _ratio_to_yardstick(value: float, samples: list[Sample]) -> float:
     if all(s.value is not None for s in samples):  # rounds: the median of their ratios
-        return statistics.median(s.value / s.mid for s in samples if s.value is not None)
+        return statistics.median(s.value / s.speed for s in samples if s.value is not None)
     return value / window_yardstick(samples)
 
 
@@ -188,7 +206,7 @@ class Figures:
             if sum(s.moved for s in samples) * 2 > len(samples):
                 self.moved.append(metric)
         elif self.yardstick is not None and metric not in self.bounds:
-            self.ratios[ratio_name(metric)] = value / (sum(self.yardstick) / 2)
+            self.ratios[ratio_name(metric)] = value / max(self.yardstick)
             if drift(*self.yardstick) > DRIFT_LIMIT:
                 self.moved.append(metric)
 
@@ -233,9 +251,41 @@ class Figures:
         return body | extra
 
 
+def _busy_and_total() -> tuple[int, int] | None:
+    """(busy, all) clock ticks of every CPU since boot (``/proc/stat``; None without it).
+    Busy: user, nice, system, irq and softirq; not idle, iowait or steal (another tenant's)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:8]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = ticks
+    return user + nice + system + irq + softirq, sum(ticks)
+
+
+def settle(limit: float = SETTLE_S) -> bool:
+    """Wait until the machine's CPUs do less than :data:`IDLE_CPUS` of work, at most ``limit``
+    seconds: True when they did (module docstring)."""
+    cpus = os.cpu_count() or 1
+    deadline = time.monotonic() + limit
+    last = _busy_and_total()
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(SETTLE_POLL_S)
+        now = _busy_and_total()
+        if now is None or now[1] == last[1]:
+            return now is not None
+        if (now[0] - last[0]) / (now[1] - last[1]) * cpus < IDLE_CPUS:
+            return True
+        last = now
+    return False
+
+
 def yardstick_rate(rounds: int | None = None, bound: str = CPU) -> float:
     """The yardstick of ``bound`` now, in a fresh process, in its unit (:data:`BOUNDS`;
-    ``rounds``: fewer for a sample)."""
+    ``rounds``: fewer for a sample), once the machine is idle (:func:`settle`)."""
+    if not settle():
+        print(f"# yardstick: the machine stayed busy for {SETTLE_S:.0f} s, timing it anyway",
+              file=sys.stderr, flush=True)  # fmt: skip
     more = [] if rounds is None else ["--rounds", str(rounds)]
     done = subprocess.run([sys.executable, str(YARDSTICK), "--value", "--kind", bound, *more],
                           capture_output=True, text=True, check=True)  # fmt: skip
@@ -256,7 +306,7 @@ _bounds: dict[str, str] = {}  # under bench_main: the metrics not bound by the c
 
 
 def _sample(wanted: bool = True, bound: str = CPU) -> float | None:
-    return None if _held is None or not wanted else yardstick_rate(SAMPLE_ROUNDS, bound)
+    return None if _held is None or not wanted else yardstick_rate(SAMPLE_ROUNDS[bound], bound)
 
 
 def _bind(metrics: Iterable[str], bound: str) -> None:
@@ -295,6 +345,20 @@ def record_round(figures: dict[str, float], before: float, after: float) -> None
         _windows.setdefault(metric, []).append(Sample(before, after, value))
 
 
+@contextmanager
+def a_round(bound: str = CPU, after: bool = True) -> Iterator[dict[str, float]]:
+    """One round of :func:`rounds` around a block that measures it in place (an ``await``,
+    say): the block puts its figures in the dict it is given. ``after=False``: as for
+    :func:`window`."""
+    figures: dict[str, float] = {}
+    before = _sample(bound=bound)
+    yield figures
+    after_ = _sample(bound=bound) if after else before
+    _bind(figures, bound)
+    if before is not None and after_ is not None:
+        record_round(figures, before, after_)
+
+
 def rounds(
     count: int, measure: Callable[[], dict[str, float]], bound: str = CPU
 ) -> dict[str, float]:
@@ -303,13 +367,9 @@ def rounds(
     docstring)."""
     results = []
     for _ in range(count):
-        before = _sample(bound=bound)
-        figures = measure()
-        after = _sample(bound=bound)
+        with a_round(bound) as figures:
+            figures.update(measure())
         results.append(figures)
-        _bind(figures, bound)
-        if before is not None and after is not None:
-            record_round(figures, before, after)
     return {m: statistics.median(r[m] for r in results) for m in results[0]}
 
 

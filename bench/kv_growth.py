@@ -18,9 +18,11 @@ folder's size on disk. ``--keep DIR`` runs the server in ``DIR`` and leaves its 
 (``make bench``: 10M keys in 100 segments, the first at 100k keys and the last at 10M), for
 ``bench/large_bucket.py`` to restart without writing it again.
 
-``--json PATH`` writes the first and last segments' rates and CPU costs
+``--json PATH`` writes the rates and CPU costs at the start and the end of the growth
 (``first_set_ops_per_s``, ``last_set_ops_per_s``, ``first_server_cpu_us_per_set``,
-``last_server_cpu_us_per_set``), the disk bytes per item (``disk_bytes_per_key``) and the Sets
+``last_server_cpu_us_per_set``): each the median of ``END_SEGMENTS`` segments, each segment
+a round between yardstick samples (a segment of 100k Sets lasts about 2 s: too short for one
+to stand for the rate). Then the disk bytes per item (``disk_bytes_per_key``), the Sets
 refused and written again (``set_tmpfail_count``), the server's resident set at the end
 (``server_rss_mib``), and every segment beside the figures.
 ``--before COMMIT`` (``bench/_before.py``) then runs that commit's own ``bench/kv_growth.py``
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -46,7 +49,7 @@ from rich.table import Table
 
 import kv
 from _before import old_tree, run_old
-from _report import bench_main, window, write_json
+from _report import a_round, bench_main, write_json
 from _server import cpu_seconds, folder_bytes, rss_mib
 from dcpkv.protocol.constants import Opcode
 
@@ -55,6 +58,13 @@ RETRY_PAUSE_S = 0.05  # before writing again the Sets a segment had refused
 KEEP_HELP = ("run the server in this new or empty folder and leave it there (its bucket in "
              "KEEP/data, every write persisted) for bench/large_bucket.py")  # fmt: skip
 RETRY_TIMEOUT_S = 60.0  # a segment's refused Sets still refused this long: the quota is too small
+END_SEGMENTS = 3  # the first and the last figures: the median of this many segments each
+
+
+def end_segments(segments: int) -> dict[str, range]:
+    """The segments the first and the last figures are the medians of."""
+    count = max(1, min(END_SEGMENTS, segments // 2))
+    return {"first": range(count), "last": range(segments - count, segments)}
 
 
 async def grow(
@@ -66,15 +76,21 @@ async def grow(
     size = ops // segments
     out = []
     task = progress.add_task("Sets", total=size * segments)
+    ends = end_segments(segments)
     try:
         for n in range(segments):
             work = kv.batches(Opcode.Set, range(n * size, (n + 1) * size), 100, target)
-            ends = (("first_set_ops_per_s", 0), ("last_set_ops_per_s", segments - 1))
-            with window(*(name for name, at in ends if at == n)):  # the yardstick around them
+            names = [f"{end}_set_ops_per_s" for end, at in ends.items() if n in at]
+            # the yardstick around the segments the figures are the medians of
+            timed: contextlib.AbstractContextManager[dict[str, float]] = (
+                a_round() if names else contextlib.nullcontext({})
+            )
+            with timed as figures:
                 cpu, start = cpu_seconds(target.pid), time.perf_counter()
                 await conn.run(work)
                 await _retry_tmpfail(conn, target)
                 seconds, cpu = time.perf_counter() - start, cpu_seconds(target.pid) - cpu
+                figures.update(dict.fromkeys(names, size / seconds))
             out.append(((n + 1) * size, size / seconds, cpu / size * 1e6))
             progress.advance(task, size)
         if conn.errors > len(conn.answers.tmpfail):
@@ -136,12 +152,14 @@ def run_one(
                   f"the server's RSS {rss:,.0f} MiB")  # fmt: skip
     if refused:
         console.print(f"Sets refused with Etmpfail and written again: {refused:,}")
+    ends = end_segments(len(rows))
+    first, last = ([rows[n] for n in ends[end]] for end in ("first", "last"))
     return {
         "rows": rows,
-        "first_set_ops_per_s": rows[0][1],
-        "last_set_ops_per_s": rows[-1][1],
-        "first_server_cpu_us_per_set": rows[0][2],
-        "last_server_cpu_us_per_set": rows[-1][2],
+        "first_set_ops_per_s": statistics.median(row[1] for row in first),
+        "last_set_ops_per_s": statistics.median(row[1] for row in last),
+        "first_server_cpu_us_per_set": statistics.median(row[2] for row in first),
+        "last_server_cpu_us_per_set": statistics.median(row[2] for row in last),
         "disk_bytes_per_key": disk / total,
         "server_rss_mib": rss,
         "set_tmpfail_count": refused,

@@ -65,7 +65,7 @@ from dcpkv.spark.sparkoffsets import VbPosition
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-CLIENT_ROUNDS = 3  # of each client-library rate, between yardstick samples
+CLIENT_ROUNDS = 5  # of each client-library rate (about a second each), between yardstick samples
 WARM_ROUNDS = 5  # warm queries, each between yardstick samples (the figure: their median)
 
 

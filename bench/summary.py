@@ -14,7 +14,7 @@ connections >= 1.5x one") and the peers' figures it compares with.
 The summary opens with warnings when the run's two yardstick timings, or a benchmark's own
 two, differ by more than 20 % (the machine changed speed: those ratios are uncertain), then
 the machine and the versions it ran with. Then the table: per row its ratios first (a
-throughput over its benchmark's yardstick, the mean of the timings around that benchmark;
+throughput over its benchmark's yardstick, the higher of the timings around that benchmark;
 dcpkv / each peer), then the target and whether it is met, then the absolute figures and the
 yardstick they go with. A figure whose benchmark did not run shows as "-", a missing peer is
 left out. ``--markdown PATH`` writes the same summary as Markdown and ``--readme PATH`` puts
@@ -320,9 +320,10 @@ def fmt(value: float | None) -> str:
 
 
 def _yardstick(run: Run, bench: str) -> float | None:
-    """The yardstick a benchmark's figures go with: its own timings' mean, else the run's."""
+    """The yardstick a benchmark's figures go with: the higher of its own timings, else of
+    the run's (``_report.Sample.speed``)."""
     timings = run.yardsticks.get(bench) or run.yardsticks.get(RUN)
-    return None if timings is None else sum(timings) / 2
+    return None if timings is None else max(timings)
 
 
 def row_lines(row: Row, run: Run) -> list[list[str]]:

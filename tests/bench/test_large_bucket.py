@@ -62,3 +62,14 @@ def test_large_bucket_without_kv_growths_bucket_says_so(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert "kv_growth.py --keep" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("segments", "first", "last"),
+    [(100, [0, 1, 2], [97, 98, 99]), (4, [0, 1], [2, 3]), (1, [0], [0]), (3, [0], [2])],
+)
+def test_kv_growth_takes_its_first_and_last_figures_from_three_segments_each(
+    segments: int, first: list[int], last: list[int]
+) -> None:
+    ends = kv_growth.end_segments(segments)
+    assert (list(ends["first"]), list(ends["last"])) == (first, last)
