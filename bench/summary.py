@@ -128,9 +128,10 @@ ROWS: list[Row] = [
     Row("KV Set, 4 conns, until all persisted, ops/s", ("kv", "set_persisted_ops_per_s_4conn")),
     # issue 31's targets: the same Set at the other end of a bucket's growth to 10M keys
     # (bench/kv_growth.py), then servers restarted on that bucket (bench/large_bucket.py)
-    Row("KV Set, 1 conn, first 100k of 10M keys, ops/s", ("kv_growth", "first_set_ops_per_s")),
-    Row("KV Set, 1 conn, last 100k of 10M keys, ops/s", ("kv_growth", "last_set_ops_per_s"),
-        at_least(_times(("kv_growth", "first_set_ops_per_s"), 0.9), ">= 0.9x first 100k")),
+    # each the median of 3 segments of 100k keys (bench/kv_growth.py)
+    Row("KV Set, 1 conn, first 300k of 10M keys, ops/s", ("kv_growth", "first_set_ops_per_s")),
+    Row("KV Set, 1 conn, last 300k of 10M keys, ops/s", ("kv_growth", "last_set_ops_per_s"),
+        at_least(_times(("kv_growth", "first_set_ops_per_s"), 0.9), ">= 0.9x first 300k")),
     Row("  disk per key at 10M keys, B", ("kv_growth", "disk_bytes_per_key")),
     Row("  server RSS at 10M keys (valueOnly), MiB", ("kv_growth", "server_rss_mib")),
     Row("warm-up of 10M items, valueOnly, s", ("large_bucket", "value_only_warmup_s"),

@@ -68,7 +68,7 @@ class Clock(Protocol):
 @dataclass(frozen=True, slots=True)
 class Write:
     level: DurabilityLevel
-    restarts: int  # kill -9 and restart faults when it was acknowledged (or read)
+    restarts: int  # kill -9 and restart faults when it was sent (or read)
 
 
 @dataclass
@@ -132,6 +132,9 @@ class DurableLoad:
             with self.lock:
                 self.levels[(key, n)] = level
             options = UpsertOptions(durability=ServerDurability(level), timeout=DURABLE_TIMEOUT)
+            # before the request, as the reader does: a kill -9 while the write is in flight
+            # (or before this thread, descheduled, notes its answer) may undo a Majority write
+            restarts = self.world.restarts
             try:
                 self.coll.upsert(key, {"v": n}, options)
             except AMBIGUOUS:
@@ -148,7 +151,7 @@ class DurableLoad:
             name = level.name
             self.report.acknowledged[name] = self.report.acknowledged.get(name, 0) + 1
             with self.lock:
-                self.acked[key] = (n, Write(level, self.world.restarts))
+                self.acked[key] = (n, Write(level, restarts))
 
     def _read(self) -> None:
         while not self.world.stop.is_set():
