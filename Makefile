@@ -40,7 +40,7 @@ test: lock-check $(STAMP)
 	$(BIN)/ruff format --check
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -n 2 --dist loadscope --durations=25
 
 ## test-fast: the tests that start no process (sans-I/O cores, codec, engine, planners):
 ## a minute or two, for the edit-test loop; make test runs them too, with everything else

@@ -6,11 +6,6 @@ import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Under pytest-xdist (make test runs two workers), the tests on the one session-scoped
-    # SparkSession run on one worker: one JVM, started once.
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
     # A test marked long (minutes) runs only when a -m expression names it: make test stays
     # within its budget, make chaos-test runs them.
     if "long" not in (config.option.markexpr or ""):

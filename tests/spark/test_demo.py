@@ -64,7 +64,7 @@ def test_demo_runs_then_stops_with_the_mirror_equal_to_the_bucket(
 
     data = tmp_path / "data"
     done = subprocess.run(
-        demo_cmd(data, "--duration", "20"), capture_output=True, text=True,
+        demo_cmd(data, "--duration", "10"), capture_output=True, text=True,
         timeout=RUN_TIMEOUT_S,
     )  # fmt: skip
     out = done.stdout
