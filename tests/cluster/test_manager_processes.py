@@ -294,3 +294,14 @@ def test_cluster_up_starts_everything_and_sigterm_stops_everything(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cluster_up_refuses_a_lease_ttl_without_managers_on_etcd(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dcpkv.cli.main", "cluster", "up", "--nodes", "1", "--no-etcd",
+         "--lease-ttl", "5", "--data-dir", str(tmp_path / "cluster")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--lease-ttl needs managers on etcd (--etcd)" in done.stderr
+    assert not (tmp_path / "cluster").exists()  # refused before anything started

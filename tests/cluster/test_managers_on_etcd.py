@@ -31,10 +31,15 @@ from support.upproc import (
 MANAGERS = ["manager0", "manager1", "manager2"]
 
 
+# a lease of 5 s, not the default 10: each test waits for a dead or stopped leader's lease to
+# end; the keep-alive every 1.7 s leaves a loaded machine room
+LEASE = ("--lease-ttl", "5")
+
+
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     require_etcd()
-    args = ("--nodes", "3", "--replicas", "1")
+    args = ("--nodes", "3", "--replicas", "1", *LEASE)
     with cluster_up(tmp_path, *args, ready="manager2") as started:
         yield started
 
@@ -201,7 +206,7 @@ def test_a_new_leader_finishes_a_rebalance_its_predecessor_left_running(
     leader meanwhile: the next leader runs the rebalance again from etcd's record, to its
     end (node2 active, the record idle)."""
     require_etcd()
-    args = ("--nodes", "3", "--replicas", "1", "--vbuckets", "128")
+    args = ("--nodes", "3", "--replicas", "1", "--vbuckets", "64", *LEASE)
     with cluster_up(tmp_path, *args, ready="manager2") as (proc, data):
         wait_until(lambda: led(data, MANAGERS) and listed(data, MANAGERS) == 3, proc, "leader")
         first = view(data, MANAGERS)

@@ -540,6 +540,14 @@ def up(
             "[default: with 3 nodes or more, when etcd is installed].",
         ),
     ] = None,
+    lease_ttl: Annotated[
+        int | None,
+        typer.Option(
+            min=2,
+            help="Seconds each manager's etcd lease lasts (--etcd): how long a dead "
+            "leader leads before another takes over [10].",
+        ),
+    ] = None,
 ) -> None:
     """Start a development cluster on this machine: N managed data nodes and a manager.
 
@@ -563,9 +571,13 @@ def up(
     if eviction_policy is not None:
         node_flags += ["--eviction-policy", eviction_policy]
     members = _etcd_members(nodes, etcd)
+    if lease_ttl is not None and not members:
+        typer.echo("dcpkv cluster up: --lease-ttl needs managers on etcd (--etcd)", err=True)
+        raise typer.Exit(2)
+    manager_flags = () if lease_ttl is None else ("--lease-ttl", str(lease_ttl))
     cluster = LocalCluster(
         data_dir, nodes, replicas, vbuckets, manager_port,
-        etcd_members=members, node_flags=tuple(node_flags),
+        etcd_members=members, node_flags=tuple(node_flags), manager_flags=manager_flags,
     )  # fmt: skip
     code = 0
     try:

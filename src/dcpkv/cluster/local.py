@@ -158,6 +158,8 @@ class LocalCluster:
     # More `dcpkv server` flags for every data node (bucket settings such as
     # --durability-min-level: a node's bucket settings are its own).
     node_flags: tuple[str, ...] = ()
+    # More `dcpkv manager` flags for every manager (--lease-ttl)
+    manager_flags: tuple[str, ...] = ()
 
     def _previous_port(self, name: str) -> int:
         try:
@@ -219,6 +221,7 @@ class LocalCluster:
             "--vbuckets",
             str(self.num_vbuckets),
             *seeds,
+            *self.manager_flags,
         )
         if self.etcd_endpoints:
             argv += ["--etcd", self.etcd_endpoints, "--name", name]
