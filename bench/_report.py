@@ -346,14 +346,17 @@ def record_round(figures: dict[str, float], before: float, after: float) -> None
 
 
 @contextmanager
-def a_round(bound: str = CPU, after: bool = True) -> Iterator[dict[str, float]]:
+def a_round(
+    bound: str = CPU, after: bool = True, wanted: bool = True
+) -> Iterator[dict[str, float]]:
     """One round of :func:`rounds` around a block that measures it in place (an ``await``,
     say): the block puts its figures in the dict it is given. ``after=False``: as for
-    :func:`window`."""
+    :func:`window`; ``wanted=False``: the block runs untimed (a figure's round or not, by
+    the caller's choice)."""
     figures: dict[str, float] = {}
-    before = _sample(bound=bound)
+    before = _sample(wanted, bound)
     yield figures
-    after_ = _sample(bound=bound) if after else before
+    after_ = _sample(wanted, bound) if after else before
     _bind(figures, bound)
     if before is not None and after_ is not None:
         record_round(figures, before, after_)

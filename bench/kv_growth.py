@@ -82,10 +82,7 @@ async def grow(
             work = kv.batches(Opcode.Set, range(n * size, (n + 1) * size), 100, target)
             names = [f"{end}_set_ops_per_s" for end, at in ends.items() if n in at]
             # the yardstick around the segments the figures are the medians of
-            timed: contextlib.AbstractContextManager[dict[str, float]] = (
-                a_round() if names else contextlib.nullcontext({})
-            )
-            with timed as figures:
+            with a_round(wanted=bool(names)) as figures:
                 cpu, start = cpu_seconds(target.pid), time.perf_counter()
                 await conn.run(work)
                 await _retry_tmpfail(conn, target)

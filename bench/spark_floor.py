@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -149,25 +149,27 @@ def main(
     spark = spark_session(cores)
     spark.dataSource.register(FloorDataSource)
     figures: dict[str, float] = {}
-    colds: list[float] = []
     with tempfile.TemporaryDirectory(prefix="dcpkv-spark-floor-") as out:
         # the first query in the fresh JVM (cold), then WARM_ROUNDS more, each between
         # yardstick samples (bench/_report.py)
-        with a_round() as cold:
-            cold["floor_query_rows_per_s"] = _query(spark, count, Path(out) / "cold", "cold")
-        colds.append(cold["floor_query_rows_per_s"])
+        colds = [_cold_round(lambda: _query(spark, count, Path(out) / "cold", "cold"))]
         if not cold_only:
             runs = iter(range(WARM_ROUNDS))
             figures |= rounds(WARM_ROUNDS, lambda: {"floor_query_warm_rows_per_s": _query(
                 spark, count, Path(out) / f"warm{next(runs)}", "warm")})  # fmt: skip
     spark.stop()
     if not cold_only:
-        for _ in range(COLD_ROUNDS - 1):
-            with a_round() as cold:
-                cold["floor_query_rows_per_s"] = _cold_elsewhere(count, cores)
-            colds.append(cold["floor_query_rows_per_s"])
+        colds += [_cold_round(lambda: _cold_elsewhere(count, cores))
+                  for _ in range(COLD_ROUNDS - 1)]  # fmt: skip
     figures["floor_query_rows_per_s"] = statistics.median(colds)
     write_json(json_out, "spark_floor", figures)
+
+
+def _cold_round(query: Callable[[], float]) -> float:
+    """One cold query's rows/s, as a round between yardstick samples (bench/_report.py)."""
+    with a_round() as cold:
+        cold["floor_query_rows_per_s"] = query()
+    return cold["floor_query_rows_per_s"]
 
 
 def _cold_elsewhere(count: int, cores: int) -> float:
