@@ -11,7 +11,8 @@ first on the path, this venv's interpreter and packages) with the arguments give
 rows (indented, ``|``), and returns its figures (its ``--json``), each named ``before_METRIC``.
 Its own figure block is left out (the run prints one block, bench/README.md, "The output
 format"); its own yardstick timings, taken around its figures, become their window
-(``_report.record``): their ratios are over the yardstick of the minute they were measured in.
+(``_report.record``), with the time it ran for the probe: their ratios are over the machine's
+speed of the minutes they were measured in.
 A short script runs ``times`` times over: its figures are then the medians, each run is one of
 their rounds (``_report.record_round``), as today's short figures are.
 """
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +69,7 @@ def _run_old_once(tree: Path, script: str, args: list[str], as_round: bool) -> d
         out = Path(tmp) / "before.json"
         env = {**os.environ, "PYTHONPATH": str(tree / "src")}
         print(f"  -- {script} of {tree.name} ({_describe(tree)}): {' '.join(args)}", flush=True)
+        began = time.monotonic()
         done = subprocess.run(
             [sys.executable, str(tree / "bench" / script), *args, "--json", str(out)],
             env=env, check=True, stdout=subprocess.PIPE, text=True,
@@ -74,14 +77,15 @@ def _run_old_once(tree: Path, script: str, args: list[str], as_round: bool) -> d
         for line in done.stdout.splitlines():
             if not line.startswith(("#", "yardstick at")) and not _FIGURE.match(line):
                 print(f"  | {line}")
+        span = (began, time.monotonic())
         body = json.loads(out.read_text())
     figures = {PREFIX + name: float(value) for name, value in body["figures"].items()}
     if "yardstick" in body:
         start, end = body["yardstick"]["start"], body["yardstick"]["end"]
         if as_round:
-            record_round(figures, start, end)
+            record_round(figures, start, end, span)
         else:
-            record(figures, start, end)
+            record(figures, start, end, span=span)
     return figures
 
 

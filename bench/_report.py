@@ -39,6 +39,18 @@ rate set by wake-ups (one connection's stop-and-wait). Its ratio is named after 
 
 A figure with neither is divided by the higher of the benchmark's two (cpu) timings.
 
+The probe: a sample around a figure sees the machine for a tenth of a second, not while the
+figure ran, and this host's CPUs switch between two speeds (about 1.3M and 0.8M frames/s) in
+phases of tens to hundreds of milliseconds. So :func:`bench_main` also runs
+``bench/yardstick.py --probe`` for the whole benchmark: a process at the lowest priority that
+times a burst of the yardstick's workload (~2 ms) every 0.1 s on the CPU the benchmark kept
+busiest, by its own CPU time, and logs it. A cpu-bound figure's window or round is then
+divided by the probe's speed over the time it ran (:func:`probe_speed`), and a figure without
+either by the probe's speed over the whole benchmark; the samples remain for a span the probe
+has no burst in, for the ``moved`` warning, and for latency-bound figures (the probe times the
+CPU). The probe takes 2-5 % off a figure that keeps one CPU busy (codec.py's rates, three
+runs with and without it), the same in every run.
+
 A sample can only be made slower than the machine by what runs beside it, never faster. What
 a benchmark leaves running (servers exiting, a compaction, the kernel writing back) took up to
 0.6x off the samples just after it, so each timing first waits (:func:`settle`, at most
@@ -51,22 +63,25 @@ ratio is *uncertain* when the yardstick moved by more than :data:`DRIFT_LIMIT` a
 (in most of its rounds), or, without a window, during the whole benchmark: such figures are
 named in a ``# WARNING`` line at the top of the block and listed under ``moved`` in the JSON.
 The JSON holds the same: ``{"bench", "figures", "units", "ratios", "yardstick": {"start",
-"end", "unit"}, "windows": {metric: [[before, after, value or null], ...]}, "bounds": {metric:
-kind} (figures not bound by the cpu), "moved": [...], ...}``, and whatever else the benchmark
-keeps (phases, parameters, a peer's figures).
+"end", "unit", "during" (the probe's, over the whole benchmark)}, "windows": {metric: [[before,
+after, value or null, the probe's speed or null], ...]}, "bounds": {metric: kind} (figures not
+bound by the cpu), "moved": [...], ...}``, and whatever else the benchmark keeps (phases,
+parameters, a peer's figures).
 Outside :func:`bench_main` (a test calling a benchmark's function) windows time nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +97,7 @@ BOUNDS = {CPU: ("yardstick", YARDSTICK_UNIT), "latency": ("latency_yardstick", "
 DRIFT_LIMIT = 0.20  # the two yardstick timings of one run may differ by this much
 SETTLE_S = 2.0  # the longest a timing waits for the machine's CPUs to go idle
 SETTLE_POLL_S = 0.2
+PROBE_BIN_S = 0.5  # the probe's fastest burst in each such slice of a figure's span
 IDLE_CPUS = 0.15  # CPUs' worth of work (all CPUs summed) under which the machine is idle
 # a window's yardstick sample, by bound: ~0.1 s of the cpu's (the full timing: 9 rounds);
 # ~0.3 s of round trips, whose fastest rounds of 5 ranged 1.5x on this host, of 15 1.2x
@@ -144,16 +160,21 @@ def drift(start: float, end: float) -> float:
 @dataclass(frozen=True)
 class Sample:
     """The yardstick just before and just after one measurement (and the value measured there,
-    when the measurement was a round of :func:`rounds`)."""
+    when the measurement was a round of :func:`rounds`; and the probe's speed during it, when
+    the probe ran: :func:`probe_speed`). ``span``: when the measurement ran (monotonic
+    seconds), until the probe's speed for it is known."""
 
     before: float
     after: float
     value: float | None = None
+    during: float | None = None
+    span: tuple[float, float] | None = field(default=None, compare=False, repr=False)
 
     @property
     def speed(self) -> float:
-        """The machine's speed around the measurement: the higher sample (module docstring)."""
-        return max(self.before, self.after)
+        """The machine's speed during the measurement: the probe's, where it ran; else the
+        higher sample around it (module docstring)."""
+        return self.during if self.during is not None else max(self.before, self.after)
 
     @property
     def moved(self) -> bool:
@@ -181,6 +202,7 @@ class Figures:
     yardstick: tuple[float, float] | None = None  # (start, end), frames/s
     windows: dict[str, list[Sample]] = field(default_factory=dict)  # metric -> its samples
     bounds: dict[str, str] = field(default_factory=dict)  # metric -> its bound, when not cpu
+    during: float | None = None  # the probe's speed over the whole benchmark, frames/s
     units: dict[str, str] = field(init=False)
     ratios: dict[str, float] = field(init=False)
     moved: list[str] = field(init=False)  # throughputs whose ratio to the yardstick is uncertain
@@ -206,9 +228,15 @@ class Figures:
             if sum(s.moved for s in samples) * 2 > len(samples):
                 self.moved.append(metric)
         elif self.yardstick is not None and metric not in self.bounds:
-            self.ratios[ratio_name(metric)] = value / max(self.yardstick)
+            self.ratios[ratio_name(metric)] = value / self.bench_speed()
             if drift(*self.yardstick) > DRIFT_LIMIT:
                 self.moved.append(metric)
+
+    def bench_speed(self) -> float:
+        """The machine's speed over the whole benchmark: the probe's, else the higher of its
+        two timings."""
+        assert self.yardstick is not None
+        return self.during if self.during is not None else max(self.yardstick)
 
     def figure_yardstick(self, metric: str) -> float | None:
         """The yardstick a figure goes with: its window's (median) mean, else the benchmark's
@@ -243,12 +271,43 @@ class Figures:
         if self.yardstick is not None:
             start, end = self.yardstick
             body["yardstick"] = {"start": start, "end": end, "unit": YARDSTICK_UNIT}
+            if self.during is not None:
+                body["yardstick"]["during"] = self.during
         if self.windows:
-            body["windows"] = {m: [[s.before, s.after, s.value] for s in samples]
+            body["windows"] = {m: [[s.before, s.after, s.value, s.during] for s in samples]
                                for m, samples in self.windows.items()}  # fmt: skip
         if self.bounds:
             body["bounds"] = self.bounds
         return body | extra
+
+
+Reading = tuple[float, float]  # a probe burst: (monotonic seconds at its end, frames/s)
+
+
+def probe_speed(readings: Iterable[Reading], start: float, end: float) -> float | None:
+    """The machine's speed from ``start`` to ``end`` by the probe's bursts: the fastest burst
+    of each :data:`PROBE_BIN_S` (other work only slows a burst), averaged over the bins, as a
+    figure measured over the span averages the host's speeds. A span shorter than a bin is
+    widened to the bin around its middle; None when no burst fell in it."""
+    if end - start < PROBE_BIN_S:
+        middle = (start + end) / 2
+        start, end = middle - PROBE_BIN_S / 2, middle + PROBE_BIN_S / 2
+    fastest: dict[int, float] = {}
+    for at, speed in readings:
+        if start <= at < end:
+            slot = int((at - start) / PROBE_BIN_S)
+            fastest[slot] = max(speed, fastest.get(slot, 0.0))
+    return statistics.fmean(fastest.values()) if fastest else None
+
+
+def read_probe(path: Path) -> list[Reading]:
+    """The probe's bursts so far (a line being written is skipped)."""
+    out = []
+    for line in path.read_text(encoding="ascii").splitlines():
+        fields = line.split()
+        if len(fields) == 2:
+            out.append((float(fields[0]), float(fields[1])))
+    return out
 
 
 def _busy_and_total() -> tuple[int, int] | None:
@@ -324,25 +383,40 @@ def window(*metrics: str, after: bool = True, bound: str = CPU) -> Iterator[None
     load)."""
     _bind(metrics, bound)
     before = _sample(bool(metrics), bound)
+    began = time.monotonic()
     yield
+    span = (began, time.monotonic())
     end = _sample(bool(metrics), bound) if after else before
     if before is not None and end is not None:
-        record(metrics, before, end)
+        record(metrics, before, end, span=span)
 
 
-def record(metrics: Iterable[str], before: float, after: float, bound: str = CPU) -> None:
-    """Yardstick timings taken around ``metrics`` elsewhere (another process's own)."""
+def record(
+    metrics: Iterable[str],
+    before: float,
+    after: float,
+    bound: str = CPU,
+    span: tuple[float, float] | None = None,
+) -> None:
+    """Yardstick timings taken around ``metrics`` elsewhere (another process's own); ``span``:
+    when they were measured (``time.monotonic()``), for the probe."""
     names = list(metrics)
     _bind(names, bound)
     for metric in names:
-        _windows.setdefault(metric, []).append(Sample(before, after))
+        _windows.setdefault(metric, []).append(Sample(before, after, span=span))
 
 
-def record_round(figures: dict[str, float], before: float, after: float) -> None:
+def record_round(
+    figures: dict[str, float],
+    before: float,
+    after: float,
+    span: tuple[float, float] | None = None,
+) -> None:
     """One round of ``figures`` measured elsewhere (another process) between yardstick timings
-    ``before`` and ``after``: their ratios are the median of their rounds' (:func:`rounds`)."""
+    ``before`` and ``after``: their ratios are the median of their rounds' (:func:`rounds`);
+    ``span`` as for :func:`record`."""
     for metric, value in figures.items():
-        _windows.setdefault(metric, []).append(Sample(before, after, value))
+        _windows.setdefault(metric, []).append(Sample(before, after, value, span=span))
 
 
 @contextmanager
@@ -355,11 +429,13 @@ def a_round(
     the caller's choice)."""
     figures: dict[str, float] = {}
     before = _sample(wanted, bound)
+    began = time.monotonic()
     yield figures
+    span = (began, time.monotonic())
     after_ = _sample(wanted, bound) if after else before
     _bind(figures, bound)
     if before is not None and after_ is not None:
-        record_round(figures, before, after_)
+        record_round(figures, before, after_, span)
 
 
 def rounds(
@@ -376,10 +452,23 @@ def rounds(
     return {m: statistics.median(r[m] for r in results) for m in results[0]}
 
 
-def _emit(held: _Held, yardstick: tuple[float, float] | None) -> None:
-    windows = {m: _windows[m] for m in held.figures if m in _windows}
+def _probed(samples: list[Sample], readings: Sequence[Reading]) -> list[Sample]:
+    """``samples`` with the probe's speed over their spans (where it has one)."""
+    return [dataclasses.replace(s, during=probe_speed(readings, *s.span))
+            if s.span is not None else s for s in samples]  # fmt: skip
+
+
+def _emit(
+    held: _Held,
+    yardstick: tuple[float, float] | None,
+    readings: Sequence[Reading] = (),
+    span: tuple[float, float] | None = None,
+) -> None:
     bounds = {m: _bounds[m] for m in held.figures if m in _bounds}
-    figures = Figures(held.bench, held.figures, yardstick, windows, bounds)
+    windows = {m: _windows[m] if m in bounds else _probed(_windows[m], readings)
+               for m in held.figures if m in _windows}  # fmt: skip
+    during = probe_speed(readings, *span) if span is not None else None
+    figures = Figures(held.bench, held.figures, yardstick, windows, bounds, during)
     print("\n".join(figures.lines()), flush=True)
     if held.path is not None:
         held.path.parent.mkdir(parents=True, exist_ok=True)
@@ -402,14 +491,32 @@ def bench_main(main: Callable[..., Any]) -> None:
     if "--help" in sys.argv[1:]:
         typer.run(main)  # (exits: nothing to time)
     _held = []
-    start = yardstick_rate()
-    print(f"yardstick at start: {start:,.0f} {YARDSTICK_UNIT}", flush=True)
-    try:
-        typer.run(main)
-    except SystemExit as exit_:
-        if exit_.code not in (None, 0):
-            raise
-    end = yardstick_rate()
-    print(f"yardstick at end: {end:,.0f} {YARDSTICK_UNIT}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="dcpkv-probe-") as tmp, _probe(Path(tmp)) as path:
+        start = yardstick_rate()
+        print(f"yardstick at start: {start:,.0f} {YARDSTICK_UNIT}", flush=True)
+        began = time.monotonic()
+        try:
+            typer.run(main)
+        except SystemExit as exit_:
+            if exit_.code not in (None, 0):
+                raise
+        span = (began, time.monotonic())
+        end = yardstick_rate()
+        print(f"yardstick at end: {end:,.0f} {YARDSTICK_UNIT}", flush=True)
+        readings = read_probe(path)
     for held in _held:
-        _emit(held, (start, end))
+        _emit(held, (start, end), readings, span)
+
+
+@contextmanager
+def _probe(folder: Path) -> Iterator[Path]:
+    """``bench/yardstick.py --probe`` running for the block: the file its bursts go to."""
+    path = folder / "probe.log"
+    path.touch()
+    probe = subprocess.Popen([sys.executable, str(YARDSTICK), "--probe", str(path)],
+                             stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        yield path
+    finally:
+        probe.terminate()
+        probe.wait()

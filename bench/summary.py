@@ -263,12 +263,15 @@ class Run:
     # figure measured in its own window (bench/_report.py)
     own: dict[Ref, tuple[float, float, str]] = field(default_factory=dict)
     moved: dict[str, list[str]] = field(default_factory=dict)  # bench -> its uncertain figures
+    # bench -> the probe's speed over the whole benchmark, frames/s (bench/_report.py)
+    during: dict[str, float] = field(default_factory=dict)
 
 
 def load(results: Path) -> Run:
     """Every figure of the run, by source (see the module docstring), and its yardsticks."""
     figures: Figures = {}
     yardsticks: dict[str, tuple[float, float]] = {}
+    during: dict[str, float] = {}
     machine: dict[str, dict[str, str]] = {}
     own: dict[Ref, tuple[float, float, str]] = {}
     moved: dict[str, list[str]] = {}
@@ -280,6 +283,8 @@ def load(results: Path) -> Run:
             figures[body["bench"]] = body["figures"]
             if "yardstick" in body:
                 yardsticks[body["bench"]] = (body["yardstick"]["start"], body["yardstick"]["end"])
+                if "during" in body["yardstick"]:
+                    during[body["bench"]] = body["yardstick"]["during"]
             own |= _own_yardsticks(body)
             if "moved" in body:  # (files from before per-figure windows have none)
                 moved[body["bench"]] = body["moved"]
@@ -291,7 +296,7 @@ def load(results: Path) -> Run:
     end = figures.get("yardstick_end", {}).get("frames_per_s")
     if start and end:
         yardsticks[RUN] = (start, end)
-    return Run(figures, yardsticks, machine, own, moved)
+    return Run(figures, yardsticks, machine, own, moved, during)
 
 
 def _own_yardsticks(body: dict[str, Any]) -> dict[Ref, tuple[float, float, str]]:
@@ -321,8 +326,10 @@ def fmt(value: float | None) -> str:
 
 
 def _yardstick(run: Run, bench: str) -> float | None:
-    """The yardstick a benchmark's figures go with: the higher of its own timings, else of
-    the run's (``_report.Sample.speed``)."""
+    """The yardstick a benchmark's figures go with: the probe's speed over the benchmark, else
+    the higher of its own timings, else of the run's (``_report.Figures.bench_speed``)."""
+    if bench in run.during:
+        return run.during[bench]
     timings = run.yardsticks.get(bench) or run.yardsticks.get(RUN)
     return None if timings is None else max(timings)
 

@@ -41,6 +41,9 @@ figure is divided by the one it is bound by:
   trip is a plain context switch, 3-4x faster (45-63k against 10-17k trips/s on this host), and
   such a sample made a quiet run's ratio swing 2x.
 
+``--probe PATH`` times short bursts of the cpu workload until its parent exits, for
+``bench/_report.py`` to know the machine's speed while a figure was measured (:func:`probe`).
+
 Run alone: ``python bench/yardstick.py [--kind K]`` prints ``yardstick.frames_per_s VALUE
 frames/s`` (or its kind's figure; ``--value`` just the number, ``--json PATH`` also writes it
 as a benchmark's JSON).
@@ -126,6 +129,63 @@ def measure(frames: int = FRAMES, rounds: int = ROUNDS) -> float:
     return frames / min(one_round(keys) for _ in range(rounds))
 
 
+PROBE_FRAMES = 2_000  # a probe burst: ~2 ms of the workload on this host
+PROBE_PERIOD_S = 0.1  # between bursts: ~2 % of one CPU
+
+
+def _busy_ticks() -> dict[int, int]:
+    """Each CPU's busy clock ticks since boot (``/proc/stat``: user, nice, system, irq,
+    softirq); empty without it."""
+    out = {}
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            for line in stat:
+                if line.startswith("cpu") and line[3].isdigit():
+                    fields = line.split()
+                    ticks = [int(f) for f in fields[1:8]]
+                    out[int(fields[0][3:])] = sum(ticks[:3]) + ticks[5] + ticks[6]
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def probe(out: Path, period: float = PROBE_PERIOD_S, frames: int = PROBE_FRAMES) -> None:
+    """Time a burst of the workload every ``period`` seconds, at the lowest priority, on the
+    CPU that was busiest since the last burst, and append ``MONOTONIC FRAMES_PER_S`` to
+    ``out`` for each, until the parent process is gone.
+
+    Why this way, on this host: a CPU runs at two speeds, about 1.3M and 0.8M frames/s, in
+    phases of tens to hundreds of milliseconds, and mostly at the lower for up to 0.3 s after
+    it was idle. A burst on a CPU that the benchmark keeps busy runs at the speed the
+    benchmark's work gets (with one CPU busy: 1.11-1.15M at the 10th percentile of bursts);
+    on the idle other CPU it would time the wake-up (0.69M). A burst is timed by this
+    thread's CPU time, not the wall clock: the benchmark's work on the same CPU delays a
+    burst without slowing it, and the CPU time leaves the delay out."""
+    os.nice(19)
+    parent = os.getppid()
+    keys = [b"yardstick-%06d" % i for i in range(frames)]
+    warm_until = time.perf_counter() + WARMUP_S
+    while time.perf_counter() < warm_until:
+        one_round(keys)
+    allowed = os.sched_getaffinity(0)
+    last = _busy_ticks()
+    with out.open("a", encoding="ascii") as log:
+        while os.getppid() == parent:
+            now = _busy_ticks()
+            busiest = max((c for c in now if c in allowed), default=None,
+                          key=lambda c: now[c] - last.get(c, 0))  # fmt: skip
+            if busiest is not None:
+                os.sched_setaffinity(0, {busiest})
+            last = now
+            start = time.thread_time()
+            one_round(keys)
+            took = time.thread_time() - start
+            if took > 0:
+                log.write(f"{time.monotonic():.4f} {frames / took:.0f}\n")
+                log.flush()
+            time.sleep(period)
+
+
 ROUND_TRIPS = 300  # per round of the latency yardstick
 HEADER = 24  # bytes each way: a memcached header
 
@@ -207,7 +267,13 @@ def main() -> int:
                         help=f"rounds to take the fastest of (default {ROUNDS})")  # fmt: skip
     parser.add_argument("--kind", choices=sorted(KINDS), default="cpu",
                         help="the resource to time (module docstring; default cpu)")  # fmt: skip
+    parser.add_argument("--probe", type=Path, metavar="PATH",
+                        help="time short bursts until the parent exits, appending "
+                             "'MONOTONIC FRAMES_PER_S' to PATH (bench/_report.py)")  # fmt: skip
     args = parser.parse_args()
+    if args.probe is not None:
+        probe(args.probe)
+        return 0
     timed, metric, unit = KINDS[args.kind]
     rate = timed(args.rounds)
     if args.value:

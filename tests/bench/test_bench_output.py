@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,7 @@ def test_a_windowed_figure_is_divided_by_its_own_yardstick_and_warns_only_of_its
                               "get_ops_per_s: the machine changed speed, their ratios are "
                               "uncertain")  # fmt: skip
     assert out.figure_yardstick("set_ops_per_s") == 200_000.0
-    assert out.json()["windows"] == {"set_ops_per_s": [[190_000.0, 200_000.0, None]]}
+    assert out.json()["windows"] == {"set_ops_per_s": [[190_000.0, 200_000.0, None, None]]}
 
 
 def test_rounds_give_the_median_figure_and_the_median_of_the_rounds_ratios() -> None:
@@ -369,3 +370,77 @@ def test_the_yardstick_warms_up_before_it_times(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(yardstick, "WARMUP_S", 0.01)
     assert yardstick.measure(frames=10, rounds=3) == 10_000.0
     assert len(timed) > 3  # untimed rounds first, then the 3 timed
+
+
+# (monotonic seconds, frames/s): bursts of the probe, 0.1 s apart
+READINGS = [(10.0 + i / 10, speed) for i, speed in enumerate(
+    [800.0, 1000.0, 900.0, 950.0, 700.0,      # 10.0-10.4: fastest 1000
+     500.0, 600.0, 550.0, 500.0, 400.0,       # 10.5-10.9: fastest 600
+     1200.0, 1100.0, 1150.0, 1000.0, 1100.0]  # 11.0-11.4: fastest 1200
+)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "speed"),
+    [
+        (10.0, 11.45, (1000 + 600 + 1200) / 3),  # each half second's fastest burst, averaged
+        (10.0, 10.45, 1000.0),  # one half second
+        (10.2, 10.3, 1000.0),  # shorter than a bin: the half second around its middle
+        (10.6, 10.65, 700.0),  # (the half second 10.375-10.875: the bursts 10.4-10.8)
+        (20.0, 21.0, None),  # no burst fell in it
+    ],
+)
+def test_the_probe_s_speed_over_a_span_is_its_bins_fastest_bursts_averaged(
+    start: float, end: float, speed: float | None
+) -> None:
+    got = _report.probe_speed(READINGS, start, end)
+    assert got == (None if speed is None else pytest.approx(speed))
+
+
+def test_a_probed_window_is_divided_by_the_probe_s_speed_a_latency_bound_one_is_not(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    span = (10.0, 10.45)  # the probe: 1000 frames/s; the samples around it: 2000
+    monkeypatch.setattr(_report, "_windows", {
+        "set_ops_per_s": [_report.Sample(2000.0, 2000.0, span=span)],
+        "rtt_ops_per_s": [_report.Sample(2000.0, 2000.0, span=span)],
+        "far_ops_per_s": [_report.Sample(2000.0, 2000.0, span=(50.0, 51.0))],
+    })  # fmt: skip
+    monkeypatch.setattr(_report, "_bounds", {"rtt_ops_per_s": "latency"})
+    figures = {"set_ops_per_s": 500.0, "rtt_ops_per_s": 500.0, "far_ops_per_s": 500.0,
+               "get_ops_per_s": 600.0}  # fmt: skip
+    held = _report._Held(tmp_path / "kv.json", "kv", figures, {})
+    _report._emit(held, (3000.0, 3000.0), READINGS, (10.0, 11.45))
+    body = json.loads((tmp_path / "kv.json").read_text())
+    assert body["ratios"]["set_ops_per_s/yardstick"] == 0.5  # over the probe's 1000
+    assert body["ratios"]["rtt_ops_per_s/latency_yardstick"] == 0.25  # its samples' 2000
+    assert body["ratios"]["far_ops_per_s/yardstick"] == 0.25  # no burst in its span: samples
+    assert body["ratios"]["get_ops_per_s/yardstick"] == pytest.approx(600 / (2800 / 3))
+    assert body["windows"]["set_ops_per_s"] == [[2000.0, 2000.0, None, 1000.0]]
+    assert body["yardstick"]["during"] == pytest.approx(2800 / 3)
+    assert "kv.set_ops_per_s/yardstick 0.5000 x" in capsys.readouterr().out
+
+
+def test_the_probe_s_log_skips_a_line_being_written(tmp_path: Path) -> None:
+    log = tmp_path / "probe.log"
+    log.write_text("10.0000 1100000\n10.1000 1200000\n10.2")
+    assert _report.read_probe(log) == [(10.0, 1_100_000.0), (10.1, 1_200_000.0)]
+
+
+def test_the_probe_times_bursts_until_its_parent_exits(tmp_path: Path) -> None:
+    log = tmp_path / "probe.log"
+    parent = (f"import subprocess, sys, time\n"
+              f"probe = subprocess.Popen([sys.executable, {str(BENCH / 'yardstick.py')!r}, "
+              f"'--probe', {str(log)!r}])\n"
+              f"print(probe.pid, flush=True)\n"
+              f"time.sleep(1.0)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    pid = int(done.stdout)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # (an orphan is reaped by init once it exits)
+    assert not Path(f"/proc/{pid}").exists(), "the probe outlived its parent"
+    readings = _report.read_probe(log)
+    assert readings and all(speed > 0 for _, speed in readings)
+    assert [at for at, _ in readings] == sorted(at for at, _ in readings)
