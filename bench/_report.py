@@ -37,7 +37,8 @@ A figure is bound by one resource, and is divided by that resource's yardstick
 rate set by wake-ups (one connection's stop-and-wait). Its ratio is named after that yardstick
 (:func:`ratio_name`: ``rate/yardstick``, ``rate/latency_yardstick``).
 
-A figure with neither is divided by the higher of the benchmark's two (cpu) timings.
+A figure with neither is divided by the higher of the benchmark's two (cpu) timings (where
+the probe below ran: by its speed over the benchmark).
 
 The probe: a sample around a figure sees the machine for a tenth of a second, not while the
 figure ran, and this host's CPUs switch between two speeds (about 1.3M and 0.8M frames/s) in
@@ -239,14 +240,15 @@ class Figures:
         return self.during if self.during is not None else max(self.yardstick)
 
     def figure_yardstick(self, metric: str) -> float | None:
-        """The yardstick a figure goes with: its window's (median) mean, else the benchmark's
-        (in the unit of the figure's bound, :data:`BOUNDS`)."""
+        """The yardstick a figure's ratio is over: its window's (the median of its samples'
+        :attr:`Sample.speed`), else the benchmark's (:meth:`bench_speed`), in the unit of the
+        figure's bound (:data:`BOUNDS`)."""
         samples = self.windows.get(metric)
         if samples:
             return window_yardstick(samples)
         if self.yardstick is None or metric in self.bounds:
             return None
-        return sum(self.yardstick) / 2
+        return self.bench_speed()
 
     def lines(self) -> list[str]:
         out = [f"# {self.bench}: NAME VALUE UNIT (bench/README.md)"]

@@ -444,3 +444,12 @@ def test_the_probe_times_bursts_until_its_parent_exits(tmp_path: Path) -> None:
     readings = _report.read_probe(log)
     assert readings and all(speed > 0 for _, speed in readings)
     assert [at for at, _ in readings] == sorted(at for at, _ in readings)
+
+
+@pytest.mark.parametrize(("during", "speed"), [(900.0, 900.0), (None, 1200.0)])
+def test_a_figure_without_a_window_goes_with_the_probe_over_its_benchmark_else_the_timings(
+    during: float | None, speed: float
+) -> None:
+    out = _report.Figures("kv", {"get_ops_per_s": 600.0}, (1000.0, 1200.0), during=during)
+    assert out.figure_yardstick("get_ops_per_s") == speed
+    assert out.ratios["get_ops_per_s/yardstick"] == 600.0 / speed
