@@ -90,6 +90,8 @@ from typing import Any
 
 import typer
 
+from yardstick import cpu_ticks
+
 YARDSTICK = Path(__file__).with_name("yardstick.py")
 YARDSTICK_UNIT = "frames/s"
 CPU = "cpu"
@@ -313,15 +315,9 @@ def read_probe(path: Path) -> list[Reading]:
 
 
 def _busy_and_total() -> tuple[int, int] | None:
-    """(busy, all) clock ticks of every CPU since boot (``/proc/stat``; None without it).
-    Busy: user, nice, system, irq and softirq; not idle, iowait or steal (another tenant's)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            ticks = [int(field) for field in stat.readline().split()[1:8]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = ticks
-    return user + nice + system + irq + softirq, sum(ticks)
+    """(busy, all) clock ticks of every CPU since boot (``yardstick.cpu_ticks``; None without
+    ``/proc/stat``)."""
+    return cpu_ticks().get("cpu")
 
 
 def settle(limit: float = SETTLE_S) -> bool:

@@ -133,20 +133,27 @@ PROBE_FRAMES = 2_000  # a probe burst: ~2 ms of the workload on this host
 PROBE_PERIOD_S = 0.1  # between bursts: ~2 % of one CPU
 
 
-def _busy_ticks() -> dict[int, int]:
-    """Each CPU's busy clock ticks since boot (``/proc/stat``: user, nice, system, irq,
-    softirq); empty without it."""
+def cpu_ticks() -> dict[str, tuple[int, int]]:
+    """(busy, all) clock ticks since boot of each CPU line of ``/proc/stat``: ``cpu`` (every
+    CPU) and ``cpu0``, ``cpu1``, ...; empty without it. Busy: user, nice, system, irq and
+    softirq; not idle, iowait or steal (another tenant's)."""
     out = {}
     try:
         with open("/proc/stat", encoding="ascii") as stat:
             for line in stat:
-                if line.startswith("cpu") and line[3].isdigit():
-                    fields = line.split()
-                    ticks = [int(f) for f in fields[1:8]]
-                    out[int(fields[0][3:])] = sum(ticks[:3]) + ticks[5] + ticks[6]
+                if not line.startswith("cpu"):
+                    break
+                fields = line.split()
+                user, nice, system, idle, iowait, irq, softirq = map(int, fields[1:8])
+                busy = user + nice + system + irq + softirq
+                out[fields[0]] = (busy, busy + idle + iowait)
     except (OSError, ValueError):
         return {}
     return out
+
+
+def _busy_by_cpu() -> dict[int, int]:
+    return {int(name[3:]): busy for name, (busy, _) in cpu_ticks().items() if name != "cpu"}
 
 
 def probe(out: Path, period: float = PROBE_PERIOD_S, frames: int = PROBE_FRAMES) -> None:
@@ -168,10 +175,10 @@ def probe(out: Path, period: float = PROBE_PERIOD_S, frames: int = PROBE_FRAMES)
     while time.perf_counter() < warm_until:
         one_round(keys)
     allowed = os.sched_getaffinity(0)
-    last = _busy_ticks()
+    last = _busy_by_cpu()
     with out.open("a", encoding="ascii") as log:
         while os.getppid() == parent:
-            now = _busy_ticks()
+            now = _busy_by_cpu()
             busiest = max((c for c in now if c in allowed), default=None,
                           key=lambda c: now[c] - last.get(c, 0))  # fmt: skip
             if busiest is not None:
