@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import _placement
 from _server import bench_server
 from dcpkv.client.cluster import ClusterKV
 from dcpkv.client.settings import ClientSettings, ConnectionSettings
@@ -74,7 +75,8 @@ def same_data(
     ):
         cluster = LocalCluster(Path(tmp), nodes=NODES, replicas=REPLICAS, num_vbuckets=vbuckets)
         try:
-            cluster.start()
+            with _placement.servers():
+                cluster.start()
             nodes = ",".join(cluster.address(c) for c in cluster.data_nodes)
             single = ConnectionSettings.at(port=port)
             three = ConnectionSettings.parse(f"couchbase://{nodes}")

@@ -68,6 +68,8 @@ The JSON holds the same: ``{"bench", "figures", "units", "ratios", "yardstick": 
 after, value or null, the probe's speed or null], ...]}, "bounds": {metric: kind} (figures not
 bound by the cpu), "moved": [...], ...}``, and whatever else the benchmark keeps (phases,
 parameters, a peer's figures).
+Under :func:`bench_main` the benchmark runs on one CPU and the servers it starts on the
+others (:mod:`_placement`).
 Outside :func:`bench_main` (a test calling a benchmark's function) windows time nothing.
 """
 
@@ -90,6 +92,7 @@ from typing import Any
 
 import typer
 
+import _placement
 from yardstick import cpu_ticks
 
 YARDSTICK = Path(__file__).with_name("yardstick.py")
@@ -344,8 +347,9 @@ def yardstick_rate(rounds: int | None = None, bound: str = CPU) -> float:
         print(f"# yardstick: the machine stayed busy for {SETTLE_S:.0f} s, timing it anyway",
               file=sys.stderr, flush=True)  # fmt: skip
     more = [] if rounds is None else ["--rounds", str(rounds)]
-    done = subprocess.run([sys.executable, str(YARDSTICK), "--value", "--kind", bound, *more],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    with _placement.everywhere():
+        done = subprocess.run([sys.executable, str(YARDSTICK), "--value", "--kind", bound,
+                               *more], capture_output=True, text=True, check=True)  # fmt: skip
     return float(done.stdout)
 
 
@@ -489,6 +493,7 @@ def bench_main(main: Callable[..., Any]) -> None:
     if "--help" in sys.argv[1:]:
         typer.run(main)  # (exits: nothing to time)
     _held = []
+    _placement.pin_client()
     with tempfile.TemporaryDirectory(prefix="dcpkv-probe-") as tmp, _probe(Path(tmp)) as path:
         start = yardstick_rate()
         print(f"yardstick at start: {start:,.0f} {YARDSTICK_UNIT}", flush=True)
@@ -511,8 +516,9 @@ def _probe(folder: Path) -> Iterator[Path]:
     """``bench/yardstick.py --probe`` running for the block: the file its bursts go to."""
     path = folder / "probe.log"
     path.touch()
-    probe = subprocess.Popen([sys.executable, str(YARDSTICK), "--probe", str(path)],
-                             stdin=subprocess.DEVNULL)  # fmt: skip
+    with _placement.everywhere():
+        probe = subprocess.Popen([sys.executable, str(YARDSTICK), "--probe", str(path)],
+                                 stdin=subprocess.DEVNULL)  # fmt: skip
     try:
         yield path
     finally:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import _placement
+
 START_TIMEOUT_S = 60.0
 
 
@@ -39,7 +41,7 @@ def bench_server_proc(
         "--data-dir", str(data), "--port-file", str(port_file),
         "--vbuckets", str(vbuckets), *extra,
     ]  # fmt: skip
-    with open(tmp / "server.log", "wb") as log:
+    with open(tmp / "server.log", "wb") as log, _placement.servers():
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S

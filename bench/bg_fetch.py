@@ -41,6 +41,7 @@ from typing import Annotated
 
 import typer
 
+import _placement
 import kv
 from _report import bench_main, write_json
 from _server import rss_mib
@@ -84,7 +85,7 @@ def _server(
         str(quota_mb), "--eviction-policy", policy,
     ]  # fmt: skip
     started = time.perf_counter()
-    with open(tmp / "server.log", "wb") as log:
+    with open(tmp / "server.log", "wb") as log, _placement.servers():
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     try:
         while not port_file.exists():

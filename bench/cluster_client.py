@@ -27,6 +27,7 @@ from typing import Annotated
 
 import typer
 
+import _placement
 from _report import bench_main, write_json
 from dcpkv.client import events
 from dcpkv.client.cluster import ClusterKV
@@ -104,7 +105,8 @@ def main(
     with tempfile.TemporaryDirectory(prefix="dcpkv-bench-cluster-") as tmp:
         cluster = LocalCluster(Path(tmp), nodes=3, replicas=1, num_vbuckets=VBUCKETS)
         try:
-            cluster.start()
+            with _placement.servers():
+                cluster.start()
             seeds = ",".join(f"127.0.0.1:{c.port}" for c in cluster.children if c.name != "manager")
             config = ClientSettings(ConnectionSettings.parse(f"couchbase://{seeds}"), name="bench")
             figures = asyncio.run(_run(config, count, durable))

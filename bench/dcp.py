@@ -50,6 +50,7 @@ from typing import Annotated
 
 import typer
 
+import _placement
 from _report import bench_main, rounds, window, write_json
 from _server import cpu_seconds, folder_bytes
 from dcpkv.client.blocking import BlockingKV
@@ -103,7 +104,8 @@ def start_server(data_dir: Path, vbuckets: int) -> tuple[subprocess.Popen[bytes]
     ]  # fmt: skip
     started = time.perf_counter()
     log = open(data_dir.parent / "server.log", "wb")  # noqa: SIM115  (lives as long as the server)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+    with _placement.servers():
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     while not port_file.exists():
         if proc.poll() is not None:
             raise SystemExit(f"server exited {proc.returncode}")

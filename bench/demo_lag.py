@@ -49,6 +49,7 @@ from typing import Annotated
 import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _placement
 from _report import a_round, bench_main, write_json
 
 FIRST_BATCH_ROUNDS = 3
@@ -106,7 +107,8 @@ def _start(
     with open(folder / "demo.log", "wb") as log:
         # the yardstick just before the start (module docstring)
         with a_round(after=False) as first_round:
-            demo = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            with _placement.servers():  # the pipeline under test, node and Spark
+                demo = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             _wait_first_batch(demo, metrics)
             if metrics.is_file():
                 first = json.loads(metrics.read_text().splitlines()[0])

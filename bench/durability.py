@@ -39,6 +39,7 @@ from typing import Annotated
 
 import typer
 
+import _placement
 from _report import bench_main, window, write_json
 from _server import bench_server
 from dcpkv.client.blocking import BlockingKV, KVRequest
@@ -166,7 +167,8 @@ def cluster(nodes: int) -> Iterator[ConnectionSettings]:
     with tempfile.TemporaryDirectory(prefix="dcpkv-bench-durability-") as tmp:
         local = LocalCluster(Path(tmp), nodes=nodes, replicas=1, num_vbuckets=VBUCKETS)
         try:
-            local.start()
+            with _placement.servers():
+                local.start()
             addresses = ",".join(local.address(c) for c in local.data_nodes)
             conn = ConnectionSettings.parse(f"couchbase://{addresses}")
             asyncio.run(_ready(conn))

@@ -54,6 +54,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+import _placement
 from _report import bench_main, rounds, window, write_json
 from _server import cpu_seconds
 from dcpkv.core.status import Status
@@ -304,7 +305,7 @@ def dcpkv_server(tmp: Path, quota_mb: int = QUOTA_MB, *extra: str) -> Iterator[T
         str(tmp / "data"), "--port-file", str(port_file), "--vbuckets", str(VBUCKETS),
         "--memory-quota-mb", str(quota_mb), *extra,
     ]  # fmt: skip
-    with open(tmp / "dcpkv.log", "wb") as log:
+    with open(tmp / "dcpkv.log", "wb") as log, _placement.servers():
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     try:
         port = _wait_port_file(proc, port_file)
@@ -319,7 +320,8 @@ def memcached_server(binary: str) -> Iterator[Target]:
     cmd = [binary, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-m", "512"]
     if os.geteuid() == 0:
         cmd += ["-u", "nobody"]  # memcached refuses to run as root
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with _placement.servers():
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_listening(proc, port)
         yield Target("memcached", port, login=False, vbuckets=False, pid=proc.pid)

@@ -38,6 +38,7 @@ from typing import Annotated, Any
 
 import typer
 
+import _placement
 from _report import bench_main, write_json
 from dcpkv.cluster.admin_client import admin_answer
 from dcpkv.cluster.leadership import DEFAULT_LEASE_TTL_S
@@ -69,7 +70,7 @@ class Up:
             "--replicas", "1", "--vbuckets", str(vbuckets), "--data-dir", str(data), "--etcd",
         ]  # fmt: skip
         data.mkdir(parents=True)
-        with open(data.parent / f"{data.name}-up.err", "w") as err:
+        with open(data.parent / f"{data.name}-up.err", "w") as err, _placement.servers():
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
 
     def stop(self) -> None:

@@ -40,6 +40,7 @@ from typing import Annotated, Any
 
 import typer
 
+import _placement
 from _report import bench_main, window, write_json
 from _server import bench_server
 from dcpkv.client.blocking import BlockingKV, KVRequest
@@ -191,7 +192,8 @@ class Manager:
             "--replicas", "1", "--vbuckets", str(vbuckets), *seeds,
         ]  # fmt: skip
         self.log = open(tmp / "manager.log", "wb")  # noqa: SIM115 (lives as long as the manager)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        with _placement.servers():
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
         while not port_file.exists():
             if self.proc.poll() is not None:
                 raise SystemExit(f"the manager exited: {tmp / 'manager.log'}")

@@ -34,6 +34,7 @@ from typing import Annotated, Any
 
 import typer
 
+import _placement
 from _cluster import _load, _ready
 from _report import bench_main, window, write_json
 from dcpkv.client.cluster import ClusterKV
@@ -142,7 +143,8 @@ def main(
         b = LocalCluster(Path(tmp) / "b", nodes=nodes, replicas=0, num_vbuckets=vbuckets)
         try:
             for c in (a, b):
-                c.start()
+                with _placement.servers():
+                    c.start()
                 asyncio.run(_ready(_conn(c)))
             took = _load(_conn(a), count, vbuckets)
             print(f"  load {count:,} docs into A: {took:.2f} s")
