@@ -9,7 +9,8 @@ CPU 1, 478-525k over three. Rounds inside one start do not remove it, a fixed pl
 So, under :func:`~_report.bench_main`, the benchmark process (the client, and what it starts
 without saying: the ``dcpkv stream`` CLI, Spark's JVM and workers) runs on
 :data:`CLIENT_CPUS`, and every server, manager, cluster or peer server it starts runs on
-:data:`SERVER_CPUS`: a benchmark starts them inside ``with servers():``. The yardstick's own
+:data:`SERVER_CPUS` (``dcpkv demo`` too, its node and its Spark: the pipeline under test):
+a benchmark starts them inside ``with servers():``. The yardstick's own
 processes start inside ``with everywhere():`` and place themselves as before (the probe on
 the busiest CPU, the latency yardstick's two ends one per CPU).
 
