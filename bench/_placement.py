@@ -79,3 +79,10 @@ def servers() -> AbstractContextManager[None]:
 def everywhere() -> AbstractContextManager[None]:
     """Processes started in the block may run on every CPU (they place themselves)."""
     return _on(ALL_CPUS)
+
+
+def server_threads(default: int) -> int:
+    """Worker threads for a server that sizes its own pool (memcached's ``-t``): one per
+    server CPU when placed, ``default`` otherwise. Four threads on one CPU switched between
+    each other on every batch: memcached's Set rate moved 0.74x between two runs."""
+    return len(SERVER_CPUS) if _pinned else default

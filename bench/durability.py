@@ -194,8 +194,8 @@ async def _ready(conn: ConnectionSettings) -> None:
 
 def main(
     nodes: Annotated[int, typer.Option(help="1 (single-node topologies) or a cluster's.")] = 1,
-    seconds: Annotated[float, typer.Option(help="Seconds per way of writing and level.")] = 4.0,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds those seconds split into.")] = 2,
+    seconds: Annotated[float, typer.Option(help="Seconds per way of writing and level.")] = 8.0,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds those seconds split into.")] = 4,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write figures here.")] = None,
 ) -> None:
     """SyncWrite latency per level vs client durability (polling) and plain writes."""

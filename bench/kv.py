@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 Starts a ``dcpkv server`` subprocess (fresh data dir in the temp dir, 1024 vbuckets) and, when
-``memcached`` is on PATH, a ``memcached`` on a free loopback port (``-U 0``: no UDP; no SASL),
-and drives both with the same client in the same run, so the figures compare the servers
-rather than two clients.
+``memcached`` is on PATH, a ``memcached`` on a free loopback port (``-U 0``: no UDP; no SASL;
+one worker thread per CPU it runs on), and drives both with the same client in the same run, so
+the figures compare the servers rather than two clients.
 
 The client is asyncio over the project's codec: every request is encoded before the clock
 starts, in batches of ``--batch`` requests (100 by default) that go out in one write; the
@@ -16,7 +16,8 @@ event loop; a phase's rate is its operations over the wall time of the slowest c
 Phases, per connection count, each count against a fresh server (of each kind): Set of distinct
 keys (16-byte keys, 100-byte values) into the empty bucket, then Get of the same keys. So the
 counts compare like with like (the Get phase runs ``GET_ROUNDS`` times, its figure the median
-round's: it lasts about half a second): a later count neither overwrites an earlier one's keys (a
+round's: it lasts about half a second; so does memcached's Set phase, each round against a fresh
+memcached): a later count neither overwrites an earlier one's keys (a
 different workload: the old version is freed) nor writes into a table the earlier one filled (a
 flush's cost grows with the table: its writes land on more pages). Both servers get 512 MB, so
 neither evicts nor ejects during a phase. Against dcpkv each request carries the key's vbucket
@@ -71,6 +72,7 @@ QUOTA_MB = 512
 START_TIMEOUT_S = 30.0
 # 200k Gets last half a second: their figure is the median of this many (the Sets, 4-5 s, once)
 GET_ROUNDS = 5
+MEMCACHED_THREADS = 4  # memcached's default, unless placed (bench/_placement.py)
 PERSIST_TIMEOUT_S = 120.0  # a Set phase's accepted writes must all be on disk by then
 _SET_EXTRAS = struct.pack(">II", 0, 0)
 _HEADER_LEN = 24
@@ -317,7 +319,8 @@ def dcpkv_server(tmp: Path, quota_mb: int = QUOTA_MB, *extra: str) -> Iterator[T
 @contextlib.contextmanager
 def memcached_server(binary: str) -> Iterator[Target]:
     port = _free_port()
-    cmd = [binary, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-m", "512"]
+    threads = _placement.server_threads(MEMCACHED_THREADS)
+    cmd = [binary, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-m", "512", "-t", str(threads)]
     if os.geteuid() == 0:
         cmd += ["-u", "nobody"]  # memcached refuses to run as root
     with _placement.servers():
@@ -342,11 +345,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 # -- main ----------------------------------------------------------------------------------------
 
 
-def _bound(target: Target, conns: int) -> str:
+def _bound(server: str, conns: int) -> str:
     """What a phase's rate is bound by (bench/_report.py): memcached answers a batch in a
     fraction of the client's time to send and read it, so one connection's rate against it is
     set by the two processes' wake-ups; dcpkv's by its own CPU."""
-    return "latency" if target.name == "memcached" and conns == 1 else "cpu"
+    return "latency" if server == "memcached" and conns == 1 else "cpu"
 
 
 def _get_rounds(target: Target, ops: int, conns: int, batch: int, rate: str) -> tuple[Result, int]:
@@ -358,42 +361,75 @@ def _get_rounds(target: Target, ops: int, conns: int, batch: int, rate: str) -> 
         results.append(asyncio.run(phase(target, Opcode.Get, ops, conns, batch)))
         return {rate: results[-1].rate}
 
-    rounds(GET_ROUNDS, one, bound=_bound(target, conns))
+    rounds(GET_ROUNDS, one, bound=_bound(target.name, conns))
     ordered = sorted(results, key=lambda result: result.rate)
     return ordered[len(ordered) // 2], sum(result.errors for result in results)
+
+
+def _row(target: Target, opcode: Opcode, conns: int, result: Result) -> list[str]:
+    persisted = "-" if result.persisted_seconds is None else f"{result.persisted_seconds:.2f}"
+    return [
+        target.name, opcode.name, str(conns), f"{result.ops:,}", f"{result.rate:,.0f}",
+        f"{result.seconds:.2f}", persisted, f"{result.cpu_us_per_op:.2f}", str(result.errors),
+    ]  # fmt: skip
+
+
+def _put(
+    figures: dict[str, float], target: Target, opcode: Opcode, conns: int, result: Result,
+    errors: int,
+) -> None:  # fmt: skip
+    prefix = "" if target.name == "dcpkv" else f"{target.name}_"
+    op = opcode.name.lower()
+    figures[f"{prefix}{op}_ops_per_s_{conns}conn"] = result.rate
+    figures[f"{prefix}{op}_errors_{conns}conn"] = errors
+    figures[f"{prefix}{op}_server_cpu_us_per_op_{conns}conn"] = result.cpu_us_per_op
+    if result.persisted_seconds is not None:
+        figures[f"{prefix}set_persisted_ops_per_s_{conns}conn"] = (
+            result.ops / result.persisted_seconds
+        )
 
 
 def measure(
     target: Target, ops: int, batch: int, conns: int, figures: dict[str, float]
 ) -> list[list[str]]:
-    """The table rows of one connection count's phases against a fresh server; the rates
-    also go into ``figures``."""
-    rows = []
-    prefix = "" if target.name == "dcpkv" else f"{target.name}_"
-    for opcode in (Opcode.Set, Opcode.Get):
-        rate = f"{prefix}{opcode.name.lower()}_ops_per_s_{conns}conn"
-        on_disk = f"{prefix}set_persisted_ops_per_s_{conns}conn"
-        if opcode is Opcode.Set:  # each round would find other keys written: one window
-            with window(rate, on_disk, bound=_bound(target, conns)):
-                result = asyncio.run(phase(target, opcode, ops, conns, batch))
-            errors = result.errors
-        else:
-            result, errors = _get_rounds(target, ops, conns, batch, rate)
-        figures[rate] = result.rate
-        figures[f"{prefix}{opcode.name.lower()}_errors_{conns}conn"] = errors
-        figures[f"{prefix}{opcode.name.lower()}_server_cpu_us_per_op_{conns}conn"] = (
-            result.cpu_us_per_op
-        )
-        persisted = "-"
-        if result.persisted_seconds is not None:
-            figures[on_disk] = result.ops / result.persisted_seconds
-            persisted = f"{result.persisted_seconds:.2f}"
-        rows.append([
-            target.name, opcode.name, str(conns), f"{result.ops:,}",
-            f"{result.rate:,.0f}", f"{result.seconds:.2f}", persisted,
-            f"{result.cpu_us_per_op:.2f}", str(result.errors),
-        ])  # fmt: skip
-    return rows
+    """The table rows of one connection count's phases against a fresh dcpkv server (its Set
+    phase once, in a window: each round would find other keys written); the rates also go
+    into ``figures``."""
+    rate = f"set_ops_per_s_{conns}conn"
+    with window(rate, f"set_persisted_ops_per_s_{conns}conn", bound=_bound(target.name, conns)):
+        sets = asyncio.run(phase(target, Opcode.Set, ops, conns, batch))
+    gets, get_errors = _get_rounds(target, ops, conns, batch, f"get_ops_per_s_{conns}conn")
+    _put(figures, target, Opcode.Set, conns, sets, sets.errors)
+    _put(figures, target, Opcode.Get, conns, gets, get_errors)
+    return [_row(target, Opcode.Set, conns, sets), _row(target, Opcode.Get, conns, gets)]
+
+
+def measure_memcached(
+    binary: str, ops: int, batch: int, conns: int, figures: dict[str, float]
+) -> list[list[str]]:
+    """As :func:`measure` against memcached, whose Set phase lasts a fraction of a second: it
+    runs :data:`GET_ROUNDS` times, each against a fresh memcached (an empty cache, as dcpkv's
+    Set phase finds), the figure the median round's; the Gets run on the last one."""
+    rate = f"memcached_set_ops_per_s_{conns}conn"
+    done: list[tuple[Target, Result]] = []
+    with contextlib.ExitStack() as server:
+
+        def one() -> dict[str, float]:
+            server.close()  # the previous round's memcached
+            target = server.enter_context(memcached_server(binary))
+            done.append((target, asyncio.run(phase(target, Opcode.Set, ops, conns, batch))))
+            return {rate: done[-1][1].rate}
+
+        rounds(GET_ROUNDS, one, bound=_bound("memcached", conns))
+        target = done[-1][0]
+        get_rate = f"memcached_get_ops_per_s_{conns}conn"
+        gets, get_errors = _get_rounds(target, ops, conns, batch, get_rate)
+    sets = sorted((result for _, result in done), key=lambda result: result.rate)
+    set_errors = sum(result.errors for _, result in done)
+    _put(figures, target, Opcode.Set, conns, sets[len(sets) // 2], set_errors)
+    _put(figures, target, Opcode.Get, conns, gets, get_errors)
+    return [_row(target, Opcode.Set, conns, sets[len(sets) // 2]),
+            _row(target, Opcode.Get, conns, gets)]  # fmt: skip
 
 
 def main(
@@ -414,8 +450,7 @@ def main(
     binary = shutil.which("memcached")
     if binary:
         for conns in conn_counts:
-            with memcached_server(binary) as target:
-                rows += measure(target, ops, batch, conns, figures)
+            rows += measure_memcached(binary, ops, batch, conns, figures)
     table = Table(title=f"Pipelined KV throughput ({batch} requests per write, {len(VALUE)}-byte "
                   "values, one asyncio client process)")  # fmt: skip
     for col in ("server", "op", "connections", "ops", "ops/s", "seconds", "all persisted at s",

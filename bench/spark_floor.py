@@ -45,7 +45,7 @@ PARTITIONS = 16  # what the dcpkv source plans for 64 vbuckets on local[2]
 BATCH_ROWS = 8192  # dcpkv.spark.rows.BATCH_ROWS
 VBUCKETS = 64
 WARM_ROUNDS = 3  # warm queries, each between yardstick samples (the figure: their median)
-COLD_ROUNDS = 3  # cold queries, each in a JVM of its own (module docstring)
+COLD_ROUNDS = 5  # cold queries, each in a JVM of its own (module docstring)
 
 
 def floor_batch(first: int, rows: int) -> Any:

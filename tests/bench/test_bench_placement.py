@@ -47,7 +47,8 @@ with bench_server_proc(16, label="placement") as (port, pid):
     time.sleep(0.5)  # its threads (flusher, the loop's) are started by now
     threads = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{{pid}}/task")]
     report = {{"pinned": pinned, "client": sorted(os.sched_getaffinity(0)),
-              "server_threads": threads, "everywhere": sorted(os.sched_getaffinity(free.pid))}}
+              "server_threads": threads, "everywhere": sorted(os.sched_getaffinity(free.pid)),
+              "pool": _placement.server_threads(4)}}
 free.kill()
 print(json.dumps(report))
 """
@@ -72,6 +73,7 @@ def test_a_benchmark_s_server_runs_every_thread_on_the_server_cpus_and_the_clien
     assert isinstance(threads, list) and len(threads) > 1
     assert all(t == mine[1:] for t in threads), threads
     assert report["everywhere"] == mine
+    assert report["pool"] == len(mine) - 1  # memcached's -t: one worker per server CPU
 
 
 def test_placement_off_pins_nothing() -> None:
@@ -81,3 +83,4 @@ def test_placement_off_pins_nothing() -> None:
     assert report["client"] == mine
     assert report["everywhere"] == mine
     assert all(t == mine for t in report["server_threads"])  # type: ignore[attr-defined]
+    assert report["pool"] == 4  # the server's own default
