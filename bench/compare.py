@@ -10,7 +10,9 @@ ratio: ``NAME RATIO_A RATIO_B B/A FIGURE_A FIGURE_B VERDICT``, the verdict ``AGR
 moved by more than 20 % around that figure in either run (the benchmark's ``moved``; in files
 written before figures had their own windows: during the whole benchmark). The last two lines,
 comments, count them: the ratios to a yardstick (whichever resource's, ``bench/_report.py``),
-then the ratios to a peer of the same run.
+then the ratios to a peer of the same run. A figure set by the server's own timers has no
+ratio (``bench/_report.py``'s ``TIMER``): its line holds the figure itself in both places
+(``NAME FIGURE_A FIGURE_B B/A FIGURE_A FIGURE_B VERDICT``), counted on a third line.
 
     .venv/bin/python bench/compare.py RESULTS_A RESULTS_B
 """
@@ -19,11 +21,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _report import BOUNDS, DRIFT_LIMIT, drift, fmt_value
+from _report import BOUNDS, DRIFT_LIMIT, TIMER, drift, fmt_value
 
 AGREEMENT = 0.20
 
@@ -58,13 +61,29 @@ class Count:
         self.agree, self.total = self.agree + ok, self.total + 1
 
 
-def compare(a: Path, b: Path) -> tuple[list[str], Count, Count]:
-    """The lines, and how many ratios agree of how many: to a yardstick, to a peer."""
+def _timed(body_a: dict[str, Any], body_b: dict[str, Any], count: Count) -> Iterator[str]:
+    """The lines of the figures both runs say a timer sets, each held to the 20 % itself."""
+    bounds_a, bounds_b = body_a.get("bounds", {}), body_b.get("bounds", {})
+    for metric in sorted(m for m, b in bounds_a.items() if b == TIMER and bounds_b.get(m) == TIMER):
+        fa, fb = body_a["figures"].get(metric), body_b["figures"].get(metric)
+        if not fa or not fb:
+            continue
+        ok = drift(fa, fb) <= AGREEMENT
+        count.add(ok)
+        values = (fa, fb, fb / fa, fa, fb)
+        yield (f"{body_a['bench']}.{metric} {' '.join(fmt_value(v) for v in values)} "
+               f"{'AGREE' if ok else 'DIFFER'}")  # fmt: skip
+
+
+def compare(a: Path, b: Path) -> tuple[list[str], Count, Count, Count]:
+    """The lines, and how many agree of how many: ratios to a yardstick, ratios to a peer,
+    figures a timer sets."""
     runs_a, runs_b = _benches(a), _benches(b)
     lines: list[str] = []
-    yardsticks, peers = Count(), Count()
+    yardsticks, peers, timers = Count(), Count(), Count()
     for bench in sorted(runs_a.keys() & runs_b.keys()):
         body_a, body_b = runs_a[bench], runs_b[bench]
+        lines += _timed(body_a, body_b, timers)
         for name in body_a["ratios"].keys() & body_b["ratios"].keys():
             ra, rb = body_a["ratios"][name], body_b["ratios"][name]
             if not ra or not rb:
@@ -77,18 +96,19 @@ def compare(a: Path, b: Path) -> tuple[list[str], Count, Count]:
             values = (ra, rb, rb / ra, fa, fb)
             lines.append(f"{bench}.{name} {' '.join(fmt_value(v) for v in values)} "
                          f"{'AGREE' if ok else 'DIFFER'}{moved}")  # fmt: skip
-    return sorted(lines), yardsticks, peers
+    return sorted(lines), yardsticks, peers, timers
 
 
 def main() -> int:
     if len(sys.argv) != 3:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    lines, yardsticks, peers = compare(Path(sys.argv[1]), Path(sys.argv[2]))
+    lines, yardsticks, peers, timers = compare(Path(sys.argv[1]), Path(sys.argv[2]))
     print("# NAME RATIO_A RATIO_B B/A FIGURE_A FIGURE_B VERDICT (bench/compare.py)")
     print("\n".join(lines))
-    for count, what in ((yardsticks, "to a yardstick"), (peers, "to a peer")):
-        print(f"# {count.agree} of {count.total} ratios {what} agree within {AGREEMENT:.0%}")
+    for count, what in ((yardsticks, "ratios to a yardstick"), (peers, "ratios to a peer"),
+                        (timers, "figures a timer sets")):  # fmt: skip
+        print(f"# {count.agree} of {count.total} {what} agree within {AGREEMENT:.0%}")
     return 0
 
 

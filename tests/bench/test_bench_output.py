@@ -212,7 +212,7 @@ def test_compare_counts_the_ratios_of_two_runs_that_agree_within_20_percent(
         figures = {"encode_msgs_per_s": rate, "parse_msgs_per_s": 2 * rate if run == "a" else rate}
         body = _report.Figures("codec", figures, (start, end)).json()
         (folder / "codec.json").write_text(json.dumps(body))
-    lines, yardsticks, peers = compare.compare(tmp_path / "a", tmp_path / "b")
+    lines, yardsticks, peers, _ = compare.compare(tmp_path / "a", tmp_path / "b")
     assert (yardsticks.agree, yardsticks.total) == (1, 2)  # encode: 1.0 -> 1.1; parse: 2.0 -> 1.1
     assert peers.total == 0
     assert lines[0].startswith("codec.encode_msgs_per_s/yardstick 1 1.100 1.100 100 330")
@@ -230,7 +230,7 @@ def test_compare_marks_only_the_figures_whose_own_window_moved(tmp_path: Path) -
         figures = {"encode_msgs_per_s": 100.0, "parse_msgs_per_s": 100.0}
         body = _report.Figures("codec", figures, (100.0, 200.0), windows).json()
         (folder / "codec.json").write_text(json.dumps(body))
-    lines, _, _ = compare.compare(tmp_path / "a", tmp_path / "b")
+    lines, _, _, _ = compare.compare(tmp_path / "a", tmp_path / "b")
     assert [line.rsplit(" ", 1)[1] for line in lines] == ["DIFFER*", "AGREE"]
 
 
@@ -263,6 +263,44 @@ def test_a_figure_bound_by_wake_ups_is_divided_by_the_latency_yardstick(
         _report.window("x_per_s", bound="disk"),
     ):
         pass
+
+
+def test_a_rate_a_timer_sets_samples_no_yardstick_and_gets_no_ratio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kinds: list[str] = []
+
+    def rate(rounds: int | None = None, bound: str = "cpu") -> float:
+        kinds.append(bound)
+        return 1_000_000.0
+
+    monkeypatch.setattr(_report, "yardstick_rate", rate)
+    monkeypatch.setattr(_report, "_held", [])  # as under bench_main
+    monkeypatch.setattr(_report, "_windows", {})
+    monkeypatch.setattr(_report, "_bounds", {})
+    with _report.window("persist_active_writes_per_s_1", bound=_report.TIMER):
+        pass
+    assert kinds == []
+    out = _report.Figures("durability", {"persist_active_writes_per_s_1": 29.0}, (1e6, 1e6),
+                          dict(_report._windows), dict(_report._bounds))  # fmt: skip
+    assert out.ratios == {} and out.moved == []
+    assert out.json()["bounds"] == {"persist_active_writes_per_s_1": "timer"}
+
+
+def test_compare_holds_a_rate_a_timer_sets_to_20_percent_itself(tmp_path: Path) -> None:
+    import compare
+
+    for run, (timed, cpu) in {"a": (30.0, 100.0), "b": (34.0, 100.0)}.items():
+        folder = tmp_path / run
+        folder.mkdir()
+        figures = {"persist_active_writes_per_s_1": timed, "plain_writes_per_s_256": cpu}
+        bounds = {"persist_active_writes_per_s_1": "timer"}
+        body = _report.Figures("durability", figures, (100.0, 100.0), bounds=bounds).json()
+        (folder / "durability.json").write_text(json.dumps(body))
+    lines, yardsticks, _, timers = compare.compare(tmp_path / "a", tmp_path / "b")
+    assert (timers.agree, timers.total) == (1, 1)  # 30 -> 34: within 20 %
+    assert (yardsticks.agree, yardsticks.total) == (1, 1)  # the cpu-bound one only
+    assert "durability.persist_active_writes_per_s_1 30 34 1.133 30 34 AGREE" in lines
 
 
 def test_a_bound_figure_without_its_own_samples_gets_no_cpu_ratio() -> None:
@@ -307,7 +345,7 @@ def test_compare_counts_peer_ratios_apart_from_yardstick_ratios(tmp_path: Path) 
         figures = {"set_ops_per_s_1conn": 100.0, "memcached_set_ops_per_s_1conn": peer}
         body = _report.Figures("kv", figures, (100.0, 100.0)).json()
         (folder / "kv.json").write_text(json.dumps(body))
-    _, yardsticks, peers = compare.compare(tmp_path / "a", tmp_path / "b")
+    _, yardsticks, peers, _ = compare.compare(tmp_path / "a", tmp_path / "b")
     assert (yardsticks.agree, yardsticks.total) == (1, 2)  # memcached's own moved 2x
     assert (peers.agree, peers.total) == (0, 1)
 
