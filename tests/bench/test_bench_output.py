@@ -234,9 +234,10 @@ def test_compare_marks_only_the_figures_whose_own_window_moved(tmp_path: Path) -
     assert [line.rsplit(" ", 1)[1] for line in lines] == ["DIFFER*", "AGREE"]
 
 
-def test_a_figure_bound_by_wake_ups_is_divided_by_the_latency_yardstick(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def sampled(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """As under bench_main, with a yardstick of 1M frames/s and 20k trips/s: the kinds that
+    were sampled, in order."""
     kinds: list[str] = []
 
     def rate(rounds: int | None = None, bound: str = "cpu") -> float:
@@ -244,9 +245,16 @@ def test_a_figure_bound_by_wake_ups_is_divided_by_the_latency_yardstick(
         return {"cpu": 1_000_000.0, "latency": 20_000.0}[bound]
 
     monkeypatch.setattr(_report, "yardstick_rate", rate)
-    monkeypatch.setattr(_report, "_held", [])  # as under bench_main
+    monkeypatch.setattr(_report, "_held", [])
     monkeypatch.setattr(_report, "_windows", {})
     monkeypatch.setattr(_report, "_bounds", {})
+    return kinds
+
+
+def test_a_figure_bound_by_wake_ups_is_divided_by_the_latency_yardstick(
+    sampled: list[str],
+) -> None:
+    kinds = sampled
     with _report.window("set_rate_alone", bound="latency"):
         pass
     got = _report.rounds(1, lambda: {"flush_items_per_s": 500_000.0})
@@ -266,21 +274,11 @@ def test_a_figure_bound_by_wake_ups_is_divided_by_the_latency_yardstick(
 
 
 def test_a_rate_a_timer_sets_samples_no_yardstick_and_gets_no_ratio(
-    monkeypatch: pytest.MonkeyPatch,
+    sampled: list[str],
 ) -> None:
-    kinds: list[str] = []
-
-    def rate(rounds: int | None = None, bound: str = "cpu") -> float:
-        kinds.append(bound)
-        return 1_000_000.0
-
-    monkeypatch.setattr(_report, "yardstick_rate", rate)
-    monkeypatch.setattr(_report, "_held", [])  # as under bench_main
-    monkeypatch.setattr(_report, "_windows", {})
-    monkeypatch.setattr(_report, "_bounds", {})
     with _report.window("persist_active_writes_per_s_1", bound=_report.TIMER):
         pass
-    assert kinds == []
+    assert sampled == []
     out = _report.Figures("durability", {"persist_active_writes_per_s_1": 29.0}, (1e6, 1e6),
                           dict(_report._windows), dict(_report._bounds))  # fmt: skip
     assert out.ratios == {} and out.moved == []
