@@ -105,6 +105,8 @@ bench: $(STAMP)
 	rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	$(BIN)/python bench/machine.py --json $(RESULTS)/machine.json
 	$(BIN)/python bench/yardstick.py --name yardstick_start --json $(RESULTS)/yardstick_start.json
+	$(BIN)/python bench/yardstick.py --kind memory --name memory_yardstick_start \
+		--json $(RESULTS)/memory_yardstick_start.json
 	$(BIN)/python bench/codec.py --json $(RESULTS)/codec.json
 	$(BIN)/python bench/engine.py --before $(SQLITE_COMMIT) --json $(RESULTS)/engine.json
 	$(BIN)/python bench/kv.py --json $(RESULTS)/kv.json
@@ -130,6 +132,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/xdcr.py --json $(RESULTS)/xdcr.json
 	$(BIN)/python bench/peers.py --results $(RESULTS)
 	$(BIN)/python bench/yardstick.py --name yardstick_end --json $(RESULTS)/yardstick_end.json
+	$(BIN)/python bench/yardstick.py --kind memory --name memory_yardstick_end \
+		--json $(RESULTS)/memory_yardstick_end.json
 	$(BIN)/python bench/summary.py $(RESULTS) --markdown $(RESULTS)/summary.md
 
 clean:

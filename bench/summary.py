@@ -404,6 +404,11 @@ def header(run: Run) -> list[str]:
         start, end = run.yardsticks[RUN]
         out.append(f"yardstick (bench/yardstick.py): {start:,.0f} frames/s at the start of the "
                    f"run, {end:,.0f} at its end")  # fmt: skip
+    memory = [run.figures.get(f"memory_yardstick_{at}", {}).get("memory_steps_per_s")
+              for at in ("start", "end")]  # fmt: skip
+    if all(memory):
+        out.append(f"memory yardstick (bench/yardstick.py --kind memory): {memory[0]:,.0f} "
+                   f"steps/s at the start of the run, {memory[1]:,.0f} at its end")  # fmt: skip
     return out
 
 

@@ -41,6 +41,15 @@ figure is divided by the one it is bound by:
   trip is a plain context switch, 3-4x faster (45-63k against 10-17k trips/s on this host), and
   such a sample made a quiet run's ratio swing 2x.
 
+* ``memory``: a chase through a random cycle over a list of ``MEMORY_SLOTS`` ints (each step
+  reads the slot the previous one named: a list slot and an int object, both far from the
+  last in memory), steps per second (``steps/s``), the fastest of ``ROUNDS`` rounds of
+  ``MEMORY_STEPS``. Its list takes a few seconds to build, so ``make bench`` times it at its
+  start and end only, and no figure is divided by it: it says how the memory's speed moved.
+  On this host it moves apart from the cpu workload: 1.33x between the starts of two runs an
+  hour apart, when the cpu workload timed at the same moments moved 1.11x; a Set over a
+  bucket's hash table waits on memory.
+
 ``--probe PATH`` times short bursts of the cpu workload until its parent exits, for
 ``bench/_report.py`` to know the machine's speed while a figure was measured (:func:`probe`).
 
@@ -52,8 +61,10 @@ as a benchmark's JSON).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import random
 import socket
 import struct
 import sys
@@ -258,10 +269,47 @@ def measure_latency(rounds: int = ROUNDS) -> float:
         os.waitpid(child, 0)
 
 
+MEMORY_SLOTS = 1 << 23  # the chase's list: 64 MiB of pointers to ~230 MiB of ints
+MEMORY_STEPS = 200_000  # per round of the memory yardstick
+MEMORY_SEED = 35  # the cycle is fixed: changing it changes every memory figure recorded
+
+
+def memory_cycle(slots: int) -> list[int]:
+    """A random cycle through every slot: slot ``i`` holds the slot visited after ``i``."""
+    order = list(range(slots))
+    random.Random(MEMORY_SEED).shuffle(order)
+    following = [0] * slots
+    for at, then in itertools.pairwise(order):
+        following[at] = then
+    following[order[-1]] = order[0]
+    return following
+
+
+def _chase(following: list[int], steps: int) -> float:
+    """Seconds to follow ``steps`` slots from slot 0."""
+    at, start = 0, time.perf_counter()
+    for _ in range(steps):
+        at = following[at]
+    return time.perf_counter() - start
+
+
+def measure_memory(
+    rounds: int = ROUNDS, slots: int = MEMORY_SLOTS, steps: int = MEMORY_STEPS
+) -> float:
+    """Steps/s of a chase through a list too large for the CPU's caches (module docstring):
+    the fastest round's, after ``WARMUP_S`` of untimed steps."""
+    following = memory_cycle(slots)
+    warm_until = time.perf_counter() + WARMUP_S
+    while time.perf_counter() < warm_until:
+        _chase(following, steps // 10)
+    return steps / min(_chase(following, steps) for _ in range(rounds))
+
+
 # kind -> (its measurement, given rounds; its figure's name; its unit)
 KINDS: dict[str, tuple[Callable[[int], float], str, str]] = {
     "cpu": (lambda rounds: measure(rounds=rounds), "frames_per_s", UNIT),
     "latency": (measure_latency, "round_trips_per_s", "trips/s"),
+    "memory": (measure_memory, "memory_steps_per_s", "steps/s"),
 }
 
 

@@ -160,6 +160,27 @@ def test_the_yardstick_is_a_positive_rate_and_checks_its_own_round_trip() -> Non
     assert float(rate) > 0
 
 
+def test_the_memory_yardstick_chases_one_cycle_through_every_slot() -> None:
+    following = yardstick.memory_cycle(1000)
+    seen, at = set(), 0
+    for _ in range(1000):
+        seen.add(at)
+        at = following[at]
+    assert at == 0 and len(seen) == 1000  # back at the start after visiting each slot once
+    assert following != [*range(1, 1000), 0]  # shuffled, not slot after slot
+    assert yardstick.memory_cycle(1000) == following  # fixed: the same cycle every time
+    assert yardstick.measure_memory(rounds=2, slots=1000, steps=5000) > 0
+
+
+def test_the_summary_names_the_memory_yardstick_of_the_run(tmp_path: Path) -> None:
+    for at, rate in (("start", 2_000_000.0), ("end", 2_500_000.0)):
+        body = {"bench": f"memory_yardstick_{at}", "figures": {"memory_steps_per_s": rate}}
+        (tmp_path / f"memory_yardstick_{at}.json").write_text(json.dumps(body))
+    header = summary.header(summary.load(tmp_path))
+    assert header == ["memory yardstick (bench/yardstick.py --kind memory): 2,000,000 steps/s "
+                      "at the start of the run, 2,500,000 at its end"]  # fmt: skip
+
+
 def _results(tmp_path: Path, run: tuple[float, float], codec: tuple[float, float]) -> Path:
     def write(name: str, body: dict[str, object]) -> None:
         (tmp_path / f"{name}.json").write_text(json.dumps(body))
