@@ -8,11 +8,12 @@ throughput over the yardstick, or over a peer of the same benchmark), and prints
 ratio: ``NAME RATIO_A RATIO_B B/A FIGURE_A FIGURE_B VERDICT``, the verdict ``AGREE`` or
 ``DIFFER`` (more than :data:`AGREEMENT` apart), ``DIFFER*`` or ``AGREE*`` where the yardstick
 moved by more than 20 % around that figure in either run (the benchmark's ``moved``; in files
-written before figures had their own windows: during the whole benchmark). The last two lines,
-comments, count them: the ratios to a yardstick (whichever resource's, ``bench/_report.py``),
-then the ratios to a peer of the same run. A figure set by the server's own timers has no
-ratio (``bench/_report.py``'s ``TIMER``): its line holds the figure itself in both places
-(``NAME FIGURE_A FIGURE_B B/A FIGURE_A FIGURE_B VERDICT``), counted on a third line.
+written before figures had their own windows: during the whole benchmark). Comments then
+count them: the ratios to a yardstick (whichever resource's, ``bench/_report.py``), the ratios
+to a peer of the same run, and the figures a timer sets. A figure set by the server's own
+timers has no ratio (``bench/_report.py``'s ``TIMER``): its line holds the figure itself in
+both places (``NAME FIGURE_A FIGURE_B B/A FIGURE_A FIGURE_B VERDICT``). Last, each run's
+memory yardstick at its start and end, where it has one (``bench/yardstick.py``).
 
     .venv/bin/python bench/compare.py RESULTS_A RESULTS_B
 """
@@ -99,6 +100,16 @@ def compare(a: Path, b: Path) -> tuple[list[str], Count, Count, Count]:
     return sorted(lines), yardsticks, peers, timers
 
 
+def memory_yardsticks(results: Path) -> list[float]:
+    """The run's memory yardstick at its start and end (``make bench``), where it has them."""
+    out = []
+    for at in ("start", "end"):
+        path = results / f"memory_yardstick_{at}.json"
+        if path.exists():
+            out.append(float(json.loads(path.read_text())["figures"]["memory_steps_per_s"]))
+    return out
+
+
 def main() -> int:
     if len(sys.argv) != 3:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
@@ -109,6 +120,11 @@ def main() -> int:
     for count, what in ((yardsticks, "ratios to a yardstick"), (peers, "ratios to a peer"),
                         (timers, "figures a timer sets")):  # fmt: skip
         print(f"# {count.agree} of {count.total} {what} agree within {AGREEMENT:.0%}")
+    for name, results in (("A", sys.argv[1]), ("B", sys.argv[2])):
+        memory = memory_yardsticks(Path(results))
+        if memory:
+            rates = " -> ".join(f"{m:,.0f}" for m in memory)
+            print(f"# memory yardstick of {name}: {rates} steps/s")
     return 0
 
 

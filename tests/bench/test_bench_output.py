@@ -176,6 +176,9 @@ def test_the_summary_names_the_memory_yardstick_of_the_run(tmp_path: Path) -> No
     for at, rate in (("start", 2_000_000.0), ("end", 2_500_000.0)):
         body = {"bench": f"memory_yardstick_{at}", "figures": {"memory_steps_per_s": rate}}
         (tmp_path / f"memory_yardstick_{at}.json").write_text(json.dumps(body))
+    import compare
+
+    assert compare.memory_yardsticks(tmp_path) == [2_000_000.0, 2_500_000.0]
     header = summary.header(summary.load(tmp_path))
     assert header == ["memory yardstick (bench/yardstick.py --kind memory): 2,000,000 steps/s "
                       "at the start of the run, 2,500,000 at its end"]  # fmt: skip
