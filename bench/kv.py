@@ -375,9 +375,15 @@ def _row(target: Target, opcode: Opcode, conns: int, result: Result) -> list[str
 
 
 def _put(
-    figures: dict[str, float], target: Target, opcode: Opcode, conns: int, result: Result,
+    figures: dict[str, float],
+    target: Target,
+    opcode: Opcode,
+    conns: int,
+    result: Result,
     errors: int,
-) -> None:  # fmt: skip
+) -> None:
+    """One phase's figures: its rate, errors, the server's CPU per op (and, for a dcpkv Set
+    phase, its rate until persisted)."""
     prefix = "" if target.name == "dcpkv" else f"{target.name}_"
     op = opcode.name.lower()
     figures[f"{prefix}{op}_ops_per_s_{conns}conn"] = result.rate
