@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import summary
 from _report import BOUNDS, DRIFT_LIMIT, TIMER, drift, fmt_value
 
 AGREEMENT = 0.20
@@ -101,13 +102,8 @@ def compare(a: Path, b: Path) -> tuple[list[str], Count, Count, Count]:
 
 
 def memory_yardsticks(results: Path) -> list[float]:
-    """The run's memory yardstick at its start and end (``make bench``), where it has them."""
-    out = []
-    for at in ("start", "end"):
-        path = results / f"memory_yardstick_{at}.json"
-        if path.exists():
-            out.append(float(json.loads(path.read_text())["figures"]["memory_steps_per_s"]))
-    return out
+    """The memory yardstick of a results folder at its start and end, where it has them."""
+    return summary.memory_yardsticks(summary.load(results))
 
 
 def main() -> int:

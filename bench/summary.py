@@ -386,6 +386,12 @@ def warnings(run: Run) -> list[str]:
     return out
 
 
+def memory_yardsticks(run: Run) -> list[float]:
+    """The run's memory yardstick at its start and end (``make bench``), where it has them."""
+    timings = (run.figures.get(f"memory_yardstick_{at}", {}) for at in ("start", "end"))
+    return [t["memory_steps_per_s"] for t in timings if t.get("memory_steps_per_s")]
+
+
 def header(run: Run) -> list[str]:
     """The lines above the table: warnings first, then what the run ran on."""
     out = warnings(run)
@@ -404,9 +410,8 @@ def header(run: Run) -> list[str]:
         start, end = run.yardsticks[RUN]
         out.append(f"yardstick (bench/yardstick.py): {start:,.0f} frames/s at the start of the "
                    f"run, {end:,.0f} at its end")  # fmt: skip
-    memory = [run.figures.get(f"memory_yardstick_{at}", {}).get("memory_steps_per_s")
-              for at in ("start", "end")]  # fmt: skip
-    if all(memory):
+    memory = memory_yardsticks(run)
+    if len(memory) == 2:
         out.append(f"memory yardstick (bench/yardstick.py --kind memory): {memory[0]:,.0f} "
                    f"steps/s at the start of the run, {memory[1]:,.0f} at its end")  # fmt: skip
     return out
