@@ -34,8 +34,10 @@ benchmark was measured. A benchmark therefore brackets the code that measures a 
 
 A figure is bound by one resource, and is divided by that resource's yardstick
 (``bench/yardstick.py --kind``): ``cpu`` by default; ``window(..., bound="latency")`` for a
-rate set by wake-ups (one connection's stop-and-wait). Its ratio is named after that yardstick
-(:func:`ratio_name`: ``rate/yardstick``, ``rate/latency_yardstick``).
+rate set by wake-ups (one connection's stop-and-wait); ``bound=MEMORY`` for a rate that waits
+on memory (Sets and Gets over a bucket of millions of items, a flush of them). Its ratio is
+named after that yardstick (:func:`ratio_name`: ``rate/yardstick``, ``rate/latency_yardstick``,
+``rate/memory_yardstick``).
 
 A figure with neither is divided by the higher of the benchmark's two (cpu) timings (where
 the probe below ran: by its speed over the benchmark).
@@ -51,13 +53,16 @@ The probe: a sample around a figure sees the machine for a tenth of a second, no
 figure ran, and this host's CPUs switch between two speeds (about 1.3M and 0.8M frames/s) in
 phases of tens to hundreds of milliseconds. So :func:`bench_main` also runs
 ``bench/yardstick.py --probe`` for the whole benchmark: a process at the lowest priority that
-times a burst of the yardstick's workload (~2 ms) every 0.1 s on the CPU the benchmark kept
-busiest, by its own CPU time, and logs it. A cpu-bound figure's window or round is then
-divided by the probe's speed over the time it ran (:func:`probe_speed`), and a figure without
-either by the probe's speed over the whole benchmark; the samples remain for a span the probe
-has no burst in, for the ``moved`` warning, and for latency-bound figures (the probe times the
-CPU). The probe takes 2-5 % off a figure that keeps one CPU busy (codec.py's rates, three
-runs with and without it), the same in every run.
+times a burst of the cpu yardstick's workload (~2 ms) and one of the memory chase (~2.5 ms)
+every 0.1 s on the CPU the benchmark kept busiest, by its own CPU time, and logs both
+(:data:`PROBED`). A cpu- or memory-bound figure's window or round is then divided by the
+probe's speed of its bound over the time it ran (:func:`probe_speed`), and a figure without
+either by the probe's cpu speed over the whole benchmark; the samples remain for a span the
+probe has no burst in, for the ``moved`` warning, and for latency-bound figures (the probe
+does not time wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps
+one CPU busy (codec.py's rates, three runs with and without it), the same in every run; the
+memory bursts about double its work. It builds the
+chase's list first (about a second), and :func:`bench_main` waits for its first bursts.
 
 A sample can only be made slower than the machine by what runs beside it, never faster. What
 a benchmark leaves running (servers exiting, a compaction, the kernel writing back) took up to
@@ -107,15 +112,20 @@ YARDSTICK_UNIT = "frames/s"
 CPU = "cpu"
 TIMER = "timer"  # a rate the server's own timers set: no yardstick (module docstring)
 # a bound's yardstick: (its ratio's divisor name, its unit), bench/yardstick.py --kind
-BOUNDS = {CPU: ("yardstick", YARDSTICK_UNIT), "latency": ("latency_yardstick", "trips/s")}
+MEMORY = "memory"
+BOUNDS = {CPU: ("yardstick", YARDSTICK_UNIT), "latency": ("latency_yardstick", "trips/s"),
+          MEMORY: ("memory_yardstick", "steps/s")}  # fmt: skip
 DRIFT_LIMIT = 0.20  # the two yardstick timings of one run may differ by this much
 SETTLE_S = 2.0  # the longest a timing waits for the machine's CPUs to go idle
 SETTLE_POLL_S = 0.2
 PROBE_BIN_S = 0.5  # the probe's fastest burst in each such slice of a figure's span
 IDLE_CPUS = 0.15  # CPUs' worth of work (all CPUs summed) under which the machine is idle
 # a window's yardstick sample, by bound: ~0.1 s of the cpu's (the full timing: 9 rounds);
-# ~0.3 s of round trips, whose fastest rounds of 5 ranged 1.5x on this host, of 15 1.2x
-SAMPLE_ROUNDS = {CPU: 5, "latency": 15}
+# ~0.3 s of round trips, whose fastest rounds of 5 ranged 1.5x on this host, of 15 1.2x;
+# ~0.5 s of the memory chase (after ~1 s building its list)
+SAMPLE_ROUNDS = {CPU: 5, "latency": 15, MEMORY: 5}
+PROBED = (CPU, MEMORY)  # the bounds the probe times (bench/yardstick.py --probe)
+PROBE_READY_S = 60.0  # the longest bench_main waits for the probe's first bursts
 PEERS = ("memcached", "redis", "postgresql")  # prefixes of a same-benchmark peer's figures
 RATIO = "x"
 # a paced writer's achieved rate is the pace it was set, not the machine's speed: no ratio to
@@ -296,7 +306,8 @@ class Figures:
         return body | extra
 
 
-Reading = tuple[float, float]  # a probe burst: (monotonic seconds at its end, frames/s)
+Reading = tuple[float, float]  # a probe burst: (monotonic seconds at its end, its rate)
+Readings = dict[str, list[Reading]]  # the probe's bursts by the bound they time (PROBED)
 
 
 def probe_speed(readings: Iterable[Reading], start: float, end: float) -> float | None:
@@ -315,13 +326,16 @@ def probe_speed(readings: Iterable[Reading], start: float, end: float) -> float 
     return statistics.fmean(fastest.values()) if fastest else None
 
 
-def read_probe(path: Path) -> list[Reading]:
-    """The probe's bursts so far (a line being written is skipped)."""
-    out = []
-    for line in path.read_text(encoding="ascii").splitlines():
+def read_probe(path: Path) -> Readings:
+    """The probe's bursts so far, by bound: ``MONOTONIC FRAMES_PER_S STEPS_PER_S`` lines (a
+    line still being written is skipped)."""
+    out: Readings = {bound: [] for bound in PROBED}
+    for line in path.read_text(encoding="ascii").split("\n")[:-1]:
         fields = line.split()
-        if len(fields) == 2:
-            out.append((float(fields[0]), float(fields[1])))
+        if len(fields) == 1 + len(PROBED):
+            at = float(fields[0])
+            for bound, rate in zip(PROBED, fields[1:], strict=True):
+                out[bound].append((at, float(rate)))
     return out
 
 
@@ -473,13 +487,14 @@ def _probed(samples: list[Sample], readings: Sequence[Reading]) -> list[Sample]:
 def _emit(
     held: _Held,
     yardstick: tuple[float, float] | None,
-    readings: Sequence[Reading] = (),
+    readings: Readings | None = None,
     span: tuple[float, float] | None = None,
 ) -> None:
+    readings = readings or {}
     bounds = {m: _bounds[m] for m in held.figures if m in _bounds}
-    windows = {m: _windows[m] if m in bounds else _probed(_windows[m], readings)
+    windows = {m: _probed(_windows[m], readings.get(bounds.get(m, CPU), []))
                for m in held.figures if m in _windows}  # fmt: skip
-    during = probe_speed(readings, *span) if span is not None else None
+    during = probe_speed(readings.get(CPU, []), *span) if span is not None else None
     figures = Figures(held.bench, held.figures, yardstick, windows, bounds, during)
     print("\n".join(figures.lines()), flush=True)
     if held.path is not None:
@@ -505,6 +520,7 @@ def bench_main(main: Callable[..., Any]) -> None:
     _held = []
     _placement.pin_client()
     with tempfile.TemporaryDirectory(prefix="dcpkv-probe-") as tmp, _probe(Path(tmp)) as path:
+        _await_probe(path)
         start = yardstick_rate()
         print(f"yardstick at start: {start:,.0f} {YARDSTICK_UNIT}", flush=True)
         began = time.monotonic()
@@ -519,6 +535,19 @@ def bench_main(main: Callable[..., Any]) -> None:
         readings = read_probe(path)
     for held in _held:
         _emit(held, (start, end), readings, span)
+
+
+def _await_probe(path: Path, limit: float = PROBE_READY_S) -> None:
+    """Wait until the probe has timed its first bursts (it builds its memory chase's list
+    first, and that work would slow the yardstick's first timing), at most ``limit``
+    seconds: a probe that never starts leaves every figure its samples' ratio."""
+    deadline = time.monotonic() + limit
+    while not any(read_probe(path).values()):
+        if time.monotonic() > deadline:
+            print(f"# the probe timed nothing in {limit:.0f} s: figures go with their samples",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
+        time.sleep(0.1)
 
 
 @contextmanager

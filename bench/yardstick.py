@@ -29,8 +29,10 @@ fresh samples of 5 rounds: 616k-1.14M frames/s cold, 1.09M-1.14M after 0.15 s of
 
 Not every figure is bound by the CPU. A one-connection stop-and-wait rate is bound by how fast
 the host wakes a process that a socket woke, which does not move with the CPU yardstick (two
-quiet runs showed it). So there are two yardsticks, one per resource (``--kind``), and a
-figure is divided by the one it is bound by:
+quiet runs showed it); a Set or a Get over a bucket of millions of items waits on memory,
+whose speed on this host moves apart from the CPU's (1.33x between the starts of two runs an
+hour apart, when the cpu workload timed at the same moments moved 1.11x). So there are three
+yardsticks, one per resource (``--kind``), and a figure is divided by the one it is bound by:
 
 * ``cpu`` (the default): the codec's floor above, frames/s;
 * ``latency``: round trips over a loopback TCP connection between this process and a child,
@@ -40,18 +42,14 @@ figure is divided by the one it is bound by:
   (when there are two): left to the scheduler, they now and then shared one CPU, where a round
   trip is a plain context switch, 3-4x faster (45-63k against 10-17k trips/s on this host), and
   such a sample made a quiet run's ratio swing 2x.
+* ``memory``: a chase through a random cycle over a list of ``MEMORY_SLOTS`` ints, 8x this
+  host's L3 cache in pointers alone (each step reads the slot the previous one named and the
+  int object in it: two places far from the last in memory), steps per second (``steps/s``),
+  the fastest of ``ROUNDS`` rounds of ``MEMORY_STEPS``.
 
-* ``memory``: a chase through a random cycle over a list of ``MEMORY_SLOTS`` ints (each step
-  reads the slot the previous one named: a list slot and an int object, both far from the
-  last in memory), steps per second (``steps/s``), the fastest of ``ROUNDS`` rounds of
-  ``MEMORY_STEPS``. Its list takes a few seconds to build, so ``make bench`` times it at its
-  start and end only, and no figure is divided by it: it says how the memory's speed moved.
-  On this host it moves apart from the cpu workload: 1.33x between the starts of two runs an
-  hour apart, when the cpu workload timed at the same moments moved 1.11x; a Set over a
-  bucket's hash table waits on memory.
-
-``--probe PATH`` times short bursts of the cpu workload until its parent exits, for
-``bench/_report.py`` to know the machine's speed while a figure was measured (:func:`probe`).
+``--probe PATH`` times short bursts of the cpu workload and of the memory chase until its
+parent exits, for ``bench/_report.py`` to know the machine's speed while a figure was measured
+(:func:`probe`).
 
 Run alone: ``python bench/yardstick.py [--kind K]`` prints ``yardstick.frames_per_s VALUE
 frames/s`` (or its kind's figure; ``--value`` just the number, ``--json PATH`` also writes it
@@ -61,10 +59,9 @@ as a benchmark's JSON).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
+import math
 import os
-import random
 import socket
 import struct
 import sys
@@ -140,8 +137,13 @@ def measure(frames: int = FRAMES, rounds: int = ROUNDS) -> float:
     return frames / min(one_round(keys) for _ in range(rounds))
 
 
+MEMORY_SLOTS = 1 << 23  # the chase's list: 64 MiB of pointers to ~230 MiB of ints
+MEMORY_STEPS = 200_000  # per round of the memory yardstick
+MEMORY_SEED = 35  # the cycle is fixed: changing it changes every memory figure recorded
+
 PROBE_FRAMES = 2_000  # a probe burst: ~2 ms of the workload on this host
-PROBE_PERIOD_S = 0.1  # between bursts: ~2 % of one CPU
+PROBE_STEPS = 5_000  # a probe's memory burst: ~2.5 ms of the chase on this host
+PROBE_PERIOD_S = 0.1  # between bursts: ~5 % of one CPU
 
 
 def cpu_ticks() -> dict[str, tuple[int, int]]:
@@ -167,10 +169,18 @@ def _busy_by_cpu() -> dict[int, int]:
     return {int(name[3:]): busy for name, (busy, _) in cpu_ticks().items() if name != "cpu"}
 
 
-def probe(out: Path, period: float = PROBE_PERIOD_S, frames: int = PROBE_FRAMES) -> None:
-    """Time a burst of the workload every ``period`` seconds, at the lowest priority, on the
-    CPU that was busiest since the last burst, and append ``MONOTONIC FRAMES_PER_S`` to
-    ``out`` for each, until the parent process is gone.
+def probe(
+    out: Path,
+    period: float = PROBE_PERIOD_S,
+    frames: int = PROBE_FRAMES,
+    slots: int = MEMORY_SLOTS,
+    steps: int = PROBE_STEPS,
+) -> None:
+    """Time a burst of the cpu workload and then one of the memory chase every ``period``
+    seconds, at the lowest priority, on the CPU that was busiest since the last bursts, and
+    append ``MONOTONIC FRAMES_PER_S STEPS_PER_S`` to ``out`` for each pair, until the parent
+    process is gone. The chase's list is built first (about a second), and each memory burst
+    goes on from where the last stopped, so it walks slots no recent burst cached.
 
     Why this way, on this host: a CPU runs at two speeds, about 1.3M and 0.8M frames/s, in
     phases of tens to hundreds of milliseconds, and mostly at the lower for up to 0.3 s after
@@ -178,13 +188,16 @@ def probe(out: Path, period: float = PROBE_PERIOD_S, frames: int = PROBE_FRAMES)
     benchmark's work gets (with one CPU busy: 1.11-1.15M at the 10th percentile of bursts);
     on the idle other CPU it would time the wake-up (0.69M). A burst is timed by this
     thread's CPU time, not the wall clock: the benchmark's work on the same CPU delays a
-    burst without slowing it, and the CPU time leaves the delay out."""
+    burst without slowing it, and the CPU time leaves the delay out (a wait on memory is CPU
+    time: the CPU stalls, it does not switch)."""
     os.nice(19)
     parent = os.getppid()
+    following = memory_cycle(slots)
     keys = [b"yardstick-%06d" % i for i in range(frames)]
-    warm_until = time.perf_counter() + WARMUP_S
+    at, warm_until = 0, time.perf_counter() + WARMUP_S
     while time.perf_counter() < warm_until:
         one_round(keys)
+        at = _chase(following, steps, at)
     allowed = os.sched_getaffinity(0)
     last = _busy_by_cpu()
     with out.open("a", encoding="ascii") as log:
@@ -197,9 +210,11 @@ def probe(out: Path, period: float = PROBE_PERIOD_S, frames: int = PROBE_FRAMES)
             last = now
             start = time.thread_time()
             one_round(keys)
-            took = time.thread_time() - start
-            if took > 0:
-                log.write(f"{time.monotonic():.4f} {frames / took:.0f}\n")
+            middle = time.thread_time()
+            at = _chase(following, steps, at)
+            cpu, memory = middle - start, time.thread_time() - middle
+            if cpu > 0 and memory > 0:
+                log.write(f"{time.monotonic():.4f} {frames / cpu:.0f} {steps / memory:.0f}\n")
                 log.flush()
             time.sleep(period)
 
@@ -269,40 +284,43 @@ def measure_latency(rounds: int = ROUNDS) -> float:
         os.waitpid(child, 0)
 
 
-MEMORY_SLOTS = 1 << 23  # the chase's list: 64 MiB of pointers to ~230 MiB of ints
-MEMORY_STEPS = 200_000  # per round of the memory yardstick
-MEMORY_SEED = 35  # the cycle is fixed: changing it changes every memory figure recorded
-
-
 def memory_cycle(slots: int) -> list[int]:
-    """A random cycle through every slot: slot ``i`` holds the slot visited after ``i``."""
-    order = list(range(slots))
-    random.Random(MEMORY_SEED).shuffle(order)
-    following = [0] * slots
-    for at, then in itertools.pairwise(order):
-        following[at] = then
-    following[order[-1]] = order[0]
-    return following
+    """A random cycle through every slot: slot ``i`` holds the slot visited after ``i``.
+
+    Built with numpy (0.8 s for 8M slots on this host, against 7.8 s in pure Python), so the
+    probe can build one per benchmark; the chase itself is pure Python, over a list of ints."""
+    import numpy as np  # here: a cpu sample's fresh process does not pay for its import
+
+    order = np.random.default_rng(MEMORY_SEED).permutation(slots)
+    following = np.empty(slots, dtype=np.int64)
+    following[order] = np.roll(order, -1)
+    return following.tolist()  # type: ignore[no-any-return]
 
 
-def _chase(following: list[int], steps: int) -> float:
-    """Seconds to follow ``steps`` slots from slot 0."""
-    at, start = 0, time.perf_counter()
+def _chase(following: list[int], steps: int, at: int = 0) -> int:
+    """The slot reached after following ``steps`` slots from slot ``at``."""
     for _ in range(steps):
         at = following[at]
-    return time.perf_counter() - start
+    return at
 
 
 def measure_memory(
     rounds: int = ROUNDS, slots: int = MEMORY_SLOTS, steps: int = MEMORY_STEPS
 ) -> float:
     """Steps/s of a chase through a list too large for the CPU's caches (module docstring):
-    the fastest round's, after ``WARMUP_S`` of untimed steps."""
+    the fastest round's, after ``WARMUP_S`` of untimed steps. Each round goes on from where
+    the last stopped, so no round walks slots that an earlier one brought into the caches
+    (200k steps touch ~25 MB, within this host's 32 MiB L3)."""
     following = memory_cycle(slots)
-    warm_until = time.perf_counter() + WARMUP_S
+    at, warm_until = 0, time.perf_counter() + WARMUP_S
     while time.perf_counter() < warm_until:
-        _chase(following, steps // 10)
-    return steps / min(_chase(following, steps) for _ in range(rounds))
+        at = _chase(following, steps // 10, at)
+    fastest = math.inf
+    for _ in range(rounds):
+        start = time.perf_counter()
+        at = _chase(following, steps, at)
+        fastest = min(fastest, time.perf_counter() - start)
+    return steps / fastest
 
 
 # kind -> (its measurement, given rounds; its figure's name; its unit)
@@ -324,10 +342,14 @@ def main() -> int:
                         help="the resource to time (module docstring; default cpu)")  # fmt: skip
     parser.add_argument("--probe", type=Path, metavar="PATH",
                         help="time short bursts until the parent exits, appending "
-                             "'MONOTONIC FRAMES_PER_S' to PATH (bench/_report.py)")  # fmt: skip
+                             "'MONOTONIC FRAMES_PER_S STEPS_PER_S' to PATH "
+                             "(bench/_report.py)")  # fmt: skip
+    parser.add_argument("--slots", type=int, default=MEMORY_SLOTS,
+                        help="the probe's memory chase: slots of its list (default "
+                             f"{MEMORY_SLOTS:,}; fewer only for a test)")  # fmt: skip
     args = parser.parse_args()
     if args.probe is not None:
-        probe(args.probe)
+        probe(args.probe, slots=args.slots)
         return 0
     timed, metric, unit = KINDS[args.kind]
     rate = timed(args.rounds)

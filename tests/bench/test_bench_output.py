@@ -457,22 +457,26 @@ def test_the_probe_s_speed_over_a_span_is_its_bins_fastest_bursts_averaged(
     assert got == (None if speed is None else pytest.approx(speed))
 
 
-def test_a_probed_window_is_divided_by_the_probe_s_speed_a_latency_bound_one_is_not(
+def test_a_probed_window_is_divided_by_the_probe_s_speed_of_its_bound_a_latency_one_is_not(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    span = (10.0, 10.45)  # the probe: 1000 frames/s; the samples around it: 2000
+    span = (10.0, 10.45)  # the probe: 1000 frames/s, 250 steps/s; the samples around: 2000
     monkeypatch.setattr(_report, "_windows", {
         "set_ops_per_s": [_report.Sample(2000.0, 2000.0, span=span)],
         "rtt_ops_per_s": [_report.Sample(2000.0, 2000.0, span=span)],
         "far_ops_per_s": [_report.Sample(2000.0, 2000.0, span=(50.0, 51.0))],
+        "hash_ops_per_s": [_report.Sample(2000.0, 2000.0, span=span)],
     })  # fmt: skip
-    monkeypatch.setattr(_report, "_bounds", {"rtt_ops_per_s": "latency"})
+    monkeypatch.setattr(_report, "_bounds", {"rtt_ops_per_s": "latency",
+                                             "hash_ops_per_s": _report.MEMORY})  # fmt: skip
     figures = {"set_ops_per_s": 500.0, "rtt_ops_per_s": 500.0, "far_ops_per_s": 500.0,
-               "get_ops_per_s": 600.0}  # fmt: skip
+               "get_ops_per_s": 600.0, "hash_ops_per_s": 500.0}  # fmt: skip
     held = _report._Held(tmp_path / "kv.json", "kv", figures, {})
-    _report._emit(held, (3000.0, 3000.0), READINGS, (10.0, 11.45))
+    memory = [(at, speed / 4) for at, speed in READINGS]
+    _report._emit(held, (3000.0, 3000.0), {"cpu": READINGS, "memory": memory}, (10.0, 11.45))
     body = json.loads((tmp_path / "kv.json").read_text())
     assert body["ratios"]["set_ops_per_s/yardstick"] == 0.5  # over the probe's 1000
+    assert body["ratios"]["hash_ops_per_s/memory_yardstick"] == 2.0  # the memory bursts' 250
     assert body["ratios"]["rtt_ops_per_s/latency_yardstick"] == 0.25  # its samples' 2000
     assert body["ratios"]["far_ops_per_s/yardstick"] == 0.25  # no burst in its span: samples
     assert body["ratios"]["get_ops_per_s/yardstick"] == pytest.approx(600 / (2800 / 3))
@@ -483,17 +487,20 @@ def test_a_probed_window_is_divided_by_the_probe_s_speed_a_latency_bound_one_is_
 
 def test_the_probe_s_log_skips_a_line_being_written(tmp_path: Path) -> None:
     log = tmp_path / "probe.log"
-    log.write_text("10.0000 1100000\n10.1000 1200000\n10.2")
-    assert _report.read_probe(log) == [(10.0, 1_100_000.0), (10.1, 1_200_000.0)]
+    log.write_text("10.0000 1100000 2000000\n10.1000 1200000 2100000\n10.2000 1300000 21")
+    assert _report.read_probe(log) == {
+        "cpu": [(10.0, 1_100_000.0), (10.1, 1_200_000.0)],
+        "memory": [(10.0, 2_000_000.0), (10.1, 2_100_000.0)],
+    }
 
 
 def test_the_probe_times_bursts_until_its_parent_exits(tmp_path: Path) -> None:
     log = tmp_path / "probe.log"
     parent = (f"import subprocess, sys, time\n"
               f"probe = subprocess.Popen([sys.executable, {str(BENCH / 'yardstick.py')!r}, "
-              f"'--probe', {str(log)!r}])\n"
+              f"'--probe', {str(log)!r}, '--slots', '1000'])\n"
               f"print(probe.pid, flush=True)\n"
-              f"time.sleep(1.0)\n")  # fmt: skip
+              f"time.sleep(2.0)\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True,
                           check=True)  # fmt: skip
     pid = int(done.stdout)
@@ -502,8 +509,24 @@ def test_the_probe_times_bursts_until_its_parent_exits(tmp_path: Path) -> None:
         time.sleep(0.05)  # (an orphan is reaped by init once it exits)
     assert not Path(f"/proc/{pid}").exists(), "the probe outlived its parent"
     readings = _report.read_probe(log)
-    assert readings and all(speed > 0 for _, speed in readings)
-    assert [at for at, _ in readings] == sorted(at for at, _ in readings)
+    assert readings["cpu"] and len(readings["memory"]) == len(readings["cpu"])
+    for bursts in readings.values():
+        assert all(speed > 0 for _, speed in bursts)
+        assert [at for at, _ in bursts] == sorted(at for at, _ in bursts)
+
+
+def test_bench_main_waits_for_the_probe_s_first_bursts_and_not_forever(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "probe.log"
+    log.write_text("")
+    started = time.monotonic()
+    _report._await_probe(log, limit=0.3)  # a probe that never times anything
+    assert time.monotonic() - started >= 0.3
+    assert "the probe timed nothing" in capsys.readouterr().err
+    log.write_text("10.0000 1100000 2000000\n")
+    _report._await_probe(log, limit=0.0)  # one burst in: no wait, no message
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(("during", "speed"), [(900.0, 900.0), (None, 1200.0)])
