@@ -55,14 +55,14 @@ phases of tens to hundreds of milliseconds. So :func:`bench_main` also runs
 ``bench/yardstick.py --probe`` for the whole benchmark: a process at the lowest priority that
 times a burst of the cpu yardstick's workload (~2 ms) and one of the memory chase (~2.5 ms)
 every 0.1 s on the CPU the benchmark kept busiest, by its own CPU time, and logs both
-(:data:`PROBED`). A cpu- or memory-bound figure's window or round is then divided by the
-probe's speed of its bound over the time it ran (:func:`probe_speed`), and a figure without
-either by the probe's cpu speed over the whole benchmark; the samples remain for a span the
-probe has no burst in, for the ``moved`` warning, and for latency-bound figures (the probe
-does not time wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps
-one CPU busy (codec.py's rates, three runs with and without it), the same in every run; the
-memory bursts about double its work. It builds the
-chase's list first (about a second), and :func:`bench_main` waits for its first bursts.
+(:data:`PROBED`), with the CPU they ran on. A cpu- or memory-bound figure's window or round is
+then divided by the probe's speed of its bound over the time it ran (:func:`probe_speed`), and
+a figure without either by the probe's cpu speed over the whole benchmark; the samples remain
+for a span the probe has no burst in, for the ``moved`` warning, and for latency-bound figures
+(the probe does not time wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps one
+CPU busy (codec.py's rates, three runs with and without it), the same in every run; the memory
+bursts about double its work. It builds the chase's list first (about a second), and
+:func:`bench_main` waits for its first bursts.
 
 A sample can only be made slower than the machine by what runs beside it, never faster. What
 a benchmark leaves running (servers exiting, a compaction, the kernel writing back) took up to
@@ -79,7 +79,9 @@ The JSON holds the same: ``{"bench", "figures", "units", "ratios", "yardstick": 
 "end", "unit", "during" (the probe's, over the whole benchmark)}, "windows": {metric: [[before,
 after, value or null, the probe's speed or null], ...]}, "bounds": {metric: kind} (figures not
 bound by the cpu), "moved": [...], ...}``, and whatever else the benchmark keeps (phases,
-parameters, a peer's figures).
+parameters, a peer's figures). Beside it, ``NAME.probe.log`` keeps the probe's bursts
+(``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU``), for a question the figures do not answer (how the
+bursts spread, not only the fastest of each half second).
 Under :func:`bench_main` the benchmark runs on one CPU and the servers it starts on the
 others (:mod:`_placement`).
 Outside :func:`bench_main` (a test calling a benchmark's function) windows time nothing.
@@ -91,6 +93,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -327,14 +330,14 @@ def probe_speed(readings: Iterable[Reading], start: float, end: float) -> float 
 
 
 def read_probe(path: Path) -> Readings:
-    """The probe's bursts so far, by bound: ``MONOTONIC FRAMES_PER_S STEPS_PER_S`` lines (a
-    line still being written is skipped)."""
+    """The probe's bursts so far, by bound: ``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU`` lines
+    (a line still being written is skipped; the CPU they ran on is for a reader of the log)."""
     out: Readings = {bound: [] for bound in PROBED}
     for line in path.read_text(encoding="ascii").split("\n")[:-1]:
         fields = line.split()
-        if len(fields) == 1 + len(PROBED):
+        if len(fields) > len(PROBED):
             at = float(fields[0])
-            for bound, rate in zip(PROBED, fields[1:], strict=True):
+            for bound, rate in zip(PROBED, fields[1:], strict=False):
                 out[bound].append((at, float(rate)))
     return out
 
@@ -533,6 +536,10 @@ def bench_main(main: Callable[..., Any]) -> None:
         end = yardstick_rate()
         print(f"yardstick at end: {end:,.0f} {YARDSTICK_UNIT}", flush=True)
         readings = read_probe(path)
+        for held in _held:
+            if held.path is not None:  # every burst, beside the JSON (module docstring)
+                held.path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, held.path.with_suffix(".probe.log"))
     for held in _held:
         _emit(held, (start, end), readings, span)
 

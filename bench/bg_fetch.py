@@ -51,7 +51,7 @@ import typer
 
 import _placement
 import kv
-from _report import MEMORY, a_round, bench_main, write_json
+from _report import a_round, bench_main, write_json
 from _server import rss_mib
 from dcpkv.core.vbucket import VBucketState, vbucket_for_key
 from dcpkv.engine.bucket import Bucket
@@ -149,7 +149,7 @@ def _fills(data: Path, items: int) -> dict[str, float]:
     for r in range(FILL_ROUNDS):
         shutil.rmtree(data, ignore_errors=True)
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(1, mp_context=spawn) as pool, a_round(MEMORY) as measured:
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool, a_round() as measured:
             measured.update(pool.submit(_fill, data, items).result())
         results.append(measured)
         print(f"fill {r}: " + ", ".join(f"{k} {v:,.0f}" for k, v in measured.items()), flush=True)
@@ -204,7 +204,7 @@ def main(
         for r in range(rounds):
             for name, src in variants:
                 with (
-                    a_round(MEMORY) as measured,
+                    a_round() as measured,
                     _server(data, quota_mb, "fullEviction", src) as (target, warmup),
                 ):
                     row = asyncio.run(_rows(target, items, ops, rng))

@@ -56,7 +56,7 @@ from rich.console import Console
 from rich.table import Table
 
 import _placement
-from _report import MEMORY, bench_main, rounds, window, write_json
+from _report import bench_main, rounds, window, write_json
 from _server import cpu_seconds
 from dcpkv.core.status import Status
 from dcpkv.core.vbucket import vbucket_for_key
@@ -348,14 +348,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def _bound(server: str, conns: int) -> str:
     """What a phase's rate is bound by (bench/_report.py): memcached answers a batch in a
     fraction of the client's time to send and read it, so one connection's rate against it is
-    set by the two processes' wake-ups (with 4, by the CPU); dcpkv's by its server's walks
-    through a hash table of 200,000 items (beyond the 32 MiB of this host's L3 cache), which
-    wait on memory: between two runs an hour
-    apart, dcpkv's rates moved 1.14-1.36x with the memory yardstick (1.33x), while the cpu
-    yardstick moved 1.11x."""
-    if server != "memcached":
-        return MEMORY
-    return "latency" if conns == 1 else "cpu"
+    set by the two processes' wake-ups; dcpkv's by its own CPU."""
+    return "latency" if server == "memcached" and conns == 1 else "cpu"
 
 
 def _get_rounds(target: Target, ops: int, conns: int, batch: int, rate: str) -> tuple[Result, int]:

@@ -32,7 +32,8 @@ the host wakes a process that a socket woke, which does not move with the CPU ya
 quiet runs showed it); a Set or a Get over a bucket of millions of items waits on memory,
 whose speed on this host moves apart from the CPU's (1.33x between the starts of two runs an
 hour apart, when the cpu workload timed at the same moments moved 1.11x). So there are three
-yardsticks, one per resource (``--kind``), and a figure is divided by the one it is bound by:
+yardsticks, one per resource (``--kind``), and a figure is divided by the one it is bound by
+(``bench/README.md`` names which figures go with which):
 
 * ``cpu`` (the default): the codec's floor above, frames/s;
 * ``latency``: round trips over a loopback TCP connection between this process and a child,
@@ -178,7 +179,7 @@ def probe(
 ) -> None:
     """Time a burst of the cpu workload and then one of the memory chase every ``period``
     seconds, at the lowest priority, on the CPU that was busiest since the last bursts, and
-    append ``MONOTONIC FRAMES_PER_S STEPS_PER_S`` to ``out`` for each pair, until the parent
+    append ``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU`` to ``out`` for each pair, until the parent
     process is gone. The chase's list is built first (about a second), and each memory burst
     goes on from where the last stopped, so it walks slots no recent burst cached.
 
@@ -214,7 +215,9 @@ def probe(
             at = _chase(following, steps, at)
             cpu, memory = middle - start, time.thread_time() - middle
             if cpu > 0 and memory > 0:
-                log.write(f"{time.monotonic():.4f} {frames / cpu:.0f} {steps / memory:.0f}\n")
+                log.write(
+                    f"{time.monotonic():.4f} {frames / cpu:.0f} {steps / memory:.0f} {busiest}\n"
+                )
                 log.flush()
             time.sleep(period)
 
@@ -342,7 +345,7 @@ def main() -> int:
                         help="the resource to time (module docstring; default cpu)")  # fmt: skip
     parser.add_argument("--probe", type=Path, metavar="PATH",
                         help="time short bursts until the parent exits, appending "
-                             "'MONOTONIC FRAMES_PER_S STEPS_PER_S' to PATH "
+                             "'MONOTONIC FRAMES_PER_S STEPS_PER_S CPU' to PATH "
                              "(bench/_report.py)")  # fmt: skip
     parser.add_argument("--slots", type=int, default=MEMORY_SLOTS,
                         help="the probe's memory chase: slots of its list (default "

@@ -487,7 +487,7 @@ def test_a_probed_window_is_divided_by_the_probe_s_speed_of_its_bound_a_latency_
 
 def test_the_probe_s_log_skips_a_line_being_written(tmp_path: Path) -> None:
     log = tmp_path / "probe.log"
-    log.write_text("10.0000 1100000 2000000\n10.1000 1200000 2100000\n10.2000 1300000 21")
+    log.write_text("10.0000 1100000 2000000 1\n10.1000 1200000 2100000\n10.2000 1300000 21")
     assert _report.read_probe(log) == {
         "cpu": [(10.0, 1_100_000.0), (10.1, 1_200_000.0)],
         "memory": [(10.0, 2_000_000.0), (10.1, 2_100_000.0)],
@@ -536,3 +536,27 @@ def test_a_figure_without_a_window_goes_with_the_probe_over_its_benchmark_else_t
     out = _report.Figures("kv", {"get_ops_per_s": 600.0}, (1000.0, 1200.0), during=during)
     assert out.figure_yardstick("get_ops_per_s") == speed
     assert out.ratios["get_ops_per_s/yardstick"] == 600.0 / speed
+
+
+def test_a_benchmark_run_keeps_its_probe_s_bursts_beside_its_json(tmp_path: Path) -> None:
+    script = tmp_path / "tiny.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        "from pathlib import Path\n"
+        "from _report import bench_main, window, write_json\n"
+        "def main(json: Path) -> None:\n"
+        "    with window('loop_ops_per_s'):\n"
+        "        start = time.perf_counter()\n"
+        "        while time.perf_counter() - start < 0.6:\n"
+        "            pass\n"
+        "    write_json(json, 'tiny', {'loop_ops_per_s': 1000.0})\n"
+        "bench_main(main)\n"
+    )  # fmt: skip
+    out = tmp_path / "results" / "tiny.json"
+    subprocess.run([sys.executable, str(script), str(out)], check=True,
+                   capture_output=True, text=True)  # fmt: skip
+    body = json.loads(out.read_text())
+    assert body["ratios"]["loop_ops_per_s/yardstick"] > 0
+    bursts = _report.read_probe(out.with_suffix(".probe.log"))
+    assert bursts["cpu"] and len(bursts["memory"]) == len(bursts["cpu"])
