@@ -34,8 +34,8 @@ benchmark was measured. A benchmark therefore brackets the code that measures a 
 
 A figure is bound by one resource, and is divided by that resource's yardstick
 (``bench/yardstick.py --kind``): ``cpu`` by default; ``window(..., bound="latency")`` for a
-rate set by wake-ups (one connection's stop-and-wait); ``bound=MEMORY`` for a rate that waits
-on memory (Sets and Gets over a bucket of millions of items, a flush of them). Its ratio is
+rate set by wake-ups (one connection's stop-and-wait); ``bound=MEMORY`` divides by the memory
+chase's speed (no benchmark does today: ``bench/README.md`` says why). Its ratio is
 named after that yardstick (:func:`ratio_name`: ``rate/yardstick``, ``rate/latency_yardstick``,
 ``rate/memory_yardstick``).
 
