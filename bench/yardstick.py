@@ -29,11 +29,10 @@ fresh samples of 5 rounds: 616k-1.14M frames/s cold, 1.09M-1.14M after 0.15 s of
 
 Not every figure is bound by the CPU. A one-connection stop-and-wait rate is bound by how fast
 the host wakes a process that a socket woke, which does not move with the CPU yardstick (two
-quiet runs showed it); a Set or a Get over a bucket of millions of items waits on memory,
-whose speed on this host moves apart from the CPU's (1.33x between the starts of two runs an
-hour apart, when the cpu workload timed at the same moments moved 1.11x). So there are three
-yardsticks, one per resource (``--kind``), and a figure is divided by the one it is bound by
-(``bench/README.md`` names which figures go with which):
+quiet runs showed it); a Set or a Get over a bucket of millions of items waits on memory, whose
+speed on this host moves apart from the CPU's. So there are three yardsticks, one per resource
+(``--kind``), and a figure is divided by the one it is bound by (``bench/README.md`` names
+which figures go with which):
 
 * ``cpu`` (the default): the codec's floor above, frames/s;
 * ``latency``: round trips over a loopback TCP connection between this process and a child,
