@@ -55,11 +55,14 @@ phases of tens to hundreds of milliseconds. So :func:`bench_main` also runs
 ``bench/yardstick.py --probe`` for the whole benchmark: a process at the lowest priority that
 times a burst of the cpu yardstick's workload (~2 ms) and one of the memory chase (~2.5 ms)
 every 0.1 s on the CPU the benchmark kept busiest, by its own CPU time, and logs both
-(:data:`PROBED`), with the CPU they ran on. A cpu- or memory-bound figure's window or round is
-then divided by the probe's speed of its bound over the time it ran (:func:`probe_speed`), and
-a figure without either by the probe's cpu speed over the whole benchmark; the samples remain
-for a span the probe has no burst in, for the ``moved`` warning, and for latency-bound figures
-(the probe does not time wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps one
+(:data:`PROBED`), with the CPU they ran on and how busy it was. A cpu- or memory-bound figure's
+window or round is then divided by the probe's speed of its bound over the time it ran
+(:func:`probe_speed`), and a figure without either by the probe's cpu speed over the whole
+benchmark. Bursts on a CPU that was mostly idle do not count (:data:`PROBE_BUSY`): they time
+its wake-up (about 0.7M frames/s), and a figure whose work keeps no CPU busy (a live stream's
+trickle) is not set by the CPU's speed. The samples remain for a span the probe has no burst
+in, for the ``moved`` warning, and for latency-bound figures (the probe does not time
+wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps one
 CPU busy (codec.py's rates, three runs with and without it), the same in every run; the memory
 bursts about double its work. It builds the chase's list first (about a second), and
 :func:`bench_main` waits for its first bursts.
@@ -80,7 +83,7 @@ The JSON holds the same: ``{"bench", "figures", "units", "ratios", "yardstick": 
 after, value or null, the probe's speed or null], ...]}, "bounds": {metric: kind} (figures not
 bound by the cpu), "moved": [...], ...}``, and whatever else the benchmark keeps (phases,
 parameters, a peer's figures). Beside it, ``NAME.probe.log`` keeps the probe's bursts
-(``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU``), for a question the figures do not answer (how the
+(``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU BUSY``), for a question the figures do not answer (how the
 bursts spread, not only the fastest of each half second).
 Under :func:`bench_main` the benchmark runs on one CPU and the servers it starts on the
 others (:mod:`_placement`).
@@ -128,6 +131,9 @@ IDLE_CPUS = 0.15  # CPUs' worth of work (all CPUs summed) under which the machin
 # ~0.5 s of the memory chase (after ~1 s building its list)
 SAMPLE_ROUNDS = {CPU: 5, "latency": 15, MEMORY: 5}
 PROBED = (CPU, MEMORY)  # the bounds the probe times (bench/yardstick.py --probe)
+# a probe's burst counts when its CPU was busy this much of the time before it: on an idle CPU
+# it times the wake-up (bench/yardstick.py's probe)
+PROBE_BUSY = 0.5
 PROBE_READY_S = 60.0  # the longest bench_main waits for the probe's first bursts
 PEERS = ("memcached", "redis", "postgresql")  # prefixes of a same-benchmark peer's figures
 RATIO = "x"
@@ -330,12 +336,15 @@ def probe_speed(readings: Iterable[Reading], start: float, end: float) -> float 
 
 
 def read_probe(path: Path) -> Readings:
-    """The probe's bursts so far, by bound: ``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU`` lines
-    (a line still being written is skipped; the CPU they ran on is for a reader of the log)."""
+    """The probe's bursts so far, by bound, from ``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU
+    BUSY`` lines: a line still being written is skipped, and so is a pair timed on a CPU busy
+    less than :data:`PROBE_BUSY` of the time before it (it timed a wake-up, not the speed the
+    benchmark's work got). The CPU they ran on is for a reader of the log."""
     out: Readings = {bound: [] for bound in PROBED}
     for line in path.read_text(encoding="ascii").split("\n")[:-1]:
         fields = line.split()
-        if len(fields) > len(PROBED):
+        busy = float(fields[4]) if len(fields) > 4 else 1.0
+        if len(fields) > len(PROBED) and busy >= PROBE_BUSY:
             at = float(fields[0])
             for bound, rate in zip(PROBED, fields[1:], strict=False):
                 out[bound].append((at, float(rate)))
@@ -549,7 +558,7 @@ def _await_probe(path: Path, limit: float = PROBE_READY_S) -> None:
     first, and that work would slow the yardstick's first timing), at most ``limit``
     seconds: a probe that never starts leaves every figure its samples' ratio."""
     deadline = time.monotonic() + limit
-    while not any(read_probe(path).values()):
+    while "\n" not in path.read_text(encoding="ascii"):  # (on an idle machine none counts)
         if time.monotonic() > deadline:
             print(f"# the probe timed nothing in {limit:.0f} s: figures go with their samples",
                   file=sys.stderr, flush=True)  # fmt: skip

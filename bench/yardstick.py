@@ -165,8 +165,24 @@ def cpu_ticks() -> dict[str, tuple[int, int]]:
     return out
 
 
-def _busy_by_cpu() -> dict[int, int]:
-    return {int(name[3:]): busy for name, (busy, _) in cpu_ticks().items() if name != "cpu"}
+def _ticks_by_cpu() -> dict[int, tuple[int, int]]:
+    return {int(name[3:]): ticks for name, ticks in cpu_ticks().items() if name != "cpu"}
+
+
+def _busiest(
+    last: dict[int, tuple[int, int]], now: dict[int, tuple[int, int]], allowed: set[int]
+) -> tuple[int | None, float]:
+    """The allowed CPU that did the most work from ``last`` to ``now`` (``cpu_ticks``), and
+    the fraction of that time it was busy (0.0 when nothing was counted)."""
+
+    def work(cpu: int) -> int:
+        return now[cpu][0] - last.get(cpu, (0, 0))[0]
+
+    busiest = max((c for c in now if c in allowed), default=None, key=work)
+    if busiest is None:
+        return None, 0.0
+    elapsed = now[busiest][1] - last.get(busiest, (0, 0))[1]
+    return busiest, work(busiest) / elapsed if elapsed > 0 else 0.0
 
 
 def probe(
@@ -178,17 +194,20 @@ def probe(
 ) -> None:
     """Time a burst of the cpu workload and then one of the memory chase every ``period``
     seconds, at the lowest priority, on the CPU that was busiest since the last bursts, and
-    append ``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU`` to ``out`` for each pair, until the parent
-    process is gone. The chase's list is built first (about a second), and each memory burst
+    append ``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU BUSY`` to ``out`` for each pair (``BUSY``:
+    the fraction of the time since the last pair that CPU was busy), until the parent process
+    is gone. The chase's list is built first (about a second), and each memory burst
     goes on from where the last stopped, so it walks slots no recent burst cached.
 
     Why this way, on this host: a CPU runs at two speeds, about 1.3M and 0.8M frames/s, in
     phases of tens to hundreds of milliseconds, and mostly at the lower for up to 0.3 s after
     it was idle. A burst on a CPU that the benchmark keeps busy runs at the speed the
     benchmark's work gets (with one CPU busy: 1.11-1.15M at the 10th percentile of bursts);
-    on the idle other CPU it would time the wake-up (0.69M). A burst is timed by this
-    thread's CPU time, not the wall clock: the benchmark's work on the same CPU delays a
-    burst without slowing it, and the CPU time leaves the delay out (a wait on memory is CPU
+    on the idle other CPU it would time the wake-up (0.69M), and so it does when the
+    benchmark keeps no CPU busy (a live stream's trickle, a paced writer): ``BUSY`` lets
+    ``bench/_report.py`` leave such bursts out (:data:`_report.PROBE_BUSY`). A burst is timed
+    by this thread's CPU time, not the wall clock: the benchmark's work on the same CPU delays
+    a burst without slowing it, and the CPU time leaves the delay out (a wait on memory is CPU
     time: the CPU stalls, it does not switch)."""
     os.nice(19)
     parent = os.getppid()
@@ -199,12 +218,11 @@ def probe(
         one_round(keys)
         at = _chase(following, steps, at)
     allowed = os.sched_getaffinity(0)
-    last = _busy_by_cpu()
+    last = _ticks_by_cpu()
     with out.open("a", encoding="ascii") as log:
         while os.getppid() == parent:
-            now = _busy_by_cpu()
-            busiest = max((c for c in now if c in allowed), default=None,
-                          key=lambda c: now[c] - last.get(c, 0))  # fmt: skip
+            now = _ticks_by_cpu()
+            busiest, busy = _busiest(last, now, allowed)
             if busiest is not None:
                 os.sched_setaffinity(0, {busiest})
             last = now
@@ -214,9 +232,8 @@ def probe(
             at = _chase(following, steps, at)
             cpu, memory = middle - start, time.thread_time() - middle
             if cpu > 0 and memory > 0:
-                log.write(
-                    f"{time.monotonic():.4f} {frames / cpu:.0f} {steps / memory:.0f} {busiest}\n"
-                )
+                log.write(f"{time.monotonic():.4f} {frames / cpu:.0f} {steps / memory:.0f} "
+                          f"{busiest} {busy:.2f}\n")  # fmt: skip
                 log.flush()
             time.sleep(period)
 
@@ -344,7 +361,7 @@ def main() -> int:
                         help="the resource to time (module docstring; default cpu)")  # fmt: skip
     parser.add_argument("--probe", type=Path, metavar="PATH",
                         help="time short bursts until the parent exits, appending "
-                             "'MONOTONIC FRAMES_PER_S STEPS_PER_S CPU' to PATH "
+                             "'MONOTONIC FRAMES_PER_S STEPS_PER_S CPU BUSY' to PATH "
                              "(bench/_report.py)")  # fmt: skip
     parser.add_argument("--slots", type=int, default=MEMORY_SLOTS,
                         help="the probe's memory chase: slots of its list (default "

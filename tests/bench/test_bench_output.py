@@ -494,6 +494,32 @@ def test_the_probe_s_log_skips_a_line_being_written(tmp_path: Path) -> None:
     }
 
 
+def test_the_probe_s_bursts_on_a_mostly_idle_cpu_do_not_count(tmp_path: Path) -> None:
+    log = tmp_path / "probe.log"
+    log.write_text("10.0000 1100000 2000000 1 0.90\n"
+                   "10.1000 700000 1500000 0 0.10\n"  # a wake-up: left out
+                   "10.2000 1200000 2100000 1 0.50\n")  # fmt: skip
+    assert _report.read_probe(log) == {
+        "cpu": [(10.0, 1_100_000.0), (10.2, 1_200_000.0)],
+        "memory": [(10.0, 2_000_000.0), (10.2, 2_100_000.0)],
+    }
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        ({0: (110, 1100), 1: (190, 1100)}, (1, 0.9)),  # cpu 1 did 90 of 100 ticks
+        ({0: (150, 1100), 1: (110, 1100)}, (0, 0.5)),
+        ({0: (100, 1000), 1: (100, 1000)}, (0, 0.0)),  # no time passed: nothing counted
+    ],
+)
+def test_the_probe_picks_the_busiest_cpu_and_says_how_busy_it_was(
+    now: dict[int, tuple[int, int]], expected: tuple[int, float]
+) -> None:
+    last = {0: (100, 1000), 1: (100, 1000)}
+    assert yardstick._busiest(last, now, {0, 1}) == expected
+
+
 def test_the_probe_times_bursts_until_its_parent_exits(tmp_path: Path) -> None:
     log = tmp_path / "probe.log"
     parent = (f"import subprocess, sys, time\n"
@@ -508,8 +534,12 @@ def test_the_probe_times_bursts_until_its_parent_exits(tmp_path: Path) -> None:
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)  # (an orphan is reaped by init once it exits)
     assert not Path(f"/proc/{pid}").exists(), "the probe outlived its parent"
-    readings = _report.read_probe(log)
-    assert readings["cpu"] and len(readings["memory"]) == len(readings["cpu"])
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert lines and all(len(fields) == 5 and 0 <= float(fields[4]) <= 1 for fields in lines)
+    everything = tmp_path / "everything.log"  # the same bursts, each as if on a busy CPU
+    everything.write_text("".join(" ".join([*f[:4], "1.00"]) + "\n" for f in lines))
+    readings = _report.read_probe(everything)
+    assert len(readings["cpu"]) == len(lines) == len(readings["memory"])
     for bursts in readings.values():
         assert all(speed > 0 for _, speed in bursts)
         assert [at for at, _ in bursts] == sorted(at for at, _ in bursts)
@@ -524,8 +554,8 @@ def test_bench_main_waits_for_the_probe_s_first_bursts_and_not_forever(
     _report._await_probe(log, limit=0.3)  # a probe that never times anything
     assert time.monotonic() - started >= 0.3
     assert "the probe timed nothing" in capsys.readouterr().err
-    log.write_text("10.0000 1100000 2000000\n")
-    _report._await_probe(log, limit=0.0)  # one burst in: no wait, no message
+    log.write_text("10.0000 700000 1500000 0 0.05\n")
+    _report._await_probe(log, limit=0.0)  # one burst in (on an idle CPU): no wait, no message
     assert capsys.readouterr().err == ""
 
 
