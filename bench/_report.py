@@ -62,9 +62,9 @@ benchmark. Bursts on a CPU that was mostly idle do not count (:data:`PROBE_BUSY`
 its wake-up (about 0.7M frames/s), and a figure whose work keeps no CPU busy (a live stream's
 trickle) is not set by the CPU's speed. The samples remain for a span the probe has no burst
 in, for the ``moved`` warning, and for latency-bound figures (the probe does not time
-wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps one
-CPU busy (codec.py's rates, three runs with and without it), the same in every run; the memory
-bursts about double its work. It builds the chase's list first (about a second), and
+wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps one CPU busy (codec.py's
+rates, three runs with and without it), the same in every run; the memory bursts about double
+its work. It builds the chase's list first (about a second), and
 :func:`bench_main` waits for its first bursts.
 
 A sample can only be made slower than the machine by what runs beside it, never faster. What
@@ -83,8 +83,8 @@ The JSON holds the same: ``{"bench", "figures", "units", "ratios", "yardstick": 
 after, value or null, the probe's speed or null], ...]}, "bounds": {metric: kind} (figures not
 bound by the cpu), "moved": [...], ...}``, and whatever else the benchmark keeps (phases,
 parameters, a peer's figures). Beside it, ``NAME.probe.log`` keeps the probe's bursts
-(``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU BUSY``), for a question the figures do not answer (how the
-bursts spread, not only the fastest of each half second).
+(``MONOTONIC FRAMES_PER_S STEPS_PER_S CPU BUSY``), for a question the figures do not answer
+(how the bursts spread, not only the fastest of each half second).
 Under :func:`bench_main` the benchmark runs on one CPU and the servers it starts on the
 others (:mod:`_placement`).
 Outside :func:`bench_main` (a test calling a benchmark's function) windows time nothing.
