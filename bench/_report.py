@@ -64,8 +64,8 @@ trickle) is not set by the CPU's speed. The samples remain for a span the probe 
 in, for the ``moved`` warning, and for latency-bound figures (the probe does not time
 wake-ups). Its cpu bursts alone took 2-5 % off a figure that keeps one CPU busy (codec.py's
 rates, three runs with and without it), the same in every run; the memory bursts about double
-its work. It builds the chase's list first (about a second), and
-:func:`bench_main` waits for its first bursts.
+its work. It builds the chase's list first (about a second), and :func:`bench_main` waits for
+its first bursts.
 
 A sample can only be made slower than the machine by what runs beside it, never faster. What
 a benchmark leaves running (servers exiting, a compaction, the kernel writing back) took up to
